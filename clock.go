@@ -1,0 +1,77 @@
+package dispatch
+
+import (
+	"math"
+	"time"
+)
+
+const maxTime = math.MaxInt64
+
+// clock is the dispatcher's one timer goroutine. It wakes at the earliest
+// entry of the delay index or the deadline index, expires waiters whose
+// deadline passed, and moves calls whose backoff ended to the ready index.
+// Nothing else in the dispatcher sleeps or keeps a timer.
+func (d *Dispatcher[K, T]) clock() {
+	defer d.wg.Done()
+	defer d.timer.Stop()
+	var ob outbox[K, T]
+	for {
+		select {
+		case <-d.timer.C:
+		case <-d.stopCh:
+			return
+		}
+		d.mu.Lock()
+		now := d.now()
+		d.timerAt = maxTime
+		d.expireDue(now, &ob)
+		for range d.q.promote(now) {
+			d.wakeWorker()
+		}
+		d.armTimer(d.q.nextWake())
+		d.mu.Unlock()
+		d.deliver(&ob)
+	}
+}
+
+// armTimer makes sure the timer fires no later than at. Called under the
+// lock; it touches the timer only when at is earlier than what it is armed
+// for, so a stream of submissions with later and later deadlines costs no
+// timer operation.
+func (d *Dispatcher[K, T]) armTimer(at int64) {
+	if at >= d.timerAt || d.timer == nil {
+		return
+	}
+	d.timerAt = at
+	d.timer.Reset(time.Duration(at - d.now()))
+}
+
+// expireDue ends every waiter whose deadline is at or before now.
+func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
+	for {
+		w := d.q.popDeadline(now)
+		if w == nil {
+			return
+		}
+		if w.t != nil {
+			d.leaveLocked(w.t, Expired, ErrExpired, now, ob)
+			continue
+		}
+		// The fire-and-forget aggregate: later submissions may have pushed
+		// its deadline out since it was indexed.
+		c := w.c
+		if c.ff.deadline > now {
+			d.q.addDeadline(w, c.ff.deadline)
+			continue
+		}
+		d.st.outcomes[Expired] += uint64(c.nff)
+		d.liveFF -= c.nff
+		c.nff = 0
+		if c.live() == 0 {
+			d.endCall(c, Expired, ErrExpired, now, ob)
+			d.releaseSlot(c.s)
+			continue
+		}
+		d.reprioritize(c)
+	}
+}

@@ -1,0 +1,225 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// This file holds the per-key state: a slot per tracked key, at most two
+// calls per slot (one in flight, one pending), and the waiters each call
+// serves. All of it is guarded by the Dispatcher's lock.
+
+// callState says which index, if any, holds a call.
+type callState uint8
+
+const (
+	csIdle    callState = iota // in no index: a successor waiting for its key's in-flight call, or just popped
+	csReady                    // in the ready index
+	csDelayed                  // in the delay index
+	csRunning                  // in flight
+)
+
+// slot is the lane of one key. run is the call in flight (nil if none);
+// next is the pending call (nil if none): ready, delayed, or idle as the
+// successor of run. Both calls live inside the slot, so tracking a new key
+// costs one allocation, and a slot is freed when both are nil.
+type slot[K comparable, T any] struct {
+	key  K
+	gen  uint64 // newest generation seen for the key
+	run  *call[K, T]
+	next *call[K, T]
+	mem  [2]call[K, T]
+}
+
+// newCall returns a zeroed call from whichever of the slot's two cells is
+// free. A cell is free when it is neither run nor next.
+func (s *slot[K, T]) newCall() *call[K, T] {
+	c := &s.mem[0]
+	if c == s.run || c == s.next {
+		c = &s.mem[1]
+	}
+	*c = call[K, T]{s: s, firstStart: -1}
+	c.ff.c = c
+	return c
+}
+
+// call is one logical operation on a key: the merge of every submission
+// that coalesced into it.
+type call[K comparable, T any] struct {
+	s     *slot[K, T]
+	val   T
+	state callState
+	gen   uint64
+	seq   uint64 // arrival order: FIFO among equals
+	idem  string
+	// droppable is set while every submission in the call was droppable.
+	droppable bool
+	prio      int   // effective priority: max over live waiters
+	enq       int64 // effective enqueue time: min over live waiters
+	k1        int64 // ready-index sort key (see queue.sortKey)
+	k2        int64
+
+	notBefore int64 // delay-index key
+
+	head *waiter[K, T] // tickets, a doubly linked list
+	nt   int           // tickets in the list
+	ff   waiter[K, T]  // all fire-and-forget submissions, as one waiter
+	nff  int           // fire-and-forget submissions
+	// ffForever is set when a fire-and-forget submission had no deadline:
+	// the ff waiter then never expires.
+	ffForever bool
+
+	joined     int // submissions served, for Result.Waiters
+	attempts   int
+	firstStart int64 // -1 until the first execution
+	runTime    time.Duration
+
+	// orphan is set when an in-flight call loses its last waiter; its
+	// execution's result is then reported as Stale, never as success.
+	orphan   bool
+	endState State // why it was orphaned
+	cancel   context.CancelCauseFunc
+}
+
+func (c *call[K, T]) live() int { return c.nt + c.nff }
+
+// waiter is one Ticket, or the aggregate of a call's fire-and-forget
+// submissions (t == nil).
+type waiter[K comparable, T any] struct {
+	c          *call[K, T]
+	t          *Ticket[K, T]
+	prev, next *waiter[K, T]
+	prio       int
+	enq        int64
+	deadline   int64 // 0: none
+	// at is the waiter's key in the deadline index (0: not indexed). For a
+	// ticket it equals deadline. For the fire-and-forget aggregate it may lag
+	// behind a deadline that later submissions extended; the clock then
+	// re-indexes instead of expiring, which keeps a coalescing Post free of
+	// index work.
+	at   int64
+	dseq uint64
+}
+
+// join adds a submission to c: the ticket t, or a fire-and-forget one if t
+// is nil. It keeps c's effective priority and enqueue time (the highest and
+// the earliest of its live waiters) and its place in the ready index.
+func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
+	first := c.live() == 0
+	c.joined++
+	if t != nil {
+		w := &t.w
+		w.c, w.prio, w.enq, w.deadline = c, prio, now, deadline
+		w.prev, w.next = nil, c.head
+		if c.head != nil {
+			c.head.prev = w
+		}
+		c.head = w
+		c.nt++
+		d.tickets++
+		t.state = tsLive
+		if deadline != 0 {
+			d.q.addDeadline(w, deadline)
+			d.armTimer(deadline)
+		}
+	} else {
+		ff := &c.ff
+		if c.nff == 0 {
+			ff.prio, ff.enq, ff.deadline = prio, now, deadline
+		} else {
+			ff.prio = max(ff.prio, prio)
+			ff.enq = min(ff.enq, now)
+			ff.deadline = max(ff.deadline, deadline)
+		}
+		c.nff++
+		d.liveFF++
+		switch {
+		case c.ffForever:
+		case deadline == 0:
+			c.ffForever = true
+			d.q.removeDeadline(ff)
+		case ff.at == 0:
+			d.q.addDeadline(ff, ff.deadline)
+			d.armTimer(ff.deadline)
+		}
+	}
+	if first {
+		c.prio, c.enq = prio, now
+		return
+	}
+	d.q.rekey(c, max(c.prio, prio), min(c.enq, now))
+}
+
+// detach removes ticket t from its call without settling it, and re-derives
+// the call's priority from the waiters that remain.
+func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
+	w := &t.w
+	c := w.c
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		c.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	}
+	w.prev, w.next, w.c = nil, nil, nil
+	c.nt--
+	d.tickets--
+	d.q.removeDeadline(w)
+	d.reprioritize(c)
+}
+
+// reprioritize re-derives c's effective priority and enqueue time after a
+// waiter left: a call's priority falls again when the waiter that raised it
+// goes. It scans the remaining waiters, which is O(waiters of c).
+func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
+	if c.live() == 0 {
+		return
+	}
+	prio, enq, seen := 0, int64(0), false
+	if c.nff > 0 {
+		prio, enq, seen = c.ff.prio, c.ff.enq, true
+	}
+	for w := c.head; w != nil; w = w.next {
+		if !seen {
+			prio, enq, seen = w.prio, w.enq, true
+			continue
+		}
+		prio = max(prio, w.prio)
+		enq = min(enq, w.enq)
+	}
+	d.q.rekey(c, prio, enq)
+}
+
+// coalesce merges an incoming submission's call value into the pending call
+// c. On error c is untouched.
+func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
+	if idem != "" && c.idem != "" && idem != c.idem {
+		return errRejectIdemKey
+	}
+	if d.merge != nil {
+		v, err := d.safeMerge(c.val, val)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrMergeRejected, err)
+		}
+		val = v
+	}
+	c.val = val
+	if c.idem == "" {
+		c.idem = idem
+	}
+	return nil
+}
+
+// safeMerge runs the user's merge function, turning a panic into an error
+// so that it cannot leave the dispatcher's lock held.
+func (d *Dispatcher[K, T]) safeMerge(pending, incoming T) (v T, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("merge panicked: %v", r)
+		}
+	}()
+	return d.merge(pending, incoming)
+}

@@ -1,0 +1,563 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// ExecFunc performs one call: the slow, side-effecting operation (an API
+// write) that the dispatcher takes off the caller's loop. ctx is cancelled
+// when the call loses every waiter, is superseded by a newer generation, or
+// the dispatcher is closed, and carries the latest deadline of the call's
+// waiters; exec must honour it. The call value is as merged from every
+// submission that coalesced into it.
+type ExecFunc[K comparable, T any] func(ctx context.Context, key K, call T) error
+
+// SubmitOptions are the per-submission settings. The zero value means
+// priority 0, no deadline, no tenant, generation 0, no idempotency key, not
+// droppable.
+type SubmitOptions struct {
+	// Priority orders ready calls: higher runs first. A coalesced call runs
+	// at the highest priority of its live waiters. With aging, a call gains
+	// one level per aging interval it waits.
+	Priority int
+	// Deadline, if set, ends this submission as Expired when it passes. The
+	// earlier of Deadline and the Submit context's deadline applies. A call's
+	// execution context carries the latest deadline of its live waiters.
+	Deadline time.Time
+	// Tenant names who submits (a plugin, a call type) for quotas and
+	// fairness.
+	Tenant string
+	// Generation fences stale work for the key (for example the scheduling
+	// attempt). A newer generation supersedes older ones: their pending call
+	// ends Stale and their in-flight execution is cancelled. A submission
+	// older than the key's newest is rejected with ErrStale. Generations are
+	// compared as numbers, so 0 is the oldest: once a key has been submitted
+	// with a generation, keep giving one. They are remembered while the key
+	// is tracked.
+	Generation uint64
+	// IdempotencyKey names the logical operation, for servers that
+	// deduplicate by it. It is passed to exec unchanged on every attempt (see
+	// IdempotencyKey). A submission with a different non-empty key than the
+	// pending call's is rejected with ErrMergeRejected: two distinct
+	// operations are never merged.
+	IdempotencyKey string
+	// Droppable marks work that may be shed under load because it can be
+	// rebuilt. A call is droppable only if every submission in it is.
+	Droppable bool
+}
+
+// Dispatcher runs calls asynchronously: per key at most one in flight and one
+// pending, pending submissions coalesced, ready calls run by priority with
+// aging, every submission ended exactly once. All methods are safe for
+// concurrent use. Create one with [New]; the zero value is not usable.
+type Dispatcher[K comparable, T any] struct {
+	exec       ExecFunc[K, T]
+	merge      func(T, T) (T, error)
+	noop       func(K, T) bool
+	onDone     func(Result[K, T])
+	limiter    *rate.Limiter
+	workers    int
+	capacity   int
+	maxWaiters int
+	epoch      time.Time // clock origin: times are int64 ns since epoch
+
+	base       context.Context // parent of every execution context
+	baseCancel context.CancelCauseFunc
+	drained    chan struct{} // closed when Close finds nothing left to run
+	stopCh     chan struct{} // closed when Close ends the rest
+	wg         sync.WaitGroup
+
+	mu      sync.Mutex
+	cond    sync.Cond // workers wait here for ready calls
+	slots   map[K]*slot[K, T]
+	q       queue[K, T]
+	seq     uint64
+	tickets int // live tickets
+	liveFF  int // live fire-and-forget submissions
+	idle    int // workers waiting on cond
+	running int // calls in flight
+	calls   int // live calls: ready, delayed, successors and in flight
+
+	started       bool
+	closing       bool
+	stopped       bool
+	drainedClosed bool
+
+	timer   *time.Timer // the one timer: delay index and deadlines
+	timerAt int64       // when it is armed for; MaxInt64 if not
+
+	st counters
+}
+
+// New returns a Dispatcher that runs calls with exec. It starts no goroutine:
+// workers start on the first submission. Invalid options are reported here,
+// never later.
+func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[K, T], error) {
+	if exec == nil {
+		return nil, errors.New("dispatch: New: nil ExecFunc")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("dispatch: New: nil Option")
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	merge, err := typed[func(T, T) (T, error)](cfg.merge, "WithMerge")
+	if err != nil {
+		return nil, err
+	}
+	noop, err := typed[func(K, T) bool](cfg.noop, "WithNoOp")
+	if err != nil {
+		return nil, err
+	}
+	onDone, err := typed[func(Result[K, T])](cfg.onDone, "WithOnDone")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.maxWaiters == 0 {
+		cfg.maxWaiters = cfg.capacity * DefaultWaitersPerKey
+	}
+	d := &Dispatcher[K, T]{
+		exec:       exec,
+		merge:      merge,
+		noop:       noop,
+		onDone:     onDone,
+		limiter:    cfg.limiter,
+		workers:    cfg.workers,
+		capacity:   cfg.capacity,
+		maxWaiters: cfg.maxWaiters,
+		epoch:      time.Now(),
+		drained:    make(chan struct{}),
+		stopCh:     make(chan struct{}),
+		slots:      make(map[K]*slot[K, T]),
+		q:          newQueue[K, T](int64(cfg.aging)),
+		timerAt:    maxTime,
+	}
+	d.base, d.baseCancel = context.WithCancelCause(context.Background())
+	d.cond.L = &d.mu
+	return d, nil
+}
+
+// now reads the clock once: monotonic ns since d.epoch.
+func (d *Dispatcher[K, T]) now() int64 { return int64(time.Since(d.epoch)) }
+
+// deadlineOf converts a submission's deadline (the earlier of opts and ctx)
+// to the dispatcher's clock; 0 means none.
+func (d *Dispatcher[K, T]) deadlineOf(ctx context.Context, o *SubmitOptions) int64 {
+	dl := o.Deadline
+	if ctx != nil {
+		if cd, ok := ctx.Deadline(); ok && (dl.IsZero() || cd.Before(dl)) {
+			dl = cd
+		}
+	}
+	if dl.IsZero() {
+		return 0
+	}
+	return max(int64(dl.Sub(d.epoch)), 1)
+}
+
+// Submit hands a call to the dispatcher and returns at once with a Ticket on
+// its outcome. If a call for key is pending it is coalesced into it (see
+// WithMerge); if one is in flight, this call becomes its successor and runs
+// after it; otherwise it is queued by priority.
+//
+// ctx scopes this submission's interest only: when it is cancelled or its
+// deadline passes, this waiter ends Canceled or Expired, and the call goes
+// on for its other waiters — if it has none left, a pending call is removed
+// and an in-flight one has its context cancelled. Use
+// context.WithoutCancel(ctx), or Post, for a submission that must outlive
+// the caller.
+//
+// Submit returns an error and enqueues nothing if the dispatcher is closed
+// (ErrClosed), ctx is done or the deadline has passed (ErrCanceled,
+// ErrExpired), the generation is stale (ErrStale), the merge is refused
+// (ErrMergeRejected) or the dispatcher is full (ErrBackpressure).
+func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOptions) (*Ticket[K, T], error) {
+	if err := ctx.Err(); err != nil {
+		d.rejectEarly()
+		return nil, ctxErr(ctx)
+	}
+	deadline := d.deadlineOf(ctx, &o)
+	t := &Ticket[K, T]{d: d, done: make(chan struct{})}
+	t.w.t = t
+	if ctx.Done() != nil {
+		// One callback registration, no goroutine: ctx is watched by the
+		// context package, and the callback takes this waiter out.
+		t.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
+	}
+	var ob outbox[K, T]
+	d.mu.Lock()
+	now := d.now()
+	d.st.submitted++
+	var err error
+	switch {
+	case t.state == tsDone: // ctx ended before we took the lock
+		err = ctxErr(ctx)
+	case deadline != 0 && deadline <= now:
+		err = errRejectPast
+	default:
+		err = d.admit(key, call, &o, now, deadline, t, &ob)
+	}
+	if err != nil {
+		d.st.rejected++
+		t.state = tsDone
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+	if err != nil {
+		if t.stop != nil {
+			t.stop()
+		}
+		return nil, err
+	}
+	return t, nil
+}
+
+// Post is the fire-and-forget form of Submit: no ticket, no context, and no
+// allocation when it coalesces into a pending call. The submission counts
+// as a waiter that never leaves: only its deadline (o.Deadline), Cancel, a
+// newer generation or Close end it. Its outcome reaches only the completion
+// hook and Stats. Fire-and-forget submissions merged into one call share one
+// deadline, the latest of theirs, and one outcome.
+func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
+	deadline := d.deadlineOf(nil, &o)
+	var ob outbox[K, T]
+	d.mu.Lock()
+	now := d.now()
+	d.st.submitted++
+	var err error
+	if deadline != 0 && deadline <= now {
+		err = errRejectPast
+	} else {
+		err = d.admit(key, call, &o, now, deadline, nil, &ob)
+	}
+	if err != nil {
+		d.st.rejected++
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+	return err
+}
+
+// admit places a submission, or returns why it cannot, having changed
+// nothing. t is nil for a fire-and-forget submission.
+func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ob *outbox[K, T]) error {
+	if d.closing {
+		return ErrClosed
+	}
+	s := d.slots[key]
+	if s == nil {
+		if len(d.slots) >= d.capacity {
+			return &BackpressureError{Reason: "capacity", Depth: len(d.slots)}
+		}
+		if t != nil && d.tickets >= d.maxWaiters {
+			return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
+		}
+		if !d.started {
+			d.start()
+		}
+		s = &slot[K, T]{key: key, gen: o.Generation}
+		d.slots[key] = s
+		c := d.newCall(s, val, o)
+		d.join(c, t, o.Priority, now, deadline)
+		d.q.push(c)
+		d.wakeWorker()
+		return nil
+	}
+	if o.Generation < s.gen {
+		return errRejectStale
+	}
+	if t != nil && d.tickets >= d.maxWaiters {
+		return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
+	}
+	if o.Generation > s.gen {
+		d.supersede(s, o.Generation, now, ob)
+	}
+	if c := s.next; c != nil {
+		if err := d.coalesce(c, val, o.IdempotencyKey); err != nil {
+			return err
+		}
+		c.droppable = c.droppable && o.Droppable
+		d.join(c, t, o.Priority, now, deadline)
+		d.st.coalesced++
+		return nil
+	}
+	// The key is in flight: this call is its successor, and enters the ready
+	// index only when the in-flight call finishes, with the enqueue time it
+	// has now.
+	c := d.newCall(s, val, o)
+	d.join(c, t, o.Priority, now, deadline)
+	if s.run == nil {
+		// A newer generation just removed the key's only (queued) call.
+		d.q.push(c)
+		d.wakeWorker()
+	}
+	return nil
+}
+
+func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions) *call[K, T] {
+	c := s.newCall()
+	d.calls++
+	d.seq++
+	c.val, c.gen, c.seq, c.idem, c.droppable = val, o.Generation, d.seq, o.IdempotencyKey, o.Droppable
+	s.next = c
+	return c
+}
+
+// supersede ends the key's calls of older generations: their waiters get
+// Stale, a pending call is removed, an in-flight one is cancelled.
+func (d *Dispatcher[K, T]) supersede(s *slot[K, T], gen uint64, now int64, ob *outbox[K, T]) {
+	s.gen = gen
+	err := fmt.Errorf("%w: superseded by generation %d", ErrStale, gen)
+	for _, c := range [2]*call[K, T]{s.next, s.run} {
+		if c != nil && !c.orphan {
+			d.settleAll(c, Stale, err, now, false, ob)
+			d.endCall(c, Stale, err, now, ob)
+		}
+	}
+}
+
+// Cancel ends every submission for key with Canceled, wrapping cause: the
+// pending call is removed and the in-flight call's context is cancelled
+// with cause (its execution, when it returns, is reported Stale). It
+// reports whether there was anything to cancel.
+func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
+	err := canceledErr(cause)
+	var ob outbox[K, T]
+	d.mu.Lock()
+	s := d.slots[key]
+	found := false
+	if s != nil {
+		now := d.now()
+		for _, c := range [2]*call[K, T]{s.next, s.run} {
+			if c != nil && !c.orphan {
+				found = true
+				d.settleAll(c, Canceled, err, now, false, &ob)
+				d.endCall(c, Canceled, err, now, &ob)
+			}
+		}
+		d.releaseSlot(s)
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+	return found
+}
+
+// Pending reports whether key has a call that has not finished: queued,
+// waiting for retry, or in flight — including an execution that was
+// cancelled but has not returned yet, since it may still take effect. A
+// caller that must not act before an earlier write lands (binding after its
+// prerequisite) checks this.
+func (d *Dispatcher[K, T]) Pending(key K) bool {
+	d.mu.Lock()
+	_, ok := d.slots[key]
+	d.mu.Unlock()
+	return ok
+}
+
+// ctxDone is the AfterFunc of a Submit context.
+func (d *Dispatcher[K, T]) ctxDone(t *Ticket[K, T], ctx context.Context) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		d.leave(t, Expired, ErrExpired)
+		return
+	}
+	d.leave(t, Canceled, canceledErr(context.Cause(ctx)))
+}
+
+// leave ends one ticket with st. If it was its call's last waiter, the call
+// ends too.
+func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
+	var ob outbox[K, T]
+	d.mu.Lock()
+	switch t.state {
+	case tsNew: // Submit has not admitted it yet; it will see this and refuse
+		t.state = tsDone
+	case tsLive:
+		d.leaveLocked(t, st, err, d.now(), &ob)
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+}
+
+func (d *Dispatcher[K, T]) leaveLocked(t *Ticket[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	c := t.w.c
+	d.detach(t)
+	d.settleTicket(t, c, st, err, now, ob)
+	if c.live() == 0 {
+		d.endCall(c, st, err, now, ob)
+		d.releaseSlot(c.s)
+		return
+	}
+	d.reprioritize(c)
+}
+
+// settleTicket records t's outcome; the caller has detached it. The ticket
+// is told after the lock is released (deliver).
+func (d *Dispatcher[K, T]) settleTicket(t *Ticket[K, T], c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	t.res = d.result(c, st, err, now)
+	t.state = tsDone
+	d.st.outcomes[st]++
+	ob.tickets = append(ob.tickets, t)
+}
+
+// settleAll ends every live waiter of c with st. With expire set, a waiter
+// whose deadline has passed gets Expired instead: a result that arrives
+// after a waiter's deadline is never delivered to it as success. It reports
+// whether any waiter got st.
+func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int64, expire bool, ob *outbox[K, T]) bool {
+	served := false
+	for w := c.head; w != nil; {
+		next := w.next
+		d.q.removeDeadline(w)
+		w.prev, w.next, w.c = nil, nil, nil
+		wst, werr := st, err
+		if expire && w.deadline != 0 && w.deadline <= now {
+			wst, werr = Expired, ErrExpired
+		} else {
+			served = true
+		}
+		d.settleTicket(w.t, c, wst, werr, now, ob)
+		w = next
+	}
+	d.tickets -= c.nt
+	c.head, c.nt = nil, 0
+	if c.nff > 0 {
+		wst := st
+		if expire && !c.ffForever && c.ff.deadline <= now {
+			wst = Expired
+		} else {
+			served = true
+		}
+		d.st.outcomes[wst] += uint64(c.nff)
+		d.liveFF -= c.nff
+		c.nff, c.ffForever = 0, false
+		d.q.removeDeadline(&c.ff)
+	}
+	return served
+}
+
+// endCall ends a call that has no live waiters left. A queued call is
+// removed and reported to the hook; an in-flight one is orphaned and its
+// context cancelled — the worker reports it when exec returns. The caller
+// releases the slot if it should go.
+func (d *Dispatcher[K, T]) endCall(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	if c.state == csRunning {
+		if !c.orphan {
+			c.orphan, c.endState = true, st
+			c.cancel(err)
+		}
+		return
+	}
+	d.q.remove(c)
+	c.s.next = nil
+	d.calls--
+	d.hook(c, st, err, now, ob)
+}
+
+// releaseSlot forgets s's key if it has no call left.
+func (d *Dispatcher[K, T]) releaseSlot(s *slot[K, T]) {
+	if s.run != nil || s.next != nil {
+		return
+	}
+	if d.slots[s.key] == s {
+		delete(d.slots, s.key)
+	}
+	if d.closing && len(d.slots) == 0 && !d.drainedClosed {
+		d.drainedClosed = true
+		close(d.drained)
+	}
+}
+
+func (d *Dispatcher[K, T]) hook(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	d.st.calls[st]++
+	if d.onDone != nil {
+		ob.hooks = append(ob.hooks, d.result(c, st, err, now))
+	}
+}
+
+func (d *Dispatcher[K, T]) result(c *call[K, T], st State, err error, now int64) Result[K, T] {
+	wait := now - c.enq
+	if c.firstStart >= 0 {
+		wait = c.firstStart - c.enq
+	}
+	return Result[K, T]{
+		Key:       c.s.key,
+		Call:      c.val,
+		State:     st,
+		Err:       err,
+		Attempts:  c.attempts,
+		Waiters:   c.joined,
+		QueueWait: time.Duration(max(wait, 0)),
+		RunTime:   c.runTime,
+	}
+}
+
+// ticketState is a Ticket's lifecycle, guarded by the Dispatcher's lock.
+type ticketState uint8
+
+const (
+	tsNew  ticketState = iota // created, not yet admitted
+	tsLive                    // waiting on a call
+	tsDone                    // outcome recorded (or never admitted)
+)
+
+// outbox collects what must be told once the lock is released: tickets to
+// close and hook results to fire. Telling happens outside every lock, after
+// the dispatcher's own state is final.
+type outbox[K comparable, T any] struct {
+	tickets []*Ticket[K, T]
+	hooks   []Result[K, T]
+}
+
+func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
+	for i, t := range ob.tickets {
+		if t.stop != nil {
+			t.stop()
+		}
+		close(t.done)
+		ob.tickets[i] = nil
+	}
+	ob.tickets = ob.tickets[:0]
+	for i := range ob.hooks {
+		d.onDone(ob.hooks[i])
+		ob.hooks[i] = Result[K, T]{}
+	}
+	ob.hooks = ob.hooks[:0]
+}
+
+// rejectEarly counts a submission refused before it reached the lock's
+// critical section proper.
+func (d *Dispatcher[K, T]) rejectEarly() {
+	d.mu.Lock()
+	d.st.submitted++
+	d.st.rejected++
+	d.mu.Unlock()
+}
+
+// ctxErr is the error for a submission whose context is already done.
+func ctxErr(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errRejectPast
+	}
+	return canceledErr(context.Cause(ctx))
+}
+
+// safeCall runs f, turning a panic into a *PanicError.
+func safeCall(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return f()
+}

@@ -1,0 +1,61 @@
+// Package dispatch takes slow, side-effecting calls — API writes, external
+// resource creation — off a hot serial loop, such as a scheduler's
+// scheduling cycle or a controller's reconcile loop, and runs them
+// asynchronously. It is the generic form of kube-scheduler's APIDispatcher
+// (KEP-5229), with the priority, bounds, deadlines and fencing that one lacks.
+//
+// # Mental model
+//
+// Calls are submitted under a key K (an object UID, say). Per key there is
+// at most one call in flight and at most one pending call:
+//
+//   - Coalesce by key. A submission for a key whose call is pending is merged
+//     into it by the merge function (WithMerge): combined, kept, overwritten,
+//     or refused. Every submission merged into a call shares its one outcome.
+//     A submission for a key whose call is in flight becomes the pending
+//     successor; it runs after the in-flight call, keeping its place in line.
+//   - Run by priority. Ready calls wait in a B-tree ordered by effective
+//     priority with aging, then arrival: virtual time = enqueue time −
+//     priority × aging, so a call gains one priority level per aging interval
+//     and a low-priority call cannot starve. A merged call runs at the
+//     highest priority and earliest enqueue time of its live waiters.
+//   - Bound everything. Tracked keys and live tickets are capped
+//     (WithCapacity, WithMaxWaiters); beyond the cap a submission is refused
+//     at once with ErrBackpressure instead of growing memory. A fixed pool of
+//     workers (WithWorkers) and an optional rate limiter bound the API load.
+//   - Deliver outcomes exactly once. Every accepted submission ends in one
+//     State — Succeeded, Skipped, Failed, Canceled, Expired, Dropped, Stale
+//     or Closed — told once, outside every lock, after the dispatcher's own
+//     bookkeeping is final. A completion hook (WithOnDone) fires once per
+//     finished call.
+//
+// Each submission is a waiter with its own deadline and context. When the
+// last waiter of a call leaves, a pending call is removed and an in-flight
+// call's context is cancelled. Generations (SubmitOptions.Generation) fence
+// stale work: a newer generation supersedes older ones for its key, and an
+// execution that returns after its call was cancelled, superseded or expired
+// is reported Stale — kept for audit, never delivered as success.
+//
+// # Example
+//
+//	d, err := dispatch.New(func(ctx context.Context, uid string, p Patch) error {
+//		return client.Patch(ctx, uid, p)
+//	}, dispatch.WithWorkers(8), dispatch.WithMerge(mergePatches))
+//	if err != nil { ... }
+//	defer d.Close(ctx)
+//
+//	// In the hot loop: returns at once.
+//	d.Post(uid, statusPatch, dispatch.SubmitOptions{Priority: 0})
+//	t, err := d.Submit(ctx, uid, bind, dispatch.SubmitOptions{Priority: 10})
+//	...
+//	res, err := t.Wait(ctx) // or select on t.Done()
+//
+// # Cost and concurrency
+//
+// A Dispatcher is safe for concurrent use. Submit and Post take one lock,
+// read the clock once, and do a map lookup and at most one B-tree insert or
+// re-key: O(log n) in the number of queued calls. They start no goroutine and
+// create no timer or context; Post allocates nothing when it coalesces. One
+// timer goroutine serves every deadline and backoff. Workers start on first
+// use, and Close waits for all of them.
+package dispatch

@@ -1,0 +1,101 @@
+package dispatch
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Every error the dispatcher returns or delivers matches one
+// of them with [errors.Is]; the typed errors below carry the details.
+var (
+	// ErrBackpressure reports that a submission was refused because the
+	// dispatcher is full. Nothing was enqueued; the caller decides whether to
+	// wait, shed the work itself, or take the synchronous path.
+	ErrBackpressure = errors.New("dispatch: backpressure")
+
+	// ErrClosed reports a submission after Close, or a call that Close ended
+	// before it could run.
+	ErrClosed = errors.New("dispatch: closed")
+
+	// ErrDropped reports a call that was shed under load. Its waiters learn
+	// the reason from the wrapping error.
+	ErrDropped = errors.New("dispatch: dropped")
+
+	// ErrExpired reports a waiter whose deadline passed before the call
+	// finished, or a submission whose deadline had already passed.
+	ErrExpired = errors.New("dispatch: deadline expired")
+
+	// ErrCanceled reports a waiter that left: its ticket was cancelled, its
+	// context was cancelled, or Cancel was called for its key. The cause, if
+	// any, is wrapped.
+	ErrCanceled = errors.New("dispatch: canceled")
+
+	// ErrStale reports a submission or waiter of an older generation than the
+	// key's newest, and an execution that finished after its call had been
+	// cancelled, superseded or expired.
+	ErrStale = errors.New("dispatch: stale")
+
+	// ErrCircuitOpen reports a submission refused because the circuit
+	// breaker is open.
+	ErrCircuitOpen = errors.New("dispatch: circuit open")
+
+	// ErrMergeRejected reports a submission that could not be coalesced into
+	// the pending call for its key: the merge function refused it (its error
+	// is wrapped), or the two carry different idempotency keys.
+	ErrMergeRejected = errors.New("dispatch: merge rejected")
+)
+
+// BackpressureError is the error a refused submission gets. It matches
+// [ErrBackpressure].
+type BackpressureError struct {
+	// Reason says which bound was hit: "capacity" (tracked keys) or
+	// "waiters" (live tickets).
+	Reason string
+	// Depth is the number of tracked keys when the submission was refused.
+	Depth int
+}
+
+func (e *BackpressureError) Error() string {
+	return fmt.Sprintf("dispatch: backpressure: %s (depth %d)", e.Reason, e.Depth)
+}
+
+// Is reports whether target is [ErrBackpressure].
+func (e *BackpressureError) Is(target error) bool { return target == ErrBackpressure }
+
+// PanicError is the error of a call whose execution panicked. The panic is
+// recovered, the call ends Failed with this error, and the worker lives on.
+type PanicError struct {
+	// Value is what was passed to panic.
+	Value any
+	// Stack is the goroutine's stack at the panic.
+	Stack []byte
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("dispatch: exec panicked: %v\n\n%s", e.Value, e.Stack)
+}
+
+// Unwrap returns the panic value if it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// Preallocated rejection errors for the hot paths: a refusal there must not
+// allocate either.
+var (
+	errRejectStale   = fmt.Errorf("%w: generation is older than the key's newest", ErrStale)
+	errRejectPast    = fmt.Errorf("%w: deadline already passed", ErrExpired)
+	errRejectIdemKey = fmt.Errorf("%w: pending call has a different idempotency key", ErrMergeRejected)
+)
+
+// canceledErr wraps cause, if any, so that it matches ErrCanceled and cause.
+func canceledErr(cause error) error {
+	if cause == nil || errors.Is(cause, ErrCanceled) {
+		if cause == nil {
+			return ErrCanceled
+		}
+		return cause
+	}
+	return fmt.Errorf("%w: %w", ErrCanceled, cause)
+}

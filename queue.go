@@ -1,0 +1,213 @@
+package dispatch
+
+import (
+	"math"
+	"math/bits"
+
+	"github.com/google/btree"
+)
+
+// queue holds the three ordered indexes the dispatcher schedules from. It is
+// a plain data structure: the Dispatcher's lock guards it, and it never calls
+// user code.
+//
+//   - ready: calls that may run now, by effective priority with aging, then
+//     arrival. The worker takes the minimum.
+//   - delayed: calls that may not run before a time (retry backoff), by that
+//     time. The clock moves them to ready when it comes.
+//   - deadlines: waiters with a deadline, by deadline. The clock expires them.
+//
+// Each is a B-tree, so insert, remove and re-key are O(log n) and no index
+// keeps a timer, goroutine or context per entry: one timer, armed for the
+// earliest entry of delayed and deadlines, drives both (see clock.go).
+type queue[K comparable, T any] struct {
+	aging     int64 // ns per priority level; 0 = strict priority
+	ready     *btree.BTreeG[*call[K, T]]
+	delayed   *btree.BTreeG[*call[K, T]]
+	deadlines *btree.BTreeG[*waiter[K, T]]
+	dseq      uint64 // tie-break among equal deadlines
+}
+
+// btreeDegree was chosen by BenchmarkSubmit: wider nodes cost more to shift
+// on insert, narrower ones more pointer chasing; 16–32 are within noise.
+const btreeDegree = 16
+
+func newQueue[K comparable, T any](aging int64) queue[K, T] {
+	return queue[K, T]{
+		aging:     aging,
+		ready:     btree.NewG(btreeDegree, readyLess[K, T]),
+		delayed:   btree.NewG(btreeDegree, delayedLess[K, T]),
+		deadlines: btree.NewG(btreeDegree, deadlineLess[K, T]),
+	}
+}
+
+func readyLess[K comparable, T any](a, b *call[K, T]) bool {
+	if a.k1 != b.k1 {
+		return a.k1 < b.k1
+	}
+	if a.k2 != b.k2 {
+		return a.k2 < b.k2
+	}
+	return a.seq < b.seq
+}
+
+func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
+	if a.notBefore != b.notBefore {
+		return a.notBefore < b.notBefore
+	}
+	return a.seq < b.seq
+}
+
+func deadlineLess[K comparable, T any](a, b *waiter[K, T]) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	return a.dseq < b.dseq
+}
+
+// sortKey computes the ready order of a call with effective priority prio
+// and enqueue time enq. With aging, the order is by virtual time
+// enq − prio×aging: a call gains one level per aging interval it waits, so
+// one static key orders calls of every age and nothing is re-sorted as time
+// passes. Without aging, the order is priority (descending), then enq.
+func (q *queue[K, T]) sortKey(prio int, enq int64) (k1, k2 int64) {
+	if q.aging == 0 {
+		return ^int64(prio), enq // ^p = −p−1: descending, no overflow
+	}
+	return virtualTime(enq, int64(prio), q.aging), 0
+}
+
+// virtualTime returns enq − prio×aging, saturated to the int64 range, for
+// any prio and any aging > 0.
+func virtualTime(enq, prio, aging int64) int64 {
+	var mag uint64 // |prio|, exact even for MinInt64
+	if prio < 0 {
+		mag = uint64(-(prio + 1)) + 1
+	} else {
+		mag = uint64(prio)
+	}
+	hi, lo := bits.Mul64(mag, uint64(aging))
+	if prio >= 0 {
+		// enq − lo must not go below MinInt64: lo ≤ enq − MinInt64.
+		room := uint64(enq) ^ (1 << 63)
+		if hi != 0 || lo > room {
+			return math.MinInt64
+		}
+		return int64(uint64(enq) - lo)
+	}
+	// enq + lo must not exceed MaxInt64: lo ≤ MaxInt64 − enq.
+	room := uint64(math.MaxInt64) - uint64(enq)
+	if hi != 0 || lo > room {
+		return math.MaxInt64
+	}
+	return int64(uint64(enq) + lo)
+}
+
+// push makes c ready.
+func (q *queue[K, T]) push(c *call[K, T]) {
+	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
+	q.ready.ReplaceOrInsert(c)
+	c.state = csReady
+}
+
+// delay makes c wait until notBefore.
+func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
+	c.notBefore = notBefore
+	q.delayed.ReplaceOrInsert(c)
+	c.state = csDelayed
+}
+
+// remove takes c out of whichever index holds it.
+func (q *queue[K, T]) remove(c *call[K, T]) {
+	switch c.state {
+	case csReady:
+		q.ready.Delete(c)
+	case csDelayed:
+		q.delayed.Delete(c)
+	}
+	c.state = csIdle
+}
+
+// rekey sets c's effective priority and enqueue time, moving it in the ready
+// index if it is there and its place changes.
+func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
+	if prio == c.prio && enq == c.enq {
+		return
+	}
+	if c.state != csReady {
+		c.prio, c.enq = prio, enq
+		return
+	}
+	k1, k2 := q.sortKey(prio, enq)
+	c.prio, c.enq = prio, enq
+	if k1 == c.k1 && k2 == c.k2 {
+		return
+	}
+	q.ready.Delete(c)
+	c.k1, c.k2 = k1, k2
+	q.ready.ReplaceOrInsert(c)
+}
+
+// popReady removes and returns the best ready call, or nil.
+func (q *queue[K, T]) popReady() *call[K, T] {
+	c, ok := q.ready.DeleteMin()
+	if !ok {
+		return nil
+	}
+	c.state = csIdle
+	return c
+}
+
+// promote moves every delayed call whose time has come to ready and returns
+// how many it moved.
+func (q *queue[K, T]) promote(now int64) int {
+	n := 0
+	for {
+		c, ok := q.delayed.Min()
+		if !ok || c.notBefore > now {
+			return n
+		}
+		q.delayed.DeleteMin()
+		q.push(c)
+		n++
+	}
+}
+
+// addDeadline indexes w at time at (> 0).
+func (q *queue[K, T]) addDeadline(w *waiter[K, T], at int64) {
+	q.dseq++
+	w.at, w.dseq = at, q.dseq
+	q.deadlines.ReplaceOrInsert(w)
+}
+
+// removeDeadline takes w out of the deadline index if it is there.
+func (q *queue[K, T]) removeDeadline(w *waiter[K, T]) {
+	if w.at != 0 {
+		q.deadlines.Delete(w)
+		w.at = 0
+	}
+}
+
+// popDeadline removes and returns the earliest waiter whose indexed time is
+// at or before now, or nil.
+func (q *queue[K, T]) popDeadline(now int64) *waiter[K, T] {
+	w, ok := q.deadlines.Min()
+	if !ok || w.at > now {
+		return nil
+	}
+	q.deadlines.DeleteMin()
+	w.at = 0
+	return w
+}
+
+// nextWake returns the earliest time the clock must act at, or MaxInt64.
+func (q *queue[K, T]) nextWake() int64 {
+	next := int64(math.MaxInt64)
+	if c, ok := q.delayed.Min(); ok {
+		next = c.notBefore
+	}
+	if w, ok := q.deadlines.Min(); ok && w.at < next {
+		next = w.at
+	}
+	return next
+}

@@ -1,0 +1,77 @@
+package dispatch
+
+// counters are the dispatcher's running totals, guarded by its lock.
+type counters struct {
+	submitted       uint64
+	rejected        uint64
+	coalesced       uint64
+	executions      uint64
+	staleExecutions uint64
+	outcomes        [numStates]uint64 // per submission
+	calls           [numStates]uint64 // per call (what the hook saw)
+}
+
+// Stats is a consistent snapshot of a Dispatcher, taken under its lock.
+//
+// Conservation holds in every snapshot:
+//
+//	Submitted == Rejected + sum(Outcomes) + Live
+type Stats struct {
+	// Keys is the number of tracked keys (with a call queued or in flight),
+	// the quantity WithCapacity bounds.
+	Keys int
+	// Ready is the number of calls waiting for a worker.
+	Ready int
+	// Delayed is the number of calls waiting out a backoff.
+	Delayed int
+	// Successors is the number of calls waiting for their key's in-flight
+	// call to finish.
+	Successors int
+	// InFlight is the number of calls being executed.
+	InFlight int
+	// Tickets is the number of live tickets, the quantity WithMaxWaiters
+	// bounds.
+	Tickets int
+	// Live is the number of accepted submissions without an outcome yet,
+	// tickets and fire-and-forget alike.
+	Live int
+
+	// Submitted counts every Submit and Post, accepted or not.
+	Submitted uint64
+	// Rejected counts submissions refused with an error.
+	Rejected uint64
+	// Coalesced counts submissions merged into an existing pending call.
+	Coalesced uint64
+	// Executions counts exec calls (API attempts).
+	Executions uint64
+	// StaleExecutions counts executions that finished after their call had
+	// lost every waiter: kept for audit, never reported as success.
+	StaleExecutions uint64
+	// Outcomes counts submissions by terminal state, indexed by State.
+	Outcomes [numStates]uint64
+	// Calls counts finished calls by the state the completion hook saw.
+	Calls [numStates]uint64
+}
+
+// Stats returns a snapshot of the dispatcher's state and counters.
+func (d *Dispatcher[K, T]) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := Stats{
+		Keys:            len(d.slots),
+		Ready:           d.q.ready.Len(),
+		Delayed:         d.q.delayed.Len(),
+		InFlight:        d.running,
+		Tickets:         d.tickets,
+		Live:            d.tickets + d.liveFF,
+		Submitted:       d.st.submitted,
+		Rejected:        d.st.rejected,
+		Coalesced:       d.st.coalesced,
+		Executions:      d.st.executions,
+		StaleExecutions: d.st.staleExecutions,
+		Outcomes:        d.st.outcomes,
+		Calls:           d.st.calls,
+	}
+	s.Successors = d.calls - s.Ready - s.Delayed - s.InFlight
+	return s
+}
