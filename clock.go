@@ -28,6 +28,13 @@ func (d *Dispatcher[K, T]) clock() {
 		for range d.q.promote(now) {
 			d.wakeWorker()
 		}
+		if b := d.br; b != nil && b.state == BreakerOpen {
+			if now >= b.openUntil {
+				d.wakeWorker() // to probe
+			} else {
+				d.armTimer(b.openUntil)
+			}
+		}
 		d.armTimer(d.q.nextWake())
 		d.mu.Unlock()
 		d.deliver(&ob)

@@ -80,6 +80,9 @@ type call[K comparable, T any] struct {
 	orphan   bool
 	endState State // why it was orphaned
 	cancel   context.CancelCauseFunc
+
+	lastErr error // set while the call waits to be retried
+	probe   bool  // admitted by a half-open breaker
 }
 
 func (c *call[K, T]) live() int { return c.nt + c.nff }
@@ -151,8 +154,8 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 	d.q.rekey(c, max(c.prio, prio), min(c.enq, now))
 }
 
-// detach removes ticket t from its call without settling it, and re-derives
-// the call's priority from the waiters that remain.
+// detach removes ticket t from its call without settling it. The caller
+// re-derives the call's priority (reprioritize) if the call goes on.
 func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 	w := &t.w
 	c := w.c
@@ -168,7 +171,6 @@ func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 	c.nt--
 	d.tickets--
 	d.q.removeDeadline(w)
-	d.reprioritize(c)
 }
 
 // reprioritize re-derives c's effective priority and enqueue time after a

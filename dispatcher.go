@@ -62,6 +62,9 @@ type Dispatcher[K comparable, T any] struct {
 	merge      func(T, T) (T, error)
 	noop       func(K, T) bool
 	onDone     func(Result[K, T])
+	classify   func(error) Class
+	retry      RetryPolicy
+	before     func(context.Context, K, T, error) (T, bool, error)
 	limiter    *rate.Limiter
 	workers    int
 	capacity   int
@@ -92,6 +95,9 @@ type Dispatcher[K comparable, T any] struct {
 
 	timer   *time.Timer // the one timer: delay index and deadlines
 	timerAt int64       // when it is armed for; MaxInt64 if not
+
+	budget window   // retry budget: first attempts and retries
+	br     *breaker // nil: no circuit breaker
 
 	st counters
 }
@@ -124,6 +130,10 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 	if err != nil {
 		return nil, err
 	}
+	before, err := typed[func(context.Context, K, T, error) (T, bool, error)](cfg.beforeRetry, "WithBeforeRetry")
+	if err != nil {
+		return nil, err
+	}
 	if cfg.maxWaiters == 0 {
 		cfg.maxWaiters = cfg.capacity * DefaultWaitersPerKey
 	}
@@ -132,6 +142,10 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 		merge:      merge,
 		noop:       noop,
 		onDone:     onDone,
+		classify:   cfg.classify,
+		retry:      cfg.retry,
+		before:     before,
+		budget:     newWindow(cfg.retry.BudgetWindow),
 		limiter:    cfg.limiter,
 		workers:    cfg.workers,
 		capacity:   cfg.capacity,
@@ -142,6 +156,9 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 		slots:      make(map[K]*slot[K, T]),
 		q:          newQueue[K, T](int64(cfg.aging)),
 		timerAt:    maxTime,
+	}
+	if cfg.breaker != nil {
+		d.br = &breaker{p: *cfg.breaker, win: newWindow(cfg.breaker.Window)}
 	}
 	d.base, d.baseCancel = context.WithCancelCause(context.Background())
 	d.cond.L = &d.mu
@@ -262,6 +279,9 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		}
 		if t != nil && d.tickets >= d.maxWaiters {
 			return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
+		}
+		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
+			return ErrCircuitOpen
 		}
 		if !d.started {
 			d.start()
@@ -459,7 +479,11 @@ func (d *Dispatcher[K, T]) endCall(c *call[K, T], st State, err error, now int64
 		return
 	}
 	d.q.remove(c)
-	c.s.next = nil
+	if s := c.s; s.next == c {
+		s.next = nil
+	} else {
+		s.run = nil // a retry in backoff that could not absorb its successor (requeue)
+	}
 	d.calls--
 	d.hook(c, st, err, now, ob)
 }
@@ -517,6 +541,7 @@ const (
 type outbox[K comparable, T any] struct {
 	tickets []*Ticket[K, T]
 	hooks   []Result[K, T]
+	notes   notes
 }
 
 func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
@@ -533,6 +558,11 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		ob.hooks[i] = Result[K, T]{}
 	}
 	ob.hooks = ob.hooks[:0]
+	for i, f := range ob.notes {
+		f()
+		ob.notes[i] = nil
+	}
+	ob.notes = ob.notes[:0]
 }
 
 // rejectEarly counts a submission refused before it reached the lock's

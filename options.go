@@ -45,13 +45,21 @@ type config struct {
 	merge      any // func(T, T) (T, error)
 	noop       any // func(K, T) bool
 	onDone     any // func(Result[K, T])
+
+	classify    func(error) Class
+	retry       RetryPolicy
+	beforeRetry any // func(context.Context, K, T, error) (T, bool, error)
+	breaker     *BreakerPolicy
 }
 
 func defaultConfig() config {
+	retry, _ := RetryPolicy{}.withDefaults()
 	return config{
 		workers:  DefaultWorkers,
 		capacity: DefaultCapacity,
 		aging:    DefaultAging,
+		classify: DefaultClassifier,
+		retry:    retry,
 	}
 }
 

@@ -7,6 +7,8 @@ type counters struct {
 	coalesced       uint64
 	executions      uint64
 	staleExecutions uint64
+	retries         uint64
+	alreadyDone     uint64
 	outcomes        [numStates]uint64 // per submission
 	calls           [numStates]uint64 // per call (what the hook saw)
 }
@@ -47,6 +49,15 @@ type Stats struct {
 	// StaleExecutions counts executions that finished after their call had
 	// lost every waiter: kept for audit, never reported as success.
 	StaleExecutions uint64
+	// Retries counts executions scheduled again after a retryable failure
+	// or a Recompute: the dispatcher's own API retries, apart from anything
+	// the caller retries.
+	Retries uint64
+	// AlreadyDone counts calls the before-retry hook found had taken effect,
+	// so that they were not executed again.
+	AlreadyDone uint64
+	// Breaker is the circuit breaker's state.
+	Breaker BreakerState
 	// Outcomes counts submissions by terminal state, indexed by State.
 	Outcomes [numStates]uint64
 	// Calls counts finished calls by the state the completion hook saw.
@@ -69,9 +80,14 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		Coalesced:       d.st.coalesced,
 		Executions:      d.st.executions,
 		StaleExecutions: d.st.staleExecutions,
+		Retries:         d.st.retries,
+		AlreadyDone:     d.st.alreadyDone,
 		Outcomes:        d.st.outcomes,
 		Calls:           d.st.calls,
 	}
 	s.Successors = d.calls - s.Ready - s.Delayed - s.InFlight
+	if d.br != nil {
+		s.Breaker = d.br.state
+	}
 	return s
 }

@@ -28,7 +28,8 @@ func (d *Dispatcher[K, T]) wakeWorker() {
 }
 
 // worker runs ready calls until Close ends the dispatcher. It holds the lock
-// except while it tells waiters and while exec runs.
+// except while it tells waiters and while user code (exec, the no-op test,
+// the before-retry hook, the classifier) runs.
 func (d *Dispatcher[K, T]) worker() {
 	defer d.wg.Done()
 	var ob outbox[K, T]
@@ -39,9 +40,9 @@ func (d *Dispatcher[K, T]) worker() {
 		// clock, so a worker never starts a call nobody is waiting for.
 		d.expireDue(now, &ob)
 		d.q.promote(now)
-		c := d.q.popReady()
+		c := d.next(now, &ob)
 		if c == nil {
-			if len(ob.tickets) > 0 || len(ob.hooks) > 0 {
+			if len(ob.tickets) > 0 || len(ob.hooks) > 0 || len(ob.notes) > 0 {
 				d.mu.Unlock()
 				d.deliver(&ob)
 				d.mu.Lock()
@@ -52,29 +53,81 @@ func (d *Dispatcher[K, T]) worker() {
 			d.idle--
 			continue
 		}
-		ctx := d.begin(c, now)
+		run := d.begin(c, now)
 		d.mu.Unlock()
 		d.deliver(&ob)
 
-		err, ran, skipped, runTime := d.execute(ctx, c)
-		c.cancel(nil) // release the context's resources
+		out := d.execute(run)
+		if out.stop != nil {
+			out.stop()
+		}
+		c.cancel(nil) // release the contexts' resources
 
 		d.mu.Lock()
-		d.finish(c, err, ran, skipped, runTime, &ob)
+		d.finish(c, &out, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
 }
 
+// next pops the best ready call, if the circuit breaker lets one start.
+func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
+	if d.q.ready.Len() == 0 {
+		return nil
+	}
+	probe := false
+	if d.br != nil {
+		probe = d.br.state != BreakerClosed
+		if !d.br.admits(now, &ob.notes) {
+			if d.br.state == BreakerOpen {
+				d.armTimer(d.br.openUntil)
+			}
+			return nil
+		}
+	}
+	c := d.q.popReady()
+	c.probe = probe
+	return c
+}
+
+// attempt is what a worker needs to run a call outside the lock, and what
+// it brings back.
+type attempt[K comparable, T any] struct {
+	callCtx context.Context // the call's context: waiters, deadline, Close
+	ctx     context.Context // this attempt's: callCtx plus AttemptTimeout
+	key     K
+	val     T
+	lastErr error // the previous attempt's error, if this is a retry
+	stop    context.CancelFunc
+
+	// Results.
+	err      error
+	class    Class
+	ran      bool // exec was called
+	skipped  bool // the no-op test said so
+	done     bool // the before-retry hook found the earlier attempt took effect
+	rebuilt  bool // the before-retry hook returned the value to run
+	hookErr  error
+	callDone bool // the call's own context ended (deadline, cancel, Close)
+	runTime  time.Duration
+}
+
 // begin marks c in flight and derives its execution context: cancelled
 // when c loses its waiters or the dispatcher closes, with the latest
-// deadline of c's live waiters (none if any waiter has none).
-func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) context.Context {
+// deadline of c's live waiters (none if any waiter has none), carrying the
+// idempotency key.
+func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
 	s := c.s
-	s.run, s.next = c, nil
+	s.run = c
+	if s.next == c {
+		s.next = nil
+	}
 	c.state = csRunning
 	if c.firstStart < 0 {
 		c.firstStart = now
+	}
+	if c.attempts == 0 && c.lastErr == nil {
+		d.budget.at(now).first++
 	}
 	d.running++
 	ctx, cancel := context.WithCancelCause(d.base)
@@ -84,7 +137,14 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) context.Context {
 		ctx, stop = context.WithDeadline(ctx, d.epoch.Add(time.Duration(dl)))
 		c.cancel = func(cause error) { cancel(cause); stop() }
 	}
-	return ctx
+	if c.idem != "" {
+		ctx = context.WithValue(ctx, idemKey{}, c.idem)
+	}
+	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: s.key, val: c.val, lastErr: c.lastErr}
+	if t := d.retry.AttemptTimeout; t > 0 {
+		a.ctx, a.stop = context.WithTimeout(ctx, t)
+	}
+	return a
 }
 
 // execDeadline is the latest deadline among c's live waiters, or 0 if any
@@ -106,72 +166,121 @@ func (c *call[K, T]) execDeadline() int64 {
 	return dl
 }
 
-// execute runs c outside the lock: the no-op test, a rate-limiter token,
-// then exec. Panics in user code become errors. ran reports whether exec
-// was called.
-func (d *Dispatcher[K, T]) execute(ctx context.Context, c *call[K, T]) (err error, ran, skipped bool, runTime time.Duration) {
-	key, val := c.s.key, c.val // stable: merges go to the slot's next call
+// execute runs one attempt outside the lock: the before-retry hook (on a
+// retry), the no-op test, a rate-limiter token, exec, and the classifier.
+// Panics in user code become errors.
+func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
+	if a.lastErr != nil && d.before != nil {
+		var next T
+		var done bool
+		err := safeCall(func() (err error) {
+			next, done, err = d.before(a.callCtx, a.key, a.val, a.lastErr)
+			return err
+		})
+		switch {
+		case err != nil:
+			a.hookErr = err
+			return a
+		case done:
+			a.done = true
+			return a
+		}
+		a.val, a.rebuilt = next, true
+	}
 	if d.noop != nil {
 		var isNoop bool
-		err = safeCall(func() error { isNoop = d.noop(key, val); return nil })
-		if err != nil {
-			return err, false, false, 0
+		if err := safeCall(func() error { isNoop = d.noop(a.key, a.val); return nil }); err != nil {
+			a.err = err
+			return a
 		}
 		if isNoop {
-			return nil, false, true, 0
+			a.skipped = true
+			return a
 		}
 	}
 	if d.limiter != nil {
-		if err := d.limiter.Wait(ctx); err != nil {
-			return fmt.Errorf("dispatch: rate limiter: %w", err), false, false, 0
+		if err := d.limiter.Wait(a.ctx); err != nil {
+			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
+			a.callDone = a.callCtx.Err() != nil
+			a.class = Retry
+			return a
 		}
 	}
 	start := time.Now()
-	err = safeCall(func() error { return d.exec(ctx, key, val) })
-	return err, true, false, time.Since(start)
+	a.err = safeCall(func() error { return d.exec(a.ctx, a.key, a.val) })
+	a.runTime = time.Since(start)
+	a.ran = true
+	if a.err != nil {
+		// An error from a call whose own context ended is the end of the
+		// call, not a verdict on the API: it is not classified or retried.
+		a.callDone = a.callCtx.Err() != nil
+		if !a.callDone {
+			_ = safeCall(func() error { a.class = d.classify(a.err); return nil })
+		}
+	}
+	return a
 }
 
-// finish records the end of c's execution and tells its waiters. A call
-// orphaned meanwhile (cancelled, superseded, expired, closed) is reported
-// Stale if exec ran — the side effect may have happened, but nobody is told
-// it succeeded. The key's successor, if any, becomes ready with its original
-// enqueue time.
-func (d *Dispatcher[K, T]) finish(c *call[K, T], err error, ran, skipped bool, runTime time.Duration, ob *outbox[K, T]) {
+// finish records the end of an attempt of c. A call orphaned meanwhile
+// (cancelled, superseded, expired, closed) is reported Stale if exec ran —
+// the side effect may have happened, but nobody is told it succeeded. A
+// retryable failure sends the call back to the queue (requeue); otherwise
+// its waiters are told. Then the key's successor, if any, becomes ready
+// with its original enqueue time.
+func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K, T]) {
 	now := d.now()
 	d.running--
-	d.calls--
-	c.runTime += runTime
-	if ran {
+	c.runTime += a.runTime
+	if a.rebuilt {
+		c.val = a.val
+	}
+	if a.ran {
 		c.attempts++
 		d.st.executions++
 	}
-	switch {
-	case c.orphan:
-		st := c.endState
-		if ran {
-			st = Stale
-			d.st.staleExecutions++
-		}
-		d.hook(c, st, staleErr(st, err), now, ob)
-	default:
-		st := Succeeded
+	if d.br != nil {
+		wasClosed := d.br.state == BreakerClosed
+		counted := a.ran && !c.orphan && !a.callDone && (a.err == nil || a.class == Retry)
+		d.br.record(now, c.probe, counted, a.err != nil, &ob.notes)
+		c.probe = false
 		switch {
-		case skipped:
-			st = Skipped
-		case err != nil:
-			st = Failed
-		}
-		if d.settleAll(c, st, err, now, true, ob) {
-			d.hook(c, st, err, now, ob)
-		} else if ran {
-			// Every waiter expired while exec ran: the result is stale.
-			d.st.staleExecutions++
-			d.hook(c, Stale, staleErr(Stale, err), now, ob)
-		} else {
-			d.hook(c, Expired, ErrExpired, now, ob)
+		case d.br.state == BreakerClosed && !wasClosed:
+			d.cond.Broadcast() // resume every worker
+		case d.br.state == BreakerOpen:
+			d.armTimer(d.br.openUntil)
 		}
 	}
 	s := c.s
+	switch {
+	case c.orphan:
+		st := c.endState
+		if a.ran {
+			st = Stale
+			d.st.staleExecutions++
+		}
+		d.hook(c, st, staleErr(st, a.err), now, ob)
+	case a.hookErr != nil:
+		d.end(c, Failed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: "before-retry"}, now, a.ran, ob)
+	case a.done:
+		d.st.alreadyDone++
+		d.end(c, Succeeded, nil, now, a.ran, ob)
+	case a.skipped:
+		d.end(c, Skipped, nil, now, a.ran, ob)
+	case a.err == nil:
+		d.end(c, Succeeded, nil, now, a.ran, ob)
+	default:
+		notBefore, reason := d.retryAt(c, a, now)
+		if reason == "" {
+			d.requeue(c, a.err, notBefore, now)
+			return
+		}
+		err := a.err
+		if reason != "panic" {
+			err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
+		}
+		d.end(c, Failed, err, now, a.ran, ob)
+	}
+	d.calls--
 	s.run = nil
 	c.state = csIdle
 	if n := s.next; n != nil && n.state == csIdle {
@@ -179,6 +288,127 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], err error, ran, skipped bool, r
 		d.wakeWorker()
 	}
 	d.releaseSlot(s)
+}
+
+// end tells c's waiters the outcome st and fires the hook. A waiter whose
+// deadline passed meanwhile gets Expired instead; if every waiter did, an
+// execution that ran is reported Stale.
+func (d *Dispatcher[K, T]) end(c *call[K, T], st State, err error, now int64, ran bool, ob *outbox[K, T]) {
+	switch {
+	case d.settleAll(c, st, err, now, true, ob):
+		d.hook(c, st, err, now, ob)
+	case ran:
+		d.st.staleExecutions++
+		d.hook(c, Stale, staleErr(Stale, err), now, ob)
+	default:
+		d.hook(c, Expired, ErrExpired, now, ob)
+	}
+}
+
+// retryAt decides whether a failed attempt of c runs again, and when. It
+// returns the time the retry may start, or the reason it may not.
+func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (int64, string) {
+	p := &d.retry
+	var delay time.Duration
+	switch {
+	case a.callDone:
+		return 0, "deadline"
+	case a.class == Permanent:
+		if _, ok := a.err.(*PanicError); ok {
+			return 0, "panic" // delivered as the *PanicError itself
+		}
+		return 0, "permanent"
+	case a.class == Recompute && d.before == nil:
+		return 0, "recompute"
+	case c.attempts >= p.MaxAttempts:
+		return 0, "attempts"
+	case a.class == Recompute:
+		// Rebuild from fresh state at once: waiting does not resolve a
+		// conflict, re-reading does.
+	default:
+		if hint, ok := retryAfter(a.err); ok {
+			delay = hint
+		} else {
+			delay = p.backoff(c.attempts)
+		}
+	}
+	notBefore := now + int64(delay)
+	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
+		return 0, "deadline"
+	}
+	if !d.budgetAllows(now) {
+		return 0, "budget"
+	}
+	return notBefore, ""
+}
+
+// requeue sends c back to the queue to run again at notBefore. The retry
+// holds no worker: it waits in the delay index. While it waits it is the
+// key's pending call, so new submissions coalesce into it and keep its
+// backoff. A successor that arrived during the attempt is coalesced into it
+// now; if the merge refuses, the retry keeps the in-flight position and the
+// successor waits behind it.
+func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64) {
+	s := c.s
+	d.st.retries++
+	c.lastErr = lastErr
+	c.state = csIdle
+	if n := s.next; n != nil {
+		if d.coalesce(c, n.val, n.idem) == nil {
+			d.absorb(c, n)
+			s.run, s.next = nil, c
+		}
+		// else: s.run stays c, and n stays its successor.
+	} else {
+		s.run, s.next = nil, c
+	}
+	if notBefore <= now {
+		d.q.push(c)
+		d.wakeWorker()
+		return
+	}
+	d.q.delay(c, notBefore)
+	d.armTimer(notBefore)
+}
+
+// absorb moves every waiter of the successor n into c (whose value already
+// holds the merge of both) and forgets n.
+func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
+	for w := n.head; w != nil; {
+		next := w.next
+		w.c = c
+		w.prev, w.next = nil, c.head
+		if c.head != nil {
+			c.head.prev = w
+		}
+		c.head = w
+		w = next
+	}
+	c.nt += n.nt
+	if n.nff > 0 {
+		d.q.removeDeadline(&n.ff)
+		if c.nff == 0 {
+			c.ff.prio, c.ff.enq, c.ff.deadline = n.ff.prio, n.ff.enq, n.ff.deadline
+		} else {
+			c.ff.prio = max(c.ff.prio, n.ff.prio)
+			c.ff.enq = min(c.ff.enq, n.ff.enq)
+			c.ff.deadline = max(c.ff.deadline, n.ff.deadline)
+		}
+		c.nff += n.nff
+		c.ffForever = c.ffForever || n.ffForever
+		if c.ffForever {
+			d.q.removeDeadline(&c.ff)
+		} else if c.ff.at == 0 {
+			d.q.addDeadline(&c.ff, c.ff.deadline)
+			d.armTimer(c.ff.deadline)
+		}
+	}
+	c.joined += n.joined
+	c.droppable = c.droppable && n.droppable
+	d.st.coalesced += uint64(n.joined)
+	n.head, n.nt, n.nff = nil, 0, 0
+	d.calls--
+	d.reprioritize(c)
 }
 
 // staleErr is the hook's error for a call that ended in st after losing
