@@ -150,7 +150,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 		workers:    cfg.workers,
 		capacity:   cfg.capacity,
 		maxWaiters: cfg.maxWaiters,
-		epoch:      time.Now(),
+		epoch:      time.Now().Add(-epochOffset),
 		drained:    make(chan struct{}),
 		stopCh:     make(chan struct{}),
 		slots:      make(map[K]*slot[K, T]),
@@ -164,6 +164,11 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 	d.cond.L = &d.mu
 	return d, nil
 }
+
+// epochOffset puts the clock's origin before New, so that every time the
+// dispatcher compares is positive, 0 can mean "no deadline", and a deadline
+// from before New still compares as past.
+const epochOffset = time.Hour
 
 // now reads the clock once: monotonic ns since d.epoch.
 func (d *Dispatcher[K, T]) now() int64 { return int64(time.Since(d.epoch)) }
@@ -274,11 +279,16 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	}
 	s := d.slots[key]
 	if s == nil {
-		if len(d.slots) >= d.capacity {
-			return &BackpressureError{Reason: "capacity", Depth: len(d.slots)}
-		}
 		if t != nil && d.tickets >= d.maxWaiters {
 			return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
+		}
+		if len(d.slots) >= d.capacity {
+			k1, k2 := d.q.sortKey(o.Priority, now)
+			victim, ok := d.q.worst(k1, k2, d.seq+1)
+			if !ok {
+				return &BackpressureError{Reason: "capacity", Depth: len(d.slots)}
+			}
+			d.drop(victim, errDroppedCapacity, now, ob)
 		}
 		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
 			return ErrCircuitOpen
@@ -307,7 +317,10 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		if err := d.coalesce(c, val, o.IdempotencyKey); err != nil {
 			return err
 		}
-		c.droppable = c.droppable && o.Droppable
+		if !o.Droppable {
+			c.droppable = false
+			d.q.unshed(c)
+		}
 		d.join(c, t, o.Priority, now, deadline)
 		d.st.coalesced++
 		return nil
@@ -332,6 +345,14 @@ func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions) *call
 	c.val, c.gen, c.seq, c.idem, c.droppable = val, o.Generation, d.seq, o.IdempotencyKey, o.Droppable
 	s.next = c
 	return c
+}
+
+// drop sheds a queued call to make room: every waiter gets Dropped with
+// the reason, and the completion hook fires.
+func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, now int64, ob *outbox[K, T]) {
+	d.settleAll(c, Dropped, err, now, false, ob)
+	d.endCall(c, Dropped, err, now, ob)
+	d.releaseSlot(c.s)
 }
 
 // supersede ends the key's calls of older generations: their waiters get
@@ -482,7 +503,13 @@ func (d *Dispatcher[K, T]) endCall(c *call[K, T], st State, err error, now int64
 	if s := c.s; s.next == c {
 		s.next = nil
 	} else {
-		s.run = nil // a retry in backoff that could not absorb its successor (requeue)
+		// A retry in backoff that could not absorb its successor (requeue):
+		// the successor is next in line now.
+		s.run = nil
+		if n := s.next; n != nil && n.state == csIdle {
+			d.q.push(n)
+			d.wakeWorker()
+		}
 	}
 	d.calls--
 	d.hook(c, st, err, now, ob)

@@ -87,6 +87,8 @@ var (
 	errRejectStale   = fmt.Errorf("%w: generation is older than the key's newest", ErrStale)
 	errRejectPast    = fmt.Errorf("%w: deadline already passed", ErrExpired)
 	errRejectIdemKey = fmt.Errorf("%w: pending call has a different idempotency key", ErrMergeRejected)
+
+	errDroppedCapacity = fmt.Errorf("%w: capacity: evicted for a better call", ErrDropped)
 )
 
 // canceledErr wraps cause, if any, so that it matches ErrCanceled and cause.

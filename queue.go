@@ -26,6 +26,11 @@ type queue[K comparable, T any] struct {
 	delayed   *btree.BTreeG[*call[K, T]]
 	deadlines *btree.BTreeG[*waiter[K, T]]
 	dseq      uint64 // tie-break among equal deadlines
+	// shed holds the calls that may be evicted when the dispatcher is
+	// full: droppable, queued (ready or delayed), and alone in their slot,
+	// so that evicting one frees a key. It is in ready order; its maximum
+	// is the worst call: lowest effective priority, then newest.
+	shed *btree.BTreeG[*call[K, T]]
 }
 
 // btreeDegree was chosen by BenchmarkSubmit: wider nodes cost more to shift
@@ -38,6 +43,7 @@ func newQueue[K comparable, T any](aging int64) queue[K, T] {
 		ready:     btree.NewG(btreeDegree, readyLess[K, T]),
 		delayed:   btree.NewG(btreeDegree, delayedLess[K, T]),
 		deadlines: btree.NewG(btreeDegree, deadlineLess[K, T]),
+		shed:      btree.NewG(btreeDegree, readyLess[K, T]),
 	}
 }
 
@@ -105,16 +111,21 @@ func virtualTime(enq, prio, aging int64) int64 {
 
 // push makes c ready.
 func (q *queue[K, T]) push(c *call[K, T]) {
+	q.unshed(c)
 	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
 	q.ready.ReplaceOrInsert(c)
 	c.state = csReady
+	q.reshed(c)
 }
 
 // delay makes c wait until notBefore.
 func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
+	q.unshed(c)
+	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
 	c.notBefore = notBefore
 	q.delayed.ReplaceOrInsert(c)
 	c.state = csDelayed
+	q.reshed(c)
 }
 
 // remove takes c out of whichever index holds it.
@@ -126,6 +137,35 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 		q.delayed.Delete(c)
 	}
 	c.state = csIdle
+	q.unshed(c)
+}
+
+// reshed puts c in the shed index if it may be evicted.
+func (q *queue[K, T]) reshed(c *call[K, T]) {
+	if c.droppable && !c.inShed && c.s.run == nil && (c.state == csReady || c.state == csDelayed) {
+		q.shed.ReplaceOrInsert(c)
+		c.inShed = true
+	}
+}
+
+// unshed takes c out of the shed index; call it before c's sort key
+// changes, or when c stops being evictable.
+func (q *queue[K, T]) unshed(c *call[K, T]) {
+	if c.inShed {
+		q.shed.Delete(c)
+		c.inShed = false
+	}
+}
+
+// worst returns the call to evict for a newcomer whose sort key would be
+// (k1, k2, seq), if there is one worse than it.
+func (q *queue[K, T]) worst(k1, k2 int64, seq uint64) (*call[K, T], bool) {
+	c, ok := q.shed.Max()
+	if !ok {
+		return nil, false
+	}
+	better := k1 < c.k1 || (k1 == c.k1 && (k2 < c.k2 || (k2 == c.k2 && seq < c.seq)))
+	return c, better
 }
 
 // rekey sets c's effective priority and enqueue time, moving it in the ready
@@ -134,18 +174,23 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	if prio == c.prio && enq == c.enq {
 		return
 	}
-	if c.state != csReady {
-		c.prio, c.enq = prio, enq
-		return
-	}
 	k1, k2 := q.sortKey(prio, enq)
 	c.prio, c.enq = prio, enq
 	if k1 == c.k1 && k2 == c.k2 {
 		return
 	}
-	q.ready.Delete(c)
-	c.k1, c.k2 = k1, k2
-	q.ready.ReplaceOrInsert(c)
+	inShed := c.inShed
+	q.unshed(c)
+	if c.state == csReady {
+		q.ready.Delete(c)
+		c.k1, c.k2 = k1, k2
+		q.ready.ReplaceOrInsert(c)
+	} else {
+		c.k1, c.k2 = k1, k2
+	}
+	if inShed {
+		q.reshed(c)
+	}
 }
 
 // popReady removes and returns the best ready call, or nil.
@@ -155,6 +200,7 @@ func (q *queue[K, T]) popReady() *call[K, T] {
 		return nil
 	}
 	c.state = csIdle
+	q.unshed(c)
 	return c
 }
 
