@@ -8,4 +8,7 @@ require (
 	golang.org/x/time v0.16.0
 )
 
-require github.com/stretchr/testify v1.12.1 // indirect
+require (
+	github.com/stretchr/testify v1.12.1
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)

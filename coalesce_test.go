@@ -1,0 +1,710 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestMerge coalesces submissions into a pending call (queued behind a held
+// worker) with each kind of merge function, and checks what runs, what each
+// waiter hears, and that a refused submission leaves the pending call as it
+// was.
+func TestMerge(t *testing.T) {
+	errRefuse := errors.New("refused by merge")
+	combine := func(p, in string) (string, error) { return p + "+" + in, nil }
+	keepPending := func(p, _ string) (string, error) { return p, nil }
+	keepIncoming := func(_, in string) (string, error) { return in, nil }
+	refuseB := func(p, in string) (string, error) {
+		if in == "b" {
+			return "", errRefuse
+		}
+		return p + "+" + in, nil
+	}
+	tests := []struct {
+		name    string
+		merge   func(string, string) (string, error) // nil: no WithMerge
+		calls   []string
+		refused []bool // per submission
+		want    string // the value executed
+	}{
+		{"combine", combine, []string{"a", "b", "c"}, []bool{false, false, false}, "a+b+c"},
+		{"keep pending (skip)", keepPending, []string{"a", "b", "c"}, []bool{false, false, false}, "a"},
+		{"keep incoming (overwrite)", keepIncoming, []string{"a", "b", "c"}, []bool{false, false, false}, "c"},
+		{"refuse", refuseB, []string{"a", "b", "c"}, []bool{false, true, false}, "a+c"},
+		{"default replaces", nil, []string{"a", "b", "c"}, []bool{false, false, false}, "c"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, string]()
+				g := f.block("hold")
+				hooks := &hookLog[string, string]{}
+				opts := []Option{WithWorkers(1), hooks.option()}
+				if tc.merge != nil {
+					opts = append(opts, WithMerge(tc.merge))
+				}
+				d := newD(t, f.exec, opts...)
+				hold := submit(t, d, "hold", "", prio(0))
+				synctest.Wait()
+
+				var accepted []*Ticket[string, string]
+				for i, c := range tc.calls {
+					tk, err := d.Submit(bg, "k", c, prio(0))
+					if tc.refused[i] {
+						require.Error(t, err)
+						assert.Nil(t, tk)
+						assert.ErrorIs(t, err, ErrMergeRejected)
+						assert.ErrorIs(t, err, errRefuse, "the merge function's error is not wrapped")
+						continue
+					}
+					require.NoError(t, err)
+					accepted = append(accepted, tk)
+				}
+				s := checkConservation(t, d)
+				assert.Equal(t, 2, s.Keys)
+				assert.Equal(t, uint64(len(accepted)-1), s.Coalesced)
+				g.open()
+				synctest.Wait()
+
+				assert.Equal(t, []string{tc.want}, f.calls("k"), "one execution with the merged value")
+				for _, tk := range accepted {
+					r := outcome(t, tk)
+					assert.Equal(t, Succeeded, r.State)
+					assert.Equal(t, tc.want, r.Call)
+					assert.Equal(t, len(accepted), r.Waiters)
+				}
+				require.Len(t, hooks.of("k"), 1)
+				assert.Equal(t, len(accepted), hooks.of("k")[0].Waiters)
+				assert.Equal(t, Succeeded, outcome(t, hold).State)
+				s = closeD(t, d)
+				assert.Equal(t, uint64(len(tc.calls)-len(accepted)), s.Rejected)
+			})
+		})
+	}
+}
+
+// TestMergeIdempotencyKey: a submission whose idempotency key differs from
+// the pending call's is refused without consulting the merge function; an
+// empty key merges with anything, and the pending call adopts the first
+// non-empty key.
+func TestMergeIdempotencyKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, string]()
+		g := f.block("hold")
+		var merges atomic.Int32
+		d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in string) (string, error) {
+			merges.Add(1)
+			return p + "+" + in, nil
+		}))
+		tks := []*Ticket[string, string]{submit(t, d, "hold", "", prio(0))}
+		synctest.Wait()
+
+		tks = append(tks, submit(t, d, "k", "a", SubmitOptions{}))                    // no key yet
+		tks = append(tks, submit(t, d, "k", "b", SubmitOptions{IdempotencyKey: "x"})) // adopts "x"
+		tks = append(tks, submit(t, d, "k", "c", SubmitOptions{}))                    // empty merges
+		tks = append(tks, submit(t, d, "k", "d", SubmitOptions{IdempotencyKey: "x"})) // same key merges
+		require.Equal(t, int32(3), merges.Load())
+
+		_, err := d.Submit(bg, "k", "e", SubmitOptions{IdempotencyKey: "y"})
+		require.ErrorIs(t, err, ErrMergeRejected)
+		err = d.Post("k", "f", SubmitOptions{IdempotencyKey: "z"})
+		require.ErrorIs(t, err, ErrMergeRejected)
+		assert.Equal(t, int32(3), merges.Load(), "merge consulted for a different idempotency key")
+
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, []string{"a+b+c+d"}, f.calls("k"))
+		assert.Equal(t, map[State]int{Succeeded: 5}, tally(t, tks...))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(2), s.Rejected)
+	})
+}
+
+// TestMergePanic: a merge function that panics rejects the submission (as a
+// refused merge), leaves the pending call untouched, and the dispatcher —
+// whose lock the merge ran under — keeps working.
+func TestMergePanic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, string]()
+		g := f.block("hold")
+		d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in string) (string, error) {
+			if in == "boom" {
+				panic("merge exploded")
+			}
+			return p + "+" + in, nil
+		}))
+		tks := []*Ticket[string, string]{submit(t, d, "hold", "", prio(0))}
+		synctest.Wait()
+		tks = append(tks, submit(t, d, "k", "a", prio(0)))
+
+		tk, err := d.Submit(bg, "k", "boom", prio(0))
+		require.Error(t, err)
+		assert.Nil(t, tk)
+		assert.ErrorIs(t, err, ErrMergeRejected)
+		require.ErrorIs(t, d.Post("k", "boom", SubmitOptions{}), ErrMergeRejected)
+
+		// Still working: the lock was released, merges and new keys go on.
+		tks = append(tks, submit(t, d, "k", "b", prio(0)))
+		tks = append(tks, submit(t, d, "other", "x", prio(0)))
+		assert.True(t, d.Pending("k"))
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, []string{"a+b"}, f.calls("k"))
+		assert.Equal(t, []string{"x"}, f.calls("other"))
+		assert.Equal(t, map[State]int{Succeeded: 4}, tally(t, tks...))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(2), s.Rejected)
+	})
+}
+
+// TestNoOp: a call the no-op test finds would change nothing is not
+// executed and ends Skipped, which counts as success; the test sees the
+// merged value.
+func TestNoOp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		hooks := &hookLog[string, int]{}
+		var seen []int
+		var mu sync.Mutex
+		d := newD(t, f.exec, WithWorkers(1), hooks.option(),
+			WithMerge(func(p, in int) (int, error) { return p + in, nil }),
+			WithNoOp(func(key string, v int) bool {
+				mu.Lock()
+				seen = append(seen, v)
+				mu.Unlock()
+				return key != "hold" && v == 0
+			}))
+		hold := submit(t, d, "hold", 0, prio(0))
+		synctest.Wait()
+		skip1 := submit(t, d, "skip", 1, prio(0))
+		skip2 := submit(t, d, "skip", -1, prio(0)) // merged value 0: a no-op
+		require.NoError(t, d.Post("skip", 0, SubmitOptions{}))
+		run := submit(t, d, "run", 5, prio(0))
+		g.open()
+		synctest.Wait()
+
+		assert.Equal(t, []string{"hold", "run"}, f.keys(), "a no-op call was executed")
+		for _, tk := range []*Ticket[string, int]{skip1, skip2} {
+			r := outcome(t, tk)
+			assert.Equal(t, Skipped, r.State)
+			assert.True(t, r.State.OK())
+			assert.Zero(t, r.Attempts)
+			assert.Equal(t, 3, r.Waiters)
+		}
+		assert.Equal(t, Succeeded, outcome(t, run).State)
+		assert.Equal(t, Succeeded, outcome(t, hold).State)
+		assert.Equal(t, []State{Skipped}, hooks.states("skip"))
+		mu.Lock()
+		assert.ElementsMatch(t, []int{0, 0, 5}, seen)
+		mu.Unlock()
+		s := closeD(t, d)
+		assert.Equal(t, map[State]int{Succeeded: 2, Skipped: 3}, outcomeCounts(s))
+		assert.Equal(t, uint64(2), s.Executions)
+	})
+}
+
+// TestSuccessor: a submission for a key whose call is in flight waits for
+// it (even with idle workers), coalesces with later ones, and when released
+// keeps its original enqueue time: it beats calls submitted later with an
+// equal or higher virtual time, and loses to ones with a lower one.
+func TestSuccessor(t *testing.T) {
+	t.Run("waits for the in-flight call", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("A")
+			var inflight, maxInflight atomic.Int32
+			exec := func(ctx context.Context, key string, call int) error {
+				n := inflight.Add(1)
+				defer inflight.Add(-1)
+				for {
+					m := maxInflight.Load()
+					if n <= m || maxInflight.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				return f.exec(ctx, key, call)
+			}
+			d := newD(t, exec, WithWorkers(4))
+			first := submit(t, d, "A", 1, prio(0))
+			synctest.Wait()
+			succ := submit(t, d, "A", 2, prio(0))
+			synctest.Wait()
+			s := checkConservation(t, d)
+			assert.Equal(t, 1, s.Successors)
+			assert.Equal(t, 1, s.InFlight)
+			assert.Equal(t, 1, s.Keys)
+			assert.Equal(t, []string{"A"}, f.keys(), "the successor started while the key was in flight")
+			select {
+			case <-succ.Done():
+				t.Fatal("successor finished while waiting")
+			default:
+			}
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []int{1, 2}, f.calls("A"))
+			assert.Equal(t, int32(1), maxInflight.Load())
+			assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, first, succ))
+			closeD(t, d)
+		})
+	})
+	t.Run("keeps its place", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("A")
+			d := newD(t, f.exec, WithWorkers(1), WithAging(time.Second),
+				WithMerge(func(p, in int) (int, error) { return p*10 + in, nil }))
+			var tks []*Ticket[string, int]
+			tks = append(tks, submit(t, d, "A", 1, prio(0))) // runs at 0s, held
+			synctest.Wait()
+			time.Sleep(time.Second)
+			tks = append(tks, submit(t, d, "A", 2, prio(0))) // successor, vt 1s
+			tks = append(tks, submit(t, d, "A", 3, prio(0))) // coalesces into it
+			time.Sleep(time.Second)
+			tks = append(tks, submit(t, d, "B", 0, prio(0))) // vt 2s: later
+			tks = append(tks, submit(t, d, "C", 0, prio(1))) // vt 1s: ties, arrived later
+			tks = append(tks, submit(t, d, "D", 0, prio(2))) // vt 0s: earlier
+			s := checkConservation(t, d)
+			assert.Equal(t, 1, s.Successors)
+			assert.Equal(t, 3, s.Ready)
+			assert.Equal(t, uint64(1), s.Coalesced)
+			time.Sleep(time.Second)
+			g.open() // at 3s
+			synctest.Wait()
+			assert.Equal(t, []string{"A", "D", "A", "C", "B"}, f.keys())
+			assert.Equal(t, []int{1, 23}, f.calls("A"))
+			r := outcome(t, tks[1])
+			assert.Equal(t, 23, r.Call)
+			assert.Equal(t, 2, r.Waiters)
+			assert.Equal(t, 2*time.Second, r.QueueWait, "the successor's queue wait does not start at its submission")
+			assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+			closeD(t, d)
+		})
+	})
+}
+
+// TestPriorityInheritance: a waiter joining a pending call raises the call
+// to the highest priority (and earliest enqueue time) of its live waiters,
+// and when that waiter leaves — by Ticket.Cancel, its context, or its
+// deadline — the call falls back.
+func TestPriorityInheritance(t *testing.T) {
+	tests := []struct {
+		name string
+		// run queues calls behind the held worker and returns the order in
+		// which A and B must run.
+		run func(t *testing.T, d *Dispatcher[string, int]) (want []string, outcomes map[State]int, tks []*Ticket[string, int])
+	}{
+		{"up", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0))
+			b := submit(t, d, "B", 0, prio(5))
+			a2 := submit(t, d, "A", 0, prio(10))
+			return []string{"A", "B"}, map[State]int{Succeeded: 3}, []*Ticket[string, int]{a1, b, a2}
+		}},
+		{"up by fire-and-forget", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0))
+			b := submit(t, d, "B", 0, prio(5))
+			require.NoError(t, d.Post("A", 0, prio(10)))
+			return []string{"A", "B"}, map[State]int{Succeeded: 2}, []*Ticket[string, int]{a1, b}
+		}},
+		{"up then down by Ticket.Cancel", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0))
+			b := submit(t, d, "B", 0, prio(5))
+			a2 := submit(t, d, "A", 0, prio(10))
+			a2.Cancel()
+			r := outcome(t, a2)
+			assert.Equal(t, Canceled, r.State)
+			return []string{"B", "A"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+		}},
+		{"up then down by context", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0))
+			b := submit(t, d, "B", 0, prio(5))
+			ctx, cancel := context.WithCancel(bg)
+			a2, err := d.Submit(ctx, "A", 0, prio(10))
+			require.NoError(t, err)
+			cancel()
+			synctest.Wait()
+			assert.Equal(t, Canceled, outcome(t, a2).State)
+			return []string{"B", "A"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+		}},
+		{"up then down by deadline", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0))
+			b := submit(t, d, "B", 0, prio(5))
+			a2 := submit(t, d, "A", 0, SubmitOptions{Priority: 10, Deadline: time.Now().Add(time.Second)})
+			time.Sleep(2 * time.Second)
+			assert.Equal(t, Expired, outcome(t, a2).State)
+			return []string{"B", "A"}, map[State]int{Succeeded: 2, Expired: 1}, []*Ticket[string, int]{a1, b, a2}
+		}},
+		{"up then down by fire-and-forget deadline", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0))
+			b := submit(t, d, "B", 0, prio(5))
+			require.NoError(t, d.Post("A", 0, SubmitOptions{Priority: 10, Deadline: time.Now().Add(time.Second)}))
+			time.Sleep(2 * time.Second)
+			return []string{"B", "A"}, map[State]int{Succeeded: 2}, []*Ticket[string, int]{a1, b}
+		}},
+		{"enqueue time follows live waiters", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			// Aging 1s, equal priorities: order is by enqueue time.
+			a1 := submit(t, d, "A", 0, prio(0)) // 0s
+			time.Sleep(time.Second)
+			b := submit(t, d, "B", 0, prio(0)) // 1s
+			time.Sleep(time.Second)
+			a2 := submit(t, d, "A", 0, prio(0)) // 2s: A keeps 0s
+			a1.Cancel()                         // A's earliest live waiter is now 2s
+			return []string{"B", "A"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+		}},
+		{"enqueue time kept while the first waiter stays", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a1 := submit(t, d, "A", 0, prio(0)) // 0s
+			time.Sleep(time.Second)
+			b := submit(t, d, "B", 0, prio(0)) // 1s
+			time.Sleep(time.Second)
+			a2 := submit(t, d, "A", 0, prio(0)) // 2s
+			a2.Cancel()
+			return []string{"A", "B"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, int]()
+				g := f.block("hold")
+				d := newD(t, f.exec, WithWorkers(1), WithAging(time.Second))
+				hold := submit(t, d, "hold", 0, prio(0))
+				synctest.Wait()
+				want, outcomes, tks := tc.run(t, d)
+				g.open()
+				synctest.Wait()
+				assert.Equal(t, append([]string{"hold"}, want...), f.keys())
+				assert.Equal(t, outcomes, tally(t, tks...))
+				assert.Equal(t, Succeeded, outcome(t, hold).State)
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestNeverConcurrentPerKey hammers few keys from many goroutines with
+// many workers — submissions, fire-and-forget, merges, waiter cancels,
+// context timeouts, Cancel(key) and generation bumps, with executions that
+// ignore their context and so outlive their cancellation — and checks with
+// a per-key in-flight counter that no key ever runs twice at once. Every
+// waiter hears exactly once and conservation holds throughout.
+func TestNeverConcurrentPerKey(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { neverConcurrentPerKey(t, false) })
+	// With retryable failures (retries wait in the delay index as the key's
+	// pending call) and a merge that sometimes refuses (a successor that
+	// cannot be absorbed by a retry waits behind it).
+	t.Run("retries and refused merges", func(t *testing.T) { neverConcurrentPerKey(t, true) })
+}
+
+var errFlaky = errors.New("flaky")
+
+func neverConcurrentPerKey(t *testing.T, retries bool) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			keys       = 4
+			workers    = 16
+			submitters = 24
+			perSub     = 200
+		)
+		var (
+			inflight   [keys]atomic.Int32
+			violations atomic.Int32
+			execs      atomic.Uint64
+			hooks      atomic.Uint64
+			gens       [keys]atomic.Uint64
+		)
+		exec := func(ctx context.Context, key int, call int) error {
+			if inflight[key].Add(1) != 1 {
+				violations.Add(1)
+			}
+			execs.Add(1)
+			switch uint(call) % 4 {
+			case 0:
+				runtime.Gosched()
+			case 1:
+				time.Sleep(time.Duration(uint(call)%5) * time.Millisecond) // ignores ctx
+			case 2:
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Millisecond):
+				}
+			case 3:
+				for range 3 {
+					runtime.Gosched()
+				}
+			}
+			if inflight[key].Add(-1) != 0 {
+				violations.Add(1)
+			}
+			if retries && uint(call)%3 == 0 {
+				return errFlaky
+			}
+			return nil
+		}
+		merge := func(p, in int) (int, error) { return p ^ in, nil }
+		opts := []Option{WithWorkers(workers), WithOnDone(func(Result[int, int]) { hooks.Add(1) })}
+		if retries {
+			merge = func(p, in int) (int, error) {
+				if uint(in)%5 == 0 {
+					return p, errUser
+				}
+				return p ^ in, nil
+			}
+			opts = append(opts,
+				WithClassifier(func(err error) Class {
+					if errors.Is(err, errFlaky) {
+						return Retry
+					}
+					return Permanent
+				}),
+				WithRetry(RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 4 * time.Millisecond, BudgetRatio: math.Inf(1)}))
+		}
+		d := newD(t, exec, append(opts, WithMerge(merge))...)
+
+		var (
+			mu         sync.Mutex
+			all        []*Ticket[int, int]
+			unexpected []error
+			attempts   atomic.Uint64
+			rejected   atomic.Uint64
+		)
+		var wg sync.WaitGroup
+		for s := range submitters {
+			wg.Go(func() {
+				r := rand.New(rand.NewPCG(uint64(s), 99))
+				var mine, held []*Ticket[int, int]
+				var errs []error
+				for range perSub {
+					key := r.IntN(keys)
+					o := SubmitOptions{Priority: r.IntN(5), Generation: gens[key].Load()}
+					var err error
+					attempts.Add(1)
+					switch op := r.IntN(100); {
+					case op < 50:
+						var tk *Ticket[int, int]
+						tk, err = d.Submit(bg, key, r.Int(), o)
+						if err == nil {
+							mine = append(mine, tk)
+							if r.IntN(3) == 0 {
+								<-tk.Done()
+							} else {
+								held = append(held, tk)
+							}
+						}
+					case op < 62:
+						ctx, cancel := context.WithTimeout(bg, time.Duration(r.IntN(3))*time.Millisecond+time.Microsecond)
+						var tk *Ticket[int, int]
+						tk, err = d.Submit(ctx, key, r.Int(), o)
+						if err == nil {
+							mine = append(mine, tk)
+						}
+						if r.IntN(2) == 0 {
+							time.Sleep(time.Millisecond)
+						}
+						cancel()
+					case op < 85:
+						if r.IntN(2) == 0 {
+							o.Deadline = time.Now().Add(time.Duration(1+r.IntN(3)) * time.Millisecond)
+						}
+						err = d.Post(key, r.Int(), o)
+					case op < 95:
+						attempts.Add(^uint64(0)) // not a submission
+						if len(held) > 0 {
+							i := r.IntN(len(held))
+							held[i].Cancel()
+							held = append(held[:i], held[i+1:]...)
+						}
+					case op < 97:
+						attempts.Add(^uint64(0))
+						d.Cancel(key, errUser)
+					default:
+						o.Generation = gens[key].Add(1)
+						var tk *Ticket[int, int]
+						tk, err = d.Submit(bg, key, r.Int(), o)
+						if err == nil {
+							mine = append(mine, tk)
+						}
+					}
+					if err != nil {
+						rejected.Add(1)
+						if !errors.Is(err, ErrStale) && !(retries && errors.Is(err, ErrMergeRejected)) {
+							errs = append(errs, err)
+						}
+					}
+					if r.IntN(10) == 0 {
+						if err := conserved(d.Stats()); err != nil {
+							errs = append(errs, err)
+						}
+					}
+				}
+				mu.Lock()
+				all = append(all, mine...)
+				unexpected = append(unexpected, errs...)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		s := closeD(t, d)
+		require.Empty(t, unexpected)
+		assert.Zero(t, violations.Load(), "a key was executed twice at once")
+		assert.Equal(t, execs.Load(), s.Executions)
+		assert.Equal(t, attempts.Load(), s.Submitted)
+		assert.Equal(t, rejected.Load(), s.Rejected)
+		var calls uint64
+		for _, n := range s.Calls {
+			calls += n
+		}
+		assert.Equal(t, hooks.Load(), calls, "hook calls vs Stats.Calls")
+		counts := tally(t, all...)
+		for st, n := range counts {
+			assert.LessOrEqual(t, uint64(n), s.Outcomes[st], "tickets with state %v", st)
+		}
+		t.Logf("submitted %d rejected %d executions %d stale %d retries %d outcomes %v",
+			s.Submitted, s.Rejected, s.Executions, s.StaleExecutions, s.Retries, outcomeCounts(s))
+		if retries {
+			assert.NotZero(t, s.Retries)
+		}
+		assert.NotZero(t, s.StaleExecutions, "the mix should orphan some executions")
+	})
+}
+
+// TestSuccessorWaiters: a successor's waiters behave like a pending call's
+// — a joiner raises its priority for when it is released, and when its
+// last waiter leaves it is removed without running.
+func TestSuccessorWaiters(t *testing.T) {
+	t.Run("inherits priority", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("A")
+			d := newD(t, f.exec, WithWorkers(1), WithAging(time.Second))
+			var tks []*Ticket[string, int]
+			tks = append(tks, submit(t, d, "A", 1, prio(0)))
+			synctest.Wait()
+			tks = append(tks, submit(t, d, "B", 0, prio(5)))
+			tks = append(tks, submit(t, d, "A", 2, prio(0)))  // successor
+			tks = append(tks, submit(t, d, "A", 2, prio(10))) // raises it
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []string{"A", "A", "B"}, f.keys())
+			assert.Equal(t, map[State]int{Succeeded: 4}, tally(t, tks...))
+			closeD(t, d)
+		})
+	})
+	t.Run("removed when its last waiter leaves", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("A")
+			hooks := &hookLog[string, int]{}
+			d := newD(t, f.exec, WithWorkers(1), hooks.option())
+			first := submit(t, d, "A", 1, prio(0))
+			synctest.Wait()
+			s1 := submit(t, d, "A", 2, SubmitOptions{Deadline: time.Now().Add(time.Second)})
+			s2 := submit(t, d, "A", 2, prio(0))
+			s2.Cancel()
+			require.Equal(t, 1, d.Stats().Successors)
+			time.Sleep(2 * time.Second)
+			s := checkConservation(t, d)
+			assert.Zero(t, s.Successors, "successor without waiters kept")
+			assert.Equal(t, 1, s.InFlight)
+			assert.Equal(t, Expired, outcome(t, s1).State)
+			assert.Equal(t, Canceled, outcome(t, s2).State)
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []int{1}, f.calls("A"), "a successor without waiters ran")
+			assert.Equal(t, Succeeded, outcome(t, first).State)
+			assert.ElementsMatch(t, []State{Expired, Succeeded}, hooks.states("A"))
+			closeD(t, d)
+		})
+	})
+}
+
+// TestFireAndForgetDeadline: fire-and-forget submissions merged into one
+// call share the latest of their deadlines; one without a deadline never
+// leaves; when they expire, the call's priority falls back (or the call
+// goes, if nobody else waits).
+func TestFireAndForgetDeadline(t *testing.T) {
+	t.Run("latest deadline, then removed", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("hold")
+			hooks := &hookLog[string, int]{}
+			d := newD(t, f.exec, WithWorkers(1), hooks.option())
+			hold := submit(t, d, "hold", 0, prio(0))
+			synctest.Wait()
+			now := time.Now()
+			require.NoError(t, d.Post("A", 0, SubmitOptions{Deadline: now.Add(3 * time.Second)}))
+			require.NoError(t, d.Post("A", 0, SubmitOptions{Deadline: now.Add(time.Second)}))
+			time.Sleep(2 * time.Second)
+			s := checkConservation(t, d)
+			assert.True(t, d.Pending("A"), "expired at the earliest, not the latest, deadline")
+			assert.Equal(t, 3, s.Live)
+			time.Sleep(2 * time.Second)
+			s = checkConservation(t, d)
+			assert.False(t, d.Pending("A"))
+			assert.Equal(t, uint64(2), s.Outcomes[Expired])
+			assert.Equal(t, []State{Expired}, hooks.states("A"))
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []string{"hold"}, f.keys())
+			assert.Equal(t, Succeeded, outcome(t, hold).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("one without deadline never leaves", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("hold")
+			d := newD(t, f.exec, WithWorkers(1))
+			hold := submit(t, d, "hold", 0, prio(0))
+			synctest.Wait()
+			require.NoError(t, d.Post("A", 0, SubmitOptions{Deadline: time.Now().Add(time.Second)}))
+			require.NoError(t, d.Post("A", 0, SubmitOptions{}))
+			time.Sleep(time.Hour)
+			assert.True(t, d.Pending("A"))
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []string{"hold", "A"}, f.keys())
+			s := closeD(t, d)
+			assert.Equal(t, map[State]int{Succeeded: 3}, outcomeCounts(s))
+			assert.Equal(t, Succeeded, outcome(t, hold).State)
+		})
+	})
+}
+
+// TestHookResubmits: the completion hook runs outside every lock, so it may
+// submit again — the "re-evaluate this object" loop.
+func TestHookResubmits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		var d *Dispatcher[string, int]
+		var errs []error
+		var mu sync.Mutex
+		d = newD(t, f.exec, WithWorkers(2), WithOnDone(func(r Result[string, int]) {
+			if r.Call < 3 {
+				err := d.Post(r.Key, r.Call+1, SubmitOptions{})
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}))
+		tk := submit(t, d, "k", 0, prio(0))
+		_, err := tk.Wait(bg)
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, []int{0, 1, 2, 3}, f.calls("k"))
+		mu.Lock()
+		assert.Equal(t, []error{nil, nil, nil}, errs)
+		mu.Unlock()
+		closeD(t, d)
+	})
+}

@@ -1,0 +1,650 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func nopExec(context.Context, string, int) error { return nil }
+
+// TestNewValidation: every invalid configuration is an error from New that
+// names the offending option, never a panic, and no Dispatcher.
+func TestNewValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		exec ExecFunc[string, int]
+		opts []Option
+		want string // substring of the error
+	}{
+		{"nil exec", nil, nil, "ExecFunc"},
+		{"nil option", nopExec, []Option{nil}, "Option"},
+		{"WithWorkers(0)", nopExec, []Option{WithWorkers(0)}, "WithWorkers"},
+		{"WithWorkers(-1)", nopExec, []Option{WithWorkers(-1)}, "WithWorkers"},
+		{"WithCapacity(0)", nopExec, []Option{WithCapacity(0)}, "WithCapacity"},
+		{"WithCapacity(-1)", nopExec, []Option{WithCapacity(-1)}, "WithCapacity"},
+		{"WithAging(-1)", nopExec, []Option{WithAging(-1)}, "WithAging"},
+		{"WithMaxWaiters(0)", nopExec, []Option{WithMaxWaiters(0)}, "WithMaxWaiters"},
+		{"WithMaxWaiters(-1)", nopExec, []Option{WithMaxWaiters(-1)}, "WithMaxWaiters"},
+		{"nil merge", nopExec, []Option{WithMerge[int](nil)}, "WithMerge"},
+		{"nil no-op test", nopExec, []Option{WithNoOp[string, int](nil)}, "WithNoOp"},
+		{"nil hook", nopExec, []Option{WithOnDone[string, int](nil)}, "WithOnDone"},
+		{"merge of another T", nopExec, []Option{WithMerge(func(p, in string) (string, error) { return p, nil })}, "WithMerge"},
+		{"no-op test of another K", nopExec, []Option{WithNoOp(func(int, int) bool { return false })}, "WithNoOp"},
+		{"no-op test of another T", nopExec, []Option{WithNoOp(func(string, string) bool { return false })}, "WithNoOp"},
+		{"hook of another K", nopExec, []Option{WithOnDone(func(Result[int, int]) {})}, "WithOnDone"},
+		{"hook of another T", nopExec, []Option{WithOnDone(func(Result[string, string]) {})}, "WithOnDone"},
+		{"bad option after good ones", nopExec, []Option{WithWorkers(2), WithAging(0), WithCapacity(0)}, "WithCapacity"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var d *Dispatcher[string, int]
+			var err error
+			require.NotPanics(t, func() { d, err = New(tc.exec, tc.opts...) })
+			require.Error(t, err)
+			assert.Nil(t, d)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	t.Run("valid", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d := newD(t, nopExec, WithWorkers(1), WithCapacity(1), WithMaxWaiters(1), WithAging(0),
+				WithRateLimit(nil),
+				WithMerge(func(p, in int) (int, error) { return in, nil }),
+				WithNoOp(func(string, int) bool { return false }),
+				WithOnDone(func(Result[string, int]) {}))
+			tk := submit(t, d, "k", 1, SubmitOptions{})
+			r, err := tk.Wait(bg)
+			require.NoError(t, err)
+			assert.Equal(t, Succeeded, r.State)
+			closeD(t, d)
+		})
+	})
+}
+
+// TestSubmitRejectedUpFront: a submission with a done context or a
+// deadline already past is refused at once; nothing is enqueued, merged or
+// executed, and Stats count it as submitted and rejected.
+func TestSubmitRejectedUpFront(t *testing.T) {
+	cause := errors.New("caller gave up")
+	tests := []struct {
+		name   string
+		submit func(d *Dispatcher[string, int]) error
+		is     []error
+	}{
+		{"canceled ctx", func(d *Dispatcher[string, int]) error {
+			ctx, cancel := context.WithCancel(bg)
+			cancel()
+			tk, err := d.Submit(ctx, "k", 2, SubmitOptions{})
+			if tk != nil {
+				return errors.New("got a ticket")
+			}
+			return err
+		}, []error{ErrCanceled, context.Canceled}},
+		{"canceled ctx with cause", func(d *Dispatcher[string, int]) error {
+			ctx, cancel := context.WithCancelCause(bg)
+			cancel(cause)
+			_, err := d.Submit(ctx, "k", 2, SubmitOptions{})
+			return err
+		}, []error{ErrCanceled, cause}},
+		{"ctx deadline passed", func(d *Dispatcher[string, int]) error {
+			ctx, cancel := context.WithDeadline(bg, time.Now().Add(-time.Second))
+			defer cancel()
+			_, err := d.Submit(ctx, "k", 2, SubmitOptions{})
+			return err
+		}, []error{ErrExpired}},
+		{"opts deadline passed", func(d *Dispatcher[string, int]) error {
+			_, err := d.Submit(bg, "k", 2, SubmitOptions{Deadline: time.Now().Add(-time.Nanosecond)})
+			return err
+		}, []error{ErrExpired}},
+		{"opts deadline before the dispatcher existed", func(d *Dispatcher[string, int]) error {
+			_, err := d.Submit(bg, "k", 2, SubmitOptions{Deadline: time.Now().Add(-time.Hour)})
+			return err
+		}, []error{ErrExpired}},
+		{"opts deadline passed, later ctx deadline", func(d *Dispatcher[string, int]) error {
+			ctx, cancel := context.WithTimeout(bg, time.Hour)
+			defer cancel()
+			_, err := d.Submit(ctx, "k", 2, SubmitOptions{Deadline: time.Now().Add(-time.Second)})
+			return err
+		}, []error{ErrExpired}},
+		{"Post deadline passed", func(d *Dispatcher[string, int]) error {
+			return d.Post("k", 2, SubmitOptions{Deadline: time.Now().Add(-time.Second)})
+		}, []error{ErrExpired}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, later := range []time.Duration{0, time.Minute} {
+				t.Run("new key/"+later.String()+" after New", func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						f := newFixture[string, int]()
+						d := newD(t, f.exec)
+						time.Sleep(later)
+						err := tc.submit(d)
+						require.Error(t, err)
+						for _, target := range tc.is {
+							assert.ErrorIs(t, err, target)
+						}
+						s := checkConservation(t, d)
+						assert.Zero(t, s.Keys)
+						assert.Zero(t, s.Live)
+						assert.Equal(t, uint64(1), s.Submitted)
+						assert.Equal(t, uint64(1), s.Rejected)
+						assert.False(t, d.Pending("k"))
+						synctest.Wait()
+						assert.Empty(t, f.keys())
+						closeD(t, d)
+					})
+				})
+			}
+			t.Run("pending key", func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					f := newFixture[string, int]()
+					g := f.block("hold")
+					var merges int
+					d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in int) (int, error) {
+						merges++
+						return p + in, nil
+					}))
+					tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
+					synctest.Wait()
+					time.Sleep(time.Minute)
+					tks = append(tks, submit(t, d, "k", 1, prio(0)))
+					before := checkConservation(t, d)
+					err := tc.submit(d)
+					require.Error(t, err)
+					for _, target := range tc.is {
+						assert.ErrorIs(t, err, target)
+					}
+					s := checkConservation(t, d)
+					assert.Equal(t, 2, s.Keys)
+					assert.Equal(t, before.Live, s.Live)
+					assert.Equal(t, before.Coalesced, s.Coalesced)
+					assert.Equal(t, before.Rejected+1, s.Rejected)
+					g.open()
+					synctest.Wait()
+					assert.Zero(t, merges, "a refused submission was merged")
+					assert.Equal(t, []int{1}, f.calls("k"))
+					assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, tks...))
+					closeD(t, d)
+				})
+			})
+		})
+	}
+}
+
+// TestCapacity: a new key beyond WithCapacity is refused with a
+// *BackpressureError (Reason "capacity"), while submissions for tracked
+// keys — merges into a pending call, successors of an in-flight one — are
+// still accepted.
+func TestCapacity(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("A")
+		d := newD(t, f.exec, WithWorkers(1), WithCapacity(2),
+			WithMerge(func(p, in int) (int, error) { return p + in, nil }))
+		var tks []*Ticket[string, int]
+		tks = append(tks, submit(t, d, "A", 1, prio(0))) // in flight
+		synctest.Wait()
+		tks = append(tks, submit(t, d, "B", 1, prio(0))) // pending
+		require.Equal(t, 2, d.Stats().Keys)
+
+		tk, err := d.Submit(bg, "C", 1, prio(0))
+		require.Error(t, err)
+		assert.Nil(t, tk)
+		assert.ErrorIs(t, err, ErrBackpressure)
+		var bp *BackpressureError
+		require.ErrorAs(t, err, &bp)
+		assert.Equal(t, "capacity", bp.Reason)
+		assert.Equal(t, 2, bp.Depth)
+		err = d.Post("C", 1, SubmitOptions{})
+		require.ErrorAs(t, err, &bp)
+		assert.Equal(t, "capacity", bp.Reason)
+		assert.False(t, d.Pending("C"))
+
+		// Tracked keys need no capacity.
+		tks = append(tks, submit(t, d, "B", 10, prio(0))) // merge
+		require.NoError(t, d.Post("B", 100, SubmitOptions{}))
+		tks = append(tks, submit(t, d, "A", 2, prio(0))) // successor
+		require.NoError(t, d.Post("A", 20, SubmitOptions{}))
+		s := checkConservation(t, d)
+		assert.Equal(t, 2, s.Keys)
+		assert.Equal(t, uint64(2), s.Rejected)
+
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, []int{1, 22}, f.calls("A"))
+		assert.Equal(t, []int{111}, f.calls("B"))
+		assert.Equal(t, map[State]int{Succeeded: 4}, tally(t, tks...))
+		// Room again.
+		tk = submit(t, d, "C", 1, prio(0))
+		_, err = tk.Wait(bg)
+		require.NoError(t, err)
+		closeD(t, d)
+	})
+}
+
+// TestMaxWaiters: live tickets are bounded by WithMaxWaiters (Reason
+// "waiters"), for a new key and for a merge alike, while fire-and-forget
+// submissions hold no ticket and are still accepted; a ticket that ends
+// frees its slot.
+func TestMaxWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("A")
+		d := newD(t, f.exec, WithWorkers(1), WithMaxWaiters(2))
+		a1 := submit(t, d, "A", 1, prio(0)) // in flight
+		synctest.Wait()
+		b1 := submit(t, d, "B", 1, prio(0))
+		require.Equal(t, 2, d.Stats().Tickets)
+
+		for _, key := range []string{"B", "A", "C"} { // merge, successor, new key
+			tk, err := d.Submit(bg, key, 2, prio(0))
+			require.Error(t, err, key)
+			assert.Nil(t, tk)
+			assert.ErrorIs(t, err, ErrBackpressure)
+			var bp *BackpressureError
+			require.ErrorAs(t, err, &bp)
+			assert.Equal(t, "waiters", bp.Reason)
+		}
+		require.NoError(t, d.Post("B", 3, SubmitOptions{}), "a fire-and-forget merge needs no waiter slot")
+		require.NoError(t, d.Post("A", 3, SubmitOptions{}))
+		require.NoError(t, d.Post("C", 3, SubmitOptions{}), "a fire-and-forget new key needs no waiter slot")
+		s := checkConservation(t, d)
+		assert.Equal(t, 2, s.Tickets)
+		assert.Equal(t, 5, s.Live)
+		assert.Equal(t, uint64(3), s.Rejected)
+
+		b1.Cancel() // frees a slot
+		b2 := submit(t, d, "B", 4, prio(0))
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, map[State]int{Succeeded: 2, Canceled: 1}, tally(t, a1, b1, b2))
+		assert.Equal(t, []int{4}, f.calls("B"))
+		closeD(t, d)
+	})
+}
+
+// TestMaxWaitersDefault: without WithMaxWaiters, live tickets are bounded
+// by DefaultWaitersPerKey × capacity.
+func TestMaxWaitersDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("A")
+		d := newD(t, f.exec, WithWorkers(1), WithCapacity(2))
+		var tks []*Ticket[string, int]
+		tks = append(tks, submit(t, d, "A", 0, prio(0)))
+		synctest.Wait()
+		for len(tks) < 2*DefaultWaitersPerKey {
+			tks = append(tks, submit(t, d, "B", 0, prio(0)))
+		}
+		_, err := d.Submit(bg, "B", 0, prio(0))
+		var bp *BackpressureError
+		require.ErrorAs(t, err, &bp)
+		assert.Equal(t, "waiters", bp.Reason)
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+		closeD(t, d)
+	})
+}
+
+// TestOutcomeAfterBookkeeping: when a waiter is told its outcome, the
+// dispatcher's own state already reflects it — Stats, Pending — with no
+// further synchronisation.
+func TestOutcomeAfterBookkeeping(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, func(_ context.Context, key string, _ int) error {
+			if key == "fail" {
+				return errUser
+			}
+			return nil
+		}, WithWorkers(2))
+		for i, key := range []string{"ok", "fail", "ok"} {
+			tk := submit(t, d, key, 0, prio(0))
+			r, _ := tk.Wait(bg)
+			s := checkConservation(t, d)
+			assert.False(t, d.Pending(key), "key still tracked when its outcome was delivered")
+			assert.Zero(t, s.Live)
+			assert.Zero(t, s.Keys)
+			assert.Zero(t, s.InFlight)
+			var told uint64
+			for _, n := range s.Outcomes {
+				told += n
+			}
+			assert.Equal(t, uint64(i+1), told)
+			assert.NotZero(t, s.Outcomes[r.State])
+		}
+		closeD(t, d)
+	})
+}
+
+// TestExecPanic: a panic in exec becomes a Failed outcome carrying a
+// *PanicError with the value and the stack, and the (only) worker lives on.
+func TestExecPanic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errVal := errors.New("panic with an error")
+		hooks := &hookLog[string, int]{}
+		d := newD(t, func(_ context.Context, key string, call int) error {
+			switch key {
+			case "panic":
+				panic("boom")
+			case "panic-err":
+				panic(errVal)
+			}
+			return nil
+		}, WithWorkers(1), hooks.option())
+
+		p := submit(t, d, "panic", 0, prio(0))
+		r, err := p.Wait(bg)
+		require.Error(t, err)
+		assert.Equal(t, Failed, r.State)
+		var pe *PanicError
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, "boom", pe.Value)
+		assert.NotEmpty(t, pe.Stack)
+		assert.Contains(t, string(pe.Stack), "goroutine")
+		assert.Contains(t, err.Error(), "boom")
+		assert.Equal(t, 1, r.Attempts)
+
+		pe2 := submit(t, d, "panic-err", 0, prio(0))
+		_, err = pe2.Wait(bg)
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, errVal, pe.Value)
+		assert.ErrorIs(t, err, errVal, "a panic with an error value unwraps to it")
+
+		// The pool still works, and it is the same single worker.
+		for i := range 3 {
+			tk := submit(t, d, "ok", i, prio(0))
+			r, err := tk.Wait(bg)
+			require.NoError(t, err)
+			assert.Equal(t, Succeeded, r.State)
+		}
+		assert.Equal(t, []State{Failed}, hooks.states("panic"))
+		synctest.Wait()
+		s := closeD(t, d)
+		assert.Equal(t, map[State]int{Failed: 2, Succeeded: 3}, outcomeCounts(s))
+		assert.Equal(t, uint64(5), s.Executions)
+	})
+}
+
+// TestNoOpPanic: a panic in the no-op test fails the call instead of
+// killing the worker.
+func TestNoOpPanic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d := newD(t, f.exec, WithWorkers(1), WithNoOp(func(key string, _ int) bool {
+			if key == "bad" {
+				panic("no-op exploded")
+			}
+			return false
+		}))
+		bad := submit(t, d, "bad", 0, prio(0))
+		r, err := bad.Wait(bg)
+		assert.Equal(t, Failed, r.State)
+		var pe *PanicError
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, "no-op exploded", pe.Value)
+		ok := submit(t, d, "ok", 0, prio(0))
+		r, err = ok.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, []string{"ok"}, f.keys())
+		closeD(t, d)
+	})
+}
+
+// TestTicket exercises the Ticket API: Done and Result before and after
+// the outcome, Wait with a context that ends first (the submission stays
+// live), and Cancel after the outcome (a no-op).
+func TestTicket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("k")
+		d := newD(t, f.exec, WithWorkers(1))
+		tk := submit(t, d, "k", 7, prio(0))
+		synctest.Wait()
+
+		select {
+		case <-tk.Done():
+			t.Fatal("Done closed before the outcome")
+		default:
+		}
+		r, ok := tk.Result()
+		assert.False(t, ok)
+		assert.Zero(t, r)
+
+		ctx, cancel := context.WithTimeout(bg, time.Second)
+		start := time.Now()
+		r, err := tk.Wait(ctx)
+		cancel()
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Zero(t, r)
+		assert.Equal(t, time.Second, time.Since(start))
+
+		done, cancelDone := context.WithCancel(bg)
+		cancelDone()
+		_, err = tk.Wait(done)
+		assert.ErrorIs(t, err, context.Canceled)
+
+		// Still live: Wait's context is not the submission's.
+		s := checkConservation(t, d)
+		assert.Equal(t, 1, s.Live)
+		assert.Equal(t, 1, s.Tickets)
+		assert.True(t, d.Pending("k"))
+
+		g.open()
+		r, err = tk.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, Result[string, int]{
+			Key: "k", Call: 7, State: Succeeded, Attempts: 1, Waiters: 1,
+			QueueWait: 0, RunTime: time.Second,
+		}, r)
+		before := checkConservation(t, d)
+		tk.Cancel()
+		tk.Cancel()
+		after := checkConservation(t, d)
+		assert.Equal(t, before, after, "Cancel after the outcome changed the dispatcher")
+		assert.Equal(t, r, outcome(t, tk))
+		closeD(t, d)
+	})
+}
+
+// TestOnDone: the completion hook fires exactly once per finished call —
+// succeeded, failed or removed — with Waiters counting every coalesced
+// submission, after the call's waiters have been told, outside every lock
+// (it may call the Dispatcher), with the call's timings.
+func TestOnDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		var (
+			mu      sync.Mutex
+			tickets = map[string][]*Ticket[string, int]{}
+			results []Result[string, int]
+			bad     []string
+			d       *Dispatcher[string, int]
+		)
+		hook := func(r Result[string, int]) {
+			st := d.Stats() // deadlocks if the hook runs under the lock
+			_ = d.Pending(r.Key)
+			mu.Lock()
+			defer mu.Unlock()
+			var calls uint64
+			for _, n := range st.Calls {
+				calls += n
+			}
+			if calls < uint64(len(results)+1) {
+				bad = append(bad, r.Key+": hook before Stats counted its call")
+			}
+			for _, tk := range tickets[r.Key] {
+				select {
+				case <-tk.Done():
+				default:
+					bad = append(bad, r.Key+": hook before its waiter was told")
+				}
+			}
+			results = append(results, r)
+		}
+		exec := func(ctx context.Context, key string, call int) error {
+			if err := f.exec(ctx, key, call); err != nil {
+				return err
+			}
+			switch key {
+			case "fail":
+				return errUser
+			case "slow":
+				time.Sleep(2 * time.Second)
+			}
+			return nil
+		}
+		d = newD(t, exec, WithWorkers(1), WithOnDone(hook),
+			WithMerge(func(p, in int) (int, error) { return p + in, nil }))
+		add := func(key string, tk *Ticket[string, int]) {
+			mu.Lock()
+			tickets[key] = append(tickets[key], tk)
+			mu.Unlock()
+		}
+		add("hold", submit(t, d, "hold", 0, prio(0)))
+		synctest.Wait()
+		for i := range 3 {
+			add("slow", submit(t, d, "slow", 1, prio(0)))
+			if i < 2 {
+				require.NoError(t, d.Post("slow", 10, SubmitOptions{}))
+			}
+		}
+		add("fail", submit(t, d, "fail", 0, prio(0)))
+		gone := submit(t, d, "gone", 0, prio(0))
+		add("gone", gone)
+		time.Sleep(3 * time.Second)
+		gone.Cancel()
+		g.open()
+		mu.Lock()
+		var all []*Ticket[string, int]
+		for _, tks := range tickets {
+			all = append(all, tks...)
+		}
+		mu.Unlock()
+		waitAll(all...)
+		synctest.Wait() // the hooks fire after the waiters are told
+
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Empty(t, bad)
+		byKey := map[string][]Result[string, int]{}
+		for _, r := range results {
+			byKey[r.Key] = append(byKey[r.Key], r)
+		}
+		for _, key := range []string{"hold", "slow", "fail", "gone"} {
+			require.Len(t, byKey[key], 1, "hook calls for %s", key)
+		}
+		require.Len(t, results, 4)
+		slow := byKey["slow"][0]
+		assert.Equal(t, Succeeded, slow.State)
+		assert.Equal(t, 5, slow.Waiters, "3 tickets + 2 posts")
+		assert.Equal(t, 23, slow.Call)
+		assert.Equal(t, 1, slow.Attempts)
+		assert.Equal(t, 3*time.Second, slow.QueueWait)
+		assert.Equal(t, 2*time.Second, slow.RunTime)
+		fail := byKey["fail"][0]
+		assert.Equal(t, Failed, fail.State)
+		assert.ErrorIs(t, fail.Err, errUser)
+		gr := byKey["gone"][0]
+		assert.Equal(t, Canceled, gr.State)
+		assert.Equal(t, 1, gr.Waiters)
+		assert.Zero(t, gr.Attempts)
+		assert.Equal(t, 3*time.Second, gr.QueueWait, "a call that never ran waits until its end")
+
+		assert.Equal(t, map[State]int{Succeeded: 4, Failed: 1, Canceled: 1}, tally(t, all...))
+		s := closeD(t, d)
+		assert.Equal(t, map[State]int{Succeeded: 2, Failed: 1, Canceled: 1}, callCounts(s))
+		assert.Equal(t, map[State]int{Succeeded: 6, Failed: 1, Canceled: 1}, outcomeCounts(s))
+	})
+}
+
+// TestExecContextDeadline: the execution context carries the latest
+// deadline among the call's live waiters, and none if any waiter has none.
+func TestExecContextDeadline(t *testing.T) {
+	tests := []struct {
+		name    string
+		waiters func(t *testing.T, d *Dispatcher[string, int], now time.Time) []*Ticket[string, int]
+		want    time.Duration // 0: no deadline
+	}{
+		{"latest of the waiters", func(t *testing.T, d *Dispatcher[string, int], now time.Time) []*Ticket[string, int] {
+			a, _ := d.Submit(bg, "k", 0, SubmitOptions{Deadline: now.Add(3 * time.Second)})
+			b, _ := d.Submit(bg, "k", 0, SubmitOptions{Deadline: now.Add(7 * time.Second)})
+			return []*Ticket[string, int]{a, b}
+		}, 7 * time.Second},
+		{"from the context", func(t *testing.T, d *Dispatcher[string, int], now time.Time) []*Ticket[string, int] {
+			ctx, cancel := context.WithTimeout(bg, 4*time.Second)
+			t.Cleanup(cancel)
+			a, _ := d.Submit(ctx, "k", 0, SubmitOptions{Deadline: now.Add(9 * time.Second)})
+			return []*Ticket[string, int]{a}
+		}, 4 * time.Second},
+		{"fire-and-forget counts", func(t *testing.T, d *Dispatcher[string, int], now time.Time) []*Ticket[string, int] {
+			a, _ := d.Submit(bg, "k", 0, SubmitOptions{Deadline: now.Add(3 * time.Second)})
+			_ = d.Post("k", 0, SubmitOptions{Deadline: now.Add(5 * time.Second)})
+			return []*Ticket[string, int]{a}
+		}, 5 * time.Second},
+		{"one waiter without deadline", func(t *testing.T, d *Dispatcher[string, int], now time.Time) []*Ticket[string, int] {
+			a, _ := d.Submit(bg, "k", 0, SubmitOptions{Deadline: now.Add(3 * time.Second)})
+			b, _ := d.Submit(bg, "k", 0, SubmitOptions{})
+			return []*Ticket[string, int]{a, b}
+		}, 0},
+		{"a fire-and-forget without deadline", func(t *testing.T, d *Dispatcher[string, int], now time.Time) []*Ticket[string, int] {
+			a, _ := d.Submit(bg, "k", 0, SubmitOptions{Deadline: now.Add(3 * time.Second)})
+			_ = d.Post("k", 0, SubmitOptions{})
+			return []*Ticket[string, int]{a}
+		}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				var (
+					mu      sync.Mutex
+					got     time.Duration
+					has     bool
+					started time.Time
+				)
+				exec := func(ctx context.Context, key string, _ int) error {
+					if key == "hold" {
+						return g.wait(ctx)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					started = time.Now()
+					var dl time.Time
+					dl, has = ctx.Deadline()
+					got = dl.Sub(started)
+					return nil
+				}
+				d := newD(t, exec, WithWorkers(1))
+				hold := submit(t, d, "hold", 0, prio(0))
+				synctest.Wait()
+				tks := tc.waiters(t, d, time.Now())
+				for _, tk := range tks {
+					require.NotNil(t, tk)
+				}
+				g.open()
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				require.False(t, started.IsZero())
+				if tc.want == 0 {
+					assert.False(t, has, "deadline %v", got)
+				} else {
+					assert.True(t, has)
+					assert.Equal(t, tc.want, got)
+				}
+				assert.Equal(t, map[State]int{Succeeded: len(tks) + 1}, tally(t, append(tks, hold)...))
+				closeD(t, d)
+			})
+		})
+	}
+}

@@ -1,0 +1,373 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Shared helpers for the behavioural tests. Every helper that starts or
+// waits for anything is meant to run inside a testing/synctest bubble: the
+// Dispatcher must be created there (its clock origin is the bubble's fake
+// clock) and closed there.
+
+// bg is the context for submissions that never leave on their own.
+var bg = context.Background()
+
+// newD creates a Dispatcher and makes sure it is closed inside the current
+// bubble even when the test stops early: t.Cleanup runs in the bubble, before
+// synctest waits for the bubble's goroutines. Tests still call closeD (or
+// Close) themselves to check what Close returns; Close is idempotent.
+func newD[K comparable, T any](t *testing.T, exec ExecFunc[K, T], opts ...Option) *Dispatcher[K, T] {
+	t.Helper()
+	d, err := New(exec, opts...)
+	require.NoError(t, err)
+	require.NotNil(t, d)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(bg, time.Hour)
+		defer cancel()
+		_ = d.Close(ctx)
+	})
+	return d
+}
+
+// closeD closes d, expecting it to drain, and checks that nothing is left
+// and that conservation holds.
+func closeD[K comparable, T any](t *testing.T, d *Dispatcher[K, T]) Stats {
+	t.Helper()
+	require.NoError(t, d.Close(bg), "Close should drain everything")
+	s := checkConservation(t, d)
+	require.Zero(t, s.Live, "live submissions after Close")
+	require.Zero(t, s.Tickets, "live tickets after Close")
+	require.Zero(t, s.Keys, "tracked keys after Close")
+	require.Zero(t, s.Ready, "ready calls after Close")
+	require.Zero(t, s.Delayed, "delayed calls after Close")
+	require.Zero(t, s.Successors, "successors after Close")
+	require.Zero(t, s.InFlight, "in-flight calls after Close")
+	return s
+}
+
+// conserved reports whether s satisfies the conservation law, and why not.
+func conserved(s Stats) error {
+	var sum uint64
+	for _, n := range s.Outcomes {
+		sum += n
+	}
+	switch {
+	case s.Outcomes[0] != 0:
+		return fmt.Errorf("%d outcomes with the zero State", s.Outcomes[0])
+	case s.Live < 0 || s.Tickets < 0 || s.Keys < 0 || s.Ready < 0 || s.Delayed < 0 || s.Successors < 0 || s.InFlight < 0:
+		return fmt.Errorf("negative gauge in %+v", s)
+	case s.Tickets > s.Live:
+		return fmt.Errorf("Tickets %d > Live %d", s.Tickets, s.Live)
+	case s.Submitted != s.Rejected+sum+uint64(s.Live):
+		return fmt.Errorf("Submitted %d != Rejected %d + Σ Outcomes %d + Live %d",
+			s.Submitted, s.Rejected, sum, s.Live)
+	}
+	return nil
+}
+
+// checkConservation asserts Submitted == Rejected + Σ Outcomes + Live on a
+// snapshot of d, and returns the snapshot.
+func checkConservation[K comparable, T any](t testing.TB, d *Dispatcher[K, T]) Stats {
+	t.Helper()
+	s := d.Stats()
+	require.NoError(t, conserved(s), "conservation: %+v", s)
+	return s
+}
+
+// outcomeCounts returns the non-zero per-submission outcome counters of s.
+func outcomeCounts(s Stats) map[State]int {
+	m := map[State]int{}
+	for st, n := range s.Outcomes {
+		if n != 0 {
+			m[State(st)] = int(n)
+		}
+	}
+	return m
+}
+
+// callCounts returns the non-zero per-call (hook) counters of s.
+func callCounts(s Stats) map[State]int {
+	m := map[State]int{}
+	for st, n := range s.Calls {
+		if n != 0 {
+			m[State(st)] = int(n)
+		}
+	}
+	return m
+}
+
+// sentinel is the error every non-OK state's Err must match.
+var sentinel = map[State]error{
+	Canceled: ErrCanceled,
+	Expired:  ErrExpired,
+	Dropped:  ErrDropped,
+	Stale:    ErrStale,
+	Closed:   ErrClosed,
+}
+
+// checkStateErr asserts that err agrees with st.
+func checkStateErr(t testing.TB, st State, err error) {
+	t.Helper()
+	require.GreaterOrEqual(t, st, Succeeded, "not a terminal state: %v", st)
+	require.LessOrEqual(t, st, Closed, "not a terminal state: %v", st)
+	switch {
+	case st.OK():
+		require.NoError(t, err, "state %v", st)
+	case st == Failed:
+		require.Error(t, err, "Failed without an error")
+	default:
+		require.ErrorIs(t, err, sentinel[st], "state %v", st)
+	}
+}
+
+// outcome asserts that tk has its one outcome and that it is final: Done is
+// closed, Result and Wait (even with a done context) agree and keep
+// agreeing, the error matches the state, and a late Cancel changes nothing.
+// (A second close of Done would panic the test binary, so a closed Done that
+// stays closed with a stable result is "told exactly once".)
+func outcome[K comparable, T any](t testing.TB, tk *Ticket[K, T]) Result[K, T] {
+	t.Helper()
+	require.NotNil(t, tk)
+	select {
+	case <-tk.Done():
+	default:
+		require.FailNow(t, "ticket has no outcome yet")
+	}
+	r, ok := tk.Result()
+	require.True(t, ok, "Result() not ok after Done")
+	checkStateErr(t, r.State, r.Err)
+
+	done, cancel := context.WithCancel(bg)
+	cancel()
+	rw, err := tk.Wait(done)
+	require.Equal(t, r, rw, "Wait disagrees with Result")
+	require.Equal(t, r.Err, err, "Wait's error is not Result.Err")
+
+	tk.Cancel() // after the outcome: must change nothing
+	r2, ok := tk.Result()
+	require.True(t, ok)
+	require.Equal(t, r, r2, "outcome changed after it was delivered")
+	return r
+}
+
+// tally asserts that every ticket has exactly one outcome (see outcome) and
+// counts them by state.
+func tally[K comparable, T any](t testing.TB, tickets ...*Ticket[K, T]) map[State]int {
+	t.Helper()
+	m := map[State]int{}
+	seen := map[*Ticket[K, T]]bool{}
+	for _, tk := range tickets {
+		require.False(t, seen[tk], "ticket listed twice")
+		seen[tk] = true
+		m[outcome(t, tk).State]++
+	}
+	return m
+}
+
+// waitAll blocks until every ticket has its outcome.
+func waitAll[K comparable, T any](tickets ...*Ticket[K, T]) {
+	for _, tk := range tickets {
+		<-tk.Done()
+	}
+}
+
+// submit submits with the background context and requires success.
+func submit[K comparable, T any](t testing.TB, d *Dispatcher[K, T], key K, call T, o SubmitOptions) *Ticket[K, T] {
+	t.Helper()
+	tk, err := d.Submit(bg, key, call, o)
+	require.NoError(t, err, "Submit(%v, %v, %+v)", key, call, o)
+	require.NotNil(t, tk)
+	return tk
+}
+
+// prio is shorthand for SubmitOptions{Priority: p}.
+func prio(p int) SubmitOptions { return SubmitOptions{Priority: p} }
+
+// gate blocks executions until it is opened.
+type gate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+
+// wait blocks until the gate opens (nil) or ctx ends (its cause).
+func (g *gate) wait(ctx context.Context) error {
+	select {
+	case <-g.ch:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// held wraps exec so that executions of the key "hold" block until g opens
+// (or their context ends). With WithWorkers(1) and the "hold" call in
+// flight, a test can gather several submissions into one pending call
+// before it starts: a submission for a key already in flight would become
+// its successor instead.
+func held[T any](g *gate, exec ExecFunc[string, T]) ExecFunc[string, T] {
+	return func(ctx context.Context, key string, call T) error {
+		if key == "hold" {
+			return g.wait(ctx)
+		}
+		return exec(ctx, key, call)
+	}
+}
+
+// execRun is one recorded execution.
+type execRun[K comparable, T any] struct {
+	Key  K
+	Call T
+	At   time.Time
+}
+
+// fixture is a recording exec: it logs every execution in start order, and
+// an execution of a key with a gate blocks until the gate opens or the
+// execution's context ends (then it returns the context's cause).
+type fixture[K comparable, T any] struct {
+	mu    sync.Mutex
+	runs  []execRun[K, T]
+	gates map[K]*gate
+}
+
+func newFixture[K comparable, T any]() *fixture[K, T] {
+	return &fixture[K, T]{gates: map[K]*gate{}}
+}
+
+// block makes executions of key wait for the returned gate.
+func (f *fixture[K, T]) block(key K) *gate {
+	g := newGate()
+	f.mu.Lock()
+	f.gates[key] = g
+	f.mu.Unlock()
+	return g
+}
+
+func (f *fixture[K, T]) exec(ctx context.Context, key K, call T) error {
+	f.mu.Lock()
+	f.runs = append(f.runs, execRun[K, T]{key, call, time.Now()})
+	g := f.gates[key]
+	f.mu.Unlock()
+	if g != nil {
+		return g.wait(ctx)
+	}
+	return nil
+}
+
+// keys returns the executed keys in start order.
+func (f *fixture[K, T]) keys() []K {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ks := make([]K, len(f.runs))
+	for i, r := range f.runs {
+		ks[i] = r.Key
+	}
+	return ks
+}
+
+// calls returns the executed call values of key, in start order.
+func (f *fixture[K, T]) calls(key K) []T {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var vs []T
+	for _, r := range f.runs {
+		if r.Key == key {
+			vs = append(vs, r.Call)
+		}
+	}
+	return vs
+}
+
+// startOf returns when the first execution of key started.
+func (f *fixture[K, T]) startOf(key K) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.runs {
+		if r.Key == key {
+			return r.At
+		}
+	}
+	return time.Time{}
+}
+
+// hookLog records what the completion hook sees.
+type hookLog[K comparable, T any] struct {
+	mu  sync.Mutex
+	res []Result[K, T]
+}
+
+func (h *hookLog[K, T]) add(r Result[K, T]) {
+	h.mu.Lock()
+	h.res = append(h.res, r)
+	h.mu.Unlock()
+}
+
+// option installs the log as the Dispatcher's completion hook.
+func (h *hookLog[K, T]) option() Option { return WithOnDone(h.add) }
+
+func (h *hookLog[K, T]) all() []Result[K, T] {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Result[K, T](nil), h.res...)
+}
+
+// of returns the hook results for key.
+func (h *hookLog[K, T]) of(key K) []Result[K, T] {
+	var rs []Result[K, T]
+	for _, r := range h.all() {
+		if r.Key == key {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
+// states returns the hook states seen for key.
+func (h *hookLog[K, T]) states(key K) []State {
+	var ss []State
+	for _, r := range h.of(key) {
+		ss = append(ss, r.State)
+	}
+	return ss
+}
+
+// doneTimes watches tickets and records, per ticket, the (bubble) time its
+// Done channel closed, as an offset from start.
+type doneTimes[K comparable, T any] struct {
+	mu    sync.Mutex
+	start time.Time
+	at    map[*Ticket[K, T]]time.Duration
+}
+
+func watchDone[K comparable, T any](tickets ...*Ticket[K, T]) *doneTimes[K, T] {
+	w := &doneTimes[K, T]{start: time.Now(), at: map[*Ticket[K, T]]time.Duration{}}
+	for _, tk := range tickets {
+		go func() {
+			<-tk.Done()
+			w.mu.Lock()
+			w.at[tk] = time.Since(w.start)
+			w.mu.Unlock()
+		}()
+	}
+	return w
+}
+
+func (w *doneTimes[K, T]) of(tk *Ticket[K, T]) (time.Duration, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.at[tk]
+	return at, ok
+}
+
+// errUser is an error a test's user code returns.
+var errUser = errors.New("user error")
