@@ -1,0 +1,313 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	"github.com/coalescer/dispatch"
+)
+
+// busyWorker returns a dispatcher with a single worker, held by a call to the
+// key "busy" until release is called, so that the calls an example submits
+// meanwhile queue up and run in a known order: the examples' output then
+// does not depend on goroutine scheduling. Real dispatchers use many workers.
+func busyWorker[T any](exec dispatch.ExecFunc[string, T], opts ...dispatch.Option) (d *dispatch.Dispatcher[string, T], release func()) {
+	held, done := make(chan struct{}), make(chan struct{})
+	d, err := dispatch.New(func(ctx context.Context, key string, call T) error {
+		if key == "busy" {
+			close(held)
+			<-done
+			return nil
+		}
+		return exec(ctx, key, call)
+	}, append([]dispatch.Option{dispatch.WithWorkers(1)}, opts...)...)
+	if err != nil {
+		panic(err)
+	}
+	var zero T
+	if err := d.Post("busy", zero, dispatch.SubmitOptions{}); err != nil {
+		panic(err)
+	}
+	<-held
+	return d, sync.OnceFunc(func() { close(done) })
+}
+
+// A dispatcher takes a slow call off the caller's loop: Submit returns at
+// once with a ticket, and the outcome arrives when the call has run.
+func Example() {
+	patch := func(ctx context.Context, pod, status string) error {
+		fmt.Printf("PATCH %s: %s\n", pod, status) // the slow API write
+		return nil
+	}
+	d, err := dispatch.New(patch)
+	if err != nil {
+		panic(err)
+	}
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	t, err := d.Submit(ctx, "pod-a", "Unschedulable", dispatch.SubmitOptions{})
+	if err != nil {
+		panic(err) // ErrBackpressure, ErrClosed, ...: nothing was queued
+	}
+	// ... the loop goes on; later, or in another goroutine:
+	res, err := t.Wait(ctx)
+	fmt.Println(res.State, res.Attempts, err)
+	// Output:
+	// PATCH pod-a: Unschedulable
+	// Succeeded 1 <nil>
+}
+
+// Ready calls run by priority, highest first: a bind does not wait behind
+// status patches submitted before it.
+func ExampleDispatcher_Submit() {
+	d, release := busyWorker(func(ctx context.Context, pod, op string) error {
+		fmt.Println(op, pod)
+		return nil
+	})
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	var tickets []*dispatch.Ticket[string, string]
+	for _, s := range []struct {
+		pod, op string
+		prio    int
+	}{
+		{"pod-a", "patch-status", 0},
+		{"pod-b", "patch-status", 0},
+		{"pod-c", "bind", 10},
+	} {
+		t, err := d.Submit(ctx, s.pod, s.op, dispatch.SubmitOptions{Priority: s.prio})
+		if err != nil {
+			panic(err)
+		}
+		tickets = append(tickets, t)
+	}
+	release()
+	var results []string
+	for _, t := range tickets {
+		res, _ := t.Wait(ctx)
+		results = append(results, res.Key+": "+res.State.String())
+	}
+	fmt.Println(results)
+	// Output:
+	// bind pod-c
+	// patch-status pod-a
+	// patch-status pod-b
+	// [pod-a: Succeeded pod-b: Succeeded pod-c: Succeeded]
+}
+
+// Post is for callers that never wait: it returns no ticket, and a Post onto
+// a key whose call is still pending coalesces into that call without
+// allocating. The outcome reaches the completion hook (WithOnDone) and Stats.
+func ExampleDispatcher_Post() {
+	d, release := busyWorker(func(ctx context.Context, pod, status string) error {
+		fmt.Printf("PATCH %s: %s\n", pod, status)
+		return nil
+	}, dispatch.WithOnDone(func(r dispatch.Result[string, string]) {
+		if r.Key != "busy" {
+			fmt.Printf("done %s: %s, %d submissions, %d API call\n", r.Key, r.State, r.Waiters, r.Attempts)
+		}
+	}))
+
+	// Three scheduling attempts fail for pod-a while its first patch still
+	// waits: one API call carries the last status (without WithMerge the
+	// newest call replaces the pending one).
+	for _, status := range []string{"attempt 1: 0/3 nodes", "attempt 2: 0/3 nodes", "attempt 3: 0/5 nodes"} {
+		if err := d.Post("pod-a", status, dispatch.SubmitOptions{}); err != nil {
+			panic(err)
+		}
+	}
+	release()
+	d.Close(context.Background()) // drains what is queued, then returns
+
+	s := d.Stats() // counting the call that held the worker
+	fmt.Println("submitted", s.Submitted, "coalesced", s.Coalesced, "executions", s.Executions)
+	// Output:
+	// PATCH pod-a: attempt 3: 0/5 nodes
+	// done pod-a: Succeeded, 3 submissions, 1 API call
+	// submitted 4 coalesced 2 executions 2
+}
+
+// Patch is a status update for one object at one resourceVersion.
+type Patch struct {
+	ResourceVersion int
+	Set             map[string]string
+}
+
+// A merge function decides how a submission joins the pending call for its
+// key: here, patches to the same resourceVersion are combined field by
+// field, and a patch to another version is refused rather than merged
+// because it looks alike.
+func ExampleWithMerge() {
+	merge := func(pending, incoming Patch) (Patch, error) {
+		if pending.ResourceVersion != incoming.ResourceVersion {
+			return pending, fmt.Errorf("resourceVersion %d is not %d", incoming.ResourceVersion, pending.ResourceVersion)
+		}
+		set := maps.Clone(pending.Set)
+		maps.Copy(set, incoming.Set)
+		return Patch{ResourceVersion: pending.ResourceVersion, Set: set}, nil
+	}
+	d, release := busyWorker(func(ctx context.Context, pod string, p Patch) error {
+		fmt.Println("PATCH", pod, p.ResourceVersion, p.Set) // maps print sorted
+		return nil
+	}, dispatch.WithMerge(merge))
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	t1, _ := d.Submit(ctx, "pod-a", Patch{7, map[string]string{"phase": "Pending"}}, dispatch.SubmitOptions{})
+	t2, _ := d.Submit(ctx, "pod-a", Patch{7, map[string]string{"reason": "Unschedulable"}}, dispatch.SubmitOptions{})
+	_, err := d.Submit(ctx, "pod-a", Patch{8, map[string]string{"phase": "Running"}}, dispatch.SubmitOptions{})
+	fmt.Println("refused:", errors.Is(err, dispatch.ErrMergeRejected), err)
+	release()
+
+	r1, _ := t1.Wait(ctx)
+	r2, _ := t2.Wait(ctx)
+	fmt.Println(r1.State, r2.State, "waiters:", r2.Waiters)
+	// Output:
+	// refused: true dispatch: merge rejected: resourceVersion 8 is not 7
+	// PATCH pod-a 7 map[phase:Pending reason:Unschedulable]
+	// Succeeded Succeeded waiters: 2
+}
+
+// Cancel ends everything for a key — the pod was deleted or preempted: the
+// pending call is removed, and an in-flight call has its context cancelled
+// (if it still finishes, it is reported Stale, never Succeeded).
+func ExampleDispatcher_Cancel() {
+	d, release := busyWorker(func(ctx context.Context, pod, op string) error {
+		fmt.Println(op, pod)
+		return nil
+	})
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	t, _ := d.Submit(ctx, "pod-a", "patch-status", dispatch.SubmitOptions{})
+	errDeleted := errors.New("pod deleted")
+	fmt.Println("cancelled:", d.Cancel("pod-a", errDeleted), "pending:", d.Pending("pod-a"))
+	release()
+
+	res, err := t.Wait(ctx)
+	fmt.Println(res.State, errors.Is(err, dispatch.ErrCanceled), errors.Is(err, errDeleted))
+	// Output:
+	// cancelled: true pending: false
+	// Canceled true true
+}
+
+// Ticket.Cancel withdraws one waiter: the call goes on for the others. When
+// the last waiter of a queued call leaves, the call is removed unrun.
+func ExampleTicket_Cancel() {
+	d, release := busyWorker(func(ctx context.Context, pod, op string) error {
+		fmt.Println(op, pod)
+		return nil
+	})
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	a, _ := d.Submit(ctx, "pod-a", "patch-status", dispatch.SubmitOptions{})
+	b, _ := d.Submit(ctx, "pod-a", "patch-status", dispatch.SubmitOptions{}) // coalesces with a
+	a.Cancel()
+	fmt.Println("after one leaves, pending:", d.Pending("pod-a"))
+	b.Cancel()
+	fmt.Println("after both leave, pending:", d.Pending("pod-a"))
+	release()
+
+	ra, _ := a.Wait(ctx)
+	rb, _ := b.Wait(ctx)
+	fmt.Println(ra.State, rb.State)
+	// Output:
+	// after one leaves, pending: true
+	// after both leave, pending: false
+	// Canceled Canceled
+}
+
+// Generations fence stale work: a submission for a newer scheduling attempt
+// supersedes the older one, and a late submission from the older attempt is
+// refused.
+func ExampleSubmitOptions_generation() {
+	d, release := busyWorker(func(ctx context.Context, pod, node string) error {
+		fmt.Println("bind", pod, "to", node)
+		return nil
+	})
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	old, _ := d.Submit(ctx, "pod-a", "node-1", dispatch.SubmitOptions{Generation: 1})
+	cur, _ := d.Submit(ctx, "pod-a", "node-2", dispatch.SubmitOptions{Generation: 2})
+	_, err := d.Submit(ctx, "pod-a", "node-1", dispatch.SubmitOptions{Generation: 1})
+	fmt.Println("late attempt 1 refused:", errors.Is(err, dispatch.ErrStale))
+	release()
+
+	ro, _ := old.Wait(ctx)
+	rc, _ := cur.Wait(ctx)
+	fmt.Println("attempt 1:", ro.State, "attempt 2:", rc.State)
+	// Output:
+	// late attempt 1 refused: true
+	// bind pod-a to node-2
+	// attempt 1: Stale attempt 2: Succeeded
+}
+
+// Capacity bounds the keys a dispatcher tracks. A new key beyond it is
+// refused at once with ErrBackpressure, so memory never grows with the
+// backlog; a submission that coalesces into a tracked key is still taken.
+func ExampleWithCapacity() {
+	d, release := busyWorker(func(ctx context.Context, pod, op string) error { return nil },
+		dispatch.WithCapacity(2))
+	defer d.Close(context.Background())
+
+	// The call holding the worker is tracked key 1; pod-a is key 2.
+	fmt.Println("pod-a:", d.Post("pod-a", "patch-status", dispatch.SubmitOptions{}))
+	err := d.Post("pod-b", "patch-status", dispatch.SubmitOptions{})
+	fmt.Println("pod-b:", errors.Is(err, dispatch.ErrBackpressure), err)
+	fmt.Println("pod-a again:", d.Post("pod-a", "patch-status", dispatch.SubmitOptions{}))
+	release()
+	// Output:
+	// pod-a: <nil>
+	// pod-b: true dispatch: backpressure: capacity (depth 2)
+	// pod-a again: <nil>
+}
+
+// Close stops admission at once, runs what is queued until its context
+// ends, then ends the rest as Closed.
+func ExampleDispatcher_Close() {
+	busy := make(chan struct{})
+	d, _ := dispatch.New(func(ctx context.Context, pod, op string) error {
+		if pod == "busy" {
+			close(busy)
+			<-ctx.Done() // an API call that hangs until it is cancelled
+			return ctx.Err()
+		}
+		fmt.Println(op, pod)
+		return nil
+	}, dispatch.WithWorkers(1))
+	d.Post("busy", "", dispatch.SubmitOptions{})
+	<-busy
+
+	t, _ := d.Submit(context.Background(), "pod-a", "patch-status", dispatch.SubmitOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no time to drain
+	fmt.Println("Close:", d.Close(ctx))
+
+	res, err := t.Wait(context.Background())
+	fmt.Println(res.State, errors.Is(err, dispatch.ErrClosed))
+	_, err = d.Submit(context.Background(), "pod-b", "patch-status", dispatch.SubmitOptions{})
+	fmt.Println("after Close:", err)
+	// Output:
+	// Close: context canceled
+	// Closed true
+	// after Close: dispatch: closed
+}
+
+// Configuration errors come from New, naming the option, never later.
+func ExampleNew() {
+	exec := func(ctx context.Context, key string, call int) error { return nil }
+	_, err := dispatch.New(exec, dispatch.WithWorkers(0))
+	fmt.Println(err)
+	_, err = dispatch.New(exec, dispatch.WithMerge(func(a, b string) (string, error) { return b, nil }))
+	fmt.Println(err)
+	// Output:
+	// dispatch: WithWorkers(0): must be positive
+	// dispatch: WithMerge: function is func(string, string) (string, error), want func(int, int) (int, error)
+}
