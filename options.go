@@ -76,9 +76,12 @@ func WithWorkers(n int) Option {
 }
 
 // WithCapacity bounds the number of tracked keys (keys with a call queued or
-// in flight). A submission for a new key beyond it is refused with
-// ErrBackpressure; a submission that coalesces into a tracked key is not.
-// n must be positive.
+// in flight). A submission for a new key beyond it evicts the worst queued
+// droppable call (SubmitOptions.Droppable; lowest effective priority, then
+// newest) if the newcomer would run before it — that call's waiters end
+// Dropped — and is otherwise refused with ErrBackpressure. A submission that
+// coalesces into a tracked key needs no capacity. Non-droppable and in-flight
+// calls are never shed. n must be positive.
 func WithCapacity(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n <= 0 {
