@@ -282,6 +282,11 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		if t != nil && d.tickets >= d.maxWaiters {
 			return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
 		}
+		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
+			return ErrCircuitOpen
+		}
+		// Every refusal is decided above: from here on admission changes
+		// state, starting with an eviction if the dispatcher is full.
 		if len(d.slots) >= d.capacity {
 			k1, k2 := d.q.sortKey(o.Priority, now)
 			victim, ok := d.q.worst(k1, k2, d.seq+1)
@@ -289,9 +294,6 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 				return &BackpressureError{Reason: "capacity", Depth: len(d.slots)}
 			}
 			d.drop(victim, errDroppedCapacity, now, ob)
-		}
-		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
-			return ErrCircuitOpen
 		}
 		if !d.started {
 			d.start()
