@@ -55,7 +55,8 @@ type call[K comparable, T any] struct {
 	idem  string
 	// droppable is set while every submission in the call was droppable.
 	droppable bool
-	inShed    bool  // in the queue's shed index
+	inShed    bool // in the queue's shed index
+	ten       *tenant[K, T]
 	prio      int   // effective priority: max over live waiters
 	enq       int64 // effective enqueue time: min over live waiters
 	k1        int64 // ready-index sort key (see queue.sortKey)

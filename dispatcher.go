@@ -99,6 +99,11 @@ type Dispatcher[K comparable, T any] struct {
 	budget window   // retry budget: first attempts and retries
 	br     *breaker // nil: no circuit breaker
 
+	t0            *tenant[K, T] // the tenant of submissions that name none
+	tenants       map[string]*tenant[K, T]
+	tenantCfg     map[string]TenantConfig
+	defaultTenant TenantConfig
+
 	st counters
 }
 
@@ -157,6 +162,13 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 		q:          newQueue[K, T](int64(cfg.aging)),
 		timerAt:    maxTime,
 	}
+	d.tenants, d.tenantCfg, d.defaultTenant = map[string]*tenant[K, T]{}, cfg.tenants, cfg.defaultTenant
+	c0, ok := cfg.tenants[""]
+	if !ok {
+		c0 = cfg.defaultTenant
+	}
+	d.t0 = newTenant[K, T]("", c0)
+	d.tenants[""] = d.t0
 	if cfg.breaker != nil {
 		d.br = &breaker{p: *cfg.breaker, win: newWindow(cfg.breaker.Window)}
 	}
@@ -206,7 +218,7 @@ func (d *Dispatcher[K, T]) deadlineOf(ctx context.Context, o *SubmitOptions) int
 // (ErrMergeRejected) or the dispatcher is full (ErrBackpressure).
 func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOptions) (*Ticket[K, T], error) {
 	if err := ctx.Err(); err != nil {
-		d.rejectEarly()
+		d.rejectEarly(o.Tenant)
 		return nil, ctxErr(ctx)
 	}
 	deadline := d.deadlineOf(ctx, &o)
@@ -220,7 +232,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	var ob outbox[K, T]
 	d.mu.Lock()
 	now := d.now()
-	d.st.submitted++
+	ten := d.tenantFor(o.Tenant)
 	var err error
 	switch {
 	case t.state == tsDone: // ctx ended before we took the lock
@@ -228,10 +240,10 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	case deadline != 0 && deadline <= now:
 		err = errRejectPast
 	default:
-		err = d.admit(key, call, &o, now, deadline, t, &ob)
+		err = d.admit(key, call, &o, now, deadline, t, ten, &ob)
 	}
+	d.count(ten, err)
 	if err != nil {
-		d.st.rejected++
 		t.state = tsDone
 	}
 	d.mu.Unlock()
@@ -256,16 +268,14 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	var ob outbox[K, T]
 	d.mu.Lock()
 	now := d.now()
-	d.st.submitted++
+	ten := d.tenantFor(o.Tenant)
 	var err error
 	if deadline != 0 && deadline <= now {
 		err = errRejectPast
 	} else {
-		err = d.admit(key, call, &o, now, deadline, nil, &ob)
+		err = d.admit(key, call, &o, now, deadline, nil, ten, &ob)
 	}
-	if err != nil {
-		d.st.rejected++
-	}
+	d.count(ten, err)
 	d.mu.Unlock()
 	d.deliver(&ob)
 	return err
@@ -273,34 +283,45 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 
 // admit places a submission, or returns why it cannot, having changed
 // nothing. t is nil for a fire-and-forget submission.
-func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ob *outbox[K, T]) error {
+func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], ob *outbox[K, T]) error {
 	if d.closing {
 		return ErrClosed
 	}
+	if t != nil && d.tickets >= d.maxWaiters {
+		return d.refuse("waiters")
+	}
 	s := d.slots[key]
 	if s == nil {
-		if t != nil && d.tickets >= d.maxWaiters {
-			return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
-		}
 		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
 			return ErrCircuitOpen
 		}
-		// Every refusal is decided above: from here on admission changes
-		// state, starting with an eviction if the dispatcher is full.
-		if len(d.slots) >= d.capacity {
-			k1, k2 := d.q.sortKey(o.Priority, now)
-			victim, ok := d.q.worst(k1, k2, d.seq+1)
-			if !ok {
-				return &BackpressureError{Reason: "capacity", Depth: len(d.slots)}
+		// Decide every refusal and victim before changing anything: a
+		// refused submission leaves the dispatcher as it was.
+		k1, k2 := d.q.sortKey(o.Priority, now)
+		var quotaVictim, capVictim *call[K, T]
+		if ten.overQuota(0) {
+			if quotaVictim = worst(ten.shed, k1, k2, d.seq+1, nil); quotaVictim == nil {
+				return d.refuse("quota")
 			}
-			d.drop(victim, errDroppedCapacity, now, ob)
+		}
+		// A quota victim is alone in its slot, so evicting it frees a key.
+		if quotaVictim == nil && len(d.slots) >= d.capacity {
+			if capVictim = worst(d.q.shed, k1, k2, d.seq+1, nil); capVictim == nil {
+				return d.refuse("capacity")
+			}
+		}
+		if quotaVictim != nil {
+			d.drop(quotaVictim, errDroppedQuota, "quota", now, ob)
+		}
+		if capVictim != nil {
+			d.drop(capVictim, errDroppedCapacity, "capacity", now, ob)
 		}
 		if !d.started {
 			d.start()
 		}
 		s = &slot[K, T]{key: key, gen: o.Generation}
 		d.slots[key] = s
-		c := d.newCall(s, val, o)
+		c := d.newCall(s, val, o, ten)
 		d.join(c, t, o.Priority, now, deadline)
 		d.q.push(c)
 		d.wakeWorker()
@@ -309,10 +330,22 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	if o.Generation < s.gen {
 		return errRejectStale
 	}
-	if t != nil && d.tickets >= d.maxWaiters {
-		return &BackpressureError{Reason: "waiters", Depth: len(d.slots)}
+	supersede := o.Generation > s.gen
+	var quotaVictim *call[K, T]
+	if supersede || s.next == nil {
+		// This submission makes a new call for the key: it needs quota.
+		freed := 0
+		if supersede && s.next != nil && s.next.ten == ten {
+			freed = 1
+		}
+		if ten.overQuota(freed) {
+			k1, k2 := d.q.sortKey(o.Priority, now)
+			if quotaVictim = worst(ten.shed, k1, k2, d.seq+1, s.next); quotaVictim == nil {
+				return d.refuse("quota")
+			}
+		}
 	}
-	if o.Generation > s.gen {
+	if supersede {
 		d.supersede(s, o.Generation, now, ob)
 	}
 	if c := s.next; c != nil {
@@ -327,10 +360,13 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		d.st.coalesced++
 		return nil
 	}
+	if quotaVictim != nil {
+		d.drop(quotaVictim, errDroppedQuota, "quota", now, ob)
+	}
 	// The key is in flight: this call is its successor, and enters the ready
 	// index only when the in-flight call finishes, with the enqueue time it
 	// has now.
-	c := d.newCall(s, val, o)
+	c := d.newCall(s, val, o, ten)
 	d.join(c, t, o.Priority, now, deadline)
 	if s.run == nil {
 		// A newer generation just removed the key's only (queued) call.
@@ -340,10 +376,18 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	return nil
 }
 
-func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions) *call[K, T] {
+// refuse counts and returns a backpressure refusal.
+func (d *Dispatcher[K, T]) refuse(reason string) error {
+	d.st.refused[reasonIndex(reason)]++
+	return &BackpressureError{Reason: reason, Depth: len(d.slots)}
+}
+
+func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions, ten *tenant[K, T]) *call[K, T] {
 	c := s.newCall()
 	d.calls++
 	d.seq++
+	ten.queued++
+	c.ten = ten
 	c.val, c.gen, c.seq, c.idem, c.droppable = val, o.Generation, d.seq, o.IdempotencyKey, o.Droppable
 	s.next = c
 	return c
@@ -351,7 +395,9 @@ func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions) *call
 
 // drop sheds a queued call to make room: every waiter gets Dropped with
 // the reason, and the completion hook fires.
-func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, now int64, ob *outbox[K, T]) {
+func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, reason string, now int64, ob *outbox[K, T]) {
+	d.st.shed[reasonIndex(reason)]++
+	c.ten.st.Dropped++
 	d.settleAll(c, Dropped, err, now, false, ob)
 	d.endCall(c, Dropped, err, now, ob)
 	d.releaseSlot(c.s)
@@ -502,6 +548,7 @@ func (d *Dispatcher[K, T]) endCall(c *call[K, T], st State, err error, now int64
 		return
 	}
 	d.q.remove(c)
+	c.ten.queued--
 	if s := c.s; s.next == c {
 		s.next = nil
 	} else {
@@ -594,12 +641,22 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 	ob.notes = ob.notes[:0]
 }
 
+// count records a submission's admission or refusal.
+func (d *Dispatcher[K, T]) count(ten *tenant[K, T], err error) {
+	d.st.submitted++
+	if err != nil {
+		d.st.rejected++
+		ten.st.Rejected++
+		return
+	}
+	ten.st.Admitted++
+}
+
 // rejectEarly counts a submission refused before it reached the lock's
 // critical section proper.
-func (d *Dispatcher[K, T]) rejectEarly() {
+func (d *Dispatcher[K, T]) rejectEarly(name string) {
 	d.mu.Lock()
-	d.st.submitted++
-	d.st.rejected++
+	d.count(d.tenantFor(name), errRejectPast)
 	d.mu.Unlock()
 }
 

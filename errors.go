@@ -89,6 +89,7 @@ var (
 	errRejectIdemKey = fmt.Errorf("%w: pending call has a different idempotency key", ErrMergeRejected)
 
 	errDroppedCapacity = fmt.Errorf("%w: capacity: evicted for a better call", ErrDropped)
+	errDroppedQuota    = fmt.Errorf("%w: quota: evicted for a better call of the same tenant", ErrDropped)
 )
 
 // canceledErr wraps cause, if any, so that it matches ErrCanceled and cause.

@@ -50,6 +50,9 @@ type config struct {
 	retry       RetryPolicy
 	beforeRetry any // func(context.Context, K, T, error) (T, bool, error)
 	breaker     *BreakerPolicy
+
+	tenants       map[string]TenantConfig
+	defaultTenant TenantConfig
 }
 
 func defaultConfig() config {

@@ -11,8 +11,9 @@ import (
 // a plain data structure: the Dispatcher's lock guards it, and it never calls
 // user code.
 //
-//   - ready: calls that may run now, by effective priority with aging, then
-//     arrival. The worker takes the minimum.
+//   - ready: calls that may run now, one B-tree per tenant (see tenant.go),
+//     each by effective priority with aging, then arrival. A worker takes
+//     the best of the tenants' best (pick).
 //   - delayed: calls that may not run before a time (retry backoff), by that
 //     time. The clock moves them to ready when it comes.
 //   - deadlines: waiters with a deadline, by deadline. The clock expires them.
@@ -22,7 +23,9 @@ import (
 // earliest entry of delayed and deadlines, drives both (see clock.go).
 type queue[K comparable, T any] struct {
 	aging     int64 // ns per priority level; 0 = strict priority
-	ready     *btree.BTreeG[*call[K, T]]
+	nready    int   // ready calls over all tenants
+	active    []*tenant[K, T]
+	vpass     uint64 // pass of the tenant picked last
 	delayed   *btree.BTreeG[*call[K, T]]
 	deadlines *btree.BTreeG[*waiter[K, T]]
 	dseq      uint64 // tie-break among equal deadlines
@@ -40,7 +43,6 @@ const btreeDegree = 16
 func newQueue[K comparable, T any](aging int64) queue[K, T] {
 	return queue[K, T]{
 		aging:     aging,
-		ready:     btree.NewG(btreeDegree, readyLess[K, T]),
 		delayed:   btree.NewG(btreeDegree, delayedLess[K, T]),
 		deadlines: btree.NewG(btreeDegree, deadlineLess[K, T]),
 		shed:      btree.NewG(btreeDegree, readyLess[K, T]),
@@ -113,7 +115,12 @@ func virtualTime(enq, prio, aging int64) int64 {
 func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unshed(c)
 	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
-	q.ready.ReplaceOrInsert(c)
+	t := c.ten
+	t.ready.ReplaceOrInsert(c)
+	q.nready++
+	if t.active < 0 {
+		q.activate(t)
+	}
 	c.state = csReady
 	q.reshed(c)
 }
@@ -132,7 +139,12 @@ func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
 func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {
 	case csReady:
-		q.ready.Delete(c)
+		t := c.ten
+		t.ready.Delete(c)
+		q.nready--
+		if t.ready.Len() == 0 {
+			q.deactivate(t)
+		}
 	case csDelayed:
 		q.delayed.Delete(c)
 	}
@@ -144,6 +156,9 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 func (q *queue[K, T]) reshed(c *call[K, T]) {
 	if c.droppable && !c.inShed && c.s.run == nil && (c.state == csReady || c.state == csDelayed) {
 		q.shed.ReplaceOrInsert(c)
+		if c.ten.shed != nil {
+			c.ten.shed.ReplaceOrInsert(c)
+		}
 		c.inShed = true
 	}
 }
@@ -153,19 +168,29 @@ func (q *queue[K, T]) reshed(c *call[K, T]) {
 func (q *queue[K, T]) unshed(c *call[K, T]) {
 	if c.inShed {
 		q.shed.Delete(c)
+		if c.ten.shed != nil {
+			c.ten.shed.Delete(c)
+		}
 		c.inShed = false
 	}
 }
 
-// worst returns the call to evict for a newcomer whose sort key would be
-// (k1, k2, seq), if there is one worse than it.
-func (q *queue[K, T]) worst(k1, k2 int64, seq uint64) (*call[K, T], bool) {
-	c, ok := q.shed.Max()
-	if !ok {
-		return nil, false
+// worst returns the call of the shed index idx (the queue's, or a
+// tenant's) to evict for a newcomer whose sort key would be (k1, k2, seq):
+// the worst one other than except, if it is worse than the newcomer.
+func worst[K comparable, T any](idx *btree.BTreeG[*call[K, T]], k1, k2 int64, seq uint64, except *call[K, T]) *call[K, T] {
+	var c *call[K, T]
+	idx.Descend(func(x *call[K, T]) bool {
+		if x == except {
+			return true
+		}
+		c = x
+		return false
+	})
+	if c == nil || !(k1 < c.k1 || (k1 == c.k1 && (k2 < c.k2 || (k2 == c.k2 && seq < c.seq)))) {
+		return nil
 	}
-	better := k1 < c.k1 || (k1 == c.k1 && (k2 < c.k2 || (k2 == c.k2 && seq < c.seq)))
-	return c, better
+	return c
 }
 
 // rekey sets c's effective priority and enqueue time, moving it in the ready
@@ -182,26 +207,15 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	inShed := c.inShed
 	q.unshed(c)
 	if c.state == csReady {
-		q.ready.Delete(c)
+		c.ten.ready.Delete(c)
 		c.k1, c.k2 = k1, k2
-		q.ready.ReplaceOrInsert(c)
+		c.ten.ready.ReplaceOrInsert(c)
 	} else {
 		c.k1, c.k2 = k1, k2
 	}
 	if inShed {
 		q.reshed(c)
 	}
-}
-
-// popReady removes and returns the best ready call, or nil.
-func (q *queue[K, T]) popReady() *call[K, T] {
-	c, ok := q.ready.DeleteMin()
-	if !ok {
-		return nil
-	}
-	c.state = csIdle
-	q.unshed(c)
-	return c
 }
 
 // promote moves every delayed call whose time has come to ready and returns

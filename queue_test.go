@@ -197,6 +197,7 @@ func TestQueueReadyOrder(t *testing.T) {
 		t.Run("aging="+time.Duration(aging).String(), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(aging), 5))
 			q := newQueue[int, int](aging)
+			ten := newTenant[int, int]("", TenantConfig{})
 			prios := []int{math.MinInt, math.MinInt + 1, -1, 0, 1, 2, 3, math.MaxInt - 1, math.MaxInt}
 			randPrio := func() int {
 				if r.IntN(2) == 0 {
@@ -208,7 +209,7 @@ func TestQueueReadyOrder(t *testing.T) {
 			const n = 500
 			calls := make([]*call[int, int], n)
 			for i := range calls {
-				c := &call[int, int]{seq: uint64(i + 1), prio: randPrio(), enq: randEnq(), firstStart: -1}
+				c := &call[int, int]{seq: uint64(i + 1), prio: randPrio(), enq: randEnq(), firstStart: -1, ten: ten}
 				calls[i] = c
 				q.push(c)
 			}
@@ -232,9 +233,10 @@ func TestQueueReadyOrder(t *testing.T) {
 				}
 			}
 			slices.SortFunc(want, refLess(aging))
-			require.Equal(t, len(want), q.ready.Len())
+			require.Equal(t, len(want), q.nready)
 			var got []qEntry
-			for c := q.popReady(); c != nil; c = q.popReady() {
+			for q.nready > 0 {
+				c := q.popFrom(q.pick(0))
 				assert.Equal(t, csIdle, c.state)
 				got = append(got, qEntry{c.prio, c.enq, c.seq})
 			}

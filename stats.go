@@ -9,8 +9,24 @@ type counters struct {
 	staleExecutions uint64
 	retries         uint64
 	alreadyDone     uint64
-	outcomes        [numStates]uint64 // per submission
-	calls           [numStates]uint64 // per call (what the hook saw)
+	refused         [numReasons]uint64 // backpressure refusals by reason
+	shed            [numReasons]uint64 // calls shed by reason
+	outcomes        [numStates]uint64  // per submission
+	calls           [numStates]uint64  // per call (what the hook saw)
+}
+
+// The reasons for backpressure and shedding.
+var reasons = [...]string{"capacity", "waiters", "quota"}
+
+const numReasons = len(reasons)
+
+func reasonIndex(r string) int {
+	for i, s := range reasons {
+		if s == r {
+			return i
+		}
+	}
+	panic("dispatch: internal error: unknown reason " + r)
 }
 
 // Stats is a consistent snapshot of a Dispatcher, taken under its lock.
@@ -58,6 +74,15 @@ type Stats struct {
 	AlreadyDone uint64
 	// Breaker is the circuit breaker's state.
 	Breaker BreakerState
+	// Backpressure counts submissions refused with ErrBackpressure, by
+	// reason: "capacity", "waiters", "quota".
+	Backpressure map[string]uint64
+	// Shed counts calls dropped to make room, by reason: "capacity",
+	// "quota".
+	Shed map[string]uint64
+	// Tenants has each tenant's figures, by name ("" for submissions that
+	// name none).
+	Tenants map[string]TenantStats
 	// Outcomes counts submissions by terminal state, indexed by State.
 	Outcomes [numStates]uint64
 	// Calls counts finished calls by the state the completion hook saw.
@@ -70,7 +95,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	defer d.mu.Unlock()
 	s := Stats{
 		Keys:            len(d.slots),
-		Ready:           d.q.ready.Len(),
+		Ready:           d.q.nready,
 		Delayed:         d.q.delayed.Len(),
 		InFlight:        d.running,
 		Tickets:         d.tickets,
@@ -88,6 +113,20 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	s.Successors = d.calls - s.Ready - s.Delayed - s.InFlight
 	if d.br != nil {
 		s.Breaker = d.br.state
+	}
+	s.Backpressure = make(map[string]uint64, numReasons)
+	s.Shed = make(map[string]uint64, numReasons)
+	for i, r := range reasons {
+		s.Backpressure[r] = d.st.refused[i]
+		if r != "waiters" {
+			s.Shed[r] = d.st.shed[i]
+		}
+	}
+	s.Tenants = make(map[string]TenantStats, len(d.tenants))
+	for name, t := range d.tenants {
+		ts := t.st
+		ts.Queued, ts.InFlight = t.queued, t.inflight
+		s.Tenants[name] = ts
 	}
 	return s
 }

@@ -72,8 +72,12 @@ func (d *Dispatcher[K, T]) worker() {
 
 // next pops the best ready call, if the circuit breaker lets one start.
 func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
-	if d.q.ready.Len() == 0 {
+	if d.q.nready == 0 {
 		return nil
+	}
+	ten := d.q.pick(now)
+	if ten == nil {
+		return nil // every tenant with ready calls is at its in-flight cap
 	}
 	probe := false
 	if d.br != nil {
@@ -85,7 +89,7 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			return nil
 		}
 	}
-	c := d.q.popReady()
+	c := d.q.popFrom(ten)
 	c.probe = probe
 	return c
 }
@@ -130,6 +134,8 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
 		d.budget.at(now).first++
 	}
 	d.running++
+	c.ten.queued--
+	c.ten.inflight++
 	ctx, cancel := context.WithCancelCause(d.base)
 	c.cancel = cancel
 	if dl := c.execDeadline(); dl != 0 {
@@ -230,6 +236,7 @@ func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
 func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K, T]) {
 	now := d.now()
 	d.running--
+	c.ten.inflight--
 	c.runTime += a.runTime
 	if a.rebuilt {
 		c.val = a.val
@@ -351,6 +358,7 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64) {
 	s := c.s
 	d.st.retries++
+	c.ten.queued++
 	c.lastErr = lastErr
 	c.state = csIdle
 	if n := s.next; n != nil {
@@ -407,6 +415,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	c.droppable = c.droppable && n.droppable
 	d.st.coalesced += uint64(n.joined)
 	n.head, n.nt, n.nff = nil, 0, 0
+	n.ten.queued--
 	d.calls--
 	d.reprioritize(c)
 }
