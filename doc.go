@@ -29,6 +29,28 @@
 //     bookkeeping is final. A completion hook (WithOnDone) fires once per
 //     finished call.
 //
+// # Priority, aging and fairness: the exact rule
+//
+// A worker picks the next call in two steps. Each tenant (SubmitOptions.Tenant)
+// keeps its ready calls ordered by virtual time enqueue − priority × aging,
+// then arrival; without aging, by priority, then arrival. Across tenants, the
+// worker compares each tenant's best call by its effective level at that
+// moment — its priority plus one per aging interval it has waited,
+// floor((now − virtual time) / aging) — and takes the highest. Among tenants
+// whose best calls are at the same level, it takes the tenant with the lowest
+// stride pass; each pick advances a tenant's pass by 2³²/weight, so tenants
+// with backlogs at one level share the workers in proportion to their
+// weights. A tenant at its in-flight cap (TenantConfig.MaxInFlight) is passed
+// over.
+//
+// Aging bounds starvation: a call of priority p runs before any call of
+// priority q > p that arrives more than (q−p) × aging after it. Behind a
+// stream of priority-q work that keeps the workers busy without an
+// ever-growing backlog, it therefore starts within about (q−p+1) × aging.
+// Work enqueued before it at a higher priority still goes first: aging lifts
+// every waiting call alike. WithAging(0) gives strict priority, which can
+// starve.
+//
 // Each submission is a waiter with its own deadline and context. When the
 // last waiter of a call leaves, a pending call is removed and an in-flight
 // call's context is cancelled. Generations (SubmitOptions.Generation) fence
