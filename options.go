@@ -53,6 +53,12 @@ type config struct {
 
 	tenants       map[string]TenantConfig
 	defaultTenant TenantConfig
+
+	observer Observer
+	label    any // func(K, T) string
+	mode     Mode
+	fallback *FallbackPolicy
+	switchTo SwitchPolicy
 }
 
 func defaultConfig() config {

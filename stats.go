@@ -1,5 +1,7 @@
 package dispatch
 
+import "time"
+
 // counters are the dispatcher's running totals, guarded by its lock.
 type counters struct {
 	submitted       uint64
@@ -83,10 +85,31 @@ type Stats struct {
 	// Tenants has each tenant's figures, by name ("" for submissions that
 	// name none).
 	Tenants map[string]TenantStats
+	// Labels counts live calls (queued or in flight) by the WithLabel label.
+	Labels map[string]int
+	// QueueWait is the distribution of queue wait (enqueue to first
+	// execution) since New.
+	QueueWait Quantiles
+	// ExecTime is the distribution of execution latency (one attempt) since
+	// New.
+	ExecTime Quantiles
+	// Mode is the current mode.
+	Mode Mode
+	// FallbackReason says why the fallback policy last switched to Sync, ""
+	// if it never did.
+	FallbackReason string
 	// Outcomes counts submissions by terminal state, indexed by State.
 	Outcomes [numStates]uint64
 	// Calls counts finished calls by the state the completion hook saw.
 	Calls [numStates]uint64
+}
+
+// Quantiles summarises a latency distribution, from a fixed-bucket
+// histogram: each quantile is the upper bound of its bucket (buckets grow by
+// a factor of √2, so a quantile overstates by at most 41%).
+type Quantiles struct {
+	Count         uint64
+	P50, P90, P99 time.Duration
 }
 
 // Stats returns a snapshot of the dispatcher's state and counters.
