@@ -116,7 +116,9 @@ type breaker struct {
 	consec    int   // retryable failures in a row
 	openUntil int64 // while open: when to go half-open
 	probes    int   // probes in flight while half-open
+	since     int64 // when it last left Closed
 	win       window
+	obs       Observer
 }
 
 // admits reports whether an execution may start now, and counts it as a
@@ -173,6 +175,9 @@ func (b *breaker) record(now int64, probe, counted, failed bool, ob *notes) {
 }
 
 func (b *breaker) trip(now int64, ob *notes) {
+	if b.state == BreakerClosed {
+		b.since = now
+	}
 	b.openUntil = now + int64(b.p.Cooldown)
 	b.consec = 0
 	b.win = newWindow(b.p.Window)
@@ -190,6 +195,9 @@ func (b *breaker) set(to BreakerState, ob *notes) {
 	}
 	if f := b.p.OnChange; f != nil {
 		*ob = append(*ob, func() { f(from, to) })
+	}
+	if o := b.obs; o != nil {
+		*ob = append(*ob, func() { o.OnBreakerChange(from, to) })
 	}
 }
 

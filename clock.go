@@ -25,8 +25,14 @@ func (d *Dispatcher[K, T]) clock() {
 		now := d.now()
 		d.timerAt = maxTime
 		d.expireDue(now, &ob)
-		for range d.q.promote(now) {
-			d.wakeWorker()
+		if n := d.q.promote(now); n > 0 {
+			for range n {
+				d.wakeWorker()
+			}
+			d.kick()
+		}
+		if d.fb != nil {
+			d.checkFallback(now, &ob)
 		}
 		if b := d.br; b != nil && b.state == BreakerOpen {
 			if now >= b.openUntil {

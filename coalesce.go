@@ -57,9 +57,10 @@ type call[K comparable, T any] struct {
 	droppable bool
 	inShed    bool // in the queue's shed index
 	ten       *tenant[K, T]
-	prio      int   // effective priority: max over live waiters
-	enq       int64 // effective enqueue time: min over live waiters
-	k1        int64 // ready-index sort key (see queue.sortKey)
+	label     string // WithLabel's label, for the observer and Stats.Labels
+	prio      int    // effective priority: max over live waiters
+	enq       int64  // effective enqueue time: min over live waiters
+	k1        int64  // ready-index sort key (see queue.sortKey)
 	k2        int64
 
 	notBefore int64 // delay-index key

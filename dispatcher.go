@@ -86,7 +86,9 @@ type Dispatcher[K comparable, T any] struct {
 	liveFF  int // live fire-and-forget submissions
 	idle    int // workers waiting on cond
 	running int // calls in flight
-	calls   int // live calls: ready, delayed, successors and in flight
+	// workerRunning counts calls in flight on workers (not inline).
+	workerRunning int
+	calls         int // live calls: ready, delayed, successors and in flight
 
 	started       bool
 	closing       bool
@@ -98,6 +100,16 @@ type Dispatcher[K comparable, T any] struct {
 
 	budget window   // retry budget: first attempts and retries
 	br     *breaker // nil: no circuit breaker
+
+	obs      Observer
+	labeler  func(K, T) string
+	labels   map[string]int // live calls by label, if labeler is set
+	qwait    hist           // queue wait since New
+	exect    hist           // execution time since New
+	mode     Mode
+	switchTo SwitchPolicy
+	fb       *fallbackState
+	kickCh   chan struct{} // closed and cleared on every state change; see kick
 
 	t0            *tenant[K, T] // the tenant of submissions that name none
 	tenants       map[string]*tenant[K, T]
@@ -139,6 +151,10 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 	if err != nil {
 		return nil, err
 	}
+	labeler, err := typed[func(K, T) string](cfg.label, "WithLabel")
+	if err != nil {
+		return nil, err
+	}
 	if cfg.maxWaiters == 0 {
 		cfg.maxWaiters = cfg.capacity * DefaultWaitersPerKey
 	}
@@ -162,6 +178,13 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 		q:          newQueue[K, T](int64(cfg.aging)),
 		timerAt:    maxTime,
 	}
+	d.obs, d.labeler, d.mode, d.switchTo = cfg.observer, labeler, cfg.mode, cfg.switchTo
+	if labeler != nil {
+		d.labels = map[string]int{}
+	}
+	if cfg.fallback != nil {
+		d.fb = newFallbackState(*cfg.fallback)
+	}
 	d.tenants, d.tenantCfg, d.defaultTenant = map[string]*tenant[K, T]{}, cfg.tenants, cfg.defaultTenant
 	c0, ok := cfg.tenants[""]
 	if !ok {
@@ -170,7 +193,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[
 	d.t0 = newTenant[K, T]("", c0)
 	d.tenants[""] = d.t0
 	if cfg.breaker != nil {
-		d.br = &breaker{p: *cfg.breaker, win: newWindow(cfg.breaker.Window)}
+		d.br = &breaker{p: *cfg.breaker, win: newWindow(cfg.breaker.Window), obs: cfg.observer}
 	}
 	d.base, d.baseCancel = context.WithCancelCause(context.Background())
 	d.cond.L = &d.mu
@@ -222,6 +245,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		return nil, ctxErr(ctx)
 	}
 	deadline := d.deadlineOf(ctx, &o)
+	label := d.labelOf(key, call)
 	t := &Ticket[K, T]{d: d, done: make(chan struct{})}
 	t.w.t = t
 	if ctx.Done() != nil {
@@ -234,19 +258,29 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	now := d.now()
 	ten := d.tenantFor(o.Tenant)
 	var err error
+	coalesced := false
 	switch {
 	case t.state == tsDone: // ctx ended before we took the lock
 		err = ctxErr(ctx)
 	case deadline != 0 && deadline <= now:
 		err = errRejectPast
 	default:
-		err = d.admit(key, call, &o, now, deadline, t, ten, &ob)
+		coalesced, err = d.admit(key, call, &o, now, deadline, t, ten, label, &ob)
 	}
 	d.count(ten, err)
 	if err != nil {
 		t.state = tsDone
 	}
+	if err == nil && d.mode == Sync {
+		if d.obs != nil {
+			ob.notes = append(ob.notes, func() { d.observeSubmit(label, &o, coalesced, nil) })
+		}
+		d.runInline(t, &ob) // releases the lock
+		d.deliver(&ob)
+		return t, nil
+	}
 	d.mu.Unlock()
+	d.observeSubmit(label, &o, coalesced, err)
 	d.deliver(&ob)
 	if err != nil {
 		if t.stop != nil {
@@ -257,6 +291,27 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	return t, nil
 }
 
+// labelOf runs the WithLabel function, if any, outside the lock.
+func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
+	if d.labeler == nil {
+		return ""
+	}
+	return d.labeler(key, call)
+}
+
+// observeSubmit queues the observer's submit or reject event.
+func (d *Dispatcher[K, T]) observeSubmit(label string, o *SubmitOptions, coalesced bool, err error) {
+	if d.obs == nil {
+		return
+	}
+	e := Event{Label: label, Tenant: o.Tenant, Priority: o.Priority}
+	if err != nil {
+		d.obs.OnReject(e, err)
+		return
+	}
+	d.obs.OnSubmit(e, coalesced)
+}
+
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
 // allocation when it coalesces into a pending call. The submission counts
 // as a waiter that never leaves: only its deadline (o.Deadline), Cancel, a
@@ -265,35 +320,44 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 // deadline, the latest of theirs, and one outcome.
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.deadlineOf(nil, &o)
+	label := d.labelOf(key, call)
 	var ob outbox[K, T]
 	d.mu.Lock()
+	if d.mode == Sync {
+		d.mu.Unlock()
+		return d.postSync(key, call, o)
+	}
 	now := d.now()
 	ten := d.tenantFor(o.Tenant)
 	var err error
+	coalesced := false
 	if deadline != 0 && deadline <= now {
 		err = errRejectPast
 	} else {
-		err = d.admit(key, call, &o, now, deadline, nil, ten, &ob)
+		coalesced, err = d.admit(key, call, &o, now, deadline, nil, ten, label, &ob)
 	}
 	d.count(ten, err)
 	d.mu.Unlock()
+	if d.obs != nil {
+		d.observeSubmit(label, &o, coalesced, err)
+	}
 	d.deliver(&ob)
 	return err
 }
 
 // admit places a submission, or returns why it cannot, having changed
 // nothing. t is nil for a fire-and-forget submission.
-func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], ob *outbox[K, T]) error {
+func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) (coalesced bool, err error) {
 	if d.closing {
-		return ErrClosed
+		return false, ErrClosed
 	}
 	if t != nil && d.tickets >= d.maxWaiters {
-		return d.refuse("waiters")
+		return false, d.refuse("waiters")
 	}
 	s := d.slots[key]
 	if s == nil {
 		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
-			return ErrCircuitOpen
+			return false, ErrCircuitOpen
 		}
 		// Decide every refusal and victim before changing anything: a
 		// refused submission leaves the dispatcher as it was.
@@ -301,13 +365,13 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		var quotaVictim, capVictim *call[K, T]
 		if ten.overQuota(0) {
 			if quotaVictim = worst(ten.shed, k1, k2, d.seq+1, nil); quotaVictim == nil {
-				return d.refuse("quota")
+				return false, d.refuse("quota")
 			}
 		}
 		// A quota victim is alone in its slot, so evicting it frees a key.
 		if quotaVictim == nil && len(d.slots) >= d.capacity {
 			if capVictim = worst(d.q.shed, k1, k2, d.seq+1, nil); capVictim == nil {
-				return d.refuse("capacity")
+				return false, d.refuse("capacity")
 			}
 		}
 		if quotaVictim != nil {
@@ -321,14 +385,16 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		}
 		s = &slot[K, T]{key: key, gen: o.Generation}
 		d.slots[key] = s
-		c := d.newCall(s, val, o, ten)
+		c := d.newCall(s, val, o, ten, label)
 		d.join(c, t, o.Priority, now, deadline)
 		d.q.push(c)
-		d.wakeWorker()
-		return nil
+		if d.mode == Async {
+			d.wakeWorker()
+		}
+		return false, nil
 	}
 	if o.Generation < s.gen {
-		return errRejectStale
+		return false, errRejectStale
 	}
 	supersede := o.Generation > s.gen
 	var quotaVictim *call[K, T]
@@ -341,7 +407,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		if ten.overQuota(freed) {
 			k1, k2 := d.q.sortKey(o.Priority, now)
 			if quotaVictim = worst(ten.shed, k1, k2, d.seq+1, s.next); quotaVictim == nil {
-				return d.refuse("quota")
+				return false, d.refuse("quota")
 			}
 		}
 	}
@@ -350,7 +416,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	}
 	if c := s.next; c != nil {
 		if err := d.coalesce(c, val, o.IdempotencyKey); err != nil {
-			return err
+			return false, err
 		}
 		if !o.Droppable {
 			c.droppable = false
@@ -358,7 +424,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		}
 		d.join(c, t, o.Priority, now, deadline)
 		d.st.coalesced++
-		return nil
+		return true, nil
 	}
 	if quotaVictim != nil {
 		d.drop(quotaVictim, errDroppedQuota, "quota", now, ob)
@@ -366,14 +432,16 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	// The key is in flight: this call is its successor, and enters the ready
 	// index only when the in-flight call finishes, with the enqueue time it
 	// has now.
-	c := d.newCall(s, val, o, ten)
+	c := d.newCall(s, val, o, ten, label)
 	d.join(c, t, o.Priority, now, deadline)
 	if s.run == nil {
 		// A newer generation just removed the key's only (queued) call.
 		d.q.push(c)
-		d.wakeWorker()
+		if d.mode == Async {
+			d.wakeWorker()
+		}
 	}
-	return nil
+	return false, nil
 }
 
 // refuse counts and returns a backpressure refusal.
@@ -382,9 +450,13 @@ func (d *Dispatcher[K, T]) refuse(reason string) error {
 	return &BackpressureError{Reason: reason, Depth: len(d.slots)}
 }
 
-func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions, ten *tenant[K, T]) *call[K, T] {
+func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
 	c := s.newCall()
 	d.calls++
+	c.label = label
+	if d.labels != nil {
+		d.labels[label]++
+	}
 	d.seq++
 	ten.queued++
 	c.ten = ten
@@ -398,6 +470,10 @@ func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions, ten *
 func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, reason string, now int64, ob *outbox[K, T]) {
 	d.st.shed[reasonIndex(reason)]++
 	c.ten.st.Dropped++
+	if obs := d.obs; obs != nil {
+		e := c.event()
+		ob.notes = append(ob.notes, func() { obs.OnDrop(e, reason) })
+	}
 	d.settleAll(c, Dropped, err, now, false, ob)
 	d.endCall(c, Dropped, err, now, ob)
 	d.releaseSlot(c.s)
@@ -549,6 +625,8 @@ func (d *Dispatcher[K, T]) endCall(c *call[K, T], st State, err error, now int64
 	}
 	d.q.remove(c)
 	c.ten.queued--
+	d.forget(c)
+	d.kick()
 	if s := c.s; s.next == c {
 		s.next = nil
 	} else {
@@ -560,8 +638,39 @@ func (d *Dispatcher[K, T]) endCall(c *call[K, T], st State, err error, now int64
 			d.wakeWorker()
 		}
 	}
-	d.calls--
 	d.hook(c, st, err, now, ob)
+}
+
+// forget drops an ended call from the live counts.
+func (d *Dispatcher[K, T]) forget(c *call[K, T]) {
+	d.calls--
+	if d.labels != nil {
+		if d.labels[c.label]--; d.labels[c.label] == 0 {
+			delete(d.labels, c.label)
+		}
+	}
+}
+
+// kick wakes whoever waits for the dispatcher's state to change: callers
+// running calls inline (Sync mode) and SetMode draining the queue.
+func (d *Dispatcher[K, T]) kick() {
+	if d.kickCh != nil {
+		close(d.kickCh)
+		d.kickCh = nil
+	}
+}
+
+// kicked returns a channel closed at the next state change.
+func (d *Dispatcher[K, T]) kicked() <-chan struct{} {
+	if d.kickCh == nil {
+		d.kickCh = make(chan struct{})
+	}
+	return d.kickCh
+}
+
+// event describes c for the observer.
+func (c *call[K, T]) event() Event {
+	return Event{Label: c.label, Tenant: c.ten.name, Priority: c.prio}
 }
 
 // releaseSlot forgets s's key if it has no call left.
@@ -580,8 +689,20 @@ func (d *Dispatcher[K, T]) releaseSlot(s *slot[K, T]) {
 
 func (d *Dispatcher[K, T]) hook(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	d.st.calls[st]++
+	if d.fb != nil {
+		d.fb.finished(now, st == Failed)
+	}
+	if d.onDone == nil && d.obs == nil {
+		return
+	}
+	r := d.result(c, st, err, now)
 	if d.onDone != nil {
-		ob.hooks = append(ob.hooks, d.result(c, st, err, now))
+		ob.hooks = append(ob.hooks, r)
+	}
+	if obs := d.obs; obs != nil {
+		e := c.event()
+		f := Finish{State: r.State, Err: r.Err, Attempts: r.Attempts, Waiters: r.Waiters, QueueWait: r.QueueWait, RunTime: r.RunTime}
+		ob.notes = append(ob.notes, func() { obs.OnFinish(e, f) })
 	}
 }
 

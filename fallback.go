@@ -109,3 +109,91 @@ func WithFallback(p FallbackPolicy) Option {
 		return nil
 	})
 }
+
+// fallbackState is the fallback policy's running state, guarded by the
+// Dispatcher's lock. Its windows count per finished call and per first
+// start, so no observation allocates.
+type fallbackState struct {
+	p        FallbackPolicy
+	calls    window // total: finished calls; failures: Failed ones
+	waits    window // total: first starts; failures: those that waited over MaxQueueWaitP99
+	next     int64  // next check
+	returnAt int64  // automatic return to Async, if set
+	reason   string
+}
+
+func newFallbackState(p FallbackPolicy) *fallbackState {
+	return &fallbackState{p: p, calls: newWindow(p.Window), waits: newWindow(p.Window)}
+}
+
+func (f *fallbackState) finished(now int64, failed bool) {
+	b := f.calls.at(now)
+	b.total++
+	if failed {
+		b.failures++
+	}
+}
+
+func (f *fallbackState) waited(now int64, wait time.Duration) {
+	b := f.waits.at(now)
+	b.total++
+	if f.p.MaxQueueWaitP99 > 0 && wait > f.p.MaxQueueWaitP99 {
+		b.failures++
+	}
+}
+
+// checkFallback runs on the clock: every tenth of the window it checks the
+// thresholds (switching to Sync when one is crossed) or, after an automatic
+// fallback, whether the cool-down return is due.
+func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
+	f := d.fb
+	if now < f.next {
+		d.armTimer(f.next)
+		return
+	}
+	f.next = now + max(int64(f.p.Window)/windowBuckets, 1)
+	d.armTimer(f.next)
+	if d.mode == Sync {
+		if f.returnAt != 0 && now >= f.returnAt {
+			f.returnAt = 0
+			d.switchMode(Async, "cool-down", ob)
+		}
+		return
+	}
+	if reason := d.fallbackReason(now); reason != "" {
+		f.reason = reason
+		if f.p.ReturnAfter > 0 {
+			f.returnAt = now + int64(f.p.ReturnAfter)
+		}
+		d.switchMode(Sync, reason, ob)
+	}
+}
+
+// fallbackReason says which threshold is exceeded, or "".
+func (d *Dispatcher[K, T]) fallbackReason(now int64) string {
+	p := &d.fb.p
+	if p.MaxBacklog > 0 {
+		if n := d.calls - d.running; n > p.MaxBacklog {
+			return fmt.Sprintf("backlog %d > %d", n, p.MaxBacklog)
+		}
+	}
+	if p.MaxFailureRatio > 0 {
+		s := d.fb.calls.sum(now)
+		if s.total >= uint64(p.MinSamples) && float64(s.failures) > p.MaxFailureRatio*float64(s.total) {
+			return fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.failures)/float64(s.total), p.MaxFailureRatio)
+		}
+	}
+	if p.MaxQueueWaitP99 > 0 {
+		// p99 > max exactly when more than 1% of the waits exceed max.
+		s := d.fb.waits.sum(now)
+		if s.total >= uint64(p.MinSamples) && float64(s.failures) > 0.01*float64(s.total) {
+			return fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.failures, s.total)
+		}
+	}
+	if p.MaxBreakerOpen > 0 && d.br != nil && d.br.state != BreakerClosed {
+		if open := time.Duration(now - d.br.since); open > p.MaxBreakerOpen {
+			return fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
+		}
+	}
+	return ""
+}

@@ -2003,7 +2003,12 @@ func (h *fzHarness) check(step string) {
 	}
 	// The per-reason and per-tenant maps are checked by the tenant and
 	// shedding tests; the model tracks the totals.
-	s.Backpressure, s.Shed, s.Tenants = nil, nil, nil
+	s.Backpressure, s.Shed, s.Tenants, s.Labels = nil, nil, nil, nil
+	// Latency distributions are not modelled; their counts are.
+	if s.ExecTime.Count != s.Executions {
+		h.fail("%s: ExecTime.Count %d != Executions %d", step, s.ExecTime.Count, s.Executions)
+	}
+	s.QueueWait, s.ExecTime = Quantiles{}, Quantiles{}
 	if !reflect.DeepEqual(s, ws) {
 		h.fail("%s: Stats\n  got  %+v\n  want %+v", step, s, ws)
 	}

@@ -1,6 +1,10 @@
 package dispatch
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"time"
+)
 
 // Mode is how the dispatcher runs calls.
 type Mode uint8
@@ -24,4 +28,167 @@ func (m Mode) String() string {
 		return "sync"
 	}
 	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// SetMode switches the dispatcher between Async and Sync at run time — the
+// feature gate's lever, and the manual rollback. Switching to Sync stops
+// async admission at once: from then on each submission runs inline in its
+// caller. What was already queued follows the switch policy
+// (WithSwitchPolicy): with SwitchCancel its waiters end Canceled with
+// ErrFallback at once; with SwitchDrain the workers keep running it, and
+// SetMode waits until it is done or ctx ends, then cancels the rest the same
+// way and returns ctx's error. Calls in flight always run to their end.
+// Switching back to Async resumes the workers. Every submission sees one
+// mode or the other, so a switch never loses a call or runs one twice.
+func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
+	if m > Sync {
+		return fmt.Errorf("dispatch: SetMode(%d): unknown mode", m)
+	}
+	var ob outbox[K, T]
+	d.mu.Lock()
+	if d.closing {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	d.switchMode(m, "manual", &ob)
+	d.mu.Unlock()
+	d.deliver(&ob)
+	if m == Async || d.switchTo == SwitchCancel {
+		return nil
+	}
+	for {
+		d.mu.Lock()
+		if d.mode != Sync || d.asyncBacklog() == 0 {
+			d.mu.Unlock()
+			return nil
+		}
+		ch := d.kicked()
+		d.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			d.mu.Lock()
+			if d.mode == Sync {
+				d.cancelQueued(d.now(), &ob)
+			}
+			d.mu.Unlock()
+			d.deliver(&ob)
+			return ctx.Err()
+		}
+	}
+}
+
+// Mode returns the current mode.
+func (d *Dispatcher[K, T]) Mode() Mode {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mode
+}
+
+// switchMode changes the mode under the lock; reason is what the observer
+// is told.
+func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
+	from := d.mode
+	if from == m {
+		return
+	}
+	d.mode = m
+	if m == Sync && d.switchTo == SwitchCancel {
+		d.cancelQueued(d.now(), ob)
+	}
+	if m == Async {
+		d.cond.Broadcast() // queued successors and retries run on workers again
+	}
+	d.kick()
+	if obs := d.obs; obs != nil {
+		ob.notes = append(ob.notes, func() { obs.OnModeChange(from, m, reason) })
+	}
+}
+
+// asyncBacklog counts what the workers still have to run.
+func (d *Dispatcher[K, T]) asyncBacklog() int {
+	return d.q.nready + d.q.delayed.Len() + d.workerRunning
+}
+
+var errFallbackCanceled = fmt.Errorf("%w: %w", ErrCanceled, ErrFallback)
+
+// cancelQueued ends every queued call (ready, in backoff, or waiting behind
+// its key's in-flight call) with Canceled and ErrFallback. Calls in flight
+// are left to finish.
+func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
+	for _, s := range d.slots {
+		for _, c := range [2]*call[K, T]{s.next, s.run} {
+			if c != nil && c.state != csRunning && !c.orphan {
+				d.settleAll(c, Canceled, errFallbackCanceled, now, false, ob)
+				d.endCall(c, Canceled, errFallbackCanceled, now, ob)
+			}
+		}
+		d.releaseSlot(s)
+	}
+}
+
+// runInline runs t's call in the caller's goroutine (Sync mode), with the
+// lock held on entry, and returns with it released once t has its outcome.
+// The call takes the same path as on a worker — begin, execute, finish,
+// retries through the delay index — but the caller sleeps out a backoff
+// itself. If the key's previous call is still running (or a worker took a
+// retry first), the caller waits for it.
+func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
+	for t.state != tsDone {
+		now := d.now()
+		d.expireDue(now, ob)
+		d.q.promote(now)
+		if t.state == tsDone {
+			break
+		}
+		c := t.w.c
+		wait := time.Duration(-1) // until something changes
+		switch c.state {
+		case csReady:
+			probe := d.br != nil && d.br.state != BreakerClosed
+			if d.br == nil || d.br.admits(now, &ob.notes) {
+				d.q.remove(c)
+				c.probe = probe
+				d.run(c, now, ob)
+				continue
+			}
+			if d.br.state == BreakerOpen {
+				wait = time.Duration(d.br.openUntil - now)
+			}
+		case csDelayed:
+			wait = time.Duration(c.notBefore - now)
+		}
+		ch := d.kicked()
+		d.mu.Unlock()
+		d.deliver(ob)
+		var tm *time.Timer
+		var timer <-chan time.Time
+		if wait >= 0 {
+			tm = time.NewTimer(wait)
+			timer = tm.C
+		}
+		select {
+		case <-ch:
+		case <-t.done:
+		case <-timer:
+		}
+		if tm != nil {
+			tm.Stop()
+		}
+		d.mu.Lock()
+	}
+	d.mu.Unlock()
+}
+
+// postSync is Post in Sync mode: it runs the call inline and returns its
+// error (nil if it succeeded), or the submission's refusal.
+func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions) error {
+	t, err := d.Submit(context.Background(), key, call, o)
+	if err != nil {
+		return err
+	}
+	if r, ok := t.Result(); ok {
+		return r.Err
+	}
+	return nil // switched back to Async meanwhile: queued
 }

@@ -119,6 +119,9 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	s := Stats{
 		Keys:            len(d.slots),
 		Ready:           d.q.nready,
+		QueueWait:       d.qwait.quantiles(),
+		ExecTime:        d.exect.quantiles(),
+		Mode:            d.mode,
 		Delayed:         d.q.delayed.Len(),
 		InFlight:        d.running,
 		Tickets:         d.tickets,
@@ -143,6 +146,15 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		s.Backpressure[r] = d.st.refused[i]
 		if r != "waiters" {
 			s.Shed[r] = d.st.shed[i]
+		}
+	}
+	if d.fb != nil {
+		s.FallbackReason = d.fb.reason
+	}
+	if d.labels != nil {
+		s.Labels = make(map[string]int, len(d.labels))
+		for l, n := range d.labels {
+			s.Labels[l] = n
 		}
 	}
 	s.Tenants = make(map[string]TenantStats, len(d.tenants))

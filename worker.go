@@ -18,6 +18,10 @@ func (d *Dispatcher[K, T]) start() {
 		go d.worker()
 	}
 	go d.clock()
+	if d.fb != nil {
+		d.fb.next = d.now() + max(int64(d.fb.p.Window)/windowBuckets, 1)
+		d.armTimer(d.fb.next)
+	}
 }
 
 // wakeWorker wakes one idle worker, if any, for a call that became ready.
@@ -53,21 +57,31 @@ func (d *Dispatcher[K, T]) worker() {
 			d.idle--
 			continue
 		}
-		run := d.begin(c, now)
-		d.mu.Unlock()
-		d.deliver(&ob)
-
-		out := d.execute(run)
-		if out.stop != nil {
-			out.stop()
-		}
-		c.cancel(nil) // release the contexts' resources
-
-		d.mu.Lock()
-		d.finish(c, &out, &ob)
+		d.workerRunning++
+		d.run(c, now, &ob)
+		d.workerRunning--
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
+}
+
+// run executes one attempt of c, which the caller has taken from the
+// queue: it unlocks for user code and the waiters' delivery, and returns
+// with the lock held and the attempt's end recorded.
+func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T]) {
+	a := d.begin(c, now)
+	d.mu.Unlock()
+	d.deliver(ob)
+	if d.obs != nil {
+		d.obs.OnStart(a.ev, a.n, a.wait)
+	}
+	out := d.execute(a)
+	if out.stop != nil {
+		out.stop()
+	}
+	c.cancel(nil) // release the contexts' resources
+	d.mu.Lock()
+	d.finish(c, &out, ob)
 }
 
 // next pops the best ready call, if the circuit breaker lets one start.
@@ -103,6 +117,9 @@ type attempt[K comparable, T any] struct {
 	val     T
 	lastErr error // the previous attempt's error, if this is a retry
 	stop    context.CancelFunc
+	ev      Event         // for the observer, if any
+	n       int           // attempt number
+	wait    time.Duration // queue wait
 
 	// Results.
 	err      error
@@ -129,6 +146,11 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
 	c.state = csRunning
 	if c.firstStart < 0 {
 		c.firstStart = now
+		wait := time.Duration(max(now-c.enq, 0))
+		d.qwait.observe(wait)
+		if d.fb != nil {
+			d.fb.waited(now, wait)
+		}
 	}
 	if c.attempts == 0 && c.lastErr == nil {
 		d.budget.at(now).first++
@@ -147,6 +169,9 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
 		ctx = context.WithValue(ctx, idemKey{}, c.idem)
 	}
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: s.key, val: c.val, lastErr: c.lastErr}
+	if d.obs != nil {
+		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
+	}
 	if t := d.retry.AttemptTimeout; t > 0 {
 		a.ctx, a.stop = context.WithTimeout(ctx, t)
 	}
@@ -238,6 +263,9 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 	d.running--
 	c.ten.inflight--
 	c.runTime += a.runTime
+	if a.ran {
+		d.exect.observe(a.runTime)
+	}
 	if a.rebuilt {
 		c.val = a.val
 	}
@@ -278,7 +306,12 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 	default:
 		notBefore, reason := d.retryAt(c, a, now)
 		if reason == "" {
+			if obs := d.obs; obs != nil {
+				e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
+				ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
+			}
 			d.requeue(c, a.err, notBefore, now)
+			d.kick()
 			return
 		}
 		err := a.err
@@ -287,7 +320,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 		}
 		d.end(c, Failed, err, now, a.ran, ob)
 	}
-	d.calls--
+	d.forget(c)
 	s.run = nil
 	c.state = csIdle
 	if n := s.next; n != nil && n.state == csIdle {
@@ -295,6 +328,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 		d.wakeWorker()
 	}
 	d.releaseSlot(s)
+	d.kick()
 }
 
 // end tells c's waiters the outcome st and fires the hook. A waiter whose
@@ -416,7 +450,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	d.st.coalesced += uint64(n.joined)
 	n.head, n.nt, n.nff = nil, 0, 0
 	n.ten.queued--
-	d.calls--
+	d.forget(n)
 	d.reprioritize(c)
 }
 
