@@ -277,6 +277,9 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		}
 		d.runInline(t, &ob) // releases the lock
 		d.deliver(&ob)
+		// The outcome is recorded; if a worker ran the call (a retry it
+		// picked up first), it may still be telling the ticket.
+		<-t.done
 		return t, nil
 	}
 	d.mu.Unlock()

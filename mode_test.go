@@ -1,0 +1,543 @@
+package dispatch
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// bothModes runs a behavioural test against a dispatcher in Async and in
+// Sync mode: the feature gate's two positions share one suite.
+func bothModes(t *testing.T, f func(t *testing.T, mode Mode)) {
+	for _, m := range []Mode{Async, Sync} {
+		t.Run("mode="+m.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { f(t, m) })
+		})
+	}
+}
+
+func TestModesShareBehaviour(t *testing.T) {
+	errConflict := errors.New("409")
+	classify := func(err error) Class {
+		if errors.Is(err, errConflict) {
+			return Recompute
+		}
+		return DefaultClassifier(err)
+	}
+	cases := []struct {
+		name  string
+		errs  []error
+		panic bool
+		noop  bool
+		want  State
+		calls int
+		why   string
+	}{
+		{name: "success", want: Succeeded, calls: 1},
+		{name: "retry then success", errs: []error{syscall.ECONNRESET}, want: Succeeded, calls: 2},
+		{name: "permanent", errs: []error{errors.New("403")}, want: Failed, calls: 1, why: "permanent"},
+		{name: "attempts exhausted", errs: []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, want: Failed, calls: 3, why: "attempts"},
+		{name: "recompute", errs: []error{errConflict}, want: Succeeded, calls: 2},
+		{name: "panic", panic: true, want: Failed, calls: 1},
+		{name: "no-op", noop: true, want: Skipped, calls: 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			bothModes(t, func(t *testing.T, mode Mode) {
+				var calls atomic.Int32
+				var hooks atomic.Int32
+				var at []time.Duration
+				t0 := time.Now()
+				exec := func(ctx context.Context, k string, v int) error {
+					n := int(calls.Add(1))
+					at = append(at, time.Since(t0))
+					if tc.panic {
+						panic("boom")
+					}
+					if n <= len(tc.errs) {
+						return tc.errs[n-1]
+					}
+					return nil
+				}
+				d, err := New(exec, WithMode(mode), WithWorkers(1), WithClassifier(classify),
+					WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}),
+					WithBeforeRetry(func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil }),
+					WithNoOp(func(string, int) bool { return tc.noop }),
+					WithOnDone(func(Result[string, int]) { hooks.Add(1) }))
+				require.NoError(t, err)
+				tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
+				require.NoError(t, err)
+				if mode == Sync {
+					select {
+					case <-tk.Done():
+					default:
+						t.Fatal("Sync: Submit returned before the call ended")
+					}
+				}
+				res, err := tk.Wait(t.Context())
+				assert.Equal(t, tc.want, res.State)
+				assert.Equal(t, tc.calls, int(calls.Load()))
+				assert.Equal(t, tc.calls, res.Attempts)
+				if tc.why != "" {
+					var re *RetryError
+					require.ErrorAs(t, err, &re)
+					assert.Equal(t, tc.why, re.Reason)
+				}
+				if tc.panic {
+					var pe *PanicError
+					assert.ErrorAs(t, err, &pe)
+				}
+				if len(at) == 2 && tc.errs[0] == syscall.ECONNRESET {
+					assert.Equal(t, time.Second, at[1]-at[0], "backoff is the same in both modes")
+				}
+				require.NoError(t, d.Close(t.Context()))
+				assert.Equal(t, int32(1), hooks.Load(), "the hook fires once per call")
+				st := d.Stats()
+				assert.Equal(t, mode, st.Mode)
+				checkConservation(t, d)
+			})
+		})
+	}
+}
+
+func TestModesShareAdmission(t *testing.T) {
+	bothModes(t, func(t *testing.T, mode Mode) {
+		d, err := New(func(context.Context, string, int) error { return nil }, WithMode(mode), WithWorkers(1), WithCapacity(1))
+		require.NoError(t, err)
+		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{Generation: 5})
+		require.NoError(t, err)
+		// Generations are remembered only while the key is tracked; hold it
+		// with a blocked Post in Async, nothing to hold in Sync.
+		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{Deadline: time.Now().Add(-time.Second)})
+		assert.ErrorIs(t, err, ErrExpired)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err = d.Submit(ctx, "k", 1, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrCanceled)
+		require.NoError(t, d.Close(t.Context()))
+		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrClosed)
+		assert.ErrorIs(t, d.Post("k", 1, SubmitOptions{}), ErrClosed)
+		checkConservation(t, d)
+	})
+}
+
+func TestSyncRunsInCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type gid struct{}
+		d, err := New(func(ctx context.Context, _ string, _ int) error {
+			if ctx.Value(gid{}) != nil {
+				return errors.New("unexpected")
+			}
+			return nil
+		}, WithMode(Sync))
+		require.NoError(t, err)
+		var calls int
+		d2, err := New(func(context.Context, string, int) error { calls++; return nil }, WithMode(Sync))
+		require.NoError(t, err)
+		for i := range 5 {
+			require.NoError(t, d2.Post(fmt.Sprint(i), i, SubmitOptions{}))
+			assert.Equal(t, i+1, calls, "Post in Sync returns after the call ran")
+		}
+		assert.ErrorIs(t, d2.Post("x", 0, SubmitOptions{Deadline: time.Now().Add(-1)}), ErrExpired)
+		require.NoError(t, d.Close(t.Context()))
+		require.NoError(t, d2.Close(t.Context()))
+	})
+}
+
+func TestSetModeDrainAndCancel(t *testing.T) {
+	for _, policy := range []SwitchPolicy{SwitchDrain, SwitchCancel} {
+		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var mu sync.Mutex
+				ran := map[string]int{}
+				d, err := New(func(ctx context.Context, k string, _ int) error {
+					mu.Lock()
+					ran[k]++
+					n := ran[k]
+					mu.Unlock()
+					if strings.HasPrefix(k, "inflight") {
+						<-release
+					}
+					if k == "backoff" && n == 1 {
+						return syscall.ECONNRESET
+					}
+					return nil
+				}, WithWorkers(2), WithSwitchPolicy(policy),
+					WithRetry(RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}))
+				require.NoError(t, err)
+				inflight, err := d.Submit(t.Context(), "inflight", 0, SubmitOptions{})
+				require.NoError(t, err)
+				backoff, err := d.Submit(t.Context(), "backoff", 0, SubmitOptions{})
+				require.NoError(t, err)
+				synctest.Wait()
+				// Second worker: hold it too, so "queued" stays queued.
+				hold, err := d.Submit(t.Context(), "inflight2", 0, SubmitOptions{})
+				require.NoError(t, err)
+				_ = hold
+				queued, err := d.Submit(t.Context(), "queued", 0, SubmitOptions{Priority: -1})
+				require.NoError(t, err)
+				synctest.Wait()
+				st := d.Stats()
+				require.Equal(t, 1, st.Delayed, "backoff waits")
+
+				done := make(chan error, 1)
+				go func() { done <- d.SetMode(t.Context(), Sync) }()
+				synctest.Wait()
+				assert.Equal(t, Sync, d.Mode())
+				// New submissions now run inline, while the switch drains.
+				var inlineRan bool
+				go func() {
+					_, err := d.Submit(t.Context(), "new", 0, SubmitOptions{})
+					assert.NoError(t, err)
+					inlineRan = true
+				}()
+				synctest.Wait()
+				assert.True(t, inlineRan, "a submission after the switch runs inline at once")
+
+				if policy == SwitchCancel {
+					require.NoError(t, <-done)
+					for _, tk := range []*Ticket[string, int]{queued, backoff} {
+						res, err := tk.Wait(t.Context())
+						assert.Equal(t, Canceled, res.State)
+						assert.ErrorIs(t, err, ErrFallback)
+					}
+					close(release)
+					res, err := inflight.Wait(t.Context())
+					require.NoError(t, err, "in-flight calls run to their end")
+					assert.Equal(t, Succeeded, res.State)
+				} else {
+					select {
+					case <-done:
+						t.Fatal("SetMode returned before the queue drained")
+					default:
+					}
+					close(release)
+					require.NoError(t, <-done)
+					for _, tk := range []*Ticket[string, int]{inflight, queued, backoff} {
+						res, err := tk.Wait(t.Context())
+						require.NoError(t, err)
+						assert.Equal(t, Succeeded, res.State)
+					}
+					mu.Lock()
+					assert.Equal(t, 2, ran["backoff"], "the call in backoff was drained, retry included")
+					mu.Unlock()
+				}
+				// Back to Async: submissions queue again.
+				require.NoError(t, d.SetMode(t.Context(), Async))
+				tk, err := d.Submit(t.Context(), "after", 0, SubmitOptions{})
+				require.NoError(t, err)
+				_, err = tk.Wait(t.Context())
+				require.NoError(t, err)
+				require.NoError(t, d.Close(t.Context()))
+				checkConservation(t, d)
+			})
+		})
+	}
+}
+
+func TestSetModeDrainTimesOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		d, err := New(func(ctx context.Context, k string, _ int) error {
+			if k == "hold" {
+				<-release
+			}
+			return nil
+		}, WithWorkers(1))
+		require.NoError(t, err)
+		_, err = d.Submit(t.Context(), "hold", 0, SubmitOptions{})
+		require.NoError(t, err)
+		synctest.Wait()
+		queued, err := d.Submit(t.Context(), "queued", 0, SubmitOptions{})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		assert.ErrorIs(t, d.SetMode(ctx, Sync), context.DeadlineExceeded)
+		res, err := queued.Wait(t.Context())
+		assert.Equal(t, Canceled, res.State)
+		assert.ErrorIs(t, err, ErrFallback)
+		close(release)
+		require.NoError(t, d.Close(t.Context()))
+		checkConservation(t, d)
+	})
+}
+
+// TestModeSwitchRace: submitters race a goroutine flipping the mode. Every
+// waiter hears exactly once, and no call runs twice.
+func TestModeSwitchRace(t *testing.T) {
+	var mu sync.Mutex
+	ran := map[string]int{}
+	d, err := New(func(ctx context.Context, k string, _ int) error {
+		mu.Lock()
+		ran[k]++
+		mu.Unlock()
+		return nil
+	}, WithWorkers(4), WithCapacity(100000), WithMaxWaiters(100000))
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	var flips sync.WaitGroup
+	flips.Go(func() {
+		for m := Sync; ; m = 1 - m {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = d.SetMode(context.Background(), m)
+		}
+	})
+	var wg sync.WaitGroup
+	tickets := make([][]*Ticket[string, int], 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 300 {
+				k := fmt.Sprint(g, "/", i)
+				if i%3 == 0 {
+					if err := d.Post(k, i, SubmitOptions{}); err != nil {
+						// In Sync a Post reports the call's own error; with
+						// SwitchDrain nothing is cancelled.
+						t.Errorf("Post: %v", err)
+					}
+					continue
+				}
+				tk, err := d.Submit(context.Background(), k, i, SubmitOptions{})
+				if !assert.NoError(t, err) {
+					return
+				}
+				tickets[g] = append(tickets[g], tk)
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	flips.Wait()
+	require.NoError(t, d.SetMode(context.Background(), Async))
+	var all []*Ticket[string, int]
+	for _, tks := range tickets {
+		all = append(all, tks...)
+	}
+	waitAll(all...)
+	assert.Equal(t, map[State]int{Succeeded: len(all)}, tally(t, all...))
+	require.NoError(t, d.Close(context.Background()))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Len(t, ran, 8*300)
+	for k, n := range ran {
+		if n != 1 {
+			t.Errorf("%s ran %d times", k, n)
+		}
+	}
+	checkConservation(t, d)
+}
+
+func TestFallbackTriggers(t *testing.T) {
+	type env struct {
+		d       *Dispatcher[string, int]
+		release chan struct{}
+	}
+	cases := []struct {
+		name   string
+		policy FallbackPolicy
+		opts   []Option
+		// load drives the dispatcher to exactly the threshold (below=true)
+		// or just past it.
+		load func(t *testing.T, e env, below bool)
+		want string
+		// window is the policy's window (default a minute); settle is how
+		// long to let the checks run after the load (default two checks).
+		window, settle time.Duration
+	}{
+		{
+			name:   "backlog",
+			policy: FallbackPolicy{MaxBacklog: 10},
+			load: func(t *testing.T, e env, below bool) {
+				n := 11 // one in flight, ten queued
+				if !below {
+					n++
+				}
+				for i := range n {
+					require.NoError(t, e.d.Post(fmt.Sprint("k", i), 0, SubmitOptions{}))
+				}
+			},
+			want: "backlog 11 > 10",
+		},
+		{
+			name:   "failure ratio",
+			policy: FallbackPolicy{MaxFailureRatio: 0.5, MinSamples: 10},
+			load: func(t *testing.T, e env, below bool) {
+				close(e.release)
+				fails := 5
+				if !below {
+					fails = 6
+				}
+				for i := range 10 {
+					v := 0
+					if i < fails {
+						v = 1 // exec fails it
+					}
+					tk, err := e.d.Submit(t.Context(), fmt.Sprint("k", i), v, SubmitOptions{})
+					require.NoError(t, err)
+					<-tk.Done()
+				}
+			},
+			want: "failure ratio 0.600 > 0.500",
+		},
+		{
+			name:   "queue wait p99",
+			policy: FallbackPolicy{MaxQueueWaitP99: time.Second, MinSamples: 100},
+			load: func(t *testing.T, e env, below bool) {
+				close(e.release)
+				// 100 calls at once on one worker taking 10ms each: waits
+				// of 0..990ms, none over a second; the 101st and later wait
+				// over a second.
+				n := 100
+				if !below {
+					n = 103
+				}
+				var tks []*Ticket[string, int]
+				for i := range n {
+					tk, err := e.d.Submit(t.Context(), fmt.Sprint("k", i), 2, SubmitOptions{})
+					require.NoError(t, err)
+					tks = append(tks, tk)
+				}
+				waitAll(tks...)
+			},
+			want: "queue wait p99 > 1s (2 of 103 waits)",
+		},
+		{
+			name:   "breaker open",
+			policy: FallbackPolicy{MaxBreakerOpen: 30 * time.Second},
+			opts:   []Option{WithBreaker(BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Minute})},
+			load: func(t *testing.T, e env, below bool) {
+				close(e.release)
+				tk, err := e.d.Submit(t.Context(), "k", 3, SubmitOptions{})
+				require.NoError(t, err)
+				<-tk.Done()
+				// Checks run every second (a tenth of the window).
+				if below {
+					time.Sleep(30*time.Second + 500*time.Millisecond)
+				} else {
+					time.Sleep(31*time.Second + 500*time.Millisecond)
+				}
+			},
+			want:   "breaker open for 31s > 30s",
+			window: 10 * time.Second,
+			settle: time.Nanosecond,
+		},
+	}
+	for _, tc := range cases {
+		for _, below := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/below=%v", tc.name, below), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					release := make(chan struct{})
+					var modes []string
+					var mu sync.Mutex
+					obs := &modeLog{f: func(from, to Mode, reason string) {
+						mu.Lock()
+						modes = append(modes, fmt.Sprint(from, ">", to, ": ", reason))
+						mu.Unlock()
+					}}
+					p := tc.policy
+					p.Window = cmp.Or(tc.window, time.Minute)
+					opts := append([]Option{WithWorkers(1), WithCapacity(1000), WithFallback(p), WithObserver(obs),
+						WithRetry(RetryPolicy{MaxAttempts: 1})}, tc.opts...)
+					d, err := New(func(ctx context.Context, k string, v int) error {
+						switch v {
+						case 0:
+							<-release
+						case 1:
+							return errors.New("400")
+						case 2:
+							time.Sleep(10 * time.Millisecond)
+						case 3:
+							return syscall.ECONNRESET
+						}
+						return nil
+					}, opts...)
+					require.NoError(t, err)
+					tc.load(t, env{d, release}, below)
+					time.Sleep(cmp.Or(tc.settle, p.Window/5)) // two checks
+					st := d.Stats()
+					if below {
+						assert.Equal(t, Async, st.Mode, "at the threshold, not past it")
+						assert.Empty(t, st.FallbackReason)
+					} else {
+						assert.Equal(t, Sync, st.Mode)
+						assert.Equal(t, tc.want, st.FallbackReason)
+						mu.Lock()
+						assert.Equal(t, []string{"async>sync: " + tc.want}, modes)
+						mu.Unlock()
+					}
+					select {
+					case <-release:
+					default:
+						close(release)
+					}
+					require.NoError(t, d.Close(context.Background()))
+				})
+			})
+		}
+	}
+}
+
+func TestFallbackReturnsAfterCooldown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		d, err := New(func(ctx context.Context, k string, _ int) error { <-release; return nil },
+			WithWorkers(1), WithFallback(FallbackPolicy{MaxBacklog: 1, Window: 10 * time.Second, ReturnAfter: time.Minute}))
+		require.NoError(t, err)
+		for i := range 3 {
+			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
+		}
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, Sync, d.Mode())
+		close(release)
+		time.Sleep(time.Minute)
+		assert.Equal(t, Async, d.Mode(), "back to Async after the cool-down")
+		require.NoError(t, d.Close(context.Background()))
+	})
+}
+
+type modeLog struct {
+	NopObserver
+	f func(from, to Mode, reason string)
+}
+
+func (m *modeLog) OnModeChange(from, to Mode, reason string) { m.f(from, to, reason) }
+
+func TestModeOptionValidation(t *testing.T) {
+	exec := func(context.Context, string, int) error { return nil }
+	for name, o := range map[string]Option{
+		"WithMode":         WithMode(7),
+		"WithSwitchPolicy": WithSwitchPolicy(9),
+		"WithFallback":     WithFallback(FallbackPolicy{}),
+		"negative":         WithFallback(FallbackPolicy{MaxBacklog: -1}),
+		"ratio":            WithFallback(FallbackPolicy{MaxFailureRatio: 2}),
+		"WithObserver":     WithObserver(nil),
+		"WithLabel":        WithLabel[string, int](nil),
+		"WithLabel types":  WithLabel(func(int, int) string { return "" }),
+	} {
+		_, err := New(exec, o)
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "dispatch: With", name)
+	}
+	d, err := New(exec)
+	require.NoError(t, err)
+	assert.Error(t, d.SetMode(context.Background(), 5))
+	require.NoError(t, d.Close(context.Background()))
+	assert.ErrorIs(t, d.SetMode(context.Background(), Sync), ErrClosed)
+}

@@ -1,0 +1,171 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// countingObserver counts every event, by kind and label.
+type countingObserver struct {
+	mu     sync.Mutex
+	counts map[string]int
+	labels map[string]int
+}
+
+func newCountingObserver() *countingObserver {
+	return &countingObserver{counts: map[string]int{}, labels: map[string]int{}}
+}
+
+func (o *countingObserver) add(kind string, e Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.counts[kind]++
+	o.labels[kind+":"+e.Label]++
+}
+
+func (o *countingObserver) OnSubmit(e Event, coalesced bool) {
+	o.add("submit", e)
+	if coalesced {
+		o.add("coalesced", e)
+	}
+}
+func (o *countingObserver) OnReject(e Event, err error)                        { o.add("reject", e) }
+func (o *countingObserver) OnStart(e Event, n int, w time.Duration)            { o.add("start", e) }
+func (o *countingObserver) OnRetry(e Event, n int, d time.Duration, err error) { o.add("retry", e) }
+func (o *countingObserver) OnDrop(e Event, reason string)                      { o.add("drop:"+reason, e) }
+func (o *countingObserver) OnFinish(e Event, f Finish)                         { o.add("finish:"+f.State.String(), e) }
+func (o *countingObserver) OnModeChange(from, to Mode, reason string) {
+	o.add("mode:"+to.String(), Event{})
+}
+func (o *countingObserver) OnBreakerChange(from, to BreakerState) {
+	o.add("breaker:"+to.String(), Event{})
+}
+
+func TestObserverSeesEveryEventOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := newCountingObserver()
+		release := make(chan struct{})
+		var mu sync.Mutex
+		fails := map[string]int{}
+		d, err := New(func(ctx context.Context, k string, v int) error {
+			if k == "hold" {
+				<-release
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if k == "flaky" && fails[k] == 0 {
+				fails[k]++
+				return syscall.ECONNRESET
+			}
+			if k == "bad" {
+				return errors.New("400")
+			}
+			return nil
+		}, WithWorkers(1), WithCapacity(4), WithObserver(obs),
+			WithLabel(func(k string, _ int) string {
+				if k == "hold" {
+					return "bind"
+				}
+				return "patch"
+			}),
+			WithRetry(RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}),
+			WithBreaker(BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second}))
+		require.NoError(t, err)
+		hold, err := d.Submit(t.Context(), "hold", 0, SubmitOptions{Priority: 9})
+		require.NoError(t, err)
+		synctest.Wait()
+		require.NoError(t, d.Post("a", 0, SubmitOptions{Droppable: true}))
+		require.NoError(t, d.Post("a", 1, SubmitOptions{Droppable: true})) // coalesced
+		require.NoError(t, d.Post("flaky", 0, SubmitOptions{Priority: 1}))
+		require.NoError(t, d.Post("bad", 0, SubmitOptions{Priority: 1}))
+		assert.ErrorIs(t, d.Post("full", 0, SubmitOptions{}), ErrBackpressure) // rejected
+		require.NoError(t, d.Post("evicts", 0, SubmitOptions{Priority: 5}))    // drops "a"
+		st := d.Stats()
+		assert.Equal(t, map[string]int{"bind": 1, "patch": 3}, st.Labels)
+		close(release)
+		_, err = hold.Wait(t.Context())
+		require.NoError(t, err)
+		time.Sleep(10 * time.Second)
+		require.NoError(t, d.SetMode(t.Context(), Sync))
+		require.NoError(t, d.Close(t.Context()))
+
+		st = d.Stats()
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		c := obs.counts
+		assert.Equal(t, int(st.Submitted-st.Rejected), c["submit"])
+		assert.Equal(t, int(st.Coalesced), c["coalesced"])
+		assert.Equal(t, int(st.Rejected), c["reject"])
+		assert.Equal(t, int(st.Executions), c["start"])
+		assert.Equal(t, int(st.Retries), c["retry"])
+		assert.Equal(t, int(st.Shed["capacity"]), c["drop:capacity"])
+		finished := 0
+		for s := Succeeded; s <= Closed; s++ {
+			assert.Equal(t, int(st.Calls[s]), c["finish:"+s.String()], s.String())
+			finished += int(st.Calls[s])
+		}
+		assert.Equal(t, 5, finished) // hold, a (dropped), flaky, bad, evicts
+		assert.Equal(t, 1, c["drop:capacity"])
+		assert.Equal(t, 1, c["finish:Dropped"])
+		assert.Equal(t, 1, c["mode:sync"])
+		assert.GreaterOrEqual(t, c["breaker:open"], 1)
+		assert.Equal(t, 1, obs.labels["start:bind"])
+		assert.Empty(t, st.Labels, "no live calls after Close")
+	})
+}
+
+type blockingObserver struct {
+	NopObserver
+	gate chan struct{}
+	once sync.Once
+	in   chan struct{}
+}
+
+// OnFinish blocks the first caller until the gate opens.
+func (b *blockingObserver) OnFinish(Event, Finish) {
+	first := false
+	b.once.Do(func() { close(b.in); first = true })
+	if first {
+		<-b.gate
+	}
+}
+
+func TestBlockingObserverDoesNotStallTheLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
+		d, err := New(func(context.Context, string, int) error { return nil }, WithWorkers(2), WithObserver(obs))
+		require.NoError(t, err)
+		first, err := d.Submit(t.Context(), "a", 0, SubmitOptions{})
+		require.NoError(t, err)
+		<-obs.in // a worker is stuck in OnFinish
+		<-first.Done()
+		// The lock is free: stats, submissions and the other worker go on.
+		_ = d.Stats()
+		var tks []*Ticket[string, int]
+		for i := range 5 {
+			tk, err := d.Submit(t.Context(), fmt.Sprint("b", i), 0, SubmitOptions{})
+			require.NoError(t, err)
+			tks = append(tks, tk)
+		}
+		waitAll(tks...) // on the other worker, while the first is still stuck
+		select {
+		case <-obs.gate:
+			t.Fatal("gate opened early")
+		default:
+		}
+		st := d.Stats()
+		assert.Equal(t, 0, st.InFlight, "the stuck worker's bookkeeping was final before it told the observer")
+		assert.Equal(t, 0, st.Keys)
+		close(obs.gate)
+		require.NoError(t, d.Close(t.Context()))
+	})
+}
