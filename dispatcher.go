@@ -486,13 +486,23 @@ func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, reason string, now int
 // Stale, a pending call is removed, an in-flight one is cancelled.
 func (d *Dispatcher[K, T]) supersede(s *slot[K, T], gen uint64, now int64, ob *outbox[K, T]) {
 	s.gen = gen
-	err := fmt.Errorf("%w: superseded by generation %d", ErrStale, gen)
+	d.endKey(s, Stale, fmt.Errorf("%w: superseded by generation %d", ErrStale, gen), now, true, ob)
+}
+
+// endKey ends the live calls of s — the pending one, and the in-flight one
+// too if inflight is set — with st for every waiter: a queued call is
+// removed, an in-flight one has its context cancelled with err. It reports
+// whether it ended any. The caller releases the slot if it should go.
+func (d *Dispatcher[K, T]) endKey(s *slot[K, T], st State, err error, now int64, inflight bool, ob *outbox[K, T]) bool {
+	ended := false
 	for _, c := range [2]*call[K, T]{s.next, s.run} {
-		if c != nil && !c.orphan {
-			d.settleAll(c, Stale, err, now, false, ob)
-			d.endCall(c, Stale, err, now, ob)
+		if c != nil && !c.orphan && (inflight || c.state != csRunning) {
+			ended = true
+			d.settleAll(c, st, err, now, false, ob)
+			d.endCall(c, st, err, now, ob)
 		}
 	}
+	return ended
 }
 
 // Cancel ends every submission for key with Canceled, wrapping cause: the
@@ -506,14 +516,7 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 	s := d.slots[key]
 	found := false
 	if s != nil {
-		now := d.now()
-		for _, c := range [2]*call[K, T]{s.next, s.run} {
-			if c != nil && !c.orphan {
-				found = true
-				d.settleAll(c, Canceled, err, now, false, &ob)
-				d.endCall(c, Canceled, err, now, &ob)
-			}
-		}
+		found = d.endKey(s, Canceled, err, d.now(), true, &ob)
 		d.releaseSlot(s)
 	}
 	d.mu.Unlock()

@@ -40,12 +40,7 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 		d.stopped = true
 		now := d.now()
 		for _, s := range d.slots {
-			for _, c := range [2]*call[K, T]{s.next, s.run} {
-				if c != nil && !c.orphan {
-					d.settleAll(c, Closed, ErrClosed, now, false, &ob)
-					d.endCall(c, Closed, ErrClosed, now, &ob)
-				}
-			}
+			d.endKey(s, Closed, ErrClosed, now, true, &ob)
 			d.releaseSlot(s)
 		}
 		d.baseCancel(ErrClosed)

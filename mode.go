@@ -117,12 +117,7 @@ var errFallbackCanceled = fmt.Errorf("%w: %w", ErrCanceled, ErrFallback)
 // are left to finish.
 func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
 	for _, s := range d.slots {
-		for _, c := range [2]*call[K, T]{s.next, s.run} {
-			if c != nil && c.state != csRunning && !c.orphan {
-				d.settleAll(c, Canceled, errFallbackCanceled, now, false, ob)
-				d.endCall(c, Canceled, errFallbackCanceled, now, ob)
-			}
-		}
+		d.endKey(s, Canceled, errFallbackCanceled, now, false, ob)
 		d.releaseSlot(s)
 	}
 }
