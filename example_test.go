@@ -311,3 +311,73 @@ func ExampleNew() {
 	// dispatch: WithWorkers(0): must be positive
 	// dispatch: WithMerge: function is func(string, string) (string, error), want func(int, int) (int, error)
 }
+
+// SetMode is the feature gate's lever: in Sync, each submission runs inline
+// in its caller, through the same retries and outcomes, and Submit returns
+// with the outcome already known.
+func ExampleDispatcher_SetMode() {
+	d, err := dispatch.New(func(ctx context.Context, pod, status string) error {
+		fmt.Printf("PATCH %s: %s\n", pod, status)
+		return nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer d.Close(context.Background())
+
+	ctx := context.Background()
+	if err := d.SetMode(ctx, dispatch.Sync); err != nil { // gate off: roll back
+		panic(err)
+	}
+	t, err := d.Submit(ctx, "pod-a", "Unschedulable", dispatch.SubmitOptions{})
+	if err != nil {
+		panic(err)
+	}
+	res, _ := t.Result() // known already: the call ran inside Submit
+	fmt.Println(res.State, d.Stats().Mode)
+	// Output:
+	// PATCH pod-a: Unschedulable
+	// Succeeded sync
+}
+
+// Tenants keep one caller from starving the others: here status patches may
+// hold at most one of the two workers, so a bind always finds one.
+func ExampleWithTenant() {
+	apiSlow, started := make(chan struct{}), make(chan struct{}, 2)
+	d, err := dispatch.New(func(ctx context.Context, pod, op string) error {
+		if op == "patch" {
+			started <- struct{}{}
+			<-apiSlow
+		}
+		fmt.Println(op, pod)
+		return nil
+	}, dispatch.WithWorkers(2), dispatch.WithTenant("patch", dispatch.TenantConfig{MaxInFlight: 1}))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, pod := range []string{"pod-a", "pod-b"} {
+		if err := d.Post(pod, "patch", dispatch.SubmitOptions{Tenant: "patch"}); err != nil {
+			panic(err)
+		}
+	}
+	<-started // one patch holds a worker; the cap keeps the other queued
+	t, err := d.Submit(ctx, "pod-c", "bind", dispatch.SubmitOptions{Tenant: "bind", Priority: 10})
+	if err != nil {
+		panic(err)
+	}
+	if _, err := t.Wait(ctx); err != nil {
+		panic(err)
+	}
+	p := d.Stats().Tenants["patch"]
+	fmt.Printf("patches: %d in flight, %d queued\n", p.InFlight, p.Queued)
+	close(apiSlow)
+	if err := d.Close(ctx); err != nil { // drains the patches, one at a time
+		panic(err)
+	}
+	// Output:
+	// bind pod-c
+	// patches: 1 in flight, 1 queued
+	// patch pod-a
+	// patch pod-b
+}
