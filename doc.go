@@ -72,6 +72,21 @@
 //	...
 //	res, err := t.Wait(ctx) // or select on t.Done()
 //
+// # Failure, overload and rollback
+//
+// A classifier (WithClassifier) judges each failed execution Retry,
+// Permanent or Recompute; retries wait out an exponential backoff in the
+// queue, never in a worker, bounded by attempts, the call's deadline and a
+// retry budget, and a circuit breaker (WithBreaker) stops executions after
+// sustained failures. When full, a new key evicts the worst droppable queued
+// call if it is better, or is refused with ErrBackpressure; tenants get
+// quotas and in-flight caps (WithTenant). Sync mode (WithMode, SetMode) runs
+// each submission inline in its caller through the same machinery — the
+// feature gate's off position — and a fallback policy (WithFallback) switches
+// to it by itself when backlog, queue wait, failures or the breaker cross a
+// threshold. Stats gives a consistent snapshot; an Observer (WithObserver)
+// receives every event outside the lock, for metrics.
+//
 // # Cost and concurrency
 //
 // A Dispatcher is safe for concurrent use. Submit and Post take one lock,
