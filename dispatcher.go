@@ -240,9 +240,13 @@ func (d *Dispatcher[K, T]) deadlineOf(ctx context.Context, o *SubmitOptions) int
 // ErrExpired), the generation is stale (ErrStale), the merge is refused
 // (ErrMergeRejected) or the dispatcher is full (ErrBackpressure).
 func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOptions) (*Ticket[K, T], error) {
-	if err := ctx.Err(); err != nil {
+	if ctx.Err() != nil {
+		err := ctxErr(ctx)
 		d.rejectEarly(o.Tenant)
-		return nil, ctxErr(ctx)
+		if d.obs != nil {
+			d.observeSubmit(d.labelOf(key, call), &o, false, err)
+		}
+		return nil, err
 	}
 	deadline := d.deadlineOf(ctx, &o)
 	label := d.labelOf(key, call)

@@ -160,40 +160,43 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 		}
 		return
 	}
-	if reason := d.fallbackReason(now); reason != "" {
-		f.reason = reason
+	if code, detail := d.fallbackReason(now); code != "" {
+		f.reason = detail
 		if f.p.ReturnAfter > 0 {
 			f.returnAt = now + int64(f.p.ReturnAfter)
 		}
-		d.switchMode(Sync, reason, ob)
+		d.switchMode(Sync, code, ob)
 	}
 }
 
-// fallbackReason says which threshold is exceeded, or "".
-func (d *Dispatcher[K, T]) fallbackReason(now int64) string {
+// fallbackReason says which threshold is exceeded, if any: a fixed code for
+// the observer ("backlog", "failure-ratio", "queue-wait", "breaker-open"),
+// which is safe as a metric label, and a detail with the measured values for
+// Stats.FallbackReason.
+func (d *Dispatcher[K, T]) fallbackReason(now int64) (code, detail string) {
 	p := &d.fb.p
 	if p.MaxBacklog > 0 {
 		if n := d.calls - d.running; n > p.MaxBacklog {
-			return fmt.Sprintf("backlog %d > %d", n, p.MaxBacklog)
+			return "backlog", fmt.Sprintf("backlog %d > %d", n, p.MaxBacklog)
 		}
 	}
 	if p.MaxFailureRatio > 0 {
 		s := d.fb.calls.sum(now)
 		if s.total >= uint64(p.MinSamples) && float64(s.failures) > p.MaxFailureRatio*float64(s.total) {
-			return fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.failures)/float64(s.total), p.MaxFailureRatio)
+			return "failure-ratio", fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.failures)/float64(s.total), p.MaxFailureRatio)
 		}
 	}
 	if p.MaxQueueWaitP99 > 0 {
 		// p99 > max exactly when more than 1% of the waits exceed max.
 		s := d.fb.waits.sum(now)
 		if s.total >= uint64(p.MinSamples) && float64(s.failures) > 0.01*float64(s.total) {
-			return fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.failures, s.total)
+			return "queue-wait", fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.failures, s.total)
 		}
 	}
 	if p.MaxBreakerOpen > 0 && d.br != nil && d.br.state != BreakerClosed {
 		if open := time.Duration(now - d.br.since); open > p.MaxBreakerOpen {
-			return fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
+			return "breaker-open", fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
 		}
 	}
-	return ""
+	return "", ""
 }

@@ -356,7 +356,8 @@ func TestFallbackTriggers(t *testing.T) {
 		// load drives the dispatcher to exactly the threshold (below=true)
 		// or just past it.
 		load func(t *testing.T, e env, below bool)
-		want string
+		want string // Stats.FallbackReason
+		code string // the observer's reason
 		// window is the policy's window (default a minute); settle is how
 		// long to let the checks run after the load (default two checks).
 		window, settle time.Duration
@@ -373,7 +374,7 @@ func TestFallbackTriggers(t *testing.T) {
 					require.NoError(t, e.d.Post(fmt.Sprint("k", i), 0, SubmitOptions{}))
 				}
 			},
-			want: "backlog 11 > 10",
+			want: "backlog 11 > 10", code: "backlog",
 		},
 		{
 			name:   "failure ratio",
@@ -394,7 +395,7 @@ func TestFallbackTriggers(t *testing.T) {
 					<-tk.Done()
 				}
 			},
-			want: "failure ratio 0.600 > 0.500",
+			want: "failure ratio 0.600 > 0.500", code: "failure-ratio",
 		},
 		{
 			name:   "queue wait p99",
@@ -416,7 +417,7 @@ func TestFallbackTriggers(t *testing.T) {
 				}
 				waitAll(tks...)
 			},
-			want: "queue wait p99 > 1s (2 of 103 waits)",
+			want: "queue wait p99 > 1s (2 of 103 waits)", code: "queue-wait",
 		},
 		{
 			name:   "breaker open",
@@ -435,6 +436,7 @@ func TestFallbackTriggers(t *testing.T) {
 				}
 			},
 			want:   "breaker open for 31s > 30s",
+			code:   "breaker-open",
 			window: 10 * time.Second,
 			settle: time.Nanosecond,
 		},
@@ -479,7 +481,7 @@ func TestFallbackTriggers(t *testing.T) {
 						assert.Equal(t, Sync, st.Mode)
 						assert.Equal(t, tc.want, st.FallbackReason)
 						mu.Lock()
-						assert.Equal(t, []string{"async>sync: " + tc.want}, modes)
+						assert.Equal(t, []string{"async>sync: " + tc.code}, modes)
 						mu.Unlock()
 					}
 					select {

@@ -53,7 +53,10 @@ type Observer interface {
 	// OnFinish: a call ended (once per call, like the completion hook).
 	OnFinish(e Event, f Finish)
 	// OnModeChange: the dispatcher switched mode, by SetMode ("manual"), by
-	// the fallback policy (its reason), or by its cool-down return.
+	// the fallback policy ("backlog", "failure-ratio", "queue-wait",
+	// "breaker-open"; the measured values are in Stats.FallbackReason), or by
+	// its cool-down return ("cool-down"). Reasons come from this fixed set,
+	// so they are safe as metric labels.
 	OnModeChange(from, to Mode, reason string)
 	// OnBreakerChange: the circuit breaker changed state.
 	OnBreakerChange(from, to BreakerState)
