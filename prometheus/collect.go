@@ -1,0 +1,69 @@
+package dispatchprom
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Describe sends the descriptors of every metric the Observer exports, the
+// snapshot gauges included (whether or not a Stats source is set).
+func (o *Observer) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range o.events {
+		c.Describe(ch)
+	}
+	for _, d := range []*prometheus.Desc{
+		o.pending, o.queued, o.inFlight, o.keys, o.mode, o.breaker, o.tenantQueued, o.tenantInFlight,
+	} {
+		ch <- d
+	}
+}
+
+// Collect sends the event counters and histograms, then, if a Stats source
+// is set, reads one snapshot and sends the gauges taken from it, so that
+// they agree with each other.
+func (o *Observer) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range o.events {
+		c.Collect(ch)
+	}
+	p := o.stats.Load()
+	if p == nil {
+		return
+	}
+	s := (*p)()
+	gauge := func(d *prometheus.Desc, v int, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+
+	// Pending calls by call type. Types seen before but idle now are sent
+	// as 0: a series that vanished would read as "no data", not as "none
+	// pending", and alerts on it would go quiet.
+	pending := make(map[string]int, len(s.Labels))
+	o.callTypes.each(func(ct string) { pending[ct] = 0 })
+	for l, n := range s.Labels {
+		pending[o.callTypes.value(l)] += n
+	}
+	for ct, n := range pending {
+		gauge(o.pending, n, ct)
+	}
+
+	gauge(o.queued, s.Ready, "ready")
+	gauge(o.queued, s.Delayed, "delayed")
+	gauge(o.queued, s.Successors, "successor")
+	gauge(o.inFlight, s.InFlight)
+	gauge(o.keys, s.Keys)
+	gauge(o.mode, int(s.Mode))
+	gauge(o.breaker, int(s.Breaker))
+
+	queued := make(map[string][2]int, len(s.Tenants))
+	o.tenants.each(func(t string) { queued[t] = [2]int{} })
+	for name, ts := range s.Tenants {
+		t := o.tenants.value(name)
+		q := queued[t]
+		q[0] += ts.Queued
+		q[1] += ts.InFlight
+		queued[t] = q
+	}
+	for t, q := range queued {
+		gauge(o.tenantQueued, q[0], t)
+		gauge(o.tenantInFlight, q[1], t)
+	}
+}

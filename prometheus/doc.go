@@ -1,0 +1,92 @@
+// Package dispatchprom exports a dispatch.Dispatcher's events and state as
+// Prometheus metrics: the KEP-5229 metrics of kube-scheduler's APIDispatcher
+// in spirit, plus what a rollout of the async path needs to watch (queue
+// wait, coalescing, rejections and drops by reason, retries, breaker state,
+// mode).
+//
+// Its import path is github.com/coalescer/dispatch/prometheus, a module of
+// its own so that client_golang never enters the core module's go.mod. The
+// package is named dispatchprom so that it does not shadow client_golang's
+// prometheus package in the files that use both.
+//
+// # Mental model
+//
+// One Observer per Dispatcher plays two parts:
+//
+//   - As a dispatch.Observer (dispatch.WithObserver) it counts events as they
+//     happen: submissions, coalescing, rejections, starts, retries, drops,
+//     finished calls with their execution time, mode switches and breaker
+//     transitions. These are counters and histograms.
+//   - As a prometheus.Collector it exports them, and at each scrape reads one
+//     dispatch.Stats snapshot (SetStats) for the gauges that describe the
+//     present: pending calls by call type, queue depth, calls in flight,
+//     tracked keys, per-tenant queued and in-flight calls, mode and breaker
+//     state.
+//
+// Labels are bounded: call_type is the dispatch.WithLabel label, tenant is
+// SubmitOptions.Tenant, and every other label (result, reason, from, to,
+// state) takes values from a small fixed set. Keys and error text never
+// become label values. As a safety net, each of call_type, tenant and the
+// mode-change reason takes at most Options.MaxLabelValues distinct values;
+// later ones are exported as "other".
+//
+// # Example
+//
+//	obs, err := dispatchprom.NewObserver(dispatchprom.Options{Namespace: "scheduler"})
+//	if err != nil { ... }
+//	d, err := dispatch.New(exec,
+//		dispatch.WithObserver(obs),
+//		dispatch.WithLabel(func(uid string, c Call) string { return c.Type }), // "bind", "status-patch"
+//	)
+//	if err != nil { ... }
+//	obs.SetStats(d.Stats)
+//	prometheus.MustRegister(obs)
+//
+// # Metrics
+//
+// Names are given without the namespace and subsystem prefix
+// (Options.Namespace defaults to "dispatch"):
+//
+//	async_api_call_execution_total{call_type,result}             counter: finished calls by terminal state
+//	async_api_call_execution_duration_seconds{call_type,result}  histogram: exec time of finished calls that ran
+//	async_api_call_attempts_total{call_type}                     counter: executions started, retries included
+//	pending_async_api_calls{call_type}                           gauge: calls queued or in flight
+//	queue_wait_seconds{call_type}                                histogram: enqueue to first execution
+//	submissions_total{call_type,tenant}                          counter: submissions, accepted or rejected
+//	coalesced_total{call_type}                                   counter: submissions merged into a pending call
+//	rejected_total{call_type,reason}                             counter: refused submissions
+//	dropped_total{call_type,reason}                              counter: queued calls shed to make room
+//	retries_total{call_type}                                     counter: the dispatcher's own API retries
+//	queued_calls{state}                                          gauge: ready, delayed, successor
+//	in_flight_calls                                              gauge
+//	tracked_keys                                                 gauge: what WithCapacity bounds
+//	tenant_queued_calls{tenant}, tenant_in_flight_calls{tenant}  gauges
+//	breaker_state                                                gauge: 0 closed, 1 open, 2 half-open
+//	breaker_transitions_total{from,to}                           counter
+//	mode                                                         gauge: 0 async, 1 sync
+//	mode_changes_total{to,reason}                                counter
+//
+// result is the terminal state in lower case (succeeded, skipped, failed,
+// canceled, expired, dropped, stale, closed). The rejection reason is the
+// backpressure bound (capacity, waiters, quota) or closed, circuit, stale,
+// expired, merge, canceled, other. The mode-change reason is manual,
+// cool-down, or the kind of fallback threshold crossed (backlog,
+// failure-ratio, queue-wait, breaker-open); the fallback's full message,
+// with its measured values, is in dispatch.Stats.FallbackReason. The gauges
+// exist only while a Stats source is set.
+//
+// # Rolling out
+//
+// Compare, per call type: the rate of async_api_call_execution_total by
+// result (task failures), the P99 of queue_wait_seconds and of
+// async_api_call_execution_duration_seconds (queue wait and API latency),
+// coalesced_total against submissions_total (duplicate requests absorbed),
+// retries_total against async_api_call_attempts_total, and rejected_total
+// and dropped_total (backpressure). mode and mode_changes_total show when
+// the dispatcher fell back to the synchronous path, and why.
+//
+// # Concurrency
+//
+// An Observer is safe for concurrent use: the dispatcher calls it from any
+// goroutine while a registry scrapes it.
+package dispatchprom

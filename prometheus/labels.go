@@ -1,0 +1,166 @@
+package dispatchprom
+
+import (
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/coalescer/dispatch"
+)
+
+// overflow is the label value that stands for every value past a label's
+// bound, and for text that does not look like a bounded identifier.
+const overflow = "other"
+
+// bounded maps label values onto a set that grows to at most max distinct
+// values; later newcomers become overflow. It guards the registry against a
+// WithLabel function or tenant scheme that is not as small as promised: a
+// series per key would grow without end and take the monitoring down with
+// it. It is safe for concurrent use; the common case (a value already seen)
+// is one lock-free map read.
+type bounded struct {
+	max  int // < 0: unbounded
+	seen sync.Map
+	mu   sync.Mutex // serialises admissions, so n is exact
+	n    int
+}
+
+func (b *bounded) value(v string) string {
+	if _, ok := b.seen.Load(v); ok {
+		return v
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen.Load(v); ok {
+		return v
+	}
+	if b.max >= 0 && b.n >= b.max {
+		return overflow
+	}
+	b.seen.Store(v, struct{}{})
+	b.n++
+	return v
+}
+
+// each calls f for every admitted value.
+func (b *bounded) each(f func(string)) {
+	b.seen.Range(func(k, _ any) bool {
+		f(k.(string))
+		return true
+	})
+}
+
+// maxReasonLen bounds a reason label value: reasons are short identifiers.
+const maxReasonLen = 32
+
+// modeReasons map the dispatcher's mode-change reasons onto label values.
+// The fallback policy's reasons are messages with the measured values in
+// them ("backlog 1200 > 1000"): only the kind of threshold is kept.
+var modeReasons = []struct{ prefix, value string }{
+	{"manual", "manual"},
+	{"cool-down", "cool-down"},
+	{"backlog", "backlog"},
+	{"failure ratio", "failure-ratio"},
+	{"queue wait", "queue-wait"},
+	{"breaker", "breaker-open"},
+}
+
+// modeReason returns the label value for a mode change's reason: a known
+// kind of reason, else the reason itself if it looks like a fixed
+// identifier (lower-case letters, digits, '-' and '_') and fits in b, else
+// overflow. Text with spaces or punctuation (a formatted message) never
+// becomes a label value.
+func modeReason(b *bounded, s string) string {
+	for _, r := range modeReasons {
+		if strings.HasPrefix(s, r.prefix) {
+			return r.value
+		}
+	}
+	if s == "" || len(s) > maxReasonLen {
+		return overflow
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '_' {
+			return overflow
+		}
+	}
+	return b.value(s)
+}
+
+// rejectReason names why a submission was refused, from a fixed set: the
+// backpressure bound ("capacity", "waiters", "quota"; "backpressure" for an
+// untyped or unknown one), or "closed", "circuit", "stale", "expired",
+// "merge", "canceled", else "other". The error's text is never used.
+func rejectReason(err error) string {
+	if bp, ok := errors.AsType[*dispatch.BackpressureError](err); ok {
+		switch bp.Reason {
+		case "capacity", "waiters", "quota":
+			return bp.Reason
+		}
+		return "backpressure"
+	}
+	switch {
+	case errors.Is(err, dispatch.ErrBackpressure):
+		return "backpressure"
+	case errors.Is(err, dispatch.ErrClosed):
+		return "closed"
+	case errors.Is(err, dispatch.ErrCircuitOpen):
+		return "circuit"
+	case errors.Is(err, dispatch.ErrStale):
+		return "stale"
+	case errors.Is(err, dispatch.ErrExpired):
+		return "expired"
+	case errors.Is(err, dispatch.ErrMergeRejected):
+		return "merge"
+	case errors.Is(err, dispatch.ErrCanceled):
+		return "canceled"
+	}
+	return overflow
+}
+
+// dropReason names why a queued call was shed: the dispatcher's own reasons
+// ("capacity", "quota") pass; anything else is "other".
+func dropReason(r string) string {
+	switch r {
+	case "capacity", "quota":
+		return r
+	}
+	return overflow
+}
+
+// results are the result label values, indexed by dispatch.State: the
+// state's name in lower case, computed once so OnFinish does not allocate.
+var results = func() []string {
+	var rs []string
+	for s := dispatch.State(0); ; s++ {
+		name := s.String()
+		if s != 0 && strings.HasPrefix(name, "State(") {
+			return rs
+		}
+		rs = append(rs, strings.ToLower(name))
+	}
+}()
+
+func result(s dispatch.State) string {
+	if s != 0 && int(s) < len(results) {
+		return results[s]
+	}
+	return "unknown"
+}
+
+func breakerValue(s dispatch.BreakerState) string {
+	switch s {
+	case dispatch.BreakerClosed, dispatch.BreakerOpen, dispatch.BreakerHalfOpen:
+		return s.String()
+	}
+	return "unknown"
+}
+
+func modeValue(m dispatch.Mode) string {
+	switch m {
+	case dispatch.Async, dispatch.Sync:
+		return m.String()
+	}
+	return "unknown"
+}

@@ -1,0 +1,106 @@
+package dispatchprom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRejectReason(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&dispatch.BackpressureError{Reason: "capacity", Depth: 3}, "capacity"},
+		{&dispatch.BackpressureError{Reason: "waiters"}, "waiters"},
+		{fmt.Errorf("wrapped: %w", &dispatch.BackpressureError{Reason: "quota"}), "quota"},
+		{&dispatch.BackpressureError{Reason: "something new 42"}, "backpressure"},
+		{dispatch.ErrBackpressure, "backpressure"},
+		{dispatch.ErrClosed, "closed"},
+		{dispatch.ErrCircuitOpen, "circuit"},
+		{fmt.Errorf("%w: generation is older", dispatch.ErrStale), "stale"},
+		{dispatch.ErrExpired, "expired"},
+		{fmt.Errorf("%w: merge said no: %w", dispatch.ErrMergeRejected, errors.New("key-123 conflicts")), "merge"},
+		{fmt.Errorf("%w: %w", dispatch.ErrCanceled, context.Canceled), "canceled"},
+		{errors.New("pod default/web-7f9c is gone"), "other"},
+		{nil, "other"},
+	} {
+		t.Run(fmt.Sprint(tc.err), func(t *testing.T) {
+			assert.Equal(t, tc.want, rejectReason(tc.err))
+		})
+	}
+}
+
+func TestModeReason(t *testing.T) {
+	b := &bounded{max: 2}
+	for _, tc := range []struct{ in, want string }{
+		{"manual", "manual"},
+		{"cool-down", "cool-down"},
+		{"backlog 1200 > 1000", "backlog"},
+		{"failure ratio 0.600 > 0.500", "failure-ratio"},
+		{"queue wait p99 > 1s (3 of 20 waits)", "queue-wait"},
+		{"breaker open for 12s > 10s", "breaker-open"},
+		{"feature-gate", "feature-gate"}, // an identifier passes, within the bound
+		{"gate_off_2", "gate_off_2"},
+		{"third-kind", "other"}, // past the bound
+		{"feature-gate", "feature-gate"},
+		{"Pod default/web was slow", "other"},
+		{"", "other"},
+		{"a-reason-that-is-far-too-long-to-be-a-kind", "other"},
+	} {
+		assert.Equal(t, tc.want, modeReason(b, tc.in), "%q", tc.in)
+	}
+}
+
+func TestDropReason(t *testing.T) {
+	assert.Equal(t, "capacity", dropReason("capacity"))
+	assert.Equal(t, "quota", dropReason("quota"))
+	assert.Equal(t, "other", dropReason("evicted key 42"))
+}
+
+func TestResultNames(t *testing.T) {
+	want := map[dispatch.State]string{
+		dispatch.Succeeded: "succeeded", dispatch.Skipped: "skipped", dispatch.Failed: "failed",
+		dispatch.Canceled: "canceled", dispatch.Expired: "expired", dispatch.Dropped: "dropped",
+		dispatch.Stale: "stale", dispatch.Closed: "closed",
+	}
+	for s, name := range want {
+		assert.Equal(t, name, result(s))
+	}
+	assert.Equal(t, "unknown", result(0))
+	assert.Equal(t, "unknown", result(dispatch.Closed+1))
+	assert.Equal(t, "unknown", breakerValue(dispatch.BreakerHalfOpen+1))
+	assert.Equal(t, "unknown", modeValue(dispatch.Sync+1))
+}
+
+func TestBoundedConcurrent(t *testing.T) {
+	b := &bounded{max: 10}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 100 {
+				v := strconv.Itoa((g*100 + i) % 37)
+				got := b.value(v)
+				if got != v {
+					assert.Equal(t, overflow, got)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	b.each(func(string) { n++ })
+	require.Equal(t, 10, n)
+
+	unbounded := &bounded{max: -1}
+	for i := range 1000 {
+		require.Equal(t, strconv.Itoa(i), unbounded.value(strconv.Itoa(i)))
+	}
+}

@@ -1,0 +1,291 @@
+package dispatchprom
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/model"
+)
+
+// DefaultBuckets are the histogram buckets used when Options leaves them
+// nil, in seconds: 1ms to 60s, fine where API calls usually land (tens of
+// milliseconds) and coarse in the tail, where a slow API or a long backlog
+// shows.
+var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// DefaultMaxLabelValues is the bound on distinct values per label used when
+// Options.MaxLabelValues is 0.
+const DefaultMaxLabelValues = 64
+
+// Options configures an Observer. The zero value is valid: namespace
+// "dispatch", no subsystem, no constant labels, DefaultBuckets, at most
+// DefaultMaxLabelValues values per label, and no Stats source.
+type Options struct {
+	// Namespace prefixes every metric name ("dispatch" if empty). Use
+	// "scheduler" to get kube-scheduler's KEP-5229 names, e.g.
+	// scheduler_async_api_call_execution_total.
+	Namespace string
+	// Subsystem, if set, goes between the namespace and the name.
+	Subsystem string
+	// ConstLabels are added to every metric, e.g. {"dispatcher": "binds"} to
+	// tell the Observers of several Dispatchers apart in one registry.
+	ConstLabels prometheus.Labels
+	// ExecBuckets are the buckets of the execution-duration histogram, in
+	// seconds (DefaultBuckets if nil).
+	ExecBuckets []float64
+	// QueueWaitBuckets are the buckets of the queue-wait histogram, in
+	// seconds (DefaultBuckets if nil).
+	QueueWaitBuckets []float64
+	// MaxLabelValues bounds the distinct values each of the call_type and
+	// tenant labels (and each reason label) may take; later newcomers are
+	// exported as "other". 0 means DefaultMaxLabelValues, a negative number
+	// no bound. The bound is a safety net: WithLabel and tenant names
+	// should come from a small fixed set in the first place.
+	MaxLabelValues int
+	// Stats, if set, is read at every scrape for the gauges that need a
+	// snapshot (pending calls by call type, queue depth, in flight, tracked
+	// keys, tenants, mode, breaker state). Pass the Dispatcher's Stats
+	// method, or call SetStats once the Dispatcher exists.
+	Stats func() dispatch.Stats
+}
+
+// Observer is a dispatch.Observer that counts the dispatcher's events in
+// Prometheus metrics, and a prometheus.Collector that exports them together
+// with gauges read from a Stats snapshot at scrape time. Register it with a
+// registry (reg.MustRegister(obs)) and give it to one Dispatcher
+// (dispatch.WithObserver(obs)).
+//
+// An Observer is safe for concurrent use. Each event method does a few map
+// lookups (under client_golang's read locks) and atomic adds, about 100ns,
+// and allocates nothing once its label values have been seen; the first
+// sighting of a new value takes a short lock. Use NewObserver: the zero
+// value is not usable.
+type Observer struct {
+	stats atomic.Pointer[func() dispatch.Stats]
+
+	callTypes, tenants, modeReasons *bounded
+	finished                        *prometheus.CounterVec
+	duration                        *prometheus.HistogramVec
+	attempts                        *prometheus.CounterVec
+	queueWait                       *prometheus.HistogramVec
+	submissions, coalesced          *prometheus.CounterVec
+	rejected, dropped, retries      *prometheus.CounterVec
+	breakerChanges, modeChanges     *prometheus.CounterVec
+	events                          []prometheus.Collector // the vecs above, for Describe and Collect
+	pending, queued, inFlight       *prometheus.Desc
+	keys, mode, breaker             *prometheus.Desc
+	tenantQueued, tenantInFlight    *prometheus.Desc
+}
+
+var _ dispatch.Observer = (*Observer)(nil)
+var _ prometheus.Collector = (*Observer)(nil)
+
+// NewObserver returns an Observer configured by opts. It reports invalid
+// options — a namespace, subsystem or constant label that is not a valid
+// Prometheus name, buckets that are not increasing — here rather than as a
+// panic or a registration error later.
+func NewObserver(opts Options) (*Observer, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = "dispatch"
+	}
+	execBuckets, err := buckets(opts.ExecBuckets, "ExecBuckets")
+	if err != nil {
+		return nil, err
+	}
+	waitBuckets, err := buckets(opts.QueueWaitBuckets, "QueueWaitBuckets")
+	if err != nil {
+		return nil, err
+	}
+	// Names are held to the classic character set, which every Prometheus
+	// server and exposition format accepts; client_golang alone would take
+	// any UTF-8 and quote it.
+	for _, part := range []string{opts.Namespace, opts.Subsystem} {
+		if part != "" && !model.LegacyValidation.IsValidMetricName(part) {
+			return nil, fmt.Errorf("dispatchprom: NewObserver: %q is not a valid metric name part", part)
+		}
+	}
+	for name := range opts.ConstLabels {
+		if !model.LegacyValidation.IsValidLabelName(name) {
+			return nil, fmt.Errorf("dispatchprom: NewObserver: %q is not a valid label name", name)
+		}
+	}
+	if _, ok := opts.ConstLabels["le"]; ok {
+		// A histogram's bucket label: client_golang would panic on the
+		// first observation rather than at registration.
+		return nil, errors.New(`dispatchprom: NewObserver: ConstLabels must not use "le"`)
+	}
+	limit := opts.MaxLabelValues
+	if limit == 0 {
+		limit = DefaultMaxLabelValues
+	}
+	o := &Observer{
+		callTypes:   &bounded{max: limit},
+		tenants:     &bounded{max: limit},
+		modeReasons: &bounded{max: limit},
+	}
+	if opts.Stats != nil {
+		o.SetStats(opts.Stats)
+	}
+	ns, sub, cl := opts.Namespace, opts.Subsystem, opts.ConstLabels
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: name, Help: help, ConstLabels: cl,
+		}, labels)
+		o.events = append(o.events, v)
+		return v
+	}
+	histogram := func(name, help string, b []float64, labels ...string) *prometheus.HistogramVec {
+		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: name, Help: help, ConstLabels: cl, Buckets: b,
+		}, labels)
+		o.events = append(o.events, v)
+		return v
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(ns, sub, name), help, labels, cl)
+	}
+
+	o.finished = counter("async_api_call_execution_total",
+		"Calls finished, by call type and terminal state (result). A call that coalesced several submissions counts once.",
+		"call_type", "result")
+	o.duration = histogram("async_api_call_execution_duration_seconds",
+		"Time a finished call spent executing, over all its attempts, by call type and terminal state. Calls that never ran are not observed.",
+		execBuckets, "call_type", "result")
+	o.attempts = counter("async_api_call_attempts_total",
+		"Executions started (API attempts, retries included), by call type.",
+		"call_type")
+	o.queueWait = histogram("queue_wait_seconds",
+		"Time from a call's enqueue to its first execution, by call type.",
+		waitBuckets, "call_type")
+	o.submissions = counter("submissions_total",
+		"Submissions (Submit and Post), accepted or rejected, by call type and tenant.",
+		"call_type", "tenant")
+	o.coalesced = counter("coalesced_total",
+		"Submissions merged into a call already pending for their key, by call type.",
+		"call_type")
+	o.rejected = counter("rejected_total",
+		"Submissions refused, by call type and reason (capacity, waiters, quota, closed, circuit, stale, expired, merge, canceled, other).",
+		"call_type", "reason")
+	o.dropped = counter("dropped_total",
+		"Queued calls shed to make room, by call type and reason (capacity, quota).",
+		"call_type", "reason")
+	o.retries = counter("retries_total",
+		"Executions scheduled again after a retryable failure, by call type: the dispatcher's own API retries.",
+		"call_type")
+	o.breakerChanges = counter("breaker_transitions_total",
+		"Circuit breaker state changes, by state left and state entered (closed, open, half-open).",
+		"from", "to")
+	o.modeChanges = counter("mode_changes_total",
+		"Mode switches, by mode entered (async, sync) and reason (manual, cool-down, backlog, failure-ratio, queue-wait, breaker-open).",
+		"to", "reason")
+
+	o.pending = gauge("pending_async_api_calls",
+		"Calls queued or in flight, by call type.", "call_type")
+	o.queued = gauge("queued_calls",
+		"Calls waiting to run, by state: ready (for a worker), delayed (in retry backoff), successor (behind their key's in-flight call).",
+		"state")
+	o.inFlight = gauge("in_flight_calls", "Calls executing.")
+	o.keys = gauge("tracked_keys", "Keys with a call queued or in flight: the quantity the capacity bounds.")
+	o.mode = gauge("mode", "The dispatcher's mode: 0 async, 1 sync.")
+	o.breaker = gauge("breaker_state", "The circuit breaker's state: 0 closed, 1 open, 2 half-open.")
+	o.tenantQueued = gauge("tenant_queued_calls", "Calls waiting to run, by tenant.", "tenant")
+	o.tenantInFlight = gauge("tenant_in_flight_calls", "Calls executing, by tenant.", "tenant")
+
+	// A pedantic registry checks every name and label as registration
+	// would, so a bad Namespace or ConstLabels fails here, not at Register.
+	if err := prometheus.NewPedanticRegistry().Register(o); err != nil {
+		return nil, fmt.Errorf("dispatchprom: NewObserver: %w", err)
+	}
+	return o, nil
+}
+
+func buckets(b []float64, field string) ([]float64, error) {
+	if b == nil {
+		b = DefaultBuckets
+	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("dispatchprom: NewObserver: %s is empty", field)
+	}
+	for i, v := range b {
+		if math.IsNaN(v) || (i > 0 && v <= b[i-1]) {
+			return nil, fmt.Errorf("dispatchprom: NewObserver: %s must be strictly increasing numbers", field)
+		}
+	}
+	return append([]float64(nil), b...), nil
+}
+
+// SetStats sets the source of the snapshot gauges, read at every scrape:
+// typically the Dispatcher's Stats method, once the Dispatcher (built with
+// this Observer) exists. A nil stats removes the source, and the gauges
+// with it.
+func (o *Observer) SetStats(stats func() dispatch.Stats) {
+	if stats == nil {
+		o.stats.Store(nil)
+		return
+	}
+	o.stats.Store(&stats)
+}
+
+// The dispatch.Observer methods. Every label value passes through a bound,
+// and no key or error text ever becomes one.
+
+// OnSubmit counts an accepted submission, and a coalesced one.
+func (o *Observer) OnSubmit(e dispatch.Event, coalesced bool) {
+	ct := o.callTypes.value(e.Label)
+	o.submissions.WithLabelValues(ct, o.tenants.value(e.Tenant)).Inc()
+	if coalesced {
+		o.coalesced.WithLabelValues(ct).Inc()
+	}
+}
+
+// OnReject counts a refused submission, by the reason err names.
+func (o *Observer) OnReject(e dispatch.Event, err error) {
+	ct := o.callTypes.value(e.Label)
+	o.submissions.WithLabelValues(ct, o.tenants.value(e.Tenant)).Inc()
+	o.rejected.WithLabelValues(ct, rejectReason(err)).Inc()
+}
+
+// OnStart counts an execution, and observes the queue wait of a call's
+// first one.
+func (o *Observer) OnStart(e dispatch.Event, attempt int, queueWait time.Duration) {
+	ct := o.callTypes.value(e.Label)
+	o.attempts.WithLabelValues(ct).Inc()
+	if attempt <= 1 {
+		o.queueWait.WithLabelValues(ct).Observe(queueWait.Seconds())
+	}
+}
+
+// OnRetry counts a retry.
+func (o *Observer) OnRetry(e dispatch.Event, attempt int, delay time.Duration, err error) {
+	o.retries.WithLabelValues(o.callTypes.value(e.Label)).Inc()
+}
+
+// OnDrop counts a shed call, by reason.
+func (o *Observer) OnDrop(e dispatch.Event, reason string) {
+	o.dropped.WithLabelValues(o.callTypes.value(e.Label), dropReason(reason)).Inc()
+}
+
+// OnFinish counts a finished call by its terminal state, and observes its
+// execution time if it ran.
+func (o *Observer) OnFinish(e dispatch.Event, f dispatch.Finish) {
+	ct, res := o.callTypes.value(e.Label), result(f.State)
+	o.finished.WithLabelValues(ct, res).Inc()
+	if f.Attempts > 0 {
+		o.duration.WithLabelValues(ct, res).Observe(f.RunTime.Seconds())
+	}
+}
+
+// OnModeChange counts a mode switch, by the mode entered and the reason.
+func (o *Observer) OnModeChange(from, to dispatch.Mode, why string) {
+	o.modeChanges.WithLabelValues(modeValue(to), modeReason(o.modeReasons, why)).Inc()
+}
+
+// OnBreakerChange counts a circuit breaker transition.
+func (o *Observer) OnBreakerChange(from, to dispatch.BreakerState) {
+	o.breakerChanges.WithLabelValues(breakerValue(from), breakerValue(to)).Inc()
+}

@@ -1,0 +1,297 @@
+package dispatchprom
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func newTestObserver(t *testing.T, opts Options) (*Observer, *prometheus.Registry) {
+	t.Helper()
+	obs, err := NewObserver(opts)
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(obs))
+	return obs, reg
+}
+
+// TestObserverEvents calls every Observer method directly, apart from any
+// dispatcher, and checks the exported series exactly.
+func TestObserverEvents(t *testing.T) {
+	obs, reg := newTestObserver(t, Options{
+		Namespace:   "scheduler",
+		ConstLabels: prometheus.Labels{"dispatcher": "test"},
+		ExecBuckets: []float64{0.01, 0.1, 1},
+	})
+	bind := dispatch.Event{Label: "bind", Tenant: "default-binder", Priority: 10}
+	patch := dispatch.Event{Label: "status-patch", Tenant: "plugin-a"}
+
+	obs.OnSubmit(bind, false)
+	obs.OnSubmit(patch, false)
+	obs.OnSubmit(patch, true)
+	obs.OnSubmit(patch, true)
+	obs.OnReject(patch, &dispatch.BackpressureError{Reason: "capacity", Depth: 4})
+	obs.OnReject(bind, fmt.Errorf("%w: pod uid-123 generation 7", dispatch.ErrStale))
+	obs.OnReject(bind, errors.New("pod uid-123: something unforeseen"))
+	obs.OnStart(bind, 1, 20*time.Millisecond)
+	obs.OnStart(bind, 2, 20*time.Millisecond) // a retry: no second queue-wait sample
+	obs.OnStart(patch, 1, 3*time.Second)
+	obs.OnRetry(bind, 1, 5*time.Millisecond, errors.New("connection reset by peer"))
+	obs.OnDrop(patch, "capacity")
+	obs.OnDrop(patch, "quota")
+	obs.OnFinish(bind, dispatch.Finish{State: dispatch.Succeeded, Attempts: 2, Waiters: 1, RunTime: 50 * time.Millisecond})
+	obs.OnFinish(patch, dispatch.Finish{State: dispatch.Failed, Attempts: 1, Waiters: 3, RunTime: 500 * time.Millisecond, Err: errors.New("forbidden: uid-9")})
+	obs.OnFinish(patch, dispatch.Finish{State: dispatch.Dropped, Err: dispatch.ErrDropped}) // never ran
+	obs.OnModeChange(dispatch.Async, dispatch.Sync, "backlog 1200 > 1000")
+	obs.OnModeChange(dispatch.Sync, dispatch.Async, "manual")
+	obs.OnBreakerChange(dispatch.BreakerClosed, dispatch.BreakerOpen)
+	obs.OnBreakerChange(dispatch.BreakerOpen, dispatch.BreakerHalfOpen)
+	obs.OnBreakerChange(dispatch.BreakerHalfOpen, dispatch.BreakerClosed)
+
+	const want = `
+# HELP scheduler_async_api_call_attempts_total Executions started (API attempts, retries included), by call type.
+# TYPE scheduler_async_api_call_attempts_total counter
+scheduler_async_api_call_attempts_total{call_type="bind",dispatcher="test"} 2
+scheduler_async_api_call_attempts_total{call_type="status-patch",dispatcher="test"} 1
+# HELP scheduler_async_api_call_execution_duration_seconds Time a finished call spent executing, over all its attempts, by call type and terminal state. Calls that never ran are not observed.
+# TYPE scheduler_async_api_call_execution_duration_seconds histogram
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="bind",dispatcher="test",result="succeeded",le="0.01"} 0
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="bind",dispatcher="test",result="succeeded",le="0.1"} 1
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="bind",dispatcher="test",result="succeeded",le="1"} 1
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="bind",dispatcher="test",result="succeeded",le="+Inf"} 1
+scheduler_async_api_call_execution_duration_seconds_sum{call_type="bind",dispatcher="test",result="succeeded"} 0.05
+scheduler_async_api_call_execution_duration_seconds_count{call_type="bind",dispatcher="test",result="succeeded"} 1
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="status-patch",dispatcher="test",result="failed",le="0.01"} 0
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="status-patch",dispatcher="test",result="failed",le="0.1"} 0
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="status-patch",dispatcher="test",result="failed",le="1"} 1
+scheduler_async_api_call_execution_duration_seconds_bucket{call_type="status-patch",dispatcher="test",result="failed",le="+Inf"} 1
+scheduler_async_api_call_execution_duration_seconds_sum{call_type="status-patch",dispatcher="test",result="failed"} 0.5
+scheduler_async_api_call_execution_duration_seconds_count{call_type="status-patch",dispatcher="test",result="failed"} 1
+# HELP scheduler_async_api_call_execution_total Calls finished, by call type and terminal state (result). A call that coalesced several submissions counts once.
+# TYPE scheduler_async_api_call_execution_total counter
+scheduler_async_api_call_execution_total{call_type="bind",dispatcher="test",result="succeeded"} 1
+scheduler_async_api_call_execution_total{call_type="status-patch",dispatcher="test",result="dropped"} 1
+scheduler_async_api_call_execution_total{call_type="status-patch",dispatcher="test",result="failed"} 1
+# HELP scheduler_breaker_transitions_total Circuit breaker state changes, by state left and state entered (closed, open, half-open).
+# TYPE scheduler_breaker_transitions_total counter
+scheduler_breaker_transitions_total{dispatcher="test",from="closed",to="open"} 1
+scheduler_breaker_transitions_total{dispatcher="test",from="half-open",to="closed"} 1
+scheduler_breaker_transitions_total{dispatcher="test",from="open",to="half-open"} 1
+# HELP scheduler_coalesced_total Submissions merged into a call already pending for their key, by call type.
+# TYPE scheduler_coalesced_total counter
+scheduler_coalesced_total{call_type="status-patch",dispatcher="test"} 2
+# HELP scheduler_dropped_total Queued calls shed to make room, by call type and reason (capacity, quota).
+# TYPE scheduler_dropped_total counter
+scheduler_dropped_total{call_type="status-patch",dispatcher="test",reason="capacity"} 1
+scheduler_dropped_total{call_type="status-patch",dispatcher="test",reason="quota"} 1
+# HELP scheduler_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool-down, backlog, failure-ratio, queue-wait, breaker-open).
+# TYPE scheduler_mode_changes_total counter
+scheduler_mode_changes_total{dispatcher="test",reason="backlog",to="sync"} 1
+scheduler_mode_changes_total{dispatcher="test",reason="manual",to="async"} 1
+# HELP scheduler_rejected_total Submissions refused, by call type and reason (capacity, waiters, quota, closed, circuit, stale, expired, merge, canceled, other).
+# TYPE scheduler_rejected_total counter
+scheduler_rejected_total{call_type="bind",dispatcher="test",reason="other"} 1
+scheduler_rejected_total{call_type="bind",dispatcher="test",reason="stale"} 1
+scheduler_rejected_total{call_type="status-patch",dispatcher="test",reason="capacity"} 1
+# HELP scheduler_retries_total Executions scheduled again after a retryable failure, by call type: the dispatcher's own API retries.
+# TYPE scheduler_retries_total counter
+scheduler_retries_total{call_type="bind",dispatcher="test"} 1
+# HELP scheduler_submissions_total Submissions (Submit and Post), accepted or rejected, by call type and tenant.
+# TYPE scheduler_submissions_total counter
+scheduler_submissions_total{call_type="bind",dispatcher="test",tenant="default-binder"} 3
+scheduler_submissions_total{call_type="status-patch",dispatcher="test",tenant="plugin-a"} 4
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"scheduler_async_api_call_attempts_total",
+		"scheduler_async_api_call_execution_duration_seconds",
+		"scheduler_async_api_call_execution_total",
+		"scheduler_breaker_transitions_total",
+		"scheduler_coalesced_total",
+		"scheduler_dropped_total",
+		"scheduler_mode_changes_total",
+		"scheduler_rejected_total",
+		"scheduler_retries_total",
+		"scheduler_submissions_total",
+	))
+	// Queue wait: one sample per call (first attempt only), in DefaultBuckets.
+	assert.Equal(t, 1.0, value(t, reg, "scheduler_queue_wait_seconds", "call_type", "bind"))
+	assert.Equal(t, 1.0, value(t, reg, "scheduler_queue_wait_seconds", "call_type", "status-patch"))
+
+	// No snapshot source: no gauges.
+	n, err := testutil.GatherAndCount(reg, "scheduler_pending_async_api_calls", "scheduler_mode", "scheduler_breaker_state")
+	require.NoError(t, err)
+	assert.Zero(t, n)
+
+	lint(t, reg)
+	// Neither keys nor error text became a label value.
+	for _, l := range []string{"call_type", "tenant", "reason", "result", "from", "to"} {
+		for v := range labelValues(t, reg, l) {
+			assert.NotContains(t, v, "uid", "label %s", l)
+			assert.NotContains(t, v, " ", "label %s", l)
+		}
+	}
+}
+
+func lint(t *testing.T, g prometheus.Gatherer) {
+	t.Helper()
+	problems, err := testutil.GatherAndLint(g)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+// TestSnapshotGauges checks the gauges read from a Stats source at scrape
+// time, with a fixed snapshot.
+func TestSnapshotGauges(t *testing.T) {
+	obs, reg := newTestObserver(t, Options{Subsystem: "binds"})
+	obs.OnSubmit(dispatch.Event{Label: "preemption", Tenant: "t2"}, false) // seen, idle now
+	stats := dispatch.Stats{
+		Keys: 7, Ready: 3, Delayed: 2, Successors: 1, InFlight: 1,
+		Labels:  map[string]int{"bind": 4, "status-patch": 3},
+		Tenants: map[string]dispatch.TenantStats{"": {Queued: 4, InFlight: 1}, "plugin-a": {Queued: 2}},
+		Mode:    dispatch.Sync,
+		Breaker: dispatch.BreakerHalfOpen,
+	}
+	obs.SetStats(func() dispatch.Stats { return stats })
+
+	const want = `
+# HELP dispatch_binds_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half-open.
+# TYPE dispatch_binds_breaker_state gauge
+dispatch_binds_breaker_state 2
+# HELP dispatch_binds_in_flight_calls Calls executing.
+# TYPE dispatch_binds_in_flight_calls gauge
+dispatch_binds_in_flight_calls 1
+# HELP dispatch_binds_mode The dispatcher's mode: 0 async, 1 sync.
+# TYPE dispatch_binds_mode gauge
+dispatch_binds_mode 1
+# HELP dispatch_binds_pending_async_api_calls Calls queued or in flight, by call type.
+# TYPE dispatch_binds_pending_async_api_calls gauge
+dispatch_binds_pending_async_api_calls{call_type="bind"} 4
+dispatch_binds_pending_async_api_calls{call_type="preemption"} 0
+dispatch_binds_pending_async_api_calls{call_type="status-patch"} 3
+# HELP dispatch_binds_queued_calls Calls waiting to run, by state: ready (for a worker), delayed (in retry backoff), successor (behind their key's in-flight call).
+# TYPE dispatch_binds_queued_calls gauge
+dispatch_binds_queued_calls{state="delayed"} 2
+dispatch_binds_queued_calls{state="ready"} 3
+dispatch_binds_queued_calls{state="successor"} 1
+# HELP dispatch_binds_tenant_in_flight_calls Calls executing, by tenant.
+# TYPE dispatch_binds_tenant_in_flight_calls gauge
+dispatch_binds_tenant_in_flight_calls{tenant=""} 1
+dispatch_binds_tenant_in_flight_calls{tenant="plugin-a"} 0
+dispatch_binds_tenant_in_flight_calls{tenant="t2"} 0
+# HELP dispatch_binds_tenant_queued_calls Calls waiting to run, by tenant.
+# TYPE dispatch_binds_tenant_queued_calls gauge
+dispatch_binds_tenant_queued_calls{tenant=""} 4
+dispatch_binds_tenant_queued_calls{tenant="plugin-a"} 2
+dispatch_binds_tenant_queued_calls{tenant="t2"} 0
+# HELP dispatch_binds_tracked_keys Keys with a call queued or in flight: the quantity the capacity bounds.
+# TYPE dispatch_binds_tracked_keys gauge
+dispatch_binds_tracked_keys 7
+`
+	names := []string{
+		"dispatch_binds_breaker_state", "dispatch_binds_in_flight_calls", "dispatch_binds_mode",
+		"dispatch_binds_pending_async_api_calls", "dispatch_binds_queued_calls",
+		"dispatch_binds_tenant_in_flight_calls", "dispatch_binds_tenant_queued_calls",
+		"dispatch_binds_tracked_keys",
+	}
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), names...))
+	lint(t, reg)
+
+	obs.SetStats(nil)
+	n, err := testutil.GatherAndCount(reg, names...)
+	require.NoError(t, err)
+	assert.Zero(t, n, "no source, no gauges")
+
+	// Options.Stats is the same source, set at construction.
+	obs2, reg2 := newTestObserver(t, Options{Stats: func() dispatch.Stats { return stats }})
+	_ = obs2
+	assert.Equal(t, 7.0, value(t, reg2, "dispatch_tracked_keys"))
+}
+
+// TestCardinalityBound shows that a label function that is not bounded
+// (here: one label per key) cannot grow the registry without end.
+func TestCardinalityBound(t *testing.T) {
+	obs, reg := newTestObserver(t, Options{MaxLabelValues: 3})
+	labels := map[string]int{}
+	for i := range 100 {
+		e := dispatch.Event{Label: fmt.Sprintf("key-%d", i), Tenant: fmt.Sprintf("tenant-%d", i%10)}
+		obs.OnSubmit(e, i%2 == 0)
+		obs.OnReject(e, fmt.Errorf("%w: key-%d", dispatch.ErrMergeRejected, i))
+		obs.OnFinish(e, dispatch.Finish{State: dispatch.Succeeded, Attempts: 1, RunTime: time.Millisecond})
+		obs.OnModeChange(dispatch.Async, dispatch.Sync, fmt.Sprintf("reason-%d", i))
+		labels[e.Label] = 1
+	}
+	obs.SetStats(func() dispatch.Stats { return dispatch.Stats{Labels: labels} })
+
+	assert.Equal(t, map[string]bool{"key-0": true, "key-1": true, "key-2": true, "other": true},
+		labelValues(t, reg, "call_type"))
+	assert.Equal(t, map[string]bool{"tenant-0": true, "tenant-1": true, "tenant-2": true, "other": true},
+		labelValues(t, reg, "tenant"))
+	// OnSubmit and OnReject each count a submission: nothing is lost, only
+	// merged into "other".
+	assert.Equal(t, 200.0, sum(t, reg, "dispatch_submissions_total"))
+	n, err := testutil.GatherAndCount(reg, "dispatch_submissions_total")
+	require.NoError(t, err)
+	assert.LessOrEqual(t, n, 4*4)
+	assert.Equal(t, 97.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", "other"))
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", "key-2"))
+	assert.Equal(t, 100.0, sum(t, reg, "dispatch_mode_changes_total"))
+	assert.Equal(t, map[string]bool{"merge": true, "reason-0": true, "reason-1": true, "reason-2": true, "other": true},
+		labelValues(t, reg, "reason"))
+	lint(t, reg)
+
+	// Unbounded on request.
+	obs, reg = newTestObserver(t, Options{MaxLabelValues: -1})
+	for i := range 100 {
+		obs.OnSubmit(dispatch.Event{Label: fmt.Sprintf("type-%d", i)}, false)
+	}
+	assert.Len(t, labelValues(t, reg, "call_type"), 100)
+}
+
+func TestNewObserverErrors(t *testing.T) {
+	for name, opts := range map[string]Options{
+		"namespace":         {Namespace: "my-app"},
+		"subsystem":         {Subsystem: "a b"},
+		"const label name":  {ConstLabels: prometheus.Labels{"0bad": "x"}},
+		"const label le":    {ConstLabels: prometheus.Labels{"le": "x"}},
+		"const label clash": {ConstLabels: prometheus.Labels{"call_type": "x"}},
+		"buckets order":     {ExecBuckets: []float64{1, 0.5}},
+		"buckets equal":     {QueueWaitBuckets: []float64{1, 1}},
+		"buckets NaN":       {ExecBuckets: []float64{0.1, math.NaN()}},
+		"buckets empty":     {QueueWaitBuckets: []float64{}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			obs, err := NewObserver(opts)
+			require.Error(t, err)
+			assert.Nil(t, obs)
+			assert.True(t, strings.HasPrefix(err.Error(), "dispatchprom: "), err.Error())
+		})
+	}
+
+	obs, err := NewObserver(Options{})
+	require.NoError(t, err)
+	require.NotNil(t, obs)
+}
+
+// TestTwoObserversOneRegistry: constant labels tell the Observers of two
+// Dispatchers apart in one registry.
+func TestTwoObserversOneRegistry(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	for _, name := range []string{"binds", "patches"} {
+		obs, err := NewObserver(Options{ConstLabels: prometheus.Labels{"dispatcher": name}})
+		require.NoError(t, err)
+		require.NoError(t, reg.Register(obs))
+		obs.OnSubmit(dispatch.Event{Label: name}, false)
+	}
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_submissions_total", "dispatcher", "binds"))
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_submissions_total", "dispatcher", "patches"))
+	lint(t, reg)
+}
