@@ -22,22 +22,23 @@ const (
 
 // slot is the lane of one key. run is the call in flight (nil if none);
 // next is the pending call (nil if none): ready, delayed, or idle as the
-// successor of run. Both calls live inside the slot, so tracking a new key
-// costs one allocation, and a slot is freed when both are nil.
+// successor of run. The first call lives inside the slot, so tracking a new
+// key costs one allocation; a slot is freed when both are nil.
 type slot[K comparable, T any] struct {
-	key  K
-	gen  uint64 // newest generation seen for the key
-	run  *call[K, T]
-	next *call[K, T]
-	mem  [2]call[K, T]
+	key   K
+	gen   uint64 // newest generation seen for the key
+	run   *call[K, T]
+	next  *call[K, T]
+	first call[K, T]
 }
 
-// newCall returns a zeroed call from whichever of the slot's two cells is
-// free. A cell is free when it is neither run nor next.
+// newCall returns a zeroed call: the slot's own cell if it is free (neither
+// run nor next), else a new one — only a successor behind an in-flight call
+// needs that second allocation.
 func (s *slot[K, T]) newCall() *call[K, T] {
-	c := &s.mem[0]
+	c := &s.first
 	if c == s.run || c == s.next {
-		c = &s.mem[1]
+		c = new(call[K, T])
 	}
 	*c = call[K, T]{s: s, firstStart: -1}
 	c.ff.c = c
