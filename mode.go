@@ -15,8 +15,15 @@ const (
 	Async Mode = iota
 	// Sync runs each call inline, in the goroutine that submits it, through
 	// the same coalescing, retry, breaker, hook and outcome machinery:
-	// Submit and Post return when the call has ended. It is the feature
-	// gate's "off" position and the fallback path.
+	// Submit and Post return when the call has ended (Post returns the
+	// call's error, and holds a ticket meanwhile, counted by
+	// WithMaxWaiters). It is the feature gate's "off" position and the
+	// fallback path. The caller sleeps out a retry's backoff itself. Per key,
+	// calls stay serialized: a submission for a key whose call is running
+	// waits for it, then runs; a call still queued from Async (being
+	// drained) may be run by a worker, and the caller then just waits for
+	// its outcome. Tenant in-flight caps do not apply: the callers are the
+	// concurrency.
 	Sync
 )
 
