@@ -358,13 +358,10 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	if d.closing {
 		return false, ErrClosed
 	}
-	if t != nil && d.tickets >= d.maxWaiters {
-		return false, d.refuse("waiters")
-	}
 	s := d.slots[key]
 	if s == nil {
-		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
-			return false, ErrCircuitOpen
+		if t != nil && d.tickets >= d.maxWaiters {
+			return false, d.refuse("waiters")
 		}
 		// Decide every refusal and victim before changing anything: a
 		// refused submission leaves the dispatcher as it was.
@@ -380,6 +377,9 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 			if capVictim = worst(d.q.shed, k1, k2, d.seq+1, nil); capVictim == nil {
 				return false, d.refuse("capacity")
 			}
+		}
+		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
+			return false, ErrCircuitOpen
 		}
 		if quotaVictim != nil {
 			d.drop(quotaVictim, errDroppedQuota, "quota", now, ob)
@@ -401,7 +401,10 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		return false, nil
 	}
 	if o.Generation < s.gen {
-		return false, errRejectStale
+		return false, errRejectStale // before any bound: it would never be accepted
+	}
+	if t != nil && d.tickets >= d.maxWaiters {
+		return false, d.refuse("waiters")
 	}
 	supersede := o.Generation > s.gen
 	var quotaVictim *call[K, T]
