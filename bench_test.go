@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"testing"
@@ -51,6 +52,11 @@ func benchPrios(n, levels int) []int {
 	}
 	return p
 }
+
+// settle collects garbage and returns freed memory to the OS before the
+// next measurement, so that neither a pending GC cycle nor the background
+// scavenger of a backlog freed just before runs inside it.
+func settle() { debug.FreeOSMemory() }
 
 // loopBatched times op(i) for i = 0, 1, ... and calls undo(lo, hi) with the
 // timer stopped after every batch ops, and once more at the end, so that
@@ -116,7 +122,7 @@ func newParked(b *testing.B, queued, extra int, prios []int, opts ...Option) *pa
 	if st := d.Stats(); st.Ready != queued || st.Keys != queued+1 {
 		b.Fatalf("backlog: ready=%d keys=%d, want %d and %d", st.Ready, st.Keys, queued, queued+1)
 	}
-	runtime.GC() // settle the backlog's heap before anything is timed
+	settle()
 	return p
 }
 
@@ -197,14 +203,14 @@ func benchSubmit(b *testing.B, queued, levels int) {
 	}
 	p.close(b)
 	p = nil
-	runtime.GC() // do not let this backlog's heap tax the next benchmark
+	settle()
 
 	b.Run("op=naiveheap", func(b *testing.B) {
 		q := newNaiveHeap()
 		for i := range queued {
 			q.push(i, i, prios[i])
 		}
-		runtime.GC()
+		settle()
 		k0 := queued
 		loopBatched(b, batch, func(i int) {
 			q.push(k0+i, i, prio(i))
@@ -214,7 +220,7 @@ func benchSubmit(b *testing.B, queued, levels int) {
 			}
 		})
 	})
-	runtime.GC()
+	settle()
 
 	b.Run("op=mapbtree", func(b *testing.B) {
 		q := newMapBTree()
@@ -222,7 +228,7 @@ func benchSubmit(b *testing.B, queued, levels int) {
 		for i := range queued {
 			q.push(i, i, prios[i], now)
 		}
-		runtime.GC()
+		settle()
 		k0 := queued
 		loopBatched(b, batch, func(i int) {
 			q.push(k0+i, i, prio(i), time.Now())
@@ -232,7 +238,7 @@ func benchSubmit(b *testing.B, queued, levels int) {
 			}
 		})
 	})
-	runtime.GC()
+	settle()
 }
 
 // BenchmarkPost measures the fire-and-forget submission. key=pending posts
@@ -243,11 +249,42 @@ func benchSubmit(b *testing.B, queued, levels int) {
 // new key to a backlog of 1000. impl=naiveheap is the naive baseline on the
 // same paths.
 func BenchmarkPost(b *testing.B) {
+	{
+		const queued = 1000
+		batch := benchBatch(queued)
+		prios := benchPrios(queued+batch, 10)
+		next := prios[queued:]
+		b.Run("impl=dispatch/key=new/queued=1000", func(b *testing.B) {
+			p := newParked(b, queued, batch, prios[:queued])
+			defer p.close(b)
+			k0 := p.next
+			loopBatched(b, batch, func(i int) {
+				if err := p.d.Post(k0+i, i, SubmitOptions{Priority: next[i%len(next)]}); err != nil {
+					b.Fatal(err)
+				}
+			}, func(lo, hi int) { p.cancel(k0+lo, k0+hi) })
+		})
+		b.Run("impl=naiveheap/key=new/queued=1000", func(b *testing.B) {
+			q := newNaiveHeap()
+			for i := range queued {
+				q.push(i, i, prios[i])
+			}
+			loopBatched(b, batch, func(i int) {
+				q.push(queued+i, i, next[i%len(next)])
+			}, func(lo, hi int) {
+				for k := lo; k < hi; k++ {
+					q.remove(queued + k)
+				}
+			})
+		})
+	}
+
 	for _, queued := range []int{1, 1000, 100_000} {
 		prios := benchPrios(queued, 10)
 		order := rand.New(rand.NewPCG(3, 4)).Perm(queued)
 		b.Run(fmt.Sprintf("impl=dispatch/key=pending/queued=%d", queued), func(b *testing.B) {
 			p := newParked(b, queued, 0, prios)
+			defer settle()
 			defer p.close(b)
 			b.ReportAllocs()
 			i := 0
@@ -273,34 +310,6 @@ func BenchmarkPost(b *testing.B) {
 			}
 		})
 	}
-
-	const queued = 1000
-	batch := benchBatch(queued)
-	prios := benchPrios(queued+batch, 10)
-	next := prios[queued:]
-	b.Run("impl=dispatch/key=new/queued=1000", func(b *testing.B) {
-		p := newParked(b, queued, batch, prios[:queued])
-		defer p.close(b)
-		k0 := p.next
-		loopBatched(b, batch, func(i int) {
-			if err := p.d.Post(k0+i, i, SubmitOptions{Priority: next[i%len(next)]}); err != nil {
-				b.Fatal(err)
-			}
-		}, func(lo, hi int) { p.cancel(k0+lo, k0+hi) })
-	})
-	b.Run("impl=naiveheap/key=new/queued=1000", func(b *testing.B) {
-		q := newNaiveHeap()
-		for i := range queued {
-			q.push(i, i, prios[i])
-		}
-		loopBatched(b, batch, func(i int) {
-			q.push(queued+i, i, next[i%len(next)])
-		}, func(lo, hi int) {
-			for k := lo; k < hi; k++ {
-				q.remove(queued + k)
-			}
-		})
-	})
 }
 
 // BenchmarkSubmitCoalesce measures Submit onto a key whose call is already
