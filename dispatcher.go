@@ -277,7 +277,8 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	}
 	if err == nil && d.mode == Sync {
 		if d.obs != nil {
-			ob.notes = append(ob.notes, func() { d.observeSubmit(label, &o, coalesced, nil) })
+			so := o // a copy, so that o itself stays on the stack in every Submit
+			ob.notes = append(ob.notes, func() { d.observeSubmit(label, &so, coalesced, nil) })
 		}
 		d.runInline(t, &ob) // releases the lock
 		d.deliver(&ob)
