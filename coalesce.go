@@ -129,31 +129,38 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 			d.armTimer(deadline)
 		}
 	} else {
-		ff := &c.ff
-		if c.nff == 0 {
-			ff.prio, ff.enq, ff.deadline = prio, now, deadline
-		} else {
-			ff.prio = max(ff.prio, prio)
-			ff.enq = min(ff.enq, now)
-			ff.deadline = max(ff.deadline, deadline)
-		}
-		c.nff++
+		d.addFF(c, 1, prio, now, deadline, deadline == 0)
 		d.liveFF++
-		switch {
-		case c.ffForever:
-		case deadline == 0:
-			c.ffForever = true
-			d.q.removeDeadline(ff)
-		case ff.at == 0:
-			d.q.addDeadline(ff, ff.deadline)
-			d.armTimer(ff.deadline)
-		}
 	}
 	if first {
 		c.prio, c.enq = prio, now
 		return
 	}
 	d.q.rekey(c, max(c.prio, prio), min(c.enq, now))
+}
+
+// addFF folds n fire-and-forget submissions — highest priority prio,
+// earliest enqueue enq, latest deadline deadline, forever if any had none —
+// into c's aggregate waiter, keeping its place in the deadline index.
+func (d *Dispatcher[K, T]) addFF(c *call[K, T], n, prio int, enq, deadline int64, forever bool) {
+	ff := &c.ff
+	if c.nff == 0 {
+		ff.prio, ff.enq, ff.deadline = prio, enq, deadline
+	} else {
+		ff.prio = max(ff.prio, prio)
+		ff.enq = min(ff.enq, enq)
+		ff.deadline = max(ff.deadline, deadline)
+	}
+	c.nff += n
+	switch {
+	case c.ffForever:
+	case forever:
+		c.ffForever = true
+		d.q.removeDeadline(ff)
+	case ff.at == 0:
+		d.q.addDeadline(ff, ff.deadline)
+		d.armTimer(ff.deadline)
+	}
 }
 
 // detach removes ticket t from its call without settling it. The caller

@@ -429,21 +429,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	c.nt += n.nt
 	if n.nff > 0 {
 		d.q.removeDeadline(&n.ff)
-		if c.nff == 0 {
-			c.ff.prio, c.ff.enq, c.ff.deadline = n.ff.prio, n.ff.enq, n.ff.deadline
-		} else {
-			c.ff.prio = max(c.ff.prio, n.ff.prio)
-			c.ff.enq = min(c.ff.enq, n.ff.enq)
-			c.ff.deadline = max(c.ff.deadline, n.ff.deadline)
-		}
-		c.nff += n.nff
-		c.ffForever = c.ffForever || n.ffForever
-		if c.ffForever {
-			d.q.removeDeadline(&c.ff)
-		} else if c.ff.at == 0 {
-			d.q.addDeadline(&c.ff, c.ff.deadline)
-			d.armTimer(c.ff.deadline)
-		}
+		d.addFF(c, n.nff, n.ff.prio, n.ff.enq, n.ff.deadline, n.ffForever)
 	}
 	c.joined += n.joined
 	c.droppable = c.droppable && n.droppable
