@@ -80,6 +80,7 @@ type Dispatcher[K comparable, T any] struct {
 	mu      sync.Mutex
 	cond    sync.Cond // workers wait here for ready calls
 	slots   map[K]*slot[K, T]
+	free    []*slot[K, T] // released slots for reuse, at most maxFreeSlots
 	q       queue[K, T]
 	seq     uint64
 	tickets int // live tickets
@@ -250,7 +251,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	}
 	deadline := d.deadlineOf(ctx, &o)
 	label := d.labelOf(key, call)
-	t := &Ticket[K, T]{d: d, done: make(chan struct{})}
+	t := &Ticket[K, T]{d: d}
 	t.w.t = t
 	if ctx.Done() != nil {
 		// One callback registration, no goroutine: ctx is watched by the
@@ -284,7 +285,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		d.deliver(&ob)
 		// The outcome is recorded; if a worker ran the call (a retry it
 		// picked up first), it may still be telling the ticket.
-		<-t.done
+		<-t.Done()
 		return t, nil
 	}
 	d.mu.Unlock()
@@ -391,7 +392,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		if !d.started {
 			d.start()
 		}
-		s = &slot[K, T]{key: key, gen: o.Generation}
+		s = d.newSlot(key, o.Generation)
 		d.slots[key] = s
 		c := d.newCall(s, val, o, ten, label)
 		d.join(c, t, o.Priority, now, deadline)
@@ -687,13 +688,40 @@ func (c *call[K, T]) event() Event {
 	return Event{Label: c.label, Tenant: c.ten.name, Priority: c.prio}
 }
 
-// releaseSlot forgets s's key if it has no call left.
+// maxFreeSlots bounds the free list of released slots. Reusing a slot
+// spares a new key its one allocation (and the garbage collector the work
+// of freeing it), so that a dispatcher whose keys come and go allocates
+// nothing per key in the steady state; the bound keeps what a burst of
+// finished keys leaves behind to a few hundred kilobytes.
+const maxFreeSlots = 4096
+
+// newSlot returns a slot for key, reused from the free list if it can be.
+func (d *Dispatcher[K, T]) newSlot(key K, gen uint64) *slot[K, T] {
+	n := len(d.free)
+	if n == 0 {
+		return &slot[K, T]{key: key, gen: gen}
+	}
+	s := d.free[n-1]
+	d.free[n-1] = nil
+	d.free = d.free[:n-1]
+	s.key, s.gen = key, gen
+	return s
+}
+
+// releaseSlot forgets s's key if it has no call left, and keeps s for
+// reuse. Nothing may refer to a released slot or its calls: by then every
+// waiter has been detached, every index has let go of its calls, and no
+// worker runs one.
 func (d *Dispatcher[K, T]) releaseSlot(s *slot[K, T]) {
 	if s.run != nil || s.next != nil {
 		return
 	}
 	if d.slots[s.key] == s {
 		delete(d.slots, s.key)
+		if len(d.free) < maxFreeSlots {
+			*s = slot[K, T]{} // let go of the key, the value and the tenant
+			d.free = append(d.free, s)
+		}
 	}
 	if d.closing && len(d.slots) == 0 && !d.drainedClosed {
 		d.drainedClosed = true
@@ -760,7 +788,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		if t.stop != nil {
 			t.stop()
 		}
-		close(t.done)
+		t.tell()
 		ob.tickets[i] = nil
 	}
 	ob.tickets = ob.tickets[:0]

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -647,4 +648,121 @@ func TestExecContextDeadline(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestTicketDoneLazy: a ticket's Done channel is made when first asked for,
+// is the same channel on every call, and is closed when the outcome is
+// told; asked for only after the outcome, it is already closed. Callers
+// racing Done, Wait and Result against the delivery all see the outcome.
+func TestTicketDoneLazy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("a")
+		d := newD(t, f.exec, WithWorkers(1))
+
+		early := submit(t, d, "a", 1, prio(0))
+		synctest.Wait()
+		ch := early.Done()
+		assert.Equal(t, ch, early.Done(), "Done made a second channel")
+		select {
+		case <-ch:
+			t.Fatal("Done closed before the outcome")
+		default:
+		}
+
+		late := submit(t, d, "b", 2, prio(0)) // runs after a; nobody asks for Done before it ends
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				<-early.Done()
+				r, ok := early.Result()
+				assert.True(t, ok)
+				assert.Equal(t, Succeeded, r.State)
+			})
+		}
+		g.open()
+		wg.Wait()
+		<-ch
+		synctest.Wait()
+
+		r, ok := late.Result()
+		require.True(t, ok, "outcome told without anyone asking for Done")
+		assert.Equal(t, Succeeded, r.State)
+		select {
+		case <-late.Done():
+		default:
+			t.Fatal("Done asked for after the outcome is not closed")
+		}
+		closeD(t, d)
+	})
+}
+
+// TestTicketDoneConcurrent races the first Done calls of many tickets
+// against their delivery by several workers, under -race: every caller's
+// channel closes and every Result is there once it has.
+func TestTicketDoneConcurrent(t *testing.T) {
+	d := newD(t, nopExec, WithWorkers(4))
+	const n = 2000
+	tks := make([]*Ticket[string, int], n)
+	for i := range tks {
+		tks[i] = submit(t, d, fmt.Sprint(i), i, prio(0))
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < n; i += 4 {
+				<-tks[i].Done()
+				_, ok := tks[i].Result()
+				assert.True(t, ok)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, map[State]int{Succeeded: n}, tally(t, tks...))
+	closeD(t, d)
+}
+
+// TestSlotReuse: released slots are kept for new keys up to maxFreeSlots,
+// hold nothing of the key that left (no key, value or waiter is kept alive),
+// and a key in a reused slot behaves as in a new one.
+func TestSlotReuse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, *int]()
+		g := f.block("hold")
+		d := newD(t, f.exec, WithWorkers(1), WithCapacity(2*maxFreeSlots))
+		require.NoError(t, d.Post("hold", nil, SubmitOptions{}))
+		synctest.Wait()
+		n := maxFreeSlots + 10
+		for i := range n {
+			v := i
+			submit(t, d, fmt.Sprint(i), &v, SubmitOptions{Generation: 5})
+		}
+		for i := range n {
+			require.True(t, d.Cancel(fmt.Sprint(i), nil))
+		}
+		d.mu.Lock()
+		require.Len(t, d.free, maxFreeSlots, "free list not bounded")
+		for _, s := range d.free {
+			require.Equal(t, slot[string, *int]{}, *s, "a released slot keeps state")
+		}
+		reused := d.free[len(d.free)-1]
+		d.mu.Unlock()
+
+		// The next key takes a released slot, with a fresh generation and
+		// call: gen 5 of the key that left does not fence it.
+		v := 42
+		tk := submit(t, d, "new", &v, SubmitOptions{Generation: 1})
+		d.mu.Lock()
+		assert.Same(t, reused, d.slots["new"])
+		assert.Len(t, d.free, maxFreeSlots-1)
+		d.mu.Unlock()
+		g.open()
+		synctest.Wait()
+		r := outcome(t, tk)
+		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, "new", r.Key)
+		assert.Equal(t, 42, *r.Call)
+		checkConservation(t, d)
+		closeD(t, d)
+	})
 }

@@ -171,7 +171,7 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		}
 		select {
 		case <-ch:
-		case <-t.done:
+		case <-t.Done():
 		case <-timer:
 		}
 		if tm != nil {

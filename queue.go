@@ -33,8 +33,22 @@ type queue[K comparable, T any] struct {
 	// full: droppable, queued (ready or delayed), and alone in their slot,
 	// so that evicting one frees a key. It is in ready order; its maximum
 	// is the worst call: lowest effective priority, then newest.
-	shed *btree.BTreeG[*call[K, T]]
+	shed *btree.BTreeG[entry[K, T]]
 }
+
+// entry is a call's place in a ready-ordered index (a tenant's ready index,
+// or a shed index). The sort key is held in the entry itself, so that a
+// B-tree search compares within its nodes and never follows a pointer to a
+// call: at depth, that is the difference between reading a node's cache
+// lines and missing the cache once per comparison.
+type entry[K comparable, T any] struct {
+	k1, k2 int64
+	seq    uint64
+	c      *call[K, T]
+}
+
+// entry returns c's ready-index entry for its current sort key.
+func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.k1, c.k2, c.seq, c} }
 
 // btreeDegree was chosen by BenchmarkSubmit: wider nodes cost more to shift
 // on insert, narrower ones more pointer chasing; 16–32 are within noise.
@@ -49,7 +63,7 @@ func newQueue[K comparable, T any](aging int64) queue[K, T] {
 	}
 }
 
-func readyLess[K comparable, T any](a, b *call[K, T]) bool {
+func readyLess[K comparable, T any](a, b entry[K, T]) bool {
 	if a.k1 != b.k1 {
 		return a.k1 < b.k1
 	}
@@ -116,7 +130,7 @@ func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unshed(c)
 	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
 	t := c.ten
-	t.ready.ReplaceOrInsert(c)
+	t.ready.ReplaceOrInsert(c.entry())
 	q.nready++
 	if t.active < 0 {
 		q.activate(t)
@@ -140,7 +154,7 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {
 	case csReady:
 		t := c.ten
-		t.ready.Delete(c)
+		t.ready.Delete(c.entry())
 		q.nready--
 		if t.ready.Len() == 0 {
 			q.deactivate(t)
@@ -155,9 +169,10 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 // reshed puts c in the shed index if it may be evicted.
 func (q *queue[K, T]) reshed(c *call[K, T]) {
 	if c.droppable && !c.inShed && c.s.run == nil && (c.state == csReady || c.state == csDelayed) {
-		q.shed.ReplaceOrInsert(c)
+		e := c.entry()
+		q.shed.ReplaceOrInsert(e)
 		if c.ten.shed != nil {
-			c.ten.shed.ReplaceOrInsert(c)
+			c.ten.shed.ReplaceOrInsert(e)
 		}
 		c.inShed = true
 	}
@@ -167,9 +182,10 @@ func (q *queue[K, T]) reshed(c *call[K, T]) {
 // changes, or when c stops being evictable.
 func (q *queue[K, T]) unshed(c *call[K, T]) {
 	if c.inShed {
-		q.shed.Delete(c)
+		e := c.entry()
+		q.shed.Delete(e)
 		if c.ten.shed != nil {
-			c.ten.shed.Delete(c)
+			c.ten.shed.Delete(e)
 		}
 		c.inShed = false
 	}
@@ -178,19 +194,19 @@ func (q *queue[K, T]) unshed(c *call[K, T]) {
 // worst returns the call of the shed index idx (the queue's, or a
 // tenant's) to evict for a newcomer whose sort key would be (k1, k2, seq):
 // the worst one other than except, if it is worse than the newcomer.
-func worst[K comparable, T any](idx *btree.BTreeG[*call[K, T]], k1, k2 int64, seq uint64, except *call[K, T]) *call[K, T] {
-	var c *call[K, T]
-	idx.Descend(func(x *call[K, T]) bool {
-		if x == except {
+func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], k1, k2 int64, seq uint64, except *call[K, T]) *call[K, T] {
+	var w entry[K, T]
+	idx.Descend(func(x entry[K, T]) bool {
+		if x.c == except {
 			return true
 		}
-		c = x
+		w = x
 		return false
 	})
-	if c == nil || !(k1 < c.k1 || (k1 == c.k1 && (k2 < c.k2 || (k2 == c.k2 && seq < c.seq)))) {
+	if w.c == nil || !readyLess(entry[K, T]{k1, k2, seq, nil}, w) {
 		return nil
 	}
-	return c
+	return w.c
 }
 
 // rekey sets c's effective priority and enqueue time, moving it in the ready
@@ -207,9 +223,9 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	inShed := c.inShed
 	q.unshed(c)
 	if c.state == csReady {
-		c.ten.ready.Delete(c)
+		c.ten.ready.Delete(c.entry())
 		c.k1, c.k2 = k1, k2
-		c.ten.ready.ReplaceOrInsert(c)
+		c.ten.ready.ReplaceOrInsert(c.entry())
 	} else {
 		c.k1, c.k2 = k1, k2
 	}

@@ -87,8 +87,8 @@ type tenant[K comparable, T any] struct {
 	name     string
 	cfg      TenantConfig
 	stride   uint64
-	ready    *btree.BTreeG[*call[K, T]]
-	shed     *btree.BTreeG[*call[K, T]] // own evictable calls, if MaxQueued > 0
+	ready    *btree.BTreeG[entry[K, T]]
+	shed     *btree.BTreeG[entry[K, T]] // own evictable calls, if MaxQueued > 0
 	queued   int
 	inflight int
 	pass     uint64 // stride scheduling: lowest pass is picked next among equals
@@ -180,7 +180,7 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 			continue
 		}
 		h, _ := t.ready.Min()
-		lvl := q.level(h, now)
+		lvl := q.level(h.c, now)
 		if best == nil || lvl > bestLvl || (lvl == bestLvl && t.pass < best.pass) {
 			best, bestLvl = t, lvl
 		}
@@ -190,7 +190,8 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 
 // popFrom removes and returns t's best ready call, charging t one stride.
 func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
-	c, _ := t.ready.DeleteMin()
+	e, _ := t.ready.DeleteMin()
+	c := e.c
 	q.nready--
 	if t.ready.Len() == 0 {
 		q.deactivate(t)

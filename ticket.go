@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -83,29 +84,62 @@ type Result[K comparable, T any] struct {
 // use. A Ticket is only obtained from [Dispatcher.Submit]; its zero value is
 // not usable.
 type Ticket[K comparable, T any] struct {
-	w     waiter[K, T]
-	d     *Dispatcher[K, T]
-	done  chan struct{}
+	w waiter[K, T]
+	d *Dispatcher[K, T]
+	// done holds the Done channel (a chan struct{}). It is made on the first
+	// call to Done, so a caller that never waits on a ticket (it learns
+	// outcomes from the completion hook) does not pay for one; once the
+	// outcome is told, it holds closedDone.
+	done  atomic.Value
 	stop  func() bool // unregisters the context.AfterFunc, if any
 	state ticketState // guarded by d.mu
 	res   Result[K, T]
 }
 
+// closedDone is the Done channel of every ticket whose outcome was told
+// before anyone asked for its channel.
+var closedDone = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
 // Done returns a channel that is closed when the submission's outcome is
-// known. After that, Wait returns at once.
-func (t *Ticket[K, T]) Done() <-chan struct{} { return t.done }
+// known. After that, Wait returns at once. The channel is made on the
+// first call (one small allocation), not by Submit.
+func (t *Ticket[K, T]) Done() <-chan struct{} {
+	if ch, ok := t.done.Load().(chan struct{}); ok {
+		return ch
+	}
+	if ch := make(chan struct{}); t.done.CompareAndSwap(nil, ch) {
+		return ch
+	}
+	return t.done.Load().(chan struct{}) // told meanwhile: closedDone
+}
+
+// told reports whether the outcome has been told: Done is closed.
+func (t *Ticket[K, T]) told() bool {
+	ch, _ := t.done.Load().(chan struct{})
+	return ch == closedDone
+}
+
+// tell marks the outcome told and closes the Done channel, if one was made.
+// The result must be recorded before.
+func (t *Ticket[K, T]) tell() {
+	if ch, _ := t.done.Swap(closedDone).(chan struct{}); ch != nil {
+		close(ch)
+	}
+}
 
 // Wait blocks until the outcome is known or ctx is done. It returns the
 // result and result.Err; if ctx ends first it returns a zero Result and
 // ctx's error, and the submission stays live (use Cancel to leave).
 func (t *Ticket[K, T]) Wait(ctx context.Context) (Result[K, T], error) {
-	select {
-	case <-t.done:
+	if t.told() {
 		return t.res, t.res.Err
-	default:
 	}
 	select {
-	case <-t.done:
+	case <-t.Done():
 		return t.res, t.res.Err
 	case <-ctx.Done():
 		return Result[K, T]{}, ctx.Err()
@@ -115,12 +149,10 @@ func (t *Ticket[K, T]) Wait(ctx context.Context) (Result[K, T], error) {
 // Result returns the outcome and true once Done is closed, or a zero Result
 // and false before.
 func (t *Ticket[K, T]) Result() (Result[K, T], bool) {
-	select {
-	case <-t.done:
+	if t.told() {
 		return t.res, true
-	default:
-		return Result[K, T]{}, false
 	}
+	return Result[K, T]{}, false
 }
 
 // Cancel withdraws this submission only: its outcome becomes Canceled. The
