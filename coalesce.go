@@ -61,10 +61,8 @@ type call[K comparable, T any] struct {
 	// orphan is set when an in-flight call loses its last waiter; its
 	// execution's result is then reported as Stale, never as success.
 	orphan   bool
-	probe    bool  // admitted by a half-open breaker
-	endState State // why it was orphaned
-	gen      uint64
-	idem     string
+	probe    bool         // admitted by a half-open breaker
+	endState State        // why it was orphaned
 	prio     int          // effective priority: max over live waiters
 	enq      int64        // effective enqueue time: min over live waiters
 	nt       int          // tickets in the list
@@ -72,6 +70,8 @@ type call[K comparable, T any] struct {
 	joined   int          // submissions served, for Result.Waiters
 	ff       waiter[K, T] // all fire-and-forget submissions, as one waiter
 
+	gen       uint64
+	idem      string
 	seq       uint64 // arrival order: FIFO among equals
 	ten       *tenant[K, T]
 	label     string // WithLabel's label, for the observer and Stats.Labels
@@ -218,8 +218,8 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
 		val = v
 	}
 	c.val = val
-	if c.idem == "" {
-		c.idem = idem
+	if idem != "" { // without one, c.idem is not even read
+		c.idem = idem // equal to c.idem, or c.idem was empty
 	}
 	return nil
 }
