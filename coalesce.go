@@ -23,7 +23,8 @@ const (
 // slot is the lane of one key. run is the call in flight (nil if none);
 // next is the pending call (nil if none): ready, delayed, or idle as the
 // successor of run. The first call lives inside the slot, so tracking a new
-// key costs one allocation; a slot is freed when both are nil.
+// key costs at most one allocation (none when a released slot is reused);
+// a slot is released when both are nil.
 type slot[K comparable, T any] struct {
 	key   K
 	gen   uint64 // newest generation seen for the key

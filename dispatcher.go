@@ -322,7 +322,8 @@ func (d *Dispatcher[K, T]) observeSubmit(label string, o *SubmitOptions, coalesc
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
-// allocation when it coalesces into a pending call. The submission counts
+// allocation when it coalesces into a pending call (nor, in the steady state,
+// for a new key: it reuses a released key's slot). The submission counts
 // as a waiter that never leaves: only its deadline (o.Deadline), Cancel, a
 // newer generation or Close end it. Its outcome reaches only the completion
 // hook and Stats. Fire-and-forget submissions merged into one call share one
@@ -336,10 +337,13 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		d.mu.Unlock()
 		return d.postSync(key, call, o)
 	}
-	now := d.now()
 	ten := d.tenantFor(o.Tenant)
 	var err error
 	coalesced := false
+	var now int64 // 0: admit reads the clock if it needs it
+	if deadline != 0 {
+		now = d.now()
+	}
 	if deadline != 0 && deadline <= now {
 		err = errRejectPast
 	} else {
@@ -355,12 +359,16 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 }
 
 // admit places a submission, or returns why it cannot, having changed
-// nothing. t is nil for a fire-and-forget submission.
+// nothing. t is nil for a fire-and-forget submission. now is the clock
+// reading, or 0 to have admit read it only if it needs it.
 func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) (coalesced bool, err error) {
 	if d.closing {
 		return false, ErrClosed
 	}
 	s := d.slots[key]
+	if now == 0 {
+		now = d.admitTime(s, t, o, deadline)
+	}
 	if s == nil {
 		if t != nil && d.tickets >= d.maxWaiters {
 			return false, d.refuse("waiters")
@@ -454,6 +462,22 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		}
 	}
 	return false, nil
+}
+
+// admitTime returns the time admit works with. A fire-and-forget
+// submission without a deadline that coalesces into a call already holding
+// fire-and-forget submissions does not need the clock: its enqueue time
+// matters only if it is earlier than the aggregate's (which is at or
+// before the clock, and at or after the call's), so the aggregate's own
+// enqueue time stands in for it and leaves every minimum as it is. That
+// spares the busiest path — a hot key re-posted — a clock read.
+func (d *Dispatcher[K, T]) admitTime(s *slot[K, T], t *Ticket[K, T], o *SubmitOptions, deadline int64) int64 {
+	if t == nil && deadline == 0 && s != nil && o.Generation == s.gen {
+		if c := s.next; c != nil && c.nff > 0 {
+			return c.ff.enq
+		}
+	}
+	return d.now()
 }
 
 // refuse counts and returns a backpressure refusal.

@@ -92,7 +92,9 @@
 // A Dispatcher is safe for concurrent use. Submit and Post take one lock,
 // read the clock once, and do a map lookup and at most one B-tree insert or
 // re-key: O(log n) in the number of queued calls. They start no goroutine and
-// create no timer or context; Post allocates nothing when it coalesces. One
+// create no timer or context. Post allocates nothing when it coalesces, and
+// nothing for a new key either once released keys have left slots to reuse;
+// Submit allocates its Ticket (a Done channel only if one is asked for). One
 // timer goroutine serves every deadline and backoff. Workers start on first
 // use, and Close waits for all of them.
 package dispatch

@@ -1,0 +1,76 @@
+package dispatch
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestHotPathAllocs pins the allocation counts the benchmarks report, so a
+// change that makes the caller's hot loop allocate fails here and not only
+// in a benchmark nobody reran: Post onto a pending key allocates nothing;
+// with released slots to reuse, Post of a new key allocates nothing and
+// Submit of a new key only its Ticket.
+func TestHotPathAllocs(t *testing.T) {
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	exec := func(ctx context.Context, _ int, _ int) error {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	const runs, queued = 1000, 100
+	d := newD(t, exec, WithWorkers(1), WithCapacity(10*runs))
+	// The first call keeps the only worker, so everything else stays queued.
+	require.NoError(t, d.Post(-1, 0, SubmitOptions{}))
+	<-started
+	for k := range queued {
+		require.NoError(t, d.Post(k, k, SubmitOptions{Priority: k % 10}))
+	}
+
+	i := 0
+	pending := testing.AllocsPerRun(runs, func() {
+		i++
+		_ = d.Post(i%queued, i, SubmitOptions{Priority: 5})
+	})
+	assert.Zero(t, pending, "Post onto a pending key")
+
+	// fill leaves runs+1 released slots on the free list (AllocsPerRun
+	// makes one warm-up call), and returns the first key never used.
+	next := queued
+	fill := func() int {
+		k0 := next
+		for k := k0; k < k0+runs+1; k++ {
+			require.NoError(t, d.Post(k, 0, SubmitOptions{}))
+		}
+		for k := k0; k < k0+runs+1; k++ {
+			require.True(t, d.Cancel(k, nil))
+		}
+		next += runs + 1
+		return next
+	}
+
+	k := fill()
+	post := testing.AllocsPerRun(runs, func() {
+		_ = d.Post(k, 0, SubmitOptions{Priority: 3})
+		k++
+	})
+	assert.Zero(t, post, "Post of a new key")
+
+	k = fill()
+	sub := testing.AllocsPerRun(runs, func() {
+		_, _ = d.Submit(bg, k, 0, SubmitOptions{Priority: 3})
+		k++
+	})
+	assert.Equal(t, 1.0, sub, "Submit of a new key: its Ticket only")
+
+	close(release)
+	closeD(t, d)
+}
