@@ -149,8 +149,8 @@ func (p *parked) close(b *testing.B) {
 }
 
 // BenchmarkSubmit measures a submission of a new key into a dispatcher that
-// already holds queued ready calls: a map insert, one slot allocation and a
-// B-tree insert under the lock. op=post is the fire-and-forget form, op=submit
+// already holds queued ready calls: a map insert, a slot (reused from the
+// keys the batches cancel) and a B-tree insert under the lock. op=post is the fire-and-forget form, op=submit
 // returns a ticket (context.Background: no cancellation to watch), and
 // op=submitctx a ticket whose context can be cancelled (one
 // context.AfterFunc registration). op=naiveheap is the naive baseline — a
