@@ -715,8 +715,9 @@ func (c *call[K, T]) event() Event {
 // maxFreeSlots bounds the free list of released slots. Reusing a slot
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it), so that a dispatcher whose keys come and go allocates
-// nothing per key in the steady state; the bound keeps what a burst of
-// finished keys leaves behind to a few hundred kilobytes.
+// nothing per key in the steady state. The bound caps what a burst of
+// finished keys leaves behind at 4096 slots: about 1.2 MB with small keys
+// and values (a slot is about 300 bytes, more for a large K or T).
 const maxFreeSlots = 4096
 
 // newSlot returns a slot for key, reused from the free list if it can be.
