@@ -29,13 +29,6 @@ func bothModes(t *testing.T, f func(t *testing.T, mode Mode)) {
 }
 
 func TestModesShareBehaviour(t *testing.T) {
-	errConflict := errors.New("409")
-	classify := func(err error) Class {
-		if errors.Is(err, errConflict) {
-			return Recompute
-		}
-		return DefaultClassifier(err)
-	}
 	cases := []struct {
 		name  string
 		errs  []error
@@ -71,7 +64,7 @@ func TestModesShareBehaviour(t *testing.T) {
 					}
 					return nil
 				}
-				d, err := New(exec, WithMode(mode), WithWorkers(1), WithClassifier(classify),
+				d, err := New(exec, WithMode(mode), WithWorkers(1), WithClassifier(conflictClassifier),
 					WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}),
 					WithBeforeRetry(func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil }),
 					WithNoOp(func(string, int) bool { return tc.noop }),

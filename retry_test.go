@@ -44,18 +44,35 @@ func (s *script) exec(ctx context.Context, _ string, v int) error {
 	return nil
 }
 
+// heldExec is s.exec, except that the first execution waits for release:
+// a test can queue more for the key while it is in flight.
+func (s *script) heldExec(release <-chan struct{}) ExecFunc[string, int] {
+	return func(ctx context.Context, k string, v int) error {
+		if s.calls.Load() == 0 {
+			<-release
+		}
+		return s.exec(ctx, k, v)
+	}
+}
+
+// errConflict stands for a 409 Conflict, which conflictClassifier judges
+// Recompute: rebuild the call from fresh state, not retry it as it is.
+var errConflict = errors.New("409 conflict")
+
+// conflictClassifier is DefaultClassifier, except that errConflict is
+// Recompute.
+func conflictClassifier(err error) Class {
+	if errors.Is(err, errConflict) {
+		return Recompute
+	}
+	return DefaultClassifier(err)
+}
+
 func noJitter(attempts int) Option {
 	return WithRetry(RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)})
 }
 
 func TestRetryClasses(t *testing.T) {
-	errConflict := errors.New("409 conflict")
-	classify := func(err error) Class {
-		if errors.Is(err, errConflict) {
-			return Recompute
-		}
-		return DefaultClassifier(err)
-	}
 	tests := []struct {
 		name      string
 		errs      []error
@@ -74,7 +91,7 @@ func TestRetryClasses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := &script{errs: tc.errs, t0: time.Now()}
-				opts := []Option{WithWorkers(1), noJitter(3), WithClassifier(classify)}
+				opts := []Option{WithWorkers(1), noJitter(3), WithClassifier(conflictClassifier)}
 				if tc.before {
 					opts = append(opts, WithBeforeRetry(func(_ context.Context, _ string, v int, last error) (int, bool, error) {
 						require.ErrorIs(t, last, errConflict)
@@ -243,12 +260,7 @@ func TestRetrySuccessorAbsorbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(func(ctx context.Context, k string, v int) error {
-			if s.calls.Load() == 0 {
-				<-release
-			}
-			return s.exec(ctx, k, v)
-		}, WithWorkers(1), noJitter(3))
+		d, err := New(s.heldExec(release), WithWorkers(1), noJitter(3))
 		require.NoError(t, err)
 		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -271,12 +283,7 @@ func TestRetryRefusedMergeKeepsOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(func(ctx context.Context, k string, v int) error {
-			if s.calls.Load() == 0 {
-				<-release
-			}
-			return s.exec(ctx, k, v)
-		}, WithWorkers(2), noJitter(3), WithMerge(func(p, in int) (int, error) {
+		d, err := New(s.heldExec(release), WithWorkers(2), noJitter(3), WithMerge(func(p, in int) (int, error) {
 			if p != in {
 				return 0, errors.New("different operations")
 			}
