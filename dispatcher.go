@@ -340,13 +340,13 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	ten := d.tenantFor(o.Tenant)
 	var err error
 	coalesced := false
-	var now int64 // 0: admit reads the clock if it needs it
+	var now int64 // 0: admit reads the clock only if it needs it
 	if deadline != 0 {
-		now = d.now()
+		if now = d.now(); deadline <= now {
+			err = errRejectPast
+		}
 	}
-	if deadline != 0 && deadline <= now {
-		err = errRejectPast
-	} else {
+	if err == nil {
 		coalesced, err = d.admit(key, call, &o, now, deadline, nil, ten, label, &ob)
 	}
 	d.count(ten, err)
