@@ -27,7 +27,7 @@ func TestHotPathAllocs(t *testing.T) {
 		return nil
 	}
 	const runs, queued = 1000, 100
-	d := newD(t, exec, WithWorkers(1), WithCapacity(10*runs))
+	d := newD(t, exec, Config[int, int]{Workers: 1, Capacity: 10 * runs})
 	// The first call keeps the only worker, so everything else stays queued.
 	require.NoError(t, d.Post(-1, 0, SubmitOptions{}))
 	<-started

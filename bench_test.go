@@ -90,7 +90,7 @@ type parked struct {
 
 // newParked returns a parked dispatcher holding queued ready calls with
 // priorities from prios, and room for extra more keys.
-func newParked(b *testing.B, queued, extra int, prios []int, opts ...Option) *parked {
+func newParked(b *testing.B, queued, extra int, prios []int, cfg Config[int, int]) *parked {
 	b.Helper()
 	p := &parked{release: make(chan struct{})}
 	exec := func(ctx context.Context, _, _ int) error {
@@ -100,8 +100,8 @@ func newParked(b *testing.B, queued, extra int, prios []int, opts ...Option) *pa
 		}
 		return nil
 	}
-	base := []Option{WithWorkers(1), WithCapacity(queued + extra + 1)}
-	d, err := New(exec, append(base, opts...)...)
+	cfg.Workers, cfg.Capacity = 1, queued+extra+1
+	d, err := New(exec, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func benchSubmit(b *testing.B, queued, levels int) {
 	next := prios[queued:] // the priorities of timed submissions
 	prio := func(i int) int { return next[i%len(next)] }
 
-	p := newParked(b, queued, batch, prios[:queued])
+	p := newParked(b, queued, batch, prios[:queued], Config[int, int]{})
 	b.Run("op=post", func(b *testing.B) {
 		k0 := p.next
 		n := loopBatched(b, batch, func(i int) {
@@ -255,7 +255,7 @@ func BenchmarkPost(b *testing.B) {
 		prios := benchPrios(queued+batch, 10)
 		next := prios[queued:]
 		b.Run("impl=dispatch/key=new/queued=1000", func(b *testing.B) {
-			p := newParked(b, queued, batch, prios[:queued])
+			p := newParked(b, queued, batch, prios[:queued], Config[int, int]{})
 			defer p.close(b)
 			k0 := p.next
 			loopBatched(b, batch, func(i int) {
@@ -283,7 +283,7 @@ func BenchmarkPost(b *testing.B) {
 		prios := benchPrios(queued, 10)
 		order := rand.New(rand.NewPCG(3, 4)).Perm(queued)
 		b.Run(fmt.Sprintf("impl=dispatch/key=pending/queued=%d", queued), func(b *testing.B) {
-			p := newParked(b, queued, 0, prios)
+			p := newParked(b, queued, 0, prios, Config[int, int]{})
 			defer settle()
 			defer p.close(b)
 			b.ReportAllocs()
@@ -313,7 +313,7 @@ func BenchmarkPost(b *testing.B) {
 }
 
 // BenchmarkSubmitCoalesce measures Submit onto a key whose call is already
-// queued: the submission merges (WithMerge) and returns its own ticket. The
+// queued: the submission merges (Config.Merge) and returns its own ticket. The
 // tickets pile up on the one call, so every 1000 the key is cancelled and
 // posted again with the timer stopped. ctx=background watches no context;
 // ctx=cancel registers one context.AfterFunc per ticket.
@@ -322,7 +322,7 @@ func BenchmarkSubmitCoalesce(b *testing.B) {
 	sum := func(a, b int) (int, error) { return a + b, nil }
 	run := func(ctx context.Context) func(b *testing.B) {
 		return func(b *testing.B) {
-			p := newParked(b, 1, batch, []int{0}, WithMerge(sum), WithMaxWaiters(2*batch))
+			p := newParked(b, 1, batch, []int{0}, Config[int, int]{Merge: sum, MaxWaiters: 2 * batch})
 			defer p.close(b)
 			loopBatched(b, batch, func(i int) {
 				if _, err := p.d.Submit(ctx, 0, 1, SubmitOptions{}); err != nil {
@@ -345,7 +345,7 @@ func BenchmarkSubmitCoalesce(b *testing.B) {
 // BenchmarkThroughput measures the whole path, submit → no-op exec →
 // outcome, per call, with up to 256 calls outstanding. Every call has its own
 // key, so nothing coalesces. op=submit waits on tickets; op=post counts
-// completions through the WithOnDone hook. impl=goroutine is the naive
+// completions through the Config.OnDone hook. impl=goroutine is the naive
 // baseline upstream's dispatcher became in #134154: a map for coalescing and
 // a goroutine per call, with no worker bound and no order.
 func BenchmarkThroughput(b *testing.B) {
@@ -353,7 +353,7 @@ func BenchmarkThroughput(b *testing.B) {
 	nop := func(context.Context, int, int) error { return nil }
 	for _, workers := range []int{1, 4} {
 		b.Run(fmt.Sprintf("impl=dispatch/op=submit/workers=%d", workers), func(b *testing.B) {
-			d, err := New(nop, WithWorkers(workers), WithCapacity(2*window))
+			d, err := New(nop, Config[int, int]{Workers: workers, Capacity: 2 * window})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -380,8 +380,7 @@ func BenchmarkThroughput(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("impl=dispatch/op=post/workers=%d", workers), func(b *testing.B) {
 			sem := make(chan struct{}, window)
-			d, err := New(nop, WithWorkers(workers), WithCapacity(2*window),
-				WithOnDone(func(Result[int, int]) { <-sem }))
+			d, err := New(nop, Config[int, int]{Workers: workers, Capacity: 2 * window, OnDone: func(Result[int, int]) { <-sem }})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -600,7 +599,7 @@ func BenchmarkRetryPath(b *testing.B) {
 					return syscall.ECONNRESET
 				}
 				return nil
-			}, WithWorkers(1), WithRetry(RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}))
+			}, Config[int, int]{Workers: 1, Retry: RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -647,7 +646,7 @@ func BenchmarkSubmitFull(b *testing.B) {
 				case <-ctx.Done():
 				}
 				return nil
-			}, WithWorkers(1), WithCapacity(queued+1))
+			}, Config[int, int]{Workers: 1, Capacity: queued + 1})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -696,14 +695,14 @@ func BenchmarkTenants(b *testing.B) {
 	for _, tenants := range []int{1, 16} {
 		b.Run(fmt.Sprintf("tenants=%d", tenants), func(b *testing.B) {
 			names := make([]string, tenants)
-			var opts []Option
+			cfg := Config[int, int]{Tenants: map[string]TenantConfig{}}
 			for i := range names {
 				names[i] = fmt.Sprint("plugin-", i)
-				opts = append(opts, WithTenant(names[i], TenantConfig{MaxQueued: 2 * queued, MaxInFlight: 4, Weight: 1 + i%3}))
+				cfg.Tenants[names[i]] = TenantConfig{MaxQueued: 2 * queued, MaxInFlight: 4, Weight: 1 + i%3}
 			}
 			batch := benchBatch(queued)
 			prios := benchPrios(queued+batch, 10)
-			p := newParked(b, 0, queued+batch, prios, opts...)
+			p := newParked(b, 0, queued+batch, prios, cfg)
 			for i := range queued {
 				if err := p.d.Post(i, i, SubmitOptions{Priority: prios[i], Tenant: names[i%tenants]}); err != nil {
 					b.Fatal(err)

@@ -1,10 +1,7 @@
 package dispatch
 
 import (
-	"errors"
 	"fmt"
-	"math"
-	"time"
 )
 
 // BreakerState is the state of the circuit breaker.
@@ -32,81 +29,6 @@ func (s BreakerState) String() string {
 		return "half-open"
 	}
 	return fmt.Sprintf("BreakerState(%d)", uint8(s))
-}
-
-// BreakerPolicy configures the circuit breaker (WithBreaker). It trips on
-// retryable failures only: Permanent errors, Recompute, and cancellations
-// say nothing about the API's health and are not counted. The zero value of
-// each field means its default.
-type BreakerPolicy struct {
-	// ConsecutiveFailures trips the breaker after this many retryable
-	// failures in a row (default 5).
-	ConsecutiveFailures int
-	// FailureRatio trips it when retryable failures reach this fraction of
-	// counted executions in Window, once MinSamples were seen (default 0.5;
-	// math.Inf(1) disables the ratio rule).
-	FailureRatio float64
-	// Window is the span FailureRatio is measured over (default 10s).
-	Window time.Duration
-	// MinSamples is the fewest executions in Window before FailureRatio
-	// applies (default 20).
-	MinSamples int
-	// Cooldown is how long the breaker stays open before probing (default
-	// 5s).
-	Cooldown time.Duration
-	// Probes is how many executions may run at once while half-open
-	// (default 1).
-	Probes int
-	// RefuseDroppable makes submissions of droppable work for a new key
-	// fail with ErrCircuitOpen while the breaker is open, instead of
-	// queueing behind it.
-	RefuseDroppable bool
-	// OnChange, if set, is told of every state change, outside every lock.
-	OnChange func(from, to BreakerState)
-}
-
-func (p BreakerPolicy) withDefaults() (BreakerPolicy, error) {
-	switch {
-	case p.ConsecutiveFailures < 0, p.MinSamples < 0, p.Probes < 0:
-		return p, errors.New("dispatch: WithBreaker: counts must not be negative")
-	case p.Window < 0, p.Cooldown < 0:
-		return p, errors.New("dispatch: WithBreaker: durations must not be negative")
-	case p.FailureRatio < 0 || math.IsNaN(p.FailureRatio) || (p.FailureRatio > 1 && !math.IsInf(p.FailureRatio, 1)):
-		return p, fmt.Errorf("dispatch: WithBreaker: FailureRatio %v must be in (0, 1] or +Inf", p.FailureRatio)
-	}
-	if p.ConsecutiveFailures == 0 {
-		p.ConsecutiveFailures = 5
-	}
-	if p.FailureRatio == 0 {
-		p.FailureRatio = 0.5
-	}
-	if p.Window == 0 {
-		p.Window = 10 * time.Second
-	}
-	if p.MinSamples == 0 {
-		p.MinSamples = 20
-	}
-	if p.Cooldown == 0 {
-		p.Cooldown = 5 * time.Second
-	}
-	if p.Probes == 0 {
-		p.Probes = 1
-	}
-	return p, nil
-}
-
-// WithBreaker enables a circuit breaker: after sustained retryable failures
-// it stops executions for a cool-down, then lets probes through before
-// resuming. Without it, no breaker runs.
-func WithBreaker(p BreakerPolicy) Option {
-	return optionFunc(func(c *config) error {
-		p, err := p.withDefaults()
-		if err != nil {
-			return err
-		}
-		c.breaker = &p
-		return nil
-	})
 }
 
 // breaker is the circuit breaker's state, guarded by the Dispatcher's lock.
@@ -192,9 +114,6 @@ func (b *breaker) set(to BreakerState, ob *notes) {
 	b.state = to
 	if to == BreakerClosed {
 		b.probes = 0
-	}
-	if f := b.p.OnChange; f != nil {
-		*ob = append(*ob, func() { f(from, to) })
 	}
 	if o := b.obs; o != nil {
 		*ob = append(*ob, func() { o.OnBreakerChange(from, to) })

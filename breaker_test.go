@@ -34,19 +34,32 @@ func (f *flaky) exec(context.Context, string, int) error {
 func (f *flaky) set(down bool) { f.mu.Lock(); f.down = down; f.mu.Unlock() }
 func (f *flaky) n() int        { f.mu.Lock(); defer f.mu.Unlock(); return f.calls }
 
+// breakerLog records the breaker's state changes as the observer sees them.
+type breakerLog struct {
+	NopObserver
+	mu      sync.Mutex
+	changes []string
+}
+
+func (b *breakerLog) OnBreakerChange(from, to BreakerState) {
+	b.mu.Lock()
+	b.changes = append(b.changes, from.String()+">"+to.String())
+	b.mu.Unlock()
+}
+
+func (b *breakerLog) all() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.changes...)
+}
+
 func TestBreakerTransitions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{down: true}
-		var mu sync.Mutex
-		var changes []string
-		d, err := New(f.exec, WithWorkers(1),
-			WithRetry(RetryPolicy{MaxAttempts: 1}),
-			WithBreaker(BreakerPolicy{ConsecutiveFailures: 3, Cooldown: 10 * time.Second,
-				OnChange: func(from, to BreakerState) {
-					mu.Lock()
-					changes = append(changes, from.String()+">"+to.String())
-					mu.Unlock()
-				}}))
+		obs := &breakerLog{}
+		d, err := New(f.exec, Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 1},
+			Breaker:  &BreakerPolicy{ConsecutiveFailures: 3, Cooldown: 10 * time.Second},
+			Observer: obs})
 		require.NoError(t, err)
 		submit := func(k string) *Ticket[string, int] {
 			tk, err := d.Submit(t.Context(), k, 0, SubmitOptions{})
@@ -86,9 +99,7 @@ func TestBreakerTransitions(t *testing.T) {
 		synctest.Wait()
 		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "a failed probe re-opens it")
 
-		mu.Lock()
-		assert.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed", "closed>open", "open>half-open", "half-open>open"}, changes)
-		mu.Unlock()
+		assert.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed", "closed>open", "open>half-open", "half-open>open"}, obs.all())
 		require.NoError(t, d.Close(t.Context()))
 	})
 }
@@ -96,7 +107,7 @@ func TestBreakerTransitions(t *testing.T) {
 func TestBreakerIgnoresPermanentErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d, err := New(func(context.Context, string, int) error { return errors.New("400 invalid") },
-			WithWorkers(1), WithBreaker(BreakerPolicy{ConsecutiveFailures: 2}))
+			Config[string, int]{Workers: 1, Breaker: &BreakerPolicy{ConsecutiveFailures: 2}})
 		require.NoError(t, err)
 		for i := range 10 {
 			tk, err := d.Submit(t.Context(), fmt.Sprint(i), 0, SubmitOptions{})
@@ -118,8 +129,7 @@ func TestBreakerFailureRatio(t *testing.T) {
 				return syscall.ECONNRESET
 			}
 			return nil
-		}, WithWorkers(1), WithRetry(RetryPolicy{MaxAttempts: 1}),
-			WithBreaker(BreakerPolicy{ConsecutiveFailures: 100, FailureRatio: 0.5, MinSamples: 10}))
+		}, Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 1}, Breaker: &BreakerPolicy{ConsecutiveFailures: 100, FailureRatio: 0.5, MinSamples: 10}})
 		require.NoError(t, err)
 		for i := range 9 {
 			tk, err := d.Submit(t.Context(), fmt.Sprint(i), 0, SubmitOptions{})
@@ -138,8 +148,7 @@ func TestBreakerFailureRatio(t *testing.T) {
 func TestBreakerRefusesDroppable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d, err := New(func(context.Context, string, int) error { return syscall.ECONNRESET },
-			WithWorkers(1), WithRetry(RetryPolicy{MaxAttempts: 1}),
-			WithBreaker(BreakerPolicy{ConsecutiveFailures: 1, RefuseDroppable: true}))
+			Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 1}, Breaker: &BreakerPolicy{ConsecutiveFailures: 1, RefuseDroppable: true}})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "a", 0, SubmitOptions{})
 		require.NoError(t, err)

@@ -180,21 +180,13 @@ func (c *chaos) errorf(format string, args ...any) {
 func (c *chaos) run() {
 	t, p := c.t, c.p
 	d, err := New(c.exec,
-		WithWorkers(p.workers),
-		WithCapacity(p.capacity),
-		WithMaxWaiters(p.maxWaiters),
-		WithAging(time.Millisecond),
-		WithMerge(func(pending, incoming []uint64) ([]uint64, error) {
+		Config[int, []uint64]{Workers: p.workers, Capacity: p.capacity, MaxWaiters: p.maxWaiters, Aging: time.Millisecond, Merge: func(pending, incoming []uint64) ([]uint64, error) {
 			if incoming[0]%29 == 0 {
 				return nil, errChaosMerge
 			}
 			out := make([]uint64, 0, len(pending)+len(incoming))
 			return append(append(out, pending...), incoming...), nil
-		}),
-		WithNoOp(func(_ int, ids []uint64) bool { return ids[0]%41 == 0 }),
-		WithOnDone(c.hook),
-		WithRateLimit(rate.NewLimiter(p.rate, p.burst)),
-		WithClassifier(func(err error) Class {
+		}, NoOp: func(_ int, ids []uint64) bool { return ids[0]%41 == 0 }, OnDone: c.hook, RateLimit: rate.NewLimiter(p.rate, p.burst), Classify: func(err error) Class {
 			switch {
 			case errors.Is(err, errChaosRetry):
 				return Retry
@@ -202,14 +194,8 @@ func (c *chaos) run() {
 				return Recompute
 			}
 			return Permanent
-		}),
-		WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax}),
-		WithBreaker(BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true,
-			OnChange: func(_, to BreakerState) {
-				if to == BreakerOpen {
-					c.trips.Add(1)
-				}
-			}}),
+		}, Retry: RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax}, Breaker: &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
+			Observer: breakerTrips{n: &c.trips}},
 	)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -619,4 +605,16 @@ func (c *chaos) verify() {
 	}
 	t.Logf("%d submissions (%d accepted, %d tickets), %d hook calls, %d executions, %d retries, %d breaker trips; outcomes %v",
 		s.Submitted, len(c.accepted), len(c.tickets), c.hookCalls, s.Executions, s.Retries, c.trips.Load(), s.Outcomes)
+}
+
+// breakerTrips counts the breaker's openings.
+type breakerTrips struct {
+	NopObserver
+	n *atomic.Uint64
+}
+
+func (b breakerTrips) OnBreakerChange(_, to BreakerState) {
+	if to == BreakerOpen {
+		b.n.Add(1)
+	}
 }

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"time"
 )
 
@@ -74,8 +75,9 @@ type call[K comparable, T any] struct {
 	gen       uint64
 	idem      string
 	seq       uint64 // arrival order: FIFO among equals
+	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
 	ten       *tenant[K, T]
-	label     string // WithLabel's label, for the observer and Stats.Labels
+	label     string // Config.Label's label, for the observer and Stats.Labels
 	k1        int64  // ready-index sort key (see queue.sortKey)
 	k2        int64
 	notBefore int64         // delay-index key
@@ -211,7 +213,7 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
 	if idem != "" && c.idem != "" && idem != c.idem {
 		return errRejectIdemKey
 	}
-	if d.merge != nil {
+	if d.cfg.Merge != nil {
 		v, err := d.safeMerge(c.val, val)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrMergeRejected, err)
@@ -219,6 +221,7 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
 		val = v
 	}
 	c.val = val
+	c.rev++
 	if idem != "" { // without one, c.idem is not even read
 		c.idem = idem // equal to c.idem, or c.idem was empty
 	}
@@ -233,5 +236,72 @@ func (d *Dispatcher[K, T]) safeMerge(pending, incoming T) (v T, err error) {
 			err = fmt.Errorf("merge panicked: %v", r)
 		}
 	}()
-	return d.merge(pending, incoming)
+	return d.cfg.Merge(pending, incoming)
+}
+
+// Amend rewrites the pending call of key: the one that has not started —
+// queued, waiting out a retry's backoff, or waiting behind the key's
+// in-flight call. It answers "what will this key look like once its pending
+// write lands?" and lets the caller refresh that write against newer state
+// (kube-scheduler's SyncObject does both).
+//
+// f gets the pending call and returns it rewritten, or an error to leave it
+// as it was (Amend then returns that error). f runs under the dispatcher's
+// lock, like Config.Merge: it must be fast, and must not block or call the
+// Dispatcher; a panic in f leaves the call as it was and is returned as a
+// *PanicError. If Config.NoOp then reports that the rewritten call would
+// change nothing, the call ends Skipped for every waiter, and the
+// completion hook fires. The no-op test runs outside the lock; if the call
+// changed meanwhile (a submission coalesced into it, or it started), it is
+// left to run.
+//
+// Amend reports whether key had a pending call. An in-flight call is never
+// rewritten: it may be taking effect already.
+func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
+	d.mu.Lock()
+	s := d.slots[key]
+	if s == nil || s.next == nil || s.next.state == csRunning {
+		d.mu.Unlock()
+		return false, nil
+	}
+	c := s.next
+	v, err := d.safeAmend(f, c.val)
+	if err != nil {
+		d.mu.Unlock()
+		return true, err
+	}
+	c.val = v
+	c.rev++
+	seq, rev := c.seq, c.rev
+	d.mu.Unlock()
+	if d.cfg.NoOp == nil {
+		return true, nil
+	}
+	var noop bool
+	if err := safeCall(func() error { noop = d.cfg.NoOp(key, v); return nil }); err != nil || !noop {
+		return true, err
+	}
+	var ob outbox[K, T]
+	d.mu.Lock()
+	if s := d.slots[key]; s != nil && s.next != nil && s.next.seq == seq && s.next.rev == rev && s.next.state != csRunning && s.next.live() > 0 {
+		c := s.next
+		now := d.now()
+		d.settleAll(c, Skipped, nil, now, false, &ob)
+		d.endCall(c, Skipped, nil, now, &ob)
+		d.releaseSlot(c.s)
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+	return true, nil
+}
+
+// safeAmend runs Amend's f, turning a panic into a *PanicError so that it
+// cannot leave the dispatcher's lock held.
+func (d *Dispatcher[K, T]) safeAmend(f func(T) (T, error), pending T) (v T, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return f(pending)
 }

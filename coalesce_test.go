@@ -33,7 +33,7 @@ func TestMerge(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		merge   func(string, string) (string, error) // nil: no WithMerge
+		merge   func(string, string) (string, error) // nil: no Config.Merge
 		calls   []string
 		refused []bool // per submission
 		want    string // the value executed
@@ -50,11 +50,7 @@ func TestMerge(t *testing.T) {
 				f := newFixture[string, string]()
 				g := f.block("hold")
 				hooks := &hookLog[string, string]{}
-				opts := []Option{WithWorkers(1), hooks.option()}
-				if tc.merge != nil {
-					opts = append(opts, WithMerge(tc.merge))
-				}
-				d := newD(t, f.exec, opts...)
+				d := newD(t, f.exec, Config[string, string]{Workers: 1, OnDone: hooks.add, Merge: tc.merge})
 				hold := submit(t, d, "hold", "", prio(0))
 				synctest.Wait()
 
@@ -103,10 +99,10 @@ func TestMergeIdempotencyKey(t *testing.T) {
 		f := newFixture[string, string]()
 		g := f.block("hold")
 		var merges atomic.Int32
-		d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in string) (string, error) {
+		d := newD(t, f.exec, Config[string, string]{Workers: 1, Merge: func(p, in string) (string, error) {
 			merges.Add(1)
 			return p + "+" + in, nil
-		}))
+		}})
 		tks := []*Ticket[string, string]{submit(t, d, "hold", "", prio(0))}
 		synctest.Wait()
 
@@ -138,12 +134,12 @@ func TestMergePanic(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, string]()
 		g := f.block("hold")
-		d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in string) (string, error) {
+		d := newD(t, f.exec, Config[string, string]{Workers: 1, Merge: func(p, in string) (string, error) {
 			if in == "boom" {
 				panic("merge exploded")
 			}
 			return p + "+" + in, nil
-		}))
+		}})
 		tks := []*Ticket[string, string]{submit(t, d, "hold", "", prio(0))}
 		synctest.Wait()
 		tks = append(tks, submit(t, d, "k", "a", prio(0)))
@@ -178,14 +174,12 @@ func TestNoOp(t *testing.T) {
 		hooks := &hookLog[string, int]{}
 		var seen []int
 		var mu sync.Mutex
-		d := newD(t, f.exec, WithWorkers(1), hooks.option(),
-			WithMerge(func(p, in int) (int, error) { return p + in, nil }),
-			WithNoOp(func(key string, v int) bool {
-				mu.Lock()
-				seen = append(seen, v)
-				mu.Unlock()
-				return key != "hold" && v == 0
-			}))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add, Merge: func(p, in int) (int, error) { return p + in, nil }, NoOp: func(key string, v int) bool {
+			mu.Lock()
+			seen = append(seen, v)
+			mu.Unlock()
+			return key != "hold" && v == 0
+		}})
 		hold := submit(t, d, "hold", 0, prio(0))
 		synctest.Wait()
 		skip1 := submit(t, d, "skip", 1, prio(0))
@@ -236,7 +230,7 @@ func TestSuccessor(t *testing.T) {
 				}
 				return f.exec(ctx, key, call)
 			}
-			d := newD(t, exec, WithWorkers(4))
+			d := newD(t, exec, Config[string, int]{Workers: 4})
 			first := submit(t, d, "A", 1, prio(0))
 			synctest.Wait()
 			succ := submit(t, d, "A", 2, prio(0))
@@ -263,8 +257,7 @@ func TestSuccessor(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("A")
-			d := newD(t, f.exec, WithWorkers(1), WithAging(time.Second),
-				WithMerge(func(p, in int) (int, error) { return p*10 + in, nil }))
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: time.Second, Merge: func(p, in int) (int, error) { return p*10 + in, nil }})
 			var tks []*Ticket[string, int]
 			tks = append(tks, submit(t, d, "A", 1, prio(0))) // runs at 0s, held
 			synctest.Wait()
@@ -377,7 +370,7 @@ func TestPriorityInheritance(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFixture[string, int]()
 				g := f.block("hold")
-				d := newD(t, f.exec, WithWorkers(1), WithAging(time.Second))
+				d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: time.Second})
 				hold := submit(t, d, "hold", 0, prio(0))
 				synctest.Wait()
 				want, outcomes, tks := tc.run(t, d)
@@ -452,7 +445,7 @@ func neverConcurrentPerKey(t *testing.T, retries bool) {
 			return nil
 		}
 		merge := func(p, in int) (int, error) { return p ^ in, nil }
-		opts := []Option{WithWorkers(workers), WithOnDone(func(Result[int, int]) { hooks.Add(1) })}
+		cfg := Config[int, int]{Workers: workers, OnDone: func(Result[int, int]) { hooks.Add(1) }}
 		if retries {
 			merge = func(p, in int) (int, error) {
 				if uint(in)%5 == 0 {
@@ -460,16 +453,16 @@ func neverConcurrentPerKey(t *testing.T, retries bool) {
 				}
 				return p ^ in, nil
 			}
-			opts = append(opts,
-				WithClassifier(func(err error) Class {
-					if errors.Is(err, errFlaky) {
-						return Retry
-					}
-					return Permanent
-				}),
-				WithRetry(RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 4 * time.Millisecond, BudgetRatio: math.Inf(1)}))
+			cfg.Classify = func(err error) Class {
+				if errors.Is(err, errFlaky) {
+					return Retry
+				}
+				return Permanent
+			}
+			cfg.Retry = RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 4 * time.Millisecond, BudgetRatio: math.Inf(1)}
 		}
-		d := newD(t, exec, append(opts, WithMerge(merge))...)
+		cfg.Merge = merge
+		d := newD(t, exec, cfg)
 
 		var (
 			mu         sync.Mutex
@@ -586,7 +579,7 @@ func TestSuccessorWaiters(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("A")
-			d := newD(t, f.exec, WithWorkers(1), WithAging(time.Second))
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: time.Second})
 			var tks []*Ticket[string, int]
 			tks = append(tks, submit(t, d, "A", 1, prio(0)))
 			synctest.Wait()
@@ -605,7 +598,7 @@ func TestSuccessorWaiters(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("A")
 			hooks := &hookLog[string, int]{}
-			d := newD(t, f.exec, WithWorkers(1), hooks.option())
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add})
 			first := submit(t, d, "A", 1, prio(0))
 			synctest.Wait()
 			s1 := submit(t, d, "A", 2, SubmitOptions{Deadline: time.Now().Add(time.Second)})
@@ -638,7 +631,7 @@ func TestFireAndForgetDeadline(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("hold")
 			hooks := &hookLog[string, int]{}
-			d := newD(t, f.exec, WithWorkers(1), hooks.option())
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add})
 			hold := submit(t, d, "hold", 0, prio(0))
 			synctest.Wait()
 			now := time.Now()
@@ -664,7 +657,7 @@ func TestFireAndForgetDeadline(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("hold")
-			d := newD(t, f.exec, WithWorkers(1))
+			d := newD(t, f.exec, Config[string, int]{Workers: 1})
 			hold := submit(t, d, "hold", 0, prio(0))
 			synctest.Wait()
 			require.NoError(t, d.Post("A", 0, SubmitOptions{Deadline: time.Now().Add(time.Second)}))
@@ -689,14 +682,14 @@ func TestHookResubmits(t *testing.T) {
 		var d *Dispatcher[string, int]
 		var errs []error
 		var mu sync.Mutex
-		d = newD(t, f.exec, WithWorkers(2), WithOnDone(func(r Result[string, int]) {
+		d = newD(t, f.exec, Config[string, int]{Workers: 2, OnDone: func(r Result[string, int]) {
 			if r.Call < 3 {
 				err := d.Post(r.Key, r.Call+1, SubmitOptions{})
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
 			}
-		}))
+		}})
 		tk := submit(t, d, "k", 0, prio(0))
 		_, err := tk.Wait(bg)
 		require.NoError(t, err)

@@ -7,8 +7,6 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // ExecFunc performs one call: the slow, side-effecting operation (an API
@@ -58,18 +56,9 @@ type SubmitOptions struct {
 // aging, every submission ended exactly once. All methods are safe for
 // concurrent use. Create one with [New]; the zero value is not usable.
 type Dispatcher[K comparable, T any] struct {
-	exec       ExecFunc[K, T]
-	merge      func(T, T) (T, error)
-	noop       func(K, T) bool
-	onDone     func(Result[K, T])
-	classify   func(error) Class
-	retry      RetryPolicy
-	before     func(context.Context, K, T, error) (T, bool, error)
-	limiter    *rate.Limiter
-	workers    int
-	capacity   int
-	maxWaiters int
-	epoch      time.Time // clock origin: times are int64 ns since epoch
+	exec  ExecFunc[K, T]
+	cfg   settings[K, T] // validated, defaults filled in; never changes
+	epoch time.Time      // clock origin: times are int64 ns since epoch
 
 	base       context.Context // parent of every execution context
 	baseCancel context.CancelCauseFunc
@@ -102,99 +91,58 @@ type Dispatcher[K comparable, T any] struct {
 	budget window   // retry budget: first attempts and retries
 	br     *breaker // nil: no circuit breaker
 
-	obs      Observer
-	labeler  func(K, T) string
-	labels   map[string]int // live calls by label, if labeler is set
-	qwait    hist           // queue wait since New
-	exect    hist           // execution time since New
-	mode     Mode
-	switchTo SwitchPolicy
-	fb       *fallbackState
-	kickCh   chan struct{} // closed and cleared on every state change; see kick
+	labels map[string]int // live calls by label, if Config.Label is set
+	qwait  recentHist     // queue wait
+	exect  recentHist     // execution time
+	mode   Mode
+	fb     *fallbackState
+	kickCh chan struct{} // closed and cleared on every state change; see kick
 
-	t0            *tenant[K, T] // the tenant of submissions that name none
-	tenants       map[string]*tenant[K, T]
-	tenantCfg     map[string]TenantConfig
-	defaultTenant TenantConfig
+	t0      *tenant[K, T] // the tenant of submissions that name none
+	tenants map[string]*tenant[K, T]
 
 	st counters
 }
 
-// New returns a Dispatcher that runs calls with exec. It starts no goroutine:
-// workers start on the first submission. Invalid options are reported here,
-// never later.
-func New[K comparable, T any](exec ExecFunc[K, T], opts ...Option) (*Dispatcher[K, T], error) {
+// New returns a Dispatcher that runs calls with exec, configured by cfg
+// (whose zero fields mean their defaults). It starts no goroutine: workers
+// start on the first submission. An invalid configuration is reported here,
+// never later, with an error naming the field.
+func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatcher[K, T], error) {
 	if exec == nil {
 		return nil, errors.New("dispatch: New: nil ExecFunc")
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			return nil, errors.New("dispatch: New: nil Option")
-		}
-		if err := o.apply(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	merge, err := typed[func(T, T) (T, error)](cfg.merge, "WithMerge")
+	set, err := cfg.validate()
 	if err != nil {
 		return nil, err
-	}
-	noop, err := typed[func(K, T) bool](cfg.noop, "WithNoOp")
-	if err != nil {
-		return nil, err
-	}
-	onDone, err := typed[func(Result[K, T])](cfg.onDone, "WithOnDone")
-	if err != nil {
-		return nil, err
-	}
-	before, err := typed[func(context.Context, K, T, error) (T, bool, error)](cfg.beforeRetry, "WithBeforeRetry")
-	if err != nil {
-		return nil, err
-	}
-	labeler, err := typed[func(K, T) string](cfg.label, "WithLabel")
-	if err != nil {
-		return nil, err
-	}
-	if cfg.maxWaiters == 0 {
-		cfg.maxWaiters = cfg.capacity * DefaultWaitersPerKey
 	}
 	d := &Dispatcher[K, T]{
-		exec:       exec,
-		merge:      merge,
-		noop:       noop,
-		onDone:     onDone,
-		classify:   cfg.classify,
-		retry:      cfg.retry,
-		before:     before,
-		budget:     newWindow(cfg.retry.BudgetWindow),
-		limiter:    cfg.limiter,
-		workers:    cfg.workers,
-		capacity:   cfg.capacity,
-		maxWaiters: cfg.maxWaiters,
-		epoch:      time.Now().Add(-epochOffset),
-		drained:    make(chan struct{}),
-		stopCh:     make(chan struct{}),
-		slots:      make(map[K]*slot[K, T]),
-		q:          newQueue[K, T](int64(cfg.aging)),
-		timerAt:    maxTime,
+		exec:    exec,
+		cfg:     set,
+		budget:  newWindow(set.Retry.BudgetWindow),
+		epoch:   time.Now().Add(-epochOffset),
+		drained: make(chan struct{}),
+		stopCh:  make(chan struct{}),
+		slots:   make(map[K]*slot[K, T]),
+		q:       newQueue[K, T](set.aging),
+		timerAt: maxTime,
+		mode:    set.Mode,
+		tenants: map[string]*tenant[K, T]{},
 	}
-	d.obs, d.labeler, d.mode, d.switchTo = cfg.observer, labeler, cfg.mode, cfg.switchTo
-	if labeler != nil {
+	if set.Label != nil {
 		d.labels = map[string]int{}
 	}
-	if cfg.fallback != nil {
-		d.fb = newFallbackState(*cfg.fallback)
+	if set.Fallback != nil {
+		d.fb = newFallbackState(*set.Fallback)
 	}
-	d.tenants, d.tenantCfg, d.defaultTenant = map[string]*tenant[K, T]{}, cfg.tenants, cfg.defaultTenant
-	c0, ok := cfg.tenants[""]
+	c0, ok := set.Tenants[""]
 	if !ok {
-		c0 = cfg.defaultTenant
+		c0 = set.DefaultTenant
 	}
 	d.t0 = newTenant[K, T]("", c0)
 	d.tenants[""] = d.t0
-	if cfg.breaker != nil {
-		d.br = &breaker{p: *cfg.breaker, win: newWindow(cfg.breaker.Window), obs: cfg.observer}
+	if set.Breaker != nil {
+		d.br = &breaker{p: *set.Breaker, win: newWindow(set.Breaker.Window), obs: set.Observer}
 	}
 	d.base, d.baseCancel = context.WithCancelCause(context.Background())
 	d.cond.L = &d.mu
@@ -226,7 +174,7 @@ func (d *Dispatcher[K, T]) deadlineOf(ctx context.Context, o *SubmitOptions) int
 
 // Submit hands a call to the dispatcher and returns at once with a Ticket on
 // its outcome. If a call for key is pending it is coalesced into it (see
-// WithMerge); if one is in flight, this call becomes its successor and runs
+// Config.Merge); if one is in flight, this call becomes its successor and runs
 // after it; otherwise it is queued by priority.
 //
 // ctx scopes this submission's interest only: when it is cancelled or its
@@ -244,7 +192,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	if ctx.Err() != nil {
 		err := ctxErr(ctx)
 		d.rejectEarly(o.Tenant)
-		if d.obs != nil {
+		if d.cfg.Observer != nil {
 			d.observeSubmit(d.labelOf(key, call), &o, false, err)
 		}
 		return nil, err
@@ -277,7 +225,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		t.state = tsDone
 	}
 	if err == nil && d.mode == Sync {
-		if d.obs != nil {
+		if d.cfg.Observer != nil {
 			so := o // a copy, so that o itself stays on the stack in every Submit
 			ob.notes = append(ob.notes, func() { d.observeSubmit(label, &so, coalesced, nil) })
 		}
@@ -300,25 +248,25 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	return t, nil
 }
 
-// labelOf runs the WithLabel function, if any, outside the lock.
+// labelOf runs the Config.Label function, if any, outside the lock.
 func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
-	if d.labeler == nil {
+	if d.cfg.Label == nil {
 		return ""
 	}
-	return d.labeler(key, call)
+	return d.cfg.Label(key, call)
 }
 
 // observeSubmit queues the observer's submit or reject event.
 func (d *Dispatcher[K, T]) observeSubmit(label string, o *SubmitOptions, coalesced bool, err error) {
-	if d.obs == nil {
+	if d.cfg.Observer == nil {
 		return
 	}
-	e := Event{Label: label, Tenant: o.Tenant, Priority: o.Priority}
+	e := Event{Label: label, Tenant: o.Tenant}
 	if err != nil {
-		d.obs.OnReject(e, err)
+		d.cfg.Observer.OnReject(e, err)
 		return
 	}
-	d.obs.OnSubmit(e, coalesced)
+	d.cfg.Observer.OnSubmit(e, coalesced)
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
@@ -351,7 +299,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	}
 	d.count(ten, err)
 	d.mu.Unlock()
-	if d.obs != nil {
+	if d.cfg.Observer != nil {
 		d.observeSubmit(label, &o, coalesced, err)
 	}
 	d.deliver(&ob)
@@ -370,8 +318,8 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		now = d.admitTime(s, t, o, deadline)
 	}
 	if s == nil {
-		if t != nil && d.tickets >= d.maxWaiters {
-			return false, d.refuse("waiters")
+		if t != nil && d.tickets >= d.cfg.MaxWaiters {
+			return false, d.refuse(BoundWaiters)
 		}
 		// Decide every refusal and victim before changing anything: a
 		// refused submission leaves the dispatcher as it was.
@@ -379,23 +327,23 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		var quotaVictim, capVictim *call[K, T]
 		if ten.overQuota(0) {
 			if quotaVictim = worst(ten.shed, k1, k2, d.seq+1, nil); quotaVictim == nil {
-				return false, d.refuse("quota")
+				return false, d.refuse(BoundQuota)
 			}
 		}
 		// A quota victim is alone in its slot, so evicting it frees a key.
-		if quotaVictim == nil && len(d.slots) >= d.capacity {
+		if quotaVictim == nil && len(d.slots) >= d.cfg.Capacity {
 			if capVictim = worst(d.q.shed, k1, k2, d.seq+1, nil); capVictim == nil {
-				return false, d.refuse("capacity")
+				return false, d.refuse(BoundCapacity)
 			}
 		}
 		if o.Droppable && d.br != nil && d.br.p.RefuseDroppable && d.br.state == BreakerOpen {
 			return false, ErrCircuitOpen
 		}
 		if quotaVictim != nil {
-			d.drop(quotaVictim, errDroppedQuota, "quota", now, ob)
+			d.drop(quotaVictim, errDroppedQuota, BoundQuota, now, ob)
 		}
 		if capVictim != nil {
-			d.drop(capVictim, errDroppedCapacity, "capacity", now, ob)
+			d.drop(capVictim, errDroppedCapacity, BoundCapacity, now, ob)
 		}
 		if !d.started {
 			d.start()
@@ -413,8 +361,8 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	if o.Generation < s.gen {
 		return false, errRejectStale // before any bound: it would never be accepted
 	}
-	if t != nil && d.tickets >= d.maxWaiters {
-		return false, d.refuse("waiters")
+	if t != nil && d.tickets >= d.cfg.MaxWaiters {
+		return false, d.refuse(BoundWaiters)
 	}
 	supersede := o.Generation > s.gen
 	var quotaVictim *call[K, T]
@@ -427,7 +375,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		if ten.overQuota(freed) {
 			k1, k2 := d.q.sortKey(o.Priority, now)
 			if quotaVictim = worst(ten.shed, k1, k2, d.seq+1, s.next); quotaVictim == nil {
-				return false, d.refuse("quota")
+				return false, d.refuse(BoundQuota)
 			}
 		}
 	}
@@ -447,7 +395,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		return true, nil
 	}
 	if quotaVictim != nil {
-		d.drop(quotaVictim, errDroppedQuota, "quota", now, ob)
+		d.drop(quotaVictim, errDroppedQuota, BoundQuota, now, ob)
 	}
 	// The key is in flight: this call is its successor, and enters the ready
 	// index only when the in-flight call finishes, with the enqueue time it
@@ -481,9 +429,9 @@ func (d *Dispatcher[K, T]) admitTime(s *slot[K, T], t *Ticket[K, T], o *SubmitOp
 }
 
 // refuse counts and returns a backpressure refusal.
-func (d *Dispatcher[K, T]) refuse(reason string) error {
-	d.st.refused[reasonIndex(reason)]++
-	return &BackpressureError{Reason: reason, Depth: len(d.slots)}
+func (d *Dispatcher[K, T]) refuse(b Bound) error {
+	d.st.refused[b.index()]++
+	return &BackpressureError{Bound: b, Depth: len(d.slots)}
 }
 
 func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
@@ -503,10 +451,10 @@ func (d *Dispatcher[K, T]) newCall(s *slot[K, T], val T, o *SubmitOptions, ten *
 
 // drop sheds a queued call to make room: every waiter gets Dropped with
 // the reason, and the completion hook fires.
-func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, reason string, now int64, ob *outbox[K, T]) {
-	d.st.shed[reasonIndex(reason)]++
+func (d *Dispatcher[K, T]) drop(c *call[K, T], err error, reason Bound, now int64, ob *outbox[K, T]) {
+	d.st.shed[reason.index()]++
 	c.ten.st.Dropped++
-	if obs := d.obs; obs != nil {
+	if obs := d.cfg.Observer; obs != nil {
 		e := c.event()
 		ob.notes = append(ob.notes, func() { obs.OnDrop(e, reason) })
 	}
@@ -709,7 +657,7 @@ func (d *Dispatcher[K, T]) kicked() <-chan struct{} {
 
 // event describes c for the observer.
 func (c *call[K, T]) event() Event {
-	return Event{Label: c.label, Tenant: c.ten.name, Priority: c.prio}
+	return Event{Label: c.label, Tenant: c.ten.name}
 }
 
 // maxFreeSlots bounds the free list of released slots. Reusing a slot
@@ -759,17 +707,17 @@ func (d *Dispatcher[K, T]) hook(c *call[K, T], st State, err error, now int64, o
 	if d.fb != nil {
 		d.fb.finished(now, st == Failed)
 	}
-	if d.onDone == nil && d.obs == nil {
+	if d.cfg.OnDone == nil && d.cfg.Observer == nil {
 		return
 	}
 	r := d.result(c, st, err, now)
-	if d.onDone != nil {
+	if d.cfg.OnDone != nil {
 		ob.hooks = append(ob.hooks, r)
 	}
-	if obs := d.obs; obs != nil {
+	if obs := d.cfg.Observer; obs != nil {
 		e := c.event()
-		f := Finish{State: r.State, Err: r.Err, Attempts: r.Attempts, Waiters: r.Waiters, QueueWait: r.QueueWait, RunTime: r.RunTime}
-		ob.notes = append(ob.notes, func() { obs.OnFinish(e, f) })
+		o := r.Outcome
+		ob.notes = append(ob.notes, func() { obs.OnFinish(e, o) })
 	}
 }
 
@@ -778,16 +726,14 @@ func (d *Dispatcher[K, T]) result(c *call[K, T], st State, err error, now int64)
 	if c.firstStart >= 0 {
 		wait = c.firstStart - c.enq
 	}
-	return Result[K, T]{
-		Key:       c.s.key,
-		Call:      c.val,
+	return Result[K, T]{Key: c.s.key, Call: c.val, Outcome: Outcome{
 		State:     st,
 		Err:       err,
 		Attempts:  c.attempts,
 		Waiters:   c.joined,
 		QueueWait: time.Duration(max(wait, 0)),
 		RunTime:   c.runTime,
-	}
+	}}
 }
 
 // ticketState is a Ticket's lifecycle, guarded by the Dispatcher's lock.
@@ -818,7 +764,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 	}
 	ob.tickets = ob.tickets[:0]
 	for i := range ob.hooks {
-		d.onDone(ob.hooks[i])
+		d.cfg.OnDone(ob.hooks[i])
 		ob.hooks[i] = Result[K, T]{}
 	}
 	ob.hooks = ob.hooks[:0]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -16,38 +17,43 @@ import (
 func nopExec(context.Context, string, int) error { return nil }
 
 // TestNewValidation: every invalid configuration is an error from New that
-// names the offending option, never a panic, and no Dispatcher.
+// names the offending field, never a panic, and no Dispatcher. (A callback
+// of the wrong type does not get this far: Config is typed by K and T, so
+// it does not compile.)
 func TestNewValidation(t *testing.T) {
+	type cfg = Config[string, int]
 	tests := []struct {
 		name string
 		exec ExecFunc[string, int]
-		opts []Option
+		cfg  cfg
 		want string // substring of the error
 	}{
-		{"nil exec", nil, nil, "ExecFunc"},
-		{"nil option", nopExec, []Option{nil}, "Option"},
-		{"WithWorkers(0)", nopExec, []Option{WithWorkers(0)}, "WithWorkers"},
-		{"WithWorkers(-1)", nopExec, []Option{WithWorkers(-1)}, "WithWorkers"},
-		{"WithCapacity(0)", nopExec, []Option{WithCapacity(0)}, "WithCapacity"},
-		{"WithCapacity(-1)", nopExec, []Option{WithCapacity(-1)}, "WithCapacity"},
-		{"WithAging(-1)", nopExec, []Option{WithAging(-1)}, "WithAging"},
-		{"WithMaxWaiters(0)", nopExec, []Option{WithMaxWaiters(0)}, "WithMaxWaiters"},
-		{"WithMaxWaiters(-1)", nopExec, []Option{WithMaxWaiters(-1)}, "WithMaxWaiters"},
-		{"nil merge", nopExec, []Option{WithMerge[int](nil)}, "WithMerge"},
-		{"nil no-op test", nopExec, []Option{WithNoOp[string, int](nil)}, "WithNoOp"},
-		{"nil hook", nopExec, []Option{WithOnDone[string, int](nil)}, "WithOnDone"},
-		{"merge of another T", nopExec, []Option{WithMerge(func(p, in string) (string, error) { return p, nil })}, "WithMerge"},
-		{"no-op test of another K", nopExec, []Option{WithNoOp(func(int, int) bool { return false })}, "WithNoOp"},
-		{"no-op test of another T", nopExec, []Option{WithNoOp(func(string, string) bool { return false })}, "WithNoOp"},
-		{"hook of another K", nopExec, []Option{WithOnDone(func(Result[int, int]) {})}, "WithOnDone"},
-		{"hook of another T", nopExec, []Option{WithOnDone(func(Result[string, string]) {})}, "WithOnDone"},
-		{"bad option after good ones", nopExec, []Option{WithWorkers(2), WithAging(0), WithCapacity(0)}, "WithCapacity"},
+		{"nil exec", nil, cfg{}, "ExecFunc"},
+		{"Workers -1", nopExec, cfg{Workers: -1}, "Config.Workers"},
+		{"Capacity -1", nopExec, cfg{Capacity: -1}, "Config.Capacity"},
+		{"MaxWaiters -1", nopExec, cfg{MaxWaiters: -1}, "Config.MaxWaiters"},
+		{"Aging -1", nopExec, cfg{Aging: -1}, "Config.Aging"},
+		{"unknown Mode", nopExec, cfg{Mode: 7}, "Config.Mode"},
+		{"unknown SwitchPolicy", nopExec, cfg{SwitchPolicy: 7}, "Config.SwitchPolicy"},
+		{"Retry.MaxAttempts -1", nopExec, cfg{Retry: RetryPolicy{MaxAttempts: -1}}, "Config.Retry.MaxAttempts"},
+		{"Retry.Multiplier 0.5", nopExec, cfg{Retry: RetryPolicy{Multiplier: 0.5}}, "Config.Retry.Multiplier"},
+		{"Retry.Jitter unknown", nopExec, cfg{Retry: RetryPolicy{Jitter: 9}}, "Config.Retry.Jitter"},
+		{"Retry.BudgetRatio NaN", nopExec, cfg{Retry: RetryPolicy{BudgetRatio: math.NaN()}}, "Config.Retry.BudgetRatio"},
+		{"Retry.BudgetRatio -1", nopExec, cfg{Retry: RetryPolicy{BudgetRatio: -1}}, "Config.Retry.BudgetRatio"},
+		{"Breaker.Cooldown -1", nopExec, cfg{Breaker: &BreakerPolicy{Cooldown: -1}}, "Config.Breaker.Cooldown"},
+		{"Breaker.Probes -1", nopExec, cfg{Breaker: &BreakerPolicy{Probes: -1}}, "Config.Breaker.Probes"},
+		{"Breaker.FailureRatio 2", nopExec, cfg{Breaker: &BreakerPolicy{FailureRatio: 2}}, "Config.Breaker.FailureRatio"},
+		{"Fallback without threshold", nopExec, cfg{Fallback: &FallbackPolicy{}}, "Config.Fallback"},
+		{"Fallback.MaxBacklog -1", nopExec, cfg{Fallback: &FallbackPolicy{MaxBacklog: -1}}, "Config.Fallback.MaxBacklog"},
+		{"Fallback.MaxFailureRatio 2", nopExec, cfg{Fallback: &FallbackPolicy{MaxFailureRatio: 2}}, "Config.Fallback.MaxFailureRatio"},
+		{"tenant MaxQueued -1", nopExec, cfg{Tenants: map[string]TenantConfig{"a": {MaxQueued: -1}}}, `Config.Tenants["a"].MaxQueued`},
+		{"default tenant Weight -1", nopExec, cfg{DefaultTenant: TenantConfig{Weight: -1}}, "Config.DefaultTenant.Weight"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var d *Dispatcher[string, int]
 			var err error
-			require.NotPanics(t, func() { d, err = New(tc.exec, tc.opts...) })
+			require.NotPanics(t, func() { d, err = New(tc.exec, tc.cfg) })
 			require.Error(t, err)
 			assert.Nil(t, d)
 			assert.Contains(t, err.Error(), tc.want)
@@ -55,11 +61,7 @@ func TestNewValidation(t *testing.T) {
 	}
 	t.Run("valid", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			d := newD(t, nopExec, WithWorkers(1), WithCapacity(1), WithMaxWaiters(1), WithAging(0),
-				WithRateLimit(nil),
-				WithMerge(func(p, in int) (int, error) { return in, nil }),
-				WithNoOp(func(string, int) bool { return false }),
-				WithOnDone(func(Result[string, int]) {}))
+			d := newD(t, nopExec, Config[string, int]{Workers: 1, Capacity: 1, MaxWaiters: 1, StrictPriority: true, RateLimit: nil, Merge: func(p, in int) (int, error) { return in, nil }, NoOp: func(string, int) bool { return false }, OnDone: func(Result[string, int]) {}})
 			tk := submit(t, d, "k", 1, SubmitOptions{})
 			r, err := tk.Wait(bg)
 			require.NoError(t, err)
@@ -124,7 +126,7 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 				t.Run("new key/"+later.String()+" after New", func(t *testing.T) {
 					synctest.Test(t, func(t *testing.T) {
 						f := newFixture[string, int]()
-						d := newD(t, f.exec)
+						d := newD(t, f.exec, Config[string, int]{})
 						time.Sleep(later)
 						err := tc.submit(d)
 						require.Error(t, err)
@@ -148,10 +150,10 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 					f := newFixture[string, int]()
 					g := f.block("hold")
 					var merges int
-					d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in int) (int, error) {
+					d := newD(t, f.exec, Config[string, int]{Workers: 1, Merge: func(p, in int) (int, error) {
 						merges++
 						return p + in, nil
-					}))
+					}})
 					tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
 					synctest.Wait()
 					time.Sleep(time.Minute)
@@ -179,16 +181,15 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 	}
 }
 
-// TestCapacity: a new key beyond WithCapacity is refused with a
-// *BackpressureError (Reason "capacity"), while submissions for tracked
+// TestCapacity: a new key beyond Config.Capacity is refused with a
+// *BackpressureError (Bound BoundCapacity), while submissions for tracked
 // keys — merges into a pending call, successors of an in-flight one — are
 // still accepted.
 func TestCapacity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("A")
-		d := newD(t, f.exec, WithWorkers(1), WithCapacity(2),
-			WithMerge(func(p, in int) (int, error) { return p + in, nil }))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Capacity: 2, Merge: func(p, in int) (int, error) { return p + in, nil }})
 		var tks []*Ticket[string, int]
 		tks = append(tks, submit(t, d, "A", 1, prio(0))) // in flight
 		synctest.Wait()
@@ -201,11 +202,11 @@ func TestCapacity(t *testing.T) {
 		assert.ErrorIs(t, err, ErrBackpressure)
 		var bp *BackpressureError
 		require.ErrorAs(t, err, &bp)
-		assert.Equal(t, "capacity", bp.Reason)
+		assert.Equal(t, BoundCapacity, bp.Bound)
 		assert.Equal(t, 2, bp.Depth)
 		err = d.Post("C", 1, SubmitOptions{})
 		require.ErrorAs(t, err, &bp)
-		assert.Equal(t, "capacity", bp.Reason)
+		assert.Equal(t, BoundCapacity, bp.Bound)
 		assert.False(t, d.Pending("C"))
 
 		// Tracked keys need no capacity.
@@ -230,7 +231,7 @@ func TestCapacity(t *testing.T) {
 	})
 }
 
-// TestMaxWaiters: live tickets are bounded by WithMaxWaiters (Reason
+// TestMaxWaiters: live tickets are bounded by Config.MaxWaiters (Bound
 // "waiters"), for a new key and for a merge alike, while fire-and-forget
 // submissions hold no ticket and are still accepted; a ticket that ends
 // frees its slot.
@@ -238,7 +239,7 @@ func TestMaxWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("A")
-		d := newD(t, f.exec, WithWorkers(1), WithMaxWaiters(2))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, MaxWaiters: 2})
 		a1 := submit(t, d, "A", 1, prio(0)) // in flight
 		synctest.Wait()
 		b1 := submit(t, d, "B", 1, prio(0))
@@ -251,7 +252,7 @@ func TestMaxWaiters(t *testing.T) {
 			assert.ErrorIs(t, err, ErrBackpressure)
 			var bp *BackpressureError
 			require.ErrorAs(t, err, &bp)
-			assert.Equal(t, "waiters", bp.Reason)
+			assert.Equal(t, BoundWaiters, bp.Bound)
 		}
 		require.NoError(t, d.Post("B", 3, SubmitOptions{}), "a fire-and-forget merge needs no waiter slot")
 		require.NoError(t, d.Post("A", 3, SubmitOptions{}))
@@ -271,13 +272,13 @@ func TestMaxWaiters(t *testing.T) {
 	})
 }
 
-// TestMaxWaitersDefault: without WithMaxWaiters, live tickets are bounded
+// TestMaxWaitersDefault: without Config.MaxWaiters, live tickets are bounded
 // by DefaultWaitersPerKey × capacity.
 func TestMaxWaitersDefault(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("A")
-		d := newD(t, f.exec, WithWorkers(1), WithCapacity(2))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Capacity: 2})
 		var tks []*Ticket[string, int]
 		tks = append(tks, submit(t, d, "A", 0, prio(0)))
 		synctest.Wait()
@@ -287,7 +288,7 @@ func TestMaxWaitersDefault(t *testing.T) {
 		_, err := d.Submit(bg, "B", 0, prio(0))
 		var bp *BackpressureError
 		require.ErrorAs(t, err, &bp)
-		assert.Equal(t, "waiters", bp.Reason)
+		assert.Equal(t, BoundWaiters, bp.Bound)
 		g.open()
 		synctest.Wait()
 		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
@@ -305,7 +306,7 @@ func TestOutcomeAfterBookkeeping(t *testing.T) {
 				return errUser
 			}
 			return nil
-		}, WithWorkers(2))
+		}, Config[string, int]{Workers: 2})
 		for i, key := range []string{"ok", "fail", "ok"} {
 			tk := submit(t, d, key, 0, prio(0))
 			r, _ := tk.Wait(bg)
@@ -339,7 +340,7 @@ func TestExecPanic(t *testing.T) {
 				panic(errVal)
 			}
 			return nil
-		}, WithWorkers(1), hooks.option())
+		}, Config[string, int]{Workers: 1, OnDone: hooks.add})
 
 		p := submit(t, d, "panic", 0, prio(0))
 		r, err := p.Wait(bg)
@@ -379,12 +380,12 @@ func TestExecPanic(t *testing.T) {
 func TestNoOpPanic(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		d := newD(t, f.exec, WithWorkers(1), WithNoOp(func(key string, _ int) bool {
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, NoOp: func(key string, _ int) bool {
 			if key == "bad" {
 				panic("no-op exploded")
 			}
 			return false
-		}))
+		}})
 		bad := submit(t, d, "bad", 0, prio(0))
 		r, err := bad.Wait(bg)
 		assert.Equal(t, Failed, r.State)
@@ -407,7 +408,7 @@ func TestTicket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("k")
-		d := newD(t, f.exec, WithWorkers(1))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
 		tk := submit(t, d, "k", 7, prio(0))
 		synctest.Wait()
 
@@ -442,10 +443,9 @@ func TestTicket(t *testing.T) {
 		g.open()
 		r, err = tk.Wait(bg)
 		require.NoError(t, err)
-		assert.Equal(t, Result[string, int]{
-			Key: "k", Call: 7, State: Succeeded, Attempts: 1, Waiters: 1,
-			QueueWait: 0, RunTime: time.Second,
-		}, r)
+		assert.Equal(t, Result[string, int]{Key: "k", Call: 7, Outcome: Outcome{
+			State: Succeeded, Attempts: 1, Waiters: 1, QueueWait: 0, RunTime: time.Second,
+		}}, r)
 		before := checkConservation(t, d)
 		tk.Cancel()
 		tk.Cancel()
@@ -504,8 +504,7 @@ func TestOnDone(t *testing.T) {
 			}
 			return nil
 		}
-		d = newD(t, exec, WithWorkers(1), WithOnDone(hook),
-			WithMerge(func(p, in int) (int, error) { return p + in, nil }))
+		d = newD(t, exec, Config[string, int]{Workers: 1, OnDone: hook, Merge: func(p, in int) (int, error) { return p + in, nil }})
 		add := func(key string, tk *Ticket[string, int]) {
 			mu.Lock()
 			tickets[key] = append(tickets[key], tk)
@@ -625,7 +624,7 @@ func TestExecContextDeadline(t *testing.T) {
 					got = dl.Sub(started)
 					return nil
 				}
-				d := newD(t, exec, WithWorkers(1))
+				d := newD(t, exec, Config[string, int]{Workers: 1})
 				hold := submit(t, d, "hold", 0, prio(0))
 				synctest.Wait()
 				tks := tc.waiters(t, d, time.Now())
@@ -658,7 +657,7 @@ func TestTicketDoneLazy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("a")
-		d := newD(t, f.exec, WithWorkers(1))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
 
 		early := submit(t, d, "a", 1, prio(0))
 		synctest.Wait()
@@ -701,7 +700,7 @@ func TestTicketDoneLazy(t *testing.T) {
 // against their delivery by several workers, under -race: every caller's
 // channel closes and every Result is there once it has.
 func TestTicketDoneConcurrent(t *testing.T) {
-	d := newD(t, nopExec, WithWorkers(4))
+	d := newD(t, nopExec, Config[string, int]{Workers: 4})
 	const n = 2000
 	tks := make([]*Ticket[string, int], n)
 	for i := range tks {
@@ -729,7 +728,7 @@ func TestSlotReuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, *int]()
 		g := f.block("hold")
-		d := newD(t, f.exec, WithWorkers(1), WithCapacity(2*maxFreeSlots))
+		d := newD(t, f.exec, Config[string, *int]{Workers: 1, Capacity: 2 * maxFreeSlots})
 		require.NoError(t, d.Post("hold", nil, SubmitOptions{}))
 		synctest.Wait()
 		n := maxFreeSlots + 10

@@ -10,7 +10,7 @@
 // at most one call in flight and at most one pending call:
 //
 //   - Coalesce by key. A submission for a key whose call is pending is merged
-//     into it by the merge function (WithMerge): combined, kept, overwritten,
+//     into it by the merge function (Config.Merge): combined, kept, overwritten,
 //     or refused. Every submission merged into a call shares its one outcome.
 //     A submission for a key whose call is in flight becomes the pending
 //     successor; it runs after the in-flight call, keeping its place in line.
@@ -20,13 +20,14 @@
 //     and a low-priority call cannot starve. A merged call runs at the
 //     highest priority and earliest enqueue time of its live waiters.
 //   - Bound everything. Tracked keys and live tickets are capped
-//     (WithCapacity, WithMaxWaiters); beyond the cap a submission is refused
-//     at once with ErrBackpressure instead of growing memory. A fixed pool of
-//     workers (WithWorkers) and an optional rate limiter bound the API load.
+//     (Config.Capacity, Config.MaxWaiters); beyond the cap a submission is
+//     refused at once with ErrBackpressure instead of growing memory. A fixed
+//     pool of workers (Config.Workers) and an optional rate limiter bound the
+//     API load.
 //   - Deliver outcomes exactly once. Every accepted submission ends in one
 //     State — Succeeded, Skipped, Failed, Canceled, Expired, Dropped, Stale
 //     or Closed — told once, outside every lock, after the dispatcher's own
-//     bookkeeping is final. A completion hook (WithOnDone) fires once per
+//     bookkeeping is final. A completion hook (Config.OnDone) fires once per
 //     finished call.
 //
 // # Priority, aging and fairness: the exact rule
@@ -48,7 +49,7 @@
 // stream of priority-q work that keeps the workers busy without an
 // ever-growing backlog, it therefore starts within about (q−p+1) × aging.
 // Work enqueued before it at a higher priority still goes first: aging lifts
-// every waiting call alike. WithAging(0) gives strict priority, which can
+// every waiting call alike. Config.StrictPriority turns aging off, which can
 // starve.
 //
 // Each submission is a waiter with its own deadline and context. When the
@@ -60,9 +61,9 @@
 //
 // # Example
 //
-//	d, err := dispatch.New(func(ctx context.Context, uid string, p Patch) error {
+//	d, err := dispatch.New(func(ctx context.Context, uid types.UID, p Patch) error {
 //		return client.Patch(ctx, uid, p)
-//	}, dispatch.WithWorkers(8), dispatch.WithMerge(mergePatches))
+//	}, dispatch.Config[types.UID, Patch]{Workers: 8, Merge: mergePatches})
 //	if err != nil { ... }
 //	defer d.Close(ctx)
 //
@@ -74,17 +75,17 @@
 //
 // # Failure, overload and rollback
 //
-// A classifier (WithClassifier) judges each failed execution Retry,
+// A classifier (Config.Classify) judges each failed execution Retry,
 // Permanent or Recompute; retries wait out an exponential backoff in the
 // queue, never in a worker, bounded by attempts, the call's deadline and a
-// retry budget, and a circuit breaker (WithBreaker) stops executions after
+// retry budget, and a circuit breaker (Config.Breaker) stops executions after
 // sustained failures. When full, a new key evicts the worst droppable queued
 // call if it is better, or is refused with ErrBackpressure; tenants get
-// quotas and in-flight caps (WithTenant). Sync mode (WithMode, SetMode) runs
+// quotas and in-flight caps (Config.Tenants). Sync mode (Config.Mode, SetMode) runs
 // each submission inline in its caller through the same machinery — the
-// feature gate's off position — and a fallback policy (WithFallback) switches
+// feature gate's off position — and a fallback policy (Config.Fallback) switches
 // to it by itself when backlog, queue wait, failures or the breaker cross a
-// threshold. Stats gives a consistent snapshot; an Observer (WithObserver)
+// threshold. Stats gives a consistent snapshot; an Observer (Config.Observer)
 // receives every event outside the lock, for metrics.
 //
 // # Cost and concurrency

@@ -45,18 +45,34 @@ var (
 	ErrMergeRejected = errors.New("dispatch: merge rejected")
 )
 
+// Bound names a limit that refused a submission or shed a queued call. Its
+// values are a fixed set, safe as a metric label.
+type Bound string
+
+// The bounds.
+const (
+	// BoundCapacity is Config.Capacity: tracked keys.
+	BoundCapacity Bound = "capacity"
+	// BoundWaiters is Config.MaxWaiters: live tickets.
+	BoundWaiters Bound = "waiters"
+	// BoundQuota is a tenant's TenantConfig.MaxQueued.
+	BoundQuota Bound = "quota"
+)
+
+// Bounds lists every Bound, for callers that set up one counter per value.
+func Bounds() []Bound { return []Bound{BoundCapacity, BoundWaiters, BoundQuota} }
+
 // BackpressureError is the error a refused submission gets. It matches
 // [ErrBackpressure].
 type BackpressureError struct {
-	// Reason says which bound was hit: "capacity" (tracked keys) or
-	// "waiters" (live tickets).
-	Reason string
+	// Bound says which limit was hit.
+	Bound Bound
 	// Depth is the number of tracked keys when the submission was refused.
 	Depth int
 }
 
 func (e *BackpressureError) Error() string {
-	return fmt.Sprintf("dispatch: backpressure: %s (depth %d)", e.Reason, e.Depth)
+	return fmt.Sprintf("dispatch: backpressure: %s (depth %d)", e.Bound, e.Depth)
 }
 
 // Is reports whether target is [ErrBackpressure].

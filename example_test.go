@@ -14,7 +14,8 @@ import (
 // key "busy" until release is called, so that the calls an example submits
 // meanwhile queue up and run in a known order: the examples' output then
 // does not depend on goroutine scheduling. Real dispatchers use many workers.
-func busyWorker[T any](exec dispatch.ExecFunc[string, T], opts ...dispatch.Option) (d *dispatch.Dispatcher[string, T], release func()) {
+func busyWorker[T any](exec dispatch.ExecFunc[string, T], cfg dispatch.Config[string, T]) (d *dispatch.Dispatcher[string, T], release func()) {
+	cfg.Workers = 1
 	held, done := make(chan struct{}), make(chan struct{})
 	d, err := dispatch.New(func(ctx context.Context, key string, call T) error {
 		if key == "busy" {
@@ -23,7 +24,7 @@ func busyWorker[T any](exec dispatch.ExecFunc[string, T], opts ...dispatch.Optio
 			return nil
 		}
 		return exec(ctx, key, call)
-	}, append([]dispatch.Option{dispatch.WithWorkers(1)}, opts...)...)
+	}, cfg)
 	if err != nil {
 		panic(err)
 	}
@@ -42,7 +43,7 @@ func Example() {
 		fmt.Printf("PATCH %s: %s\n", pod, status) // the slow API write
 		return nil
 	}
-	d, err := dispatch.New(patch)
+	d, err := dispatch.New(patch, dispatch.Config[string, string]{})
 	if err != nil {
 		panic(err)
 	}
@@ -67,7 +68,7 @@ func ExampleDispatcher_Submit() {
 	d, release := busyWorker(func(ctx context.Context, pod, op string) error {
 		fmt.Println(op, pod)
 		return nil
-	})
+	}, dispatch.Config[string, string]{})
 	defer d.Close(context.Background())
 
 	ctx := context.Background()
@@ -102,19 +103,19 @@ func ExampleDispatcher_Submit() {
 
 // Post is for callers that never wait: it returns no ticket, and a Post onto
 // a key whose call is still pending coalesces into that call without
-// allocating. The outcome reaches the completion hook (WithOnDone) and Stats.
+// allocating. The outcome reaches the completion hook (Config.OnDone) and Stats.
 func ExampleDispatcher_Post() {
 	d, release := busyWorker(func(ctx context.Context, pod, status string) error {
 		fmt.Printf("PATCH %s: %s\n", pod, status)
 		return nil
-	}, dispatch.WithOnDone(func(r dispatch.Result[string, string]) {
+	}, dispatch.Config[string, string]{OnDone: func(r dispatch.Result[string, string]) {
 		if r.Key != "busy" {
 			fmt.Printf("done %s: %s, %d submissions, %d API call\n", r.Key, r.State, r.Waiters, r.Attempts)
 		}
-	}))
+	}})
 
 	// Three scheduling attempts fail for pod-a while its first patch still
-	// waits: one API call carries the last status (without WithMerge the
+	// waits: one API call carries the last status (without Config.Merge the
 	// newest call replaces the pending one).
 	for _, status := range []string{"attempt 1: 0/3 nodes", "attempt 2: 0/3 nodes", "attempt 3: 0/5 nodes"} {
 		if err := d.Post("pod-a", status, dispatch.SubmitOptions{}); err != nil {
@@ -142,7 +143,7 @@ type Patch struct {
 // key: here, patches to the same resourceVersion are combined field by
 // field, and a patch to another version is refused rather than merged
 // because it looks alike.
-func ExampleWithMerge() {
+func ExampleConfig_merge() {
 	merge := func(pending, incoming Patch) (Patch, error) {
 		if pending.ResourceVersion != incoming.ResourceVersion {
 			return pending, fmt.Errorf("resourceVersion %d is not %d", incoming.ResourceVersion, pending.ResourceVersion)
@@ -154,7 +155,7 @@ func ExampleWithMerge() {
 	d, release := busyWorker(func(ctx context.Context, pod string, p Patch) error {
 		fmt.Println("PATCH", pod, p.ResourceVersion, p.Set) // maps print sorted
 		return nil
-	}, dispatch.WithMerge(merge))
+	}, dispatch.Config[string, Patch]{Merge: merge})
 	defer d.Close(context.Background())
 
 	ctx := context.Background()
@@ -180,7 +181,7 @@ func ExampleDispatcher_Cancel() {
 	d, release := busyWorker(func(ctx context.Context, pod, op string) error {
 		fmt.Println(op, pod)
 		return nil
-	})
+	}, dispatch.Config[string, string]{})
 	defer d.Close(context.Background())
 
 	ctx := context.Background()
@@ -202,7 +203,7 @@ func ExampleTicket_Cancel() {
 	d, release := busyWorker(func(ctx context.Context, pod, op string) error {
 		fmt.Println(op, pod)
 		return nil
-	})
+	}, dispatch.Config[string, string]{})
 	defer d.Close(context.Background())
 
 	ctx := context.Background()
@@ -230,7 +231,7 @@ func ExampleSubmitOptions_generation() {
 	d, release := busyWorker(func(ctx context.Context, pod, node string) error {
 		fmt.Println("bind", pod, "to", node)
 		return nil
-	})
+	}, dispatch.Config[string, string]{})
 	defer d.Close(context.Background())
 
 	ctx := context.Background()
@@ -252,9 +253,9 @@ func ExampleSubmitOptions_generation() {
 // Capacity bounds the keys a dispatcher tracks. A new key beyond it is
 // refused at once with ErrBackpressure, so memory never grows with the
 // backlog; a submission that coalesces into a tracked key is still taken.
-func ExampleWithCapacity() {
+func ExampleConfig_capacity() {
 	d, release := busyWorker(func(ctx context.Context, pod, op string) error { return nil },
-		dispatch.WithCapacity(2))
+		dispatch.Config[string, string]{Capacity: 2})
 	defer d.Close(context.Background())
 
 	// The call holding the worker is tracked key 1; pod-a is key 2.
@@ -281,7 +282,7 @@ func ExampleDispatcher_Close() {
 		}
 		fmt.Println(op, pod)
 		return nil
-	}, dispatch.WithWorkers(1))
+	}, dispatch.Config[string, string]{Workers: 1})
 	d.Post("busy", "", dispatch.SubmitOptions{})
 	<-busy
 
@@ -300,16 +301,21 @@ func ExampleDispatcher_Close() {
 	// after Close: dispatch: closed
 }
 
-// Configuration errors come from New, naming the option, never later.
+// Configuration errors come from New, naming the field, never later. Zero
+// fields mean their defaults; a callback of the wrong type does not compile.
 func ExampleNew() {
 	exec := func(ctx context.Context, key string, call int) error { return nil }
-	_, err := dispatch.New(exec, dispatch.WithWorkers(0))
+	_, err := dispatch.New(exec, dispatch.Config[string, int]{Workers: -1})
 	fmt.Println(err)
-	_, err = dispatch.New(exec, dispatch.WithMerge(func(a, b string) (string, error) { return b, nil }))
+	_, err = dispatch.New(exec, dispatch.Config[string, int]{Retry: dispatch.RetryPolicy{Multiplier: 0.5}})
 	fmt.Println(err)
+	d, err := dispatch.New(exec, dispatch.Config[string, int]{})
+	fmt.Println(err)
+	d.Close(context.Background())
 	// Output:
-	// dispatch: WithWorkers(0): must be positive
-	// dispatch: WithMerge: function is func(string, string) (string, error), want func(int, int) (int, error)
+	// dispatch: Config.Workers: -1 must not be negative
+	// dispatch: Config.Retry.Multiplier: 0.5 must be at least 1
+	// <nil>
 }
 
 // SetMode is the feature gate's lever: in Sync, each submission runs inline
@@ -319,7 +325,7 @@ func ExampleDispatcher_SetMode() {
 	d, err := dispatch.New(func(ctx context.Context, pod, status string) error {
 		fmt.Printf("PATCH %s: %s\n", pod, status)
 		return nil
-	})
+	}, dispatch.Config[string, string]{})
 	if err != nil {
 		panic(err)
 	}
@@ -342,7 +348,7 @@ func ExampleDispatcher_SetMode() {
 
 // Tenants keep one caller from starving the others: here status patches may
 // hold at most one of the two workers, so a bind always finds one.
-func ExampleWithTenant() {
+func ExampleConfig_tenants() {
 	apiSlow, started := make(chan struct{}), make(chan struct{}, 2)
 	d, err := dispatch.New(func(ctx context.Context, pod, op string) error {
 		if op == "patch" {
@@ -351,7 +357,7 @@ func ExampleWithTenant() {
 		}
 		fmt.Println(op, pod)
 		return nil
-	}, dispatch.WithWorkers(2), dispatch.WithTenant("patch", dispatch.TenantConfig{MaxInFlight: 1}))
+	}, dispatch.Config[string, string]{Workers: 2, Tenants: map[string]dispatch.TenantConfig{"patch": dispatch.TenantConfig{MaxInFlight: 1}}})
 	if err != nil {
 		panic(err)
 	}
@@ -380,4 +386,42 @@ func ExampleWithTenant() {
 	// patches: 1 in flight, 1 queued
 	// patch pod-a
 	// patch pod-b
+}
+
+// Amend shows and rewrites what a key's pending write will do before it
+// runs — kube-scheduler's SyncObject: when a newer copy of the object
+// arrives, the pending write is refreshed against it, and dropped as
+// Skipped if the object already looks as the write would make it.
+func ExampleDispatcher_Amend() {
+	type patch struct{ have, want string } // the status seen, the status to write
+	d, release := busyWorker(func(ctx context.Context, pod string, p patch) error {
+		fmt.Println("PATCH", pod, p.want)
+		return nil
+	}, dispatch.Config[string, patch]{
+		NoOp: func(pod string, p patch) bool { return p.want != "" && p.have == p.want },
+	})
+	defer d.Close(context.Background())
+	ctx := context.Background()
+
+	a, _ := d.Submit(ctx, "pod-a", patch{have: "Pending", want: "Unschedulable"}, dispatch.SubmitOptions{})
+	b, _ := d.Submit(ctx, "pod-b", patch{have: "Pending", want: "Unschedulable"}, dispatch.SubmitOptions{})
+
+	// An informer delivers pod-b, already Unschedulable (someone else wrote
+	// it): refresh the pending write's baseline.
+	var future string
+	found, err := d.Amend("pod-b", func(p patch) (patch, error) {
+		p.have = "Unschedulable"
+		future = p.want // what the cache should show
+		return p, nil
+	})
+	fmt.Println("pod-b pending:", found, err, "will be", future)
+
+	release()
+	ra, _ := a.Wait(ctx)
+	rb, _ := b.Wait(ctx)
+	fmt.Println("pod-a:", ra.State, "pod-b:", rb.State)
+	// Output:
+	// pod-b pending: true <nil> will be Unschedulable
+	// PATCH pod-a Unschedulable
+	// pod-a: Succeeded pod-b: Skipped
 }

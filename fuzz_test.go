@@ -22,7 +22,7 @@ package dispatch
 //
 // The model covers: per-key one in-flight and one pending call, successors,
 // coalescing (replace, sum, or a sum that refuses some values via
-// WithMerge), idempotency-key conflicts, priority with aging as virtual time
+// Config.Merge), idempotency-key conflicts, priority with aging as virtual time
 // (enqueue − priority×aging, saturating) then FIFO, strict priority when
 // aging is 0, re-derivation of a call's priority and enqueue time when a
 // waiter leaves, generations (stale rejection, supersession), deadlines from
@@ -333,13 +333,13 @@ type fzConfig struct {
 	merge       int // 0 replace, 1 sum, 2 sum that refuses incoming multiples of 3
 	honour      bool
 	noop        bool // values divisible by 5 are no-ops
-	before      bool // WithBeforeRetry
+	before      bool // Config.BeforeRetry
 	drainClose  bool // the final Close drains (else its context ends at once)
 	aging       time.Duration
 	capacity    int
 	maxWaiters  int // 0: default
 	maxAttempts int
-	breaker     bool // WithBreaker: consecutive-failure rule only, one probe
+	breaker     bool // Config.Breaker: consecutive-failure rule only, one probe
 	brFailures  int  // BreakerPolicy.ConsecutiveFailures
 	brRefuse    bool // BreakerPolicy.RefuseDroppable
 }
@@ -1448,7 +1448,7 @@ func fzErrClass(err error) string {
 	}
 	var re *RetryError
 	if errors.As(err, &re) {
-		return "retry:" + re.Reason + ":" + fzErrClass(re.Last)
+		return "retry:" + string(re.Reason) + ":" + fzErrClass(re.Last)
 	}
 	var pe *PanicError
 	switch {
@@ -1518,16 +1518,18 @@ func fzRun(t *testing.T, data []byte, avoid fzAvoid) {
 	cfg := fzDecodeConfig(r, avoid)
 	h := &fzHarness{t: t, cfg: cfg, avoid: avoid, m: newFzModel(cfg), closeDone: make(chan error, 1)}
 	h.trace = append(h.trace, "config: "+cfg.String())
-	opts := []Option{
-		WithWorkers(1),
-		WithCapacity(cfg.capacity),
-		WithAging(cfg.aging),
-		WithOnDone(func(r Result[int, int64]) {
+	dc := Config[int, int64]{
+		Workers:        1,
+		Capacity:       cfg.capacity,
+		MaxWaiters:     cfg.maxWaiters,
+		Aging:          cfg.aging,
+		StrictPriority: cfg.aging == 0,
+		OnDone: func(r Result[int, int64]) {
 			h.mu.Lock()
 			h.hooks = append(h.hooks, r)
 			h.mu.Unlock()
-		}),
-		WithClassifier(func(err error) Class {
+		},
+		Classify: func(err error) Class {
 			switch {
 			case errors.Is(err, errFuzzRetry):
 				return Retry
@@ -1535,44 +1537,41 @@ func fzRun(t *testing.T, data []byte, avoid fzAvoid) {
 				return Recompute
 			}
 			return Permanent
-		}),
-		WithRetry(RetryPolicy{
+		},
+		Retry: RetryPolicy{
 			MaxAttempts:    cfg.maxAttempts,
 			InitialBackoff: fzBackoff,
 			MaxBackoff:     fzMaxBackoff,
 			Multiplier:     2,
 			Jitter:         NoJitter,
 			BudgetRatio:    math.Inf(1),
-		}),
-	}
-	if cfg.maxWaiters > 0 {
-		opts = append(opts, WithMaxWaiters(cfg.maxWaiters))
+		},
 	}
 	if cfg.breaker {
-		opts = append(opts, WithBreaker(BreakerPolicy{
+		dc.Breaker = &BreakerPolicy{
 			ConsecutiveFailures: cfg.brFailures,
 			FailureRatio:        math.Inf(1),
 			Cooldown:            fzCooldown,
 			Probes:              1,
 			RefuseDroppable:     cfg.brRefuse,
-		}))
+		}
 	}
 	switch cfg.merge {
 	case 1:
-		opts = append(opts, WithMerge(func(p, in int64) (int64, error) { return p + in, nil }))
+		dc.Merge = func(p, in int64) (int64, error) { return p + in, nil }
 	case 2:
-		opts = append(opts, WithMerge(func(p, in int64) (int64, error) {
+		dc.Merge = func(p, in int64) (int64, error) {
 			if in%3 == 0 {
 				return 0, errFuzzMerge
 			}
 			return p + in, nil
-		}))
+		}
 	}
 	if cfg.noop {
-		opts = append(opts, WithNoOp(func(_ int, v int64) bool { return v%5 == 0 }))
+		dc.NoOp = func(_ int, v int64) bool { return v%5 == 0 }
 	}
 	if cfg.before {
-		opts = append(opts, WithBeforeRetry(func(_ context.Context, _ int, v int64, _ error) (int64, bool, error) {
+		dc.BeforeRetry = func(_ context.Context, _ int, v int64, _ error) (int64, bool, error) {
 			switch {
 			case v%7 == 0:
 				return 0, true, nil
@@ -1580,10 +1579,10 @@ func fzRun(t *testing.T, data []byte, avoid fzAvoid) {
 				return 0, false, errFuzzBefore
 			}
 			return v + 1000, false, nil
-		}))
+		}
 	}
 	h.t0 = time.Now()
-	d, err := New(h.exec, opts...)
+	d, err := New(h.exec, dc)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

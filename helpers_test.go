@@ -23,9 +23,9 @@ var bg = context.Background()
 // bubble even when the test stops early: t.Cleanup runs in the bubble, before
 // synctest waits for the bubble's goroutines. Tests still call closeD (or
 // Close) themselves to check what Close returns; Close is idempotent.
-func newD[K comparable, T any](t *testing.T, exec ExecFunc[K, T], opts ...Option) *Dispatcher[K, T] {
+func newD[K comparable, T any](t *testing.T, exec ExecFunc[K, T], cfg Config[K, T]) *Dispatcher[K, T] {
 	t.Helper()
-	d, err := New(exec, opts...)
+	d, err := New(exec, cfg)
 	require.NoError(t, err)
 	require.NotNil(t, d)
 	t.Cleanup(func() {
@@ -211,7 +211,7 @@ func (g *gate) wait(ctx context.Context) error {
 }
 
 // held wraps exec so that executions of the key "hold" block until g opens
-// (or their context ends). With WithWorkers(1) and the "hold" call in
+// (or their context ends). With Config.Workers 1 and the "hold" call in
 // flight, a test can gather several submissions into one pending call
 // before it starts: a submission for a key already in flight would become
 // its successor instead.
@@ -311,9 +311,6 @@ func (h *hookLog[K, T]) add(r Result[K, T]) {
 	h.res = append(h.res, r)
 	h.mu.Unlock()
 }
-
-// option installs the log as the Dispatcher's completion hook.
-func (h *hookLog[K, T]) option() Option { return WithOnDone(h.add) }
 
 func (h *hookLog[K, T]) all() []Result[K, T] {
 	h.mu.Lock()

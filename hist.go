@@ -8,7 +8,7 @@ import (
 // hist is a fixed-bucket latency histogram: observing is an index
 // computation and an increment, with no allocation. Bucket 2k holds
 // durations in [2^k, 1.5×2^k) ns and bucket 2k+1 those in [1.5×2^k, 2^(k+1)),
-// so a bucket's upper bound overstates a value by at most 50% (√2-ish).
+// so a bucket's upper bound overstates a value by at most 50%.
 type hist struct {
 	n      uint64
 	counts [128]uint64
@@ -69,4 +69,40 @@ func (h *hist) quantile(q float64) time.Duration {
 
 func (h *hist) quantiles() Quantiles {
 	return Quantiles{Count: h.n, P50: h.quantile(0.5), P90: h.quantile(0.9), P99: h.quantile(0.99)}
+}
+
+// recentHist is a histogram of the last LatencyWindow: a ring of
+// histograms, each covering a sixth of the window; observing clears the
+// one it lands in if that one is from an older round.
+type recentHist struct {
+	parts [recentParts]struct {
+		start int64
+		h     hist
+	}
+}
+
+const (
+	recentParts = 6
+	recentWidth = int64(LatencyWindow) / recentParts
+)
+
+func (r *recentHist) observe(now int64, d time.Duration) {
+	start := now - now%recentWidth
+	p := &r.parts[(now/recentWidth)%recentParts]
+	if p.start != start {
+		p.start, p.h = start, hist{}
+	}
+	p.h.observe(d)
+}
+
+// quantiles summarises the parts still inside the window at now.
+func (r *recentHist) quantiles(now int64) Quantiles {
+	var sum hist
+	oldest := now - now%recentWidth - (recentParts-1)*recentWidth
+	for i := range r.parts {
+		if p := &r.parts[i]; p.start >= oldest && p.start <= now && p.h.n > 0 {
+			sum.add(&p.h)
+		}
+	}
+	return sum.quantiles()
 }

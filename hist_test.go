@@ -52,3 +52,36 @@ func TestHistObserveAllocatesNothing(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// TestRecentHist: the latency quantiles cover the last LatencyWindow only,
+// so a regression shows at once and an old one stops showing.
+func TestRecentHist(t *testing.T) {
+	var r recentHist
+	base := int64(time.Hour) // the dispatcher's clock starts an hour in
+	for i := range 100 {
+		r.observe(base+int64(i)*int64(time.Millisecond), 10*time.Millisecond)
+	}
+	q := r.quantiles(base + int64(time.Second))
+	assert.Equal(t, uint64(100), q.Count)
+	assert.Equal(t, histUpper(histIndex(10*time.Millisecond)), q.P99)
+	assert.GreaterOrEqual(t, q.P99, 10*time.Millisecond)
+	assert.LessOrEqual(t, q.P99, 15*time.Millisecond, "at most 50% over")
+
+	// A regression a minute later replaces the old samples entirely.
+	later := base + int64(LatencyWindow) + int64(10*time.Second)
+	for i := range 10 {
+		r.observe(later+int64(i), time.Second)
+	}
+	q = r.quantiles(later + 10)
+	assert.Equal(t, uint64(10), q.Count, "samples older than the window are gone")
+	assert.GreaterOrEqual(t, q.P50, time.Second)
+
+	// Nothing observed for a whole window: empty.
+	assert.Zero(t, r.quantiles(later+2*int64(LatencyWindow)).Count)
+}
+
+func TestStateCountsTotal(t *testing.T) {
+	var c StateCounts
+	c[Succeeded], c[Failed], c[Closed] = 3, 2, 1
+	assert.Equal(t, uint64(6), c.Total())
+}

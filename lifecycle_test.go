@@ -23,7 +23,7 @@ func TestWaiterDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("hold")
-		d := newD(t, f.exec, WithWorkers(1))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
 		hold := submit(t, d, "hold", 0, prio(0))
 		synctest.Wait()
 		now := time.Now()
@@ -81,7 +81,7 @@ func TestExtremeDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("hold")
-		d := newD(t, f.exec, WithWorkers(1))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
 		hold := submit(t, d, "hold", 0, prio(0))
 		synctest.Wait()
 		now := time.Now()
@@ -127,7 +127,7 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 				time.Sleep(5 * time.Second)
 				ctxEnded.Store(ctx.Err() != nil)
 				return nil
-			}), WithWorkers(1))
+			}), Config[string, int]{Workers: 1})
 			hold := submit(t, d, "hold", 0, prio(0))
 			synctest.Wait()
 			short := submit(t, d, "A", 0, SubmitOptions{Deadline: time.Now().Add(2 * time.Second)})
@@ -161,7 +161,7 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 				case <-time.After(time.Minute):
 					return nil
 				}
-			}), WithWorkers(1), hooks.option())
+			}), Config[string, int]{Workers: 1, OnDone: hooks.add})
 			hold := submit(t, d, "hold", 0, prio(0))
 			synctest.Wait()
 			start := time.Now()
@@ -208,7 +208,7 @@ func TestLastWaiterLeaves(t *testing.T) {
 						return nil
 					}
 					return ctx.Err()
-				}), WithWorkers(1), hooks.option())
+				}), Config[string, int]{Workers: 1, OnDone: hooks.add})
 				hold := submit(t, d, "hold", 0, prio(0))
 				synctest.Wait()
 				ctx, cancel := context.WithCancel(bg)
@@ -253,7 +253,7 @@ func TestLastWaiterLeaves(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("hold")
 			hooks := &hookLog[string, int]{}
-			d := newD(t, f.exec, WithWorkers(1), hooks.option())
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add})
 			hold := submit(t, d, "hold", 0, prio(0))
 			synctest.Wait()
 			ctx, cancel := context.WithCancel(bg)
@@ -302,7 +302,7 @@ func TestCancelKey(t *testing.T) {
 			execCause.Store(context.Cause(ctx))
 			_ = release.wait(context.Background())
 			return nil // succeeds after it was cancelled
-		}, WithWorkers(4), hooks.option())
+		}, Config[string, int]{Workers: 4, OnDone: hooks.add})
 		inflight := submit(t, d, "A", 1, prio(0))
 		synctest.Wait()
 		succ1 := submit(t, d, "A", 2, prio(0))
@@ -345,7 +345,7 @@ func TestCancelKey(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
 			g := f.block("hold")
-			d := newD(t, f.exec, WithWorkers(1))
+			d := newD(t, f.exec, Config[string, int]{Workers: 1})
 			hold := submit(t, d, "hold", 0, prio(0))
 			synctest.Wait()
 			a := submit(t, d, "A", 0, prio(0))
@@ -399,7 +399,7 @@ func TestGenerationSupersedes(t *testing.T) {
 				return gen2.wait(ctx)
 			}
 			return nil
-		}, WithWorkers(4), hooks.option())
+		}, Config[string, int]{Workers: 4, OnDone: hooks.add})
 
 		run1 := submit(t, d, "A", 1, SubmitOptions{Generation: 1})
 		synctest.Wait()
@@ -457,10 +457,10 @@ func TestGenerationNeverMerges(t *testing.T) {
 		f := newFixture[string, string]()
 		g := f.block("hold")
 		var merges []string
-		d := newD(t, f.exec, WithWorkers(1), WithMerge(func(p, in string) (string, error) {
+		d := newD(t, f.exec, Config[string, string]{Workers: 1, Merge: func(p, in string) (string, error) {
 			merges = append(merges, p+"+"+in)
 			return p + "+" + in, nil
-		}))
+		}})
 		hold := submit(t, d, "hold", "", prio(0))
 		synctest.Wait()
 		g1 := submit(t, d, "A", "a1", SubmitOptions{Generation: 1})
@@ -484,7 +484,7 @@ func TestGenerationNeverMerges(t *testing.T) {
 func TestGenerationForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		d := newD(t, f.exec, WithWorkers(1))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
 		tk := submit(t, d, "A", 1, SubmitOptions{Generation: 5})
 		_, err := tk.Wait(bg)
 		require.NoError(t, err)
@@ -506,7 +506,7 @@ func TestCloseDrainsByPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("hold")
-		d := newD(t, f.exec, WithWorkers(1))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
 		tks := []*Ticket[string, int]{submit(t, d, "hold", 1, prio(0))}
 		synctest.Wait()
 		tks = append(tks, submit(t, d, "hold", 2, prio(0))) // successor
@@ -565,7 +565,7 @@ func TestCloseEndsRest(t *testing.T) {
 			case <-time.After(time.Second):
 				return nil
 			}
-		}, WithWorkers(1), hooks.option())
+		}, Config[string, int]{Workers: 1, OnDone: hooks.add})
 		a := submit(t, d, "A", 0, prio(3))
 		b := submit(t, d, "B", 0, prio(2))
 		c := submit(t, d, "C", 0, prio(1))
@@ -613,7 +613,7 @@ func TestCloseIdempotentConcurrent(t *testing.T) {
 		d := newD(t, func(context.Context, string, int) error {
 			time.Sleep(time.Second)
 			return nil
-		}, WithWorkers(2))
+		}, Config[string, int]{Workers: 2})
 		var tks []*Ticket[string, int]
 		for _, k := range []string{"a", "b", "c", "d"} {
 			tks = append(tks, submit(t, d, k, 0, prio(0)))
@@ -655,7 +655,7 @@ func TestCloseConcurrentContexts(t *testing.T) {
 			case <-time.After(time.Hour):
 				return nil
 			}
-		}, WithWorkers(1))
+		}, Config[string, int]{Workers: 1})
 		a := submit(t, d, "A", 0, prio(0))
 		b := submit(t, d, "B", 0, prio(0))
 		synctest.Wait()
@@ -681,7 +681,7 @@ func TestCloseDoneContext(t *testing.T) {
 			f := newFixture[string, int]()
 			f.block("A")
 			hooks := &hookLog[string, int]{}
-			d := newD(t, f.exec, WithWorkers(1), hooks.option())
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add})
 			a := submit(t, d, "A", 0, prio(0))
 			synctest.Wait()
 			b := submit(t, d, "B", 0, prio(0))
@@ -698,7 +698,7 @@ func TestCloseDoneContext(t *testing.T) {
 	t.Run("nothing left", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
-			d := newD(t, f.exec, WithWorkers(1))
+			d := newD(t, f.exec, Config[string, int]{Workers: 1})
 			_, err := submit(t, d, "A", 0, prio(0)).Wait(bg)
 			require.NoError(t, err)
 			synctest.Wait()
@@ -715,7 +715,7 @@ func TestCloseDoneContext(t *testing.T) {
 func TestCloseUnused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		d := newD(t, f.exec)
+		d := newD(t, f.exec, Config[string, int]{})
 		require.NoError(t, d.Close(bg))
 		tk, err := d.Submit(bg, "k", 0, SubmitOptions{})
 		assert.ErrorIs(t, err, ErrClosed)
@@ -750,7 +750,7 @@ func TestCloseUnderLoad(t *testing.T) {
 			case <-time.After(time.Duration(call%5) * time.Millisecond):
 				return nil
 			}
-		}, WithWorkers(4), WithOnDone(func(Result[int, int]) { hooks.Add(1) }))
+		}, Config[int, int]{Workers: 4, OnDone: func(Result[int, int]) { hooks.Add(1) }})
 
 		var (
 			mu         sync.Mutex

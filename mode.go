@@ -15,9 +15,9 @@ const (
 	Async Mode = iota
 	// Sync runs each call inline, in the goroutine that submits it, through
 	// the same coalescing, retry, breaker, hook and outcome machinery:
-	// Submit and Post return when the call has ended (Post returns the
-	// call's error, and holds a ticket meanwhile, counted by
-	// WithMaxWaiters). It is the feature gate's "off" position and the
+	// Submit and Post return when the call has ended (Post holds a ticket
+	// meanwhile, counted by Config.MaxWaiters, and still returns only
+	// refusals). It is the feature gate's "off" position and the
 	// fallback path. The caller sleeps out a retry's backoff itself. Per key,
 	// calls stay serialized: a submission for a key whose call is running
 	// waits for it, then runs; a call still queued from Async (being
@@ -40,9 +40,9 @@ func (m Mode) String() string {
 // SetMode switches the dispatcher between Async and Sync at run time — the
 // feature gate's lever, and the manual rollback. Switching to Sync stops
 // async admission at once: from then on each submission runs inline in its
-// caller. What was already queued follows the switch policy
-// (WithSwitchPolicy): with SwitchCancel its waiters end Canceled with
-// ErrFallback at once; with SwitchDrain the workers keep running it, and
+// caller. What was already queued follows Config.SwitchPolicy: with
+// CancelQueued its waiters end Canceled with ErrFallback at once; with
+// DrainQueued the workers keep running it, and
 // SetMode waits until it is done or ctx ends, then cancels the rest the same
 // way and returns ctx's error. Calls in flight always run to their end.
 // Switching back to Async resumes the workers. Every submission sees one
@@ -57,10 +57,10 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 		d.mu.Unlock()
 		return ErrClosed
 	}
-	d.switchMode(m, "manual", &ob)
+	d.switchMode(m, SwitchManual, &ob)
 	d.mu.Unlock()
 	d.deliver(&ob)
-	if m == Async || d.switchTo == SwitchCancel {
+	if m == Async || d.cfg.SwitchPolicy == CancelQueued {
 		return nil
 	}
 	for {
@@ -94,20 +94,20 @@ func (d *Dispatcher[K, T]) Mode() Mode {
 
 // switchMode changes the mode under the lock; reason is what the observer
 // is told.
-func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
+func (d *Dispatcher[K, T]) switchMode(m Mode, reason SwitchReason, ob *outbox[K, T]) {
 	from := d.mode
 	if from == m {
 		return
 	}
 	d.mode = m
-	if m == Sync && d.switchTo == SwitchCancel {
+	if m == Sync && d.cfg.SwitchPolicy == CancelQueued {
 		d.cancelQueued(d.now(), ob)
 	}
 	if m == Async {
 		d.cond.Broadcast() // queued successors and retries run on workers again
 	}
 	d.kick()
-	if obs := d.obs; obs != nil {
+	if obs := d.cfg.Observer; obs != nil {
 		ob.notes = append(ob.notes, func() { obs.OnModeChange(from, m, reason) })
 	}
 }
@@ -182,15 +182,10 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 	d.mu.Unlock()
 }
 
-// postSync is Post in Sync mode: it runs the call inline and returns its
-// error (nil if it succeeded), or the submission's refusal.
+// postSync is Post in Sync mode: it runs the call inline and returns the
+// submission's refusal, if any — never the call's outcome, which reaches
+// the completion hook and Stats as it would in Async mode.
 func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions) error {
-	t, err := d.Submit(context.Background(), key, call, o)
-	if err != nil {
-		return err
-	}
-	if r, ok := t.Result(); ok {
-		return r.Err
-	}
-	return nil // switched back to Async meanwhile: queued
+	_, err := d.Submit(context.Background(), key, call, o)
+	return err
 }

@@ -36,7 +36,7 @@ func TestModesShareBehaviour(t *testing.T) {
 		noop  bool
 		want  State
 		calls int
-		why   string
+		why   GiveUp
 	}{
 		{name: "success", want: Succeeded, calls: 1},
 		{name: "retry then success", errs: []error{syscall.ECONNRESET}, want: Succeeded, calls: 2},
@@ -64,11 +64,7 @@ func TestModesShareBehaviour(t *testing.T) {
 					}
 					return nil
 				}
-				d, err := New(exec, WithMode(mode), WithWorkers(1), WithClassifier(conflictClassifier),
-					WithRetry(RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}),
-					WithBeforeRetry(func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil }),
-					WithNoOp(func(string, int) bool { return tc.noop }),
-					WithOnDone(func(Result[string, int]) { hooks.Add(1) }))
+				d, err := New(exec, Config[string, int]{Mode: mode, Workers: 1, Classify: conflictClassifier, Retry: RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}, BeforeRetry: func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil }, NoOp: func(string, int) bool { return tc.noop }, OnDone: func(Result[string, int]) { hooks.Add(1) }})
 				require.NoError(t, err)
 				tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 				require.NoError(t, err)
@@ -107,7 +103,7 @@ func TestModesShareBehaviour(t *testing.T) {
 
 func TestModesShareAdmission(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode Mode) {
-		d, err := New(func(context.Context, string, int) error { return nil }, WithMode(mode), WithWorkers(1), WithCapacity(1))
+		d, err := New(func(context.Context, string, int) error { return nil }, Config[string, int]{Mode: mode, Workers: 1, Capacity: 1})
 		require.NoError(t, err)
 		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{Generation: 5})
 		require.NoError(t, err)
@@ -135,10 +131,10 @@ func TestSyncRunsInCaller(t *testing.T) {
 				return errors.New("unexpected")
 			}
 			return nil
-		}, WithMode(Sync))
+		}, Config[string, int]{Mode: Sync})
 		require.NoError(t, err)
 		var calls int
-		d2, err := New(func(context.Context, string, int) error { calls++; return nil }, WithMode(Sync))
+		d2, err := New(func(context.Context, string, int) error { calls++; return nil }, Config[string, int]{Mode: Sync})
 		require.NoError(t, err)
 		for i := range 5 {
 			require.NoError(t, d2.Post(fmt.Sprint(i), i, SubmitOptions{}))
@@ -150,8 +146,33 @@ func TestSyncRunsInCaller(t *testing.T) {
 	})
 }
 
+// TestPostReturnsRefusalsOnly: Post returns why a submission was refused,
+// in both modes, and never the call's outcome: in Sync a failing execution
+// still returns nil from Post, and the failure reaches the completion hook
+// and Stats as it would in Async. So an errors.Is(err, ErrBackpressure)
+// branch behind Post never starts receiving API errors when a fallback
+// switches modes.
+func TestPostReturnsRefusalsOnly(t *testing.T) {
+	bothModes(t, func(t *testing.T, mode Mode) {
+		errAPI := errors.New("403 forbidden")
+		hooks := &hookLog[string, int]{}
+		d, err := New(func(context.Context, string, int) error { return errAPI }, Config[string, int]{
+			Mode: mode, Workers: 1, OnDone: hooks.add,
+		})
+		require.NoError(t, err)
+		require.NoError(t, d.Post("k", 1, SubmitOptions{}), "an execution's failure is not a refusal")
+		assert.ErrorIs(t, d.Post("x", 0, SubmitOptions{Deadline: time.Now().Add(-time.Second)}), ErrExpired, "a refusal is")
+		require.NoError(t, d.Close(t.Context()))
+		assert.ErrorIs(t, d.Post("k", 1, SubmitOptions{}), ErrClosed)
+		s := checkConservation(t, d)
+		assert.Equal(t, uint64(1), s.Outcomes[Failed])
+		require.Len(t, hooks.all(), 1)
+		assert.ErrorIs(t, hooks.all()[0].Err, errAPI)
+	})
+}
+
 func TestSetModeDrainAndCancel(t *testing.T) {
-	for _, policy := range []SwitchPolicy{SwitchDrain, SwitchCancel} {
+	for _, policy := range []SwitchPolicy{DrainQueued, CancelQueued} {
 		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				release := make(chan struct{})
@@ -169,8 +190,7 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 						return syscall.ECONNRESET
 					}
 					return nil
-				}, WithWorkers(2), WithSwitchPolicy(policy),
-					WithRetry(RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}))
+				}, Config[string, int]{Workers: 2, SwitchPolicy: policy, Retry: RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}})
 				require.NoError(t, err)
 				inflight, err := d.Submit(t.Context(), "inflight", 0, SubmitOptions{})
 				require.NoError(t, err)
@@ -201,7 +221,7 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 				synctest.Wait()
 				assert.True(t, inlineRan, "a submission after the switch runs inline at once")
 
-				if policy == SwitchCancel {
+				if policy == CancelQueued {
 					require.NoError(t, <-done)
 					for _, tk := range []*Ticket[string, int]{queued, backoff} {
 						res, err := tk.Wait(t.Context())
@@ -250,7 +270,7 @@ func TestSetModeDrainTimesOut(t *testing.T) {
 				<-release
 			}
 			return nil
-		}, WithWorkers(1))
+		}, Config[string, int]{Workers: 1})
 		require.NoError(t, err)
 		_, err = d.Submit(t.Context(), "hold", 0, SubmitOptions{})
 		require.NoError(t, err)
@@ -279,7 +299,7 @@ func TestModeSwitchRace(t *testing.T) {
 		ran[k]++
 		mu.Unlock()
 		return nil
-	}, WithWorkers(4), WithCapacity(100000), WithMaxWaiters(100000))
+	}, Config[string, int]{Workers: 4, Capacity: 100000, MaxWaiters: 100000})
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	var flips sync.WaitGroup
@@ -302,7 +322,7 @@ func TestModeSwitchRace(t *testing.T) {
 				if i%3 == 0 {
 					if err := d.Post(k, i, SubmitOptions{}); err != nil {
 						// In Sync a Post reports the call's own error; with
-						// SwitchDrain nothing is cancelled.
+						// DrainQueued nothing is cancelled.
 						t.Errorf("Post: %v", err)
 					}
 					continue
@@ -345,12 +365,12 @@ func TestFallbackTriggers(t *testing.T) {
 	cases := []struct {
 		name   string
 		policy FallbackPolicy
-		opts   []Option
+		brk    *BreakerPolicy
 		// load drives the dispatcher to exactly the threshold (below=true)
 		// or just past it.
 		load func(t *testing.T, e env, below bool)
-		want string // Stats.FallbackReason
-		code string // the observer's reason
+		want string       // Stats.FallbackReason
+		code SwitchReason // the observer's reason
 		// window is the policy's window (default a minute); settle is how
 		// long to let the checks run after the load (default two checks).
 		window, settle time.Duration
@@ -415,7 +435,7 @@ func TestFallbackTriggers(t *testing.T) {
 		{
 			name:   "breaker open",
 			policy: FallbackPolicy{MaxBreakerOpen: 30 * time.Second},
-			opts:   []Option{WithBreaker(BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Minute})},
+			brk:    &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Minute},
 			load: func(t *testing.T, e env, below bool) {
 				close(e.release)
 				tk, err := e.d.Submit(t.Context(), "k", 3, SubmitOptions{})
@@ -441,15 +461,13 @@ func TestFallbackTriggers(t *testing.T) {
 					release := make(chan struct{})
 					var modes []string
 					var mu sync.Mutex
-					obs := &modeLog{f: func(from, to Mode, reason string) {
+					obs := &modeLog{f: func(from, to Mode, reason SwitchReason) {
 						mu.Lock()
 						modes = append(modes, fmt.Sprint(from, ">", to, ": ", reason))
 						mu.Unlock()
 					}}
 					p := tc.policy
 					p.Window = cmp.Or(tc.window, time.Minute)
-					opts := append([]Option{WithWorkers(1), WithCapacity(1000), WithFallback(p), WithObserver(obs),
-						WithRetry(RetryPolicy{MaxAttempts: 1})}, tc.opts...)
 					d, err := New(func(ctx context.Context, k string, v int) error {
 						switch v {
 						case 0:
@@ -462,7 +480,10 @@ func TestFallbackTriggers(t *testing.T) {
 							return syscall.ECONNRESET
 						}
 						return nil
-					}, opts...)
+					}, Config[string, int]{
+						Workers: 1, Capacity: 1000, Fallback: &p, Observer: obs,
+						Retry: RetryPolicy{MaxAttempts: 1}, Breaker: tc.brk,
+					})
 					require.NoError(t, err)
 					tc.load(t, env{d, release}, below)
 					time.Sleep(cmp.Or(tc.settle, p.Window/5)) // two checks
@@ -474,7 +495,7 @@ func TestFallbackTriggers(t *testing.T) {
 						assert.Equal(t, Sync, st.Mode)
 						assert.Equal(t, tc.want, st.FallbackReason)
 						mu.Lock()
-						assert.Equal(t, []string{"async>sync: " + tc.code}, modes)
+						assert.Equal(t, []string{"async>sync: " + string(tc.code)}, modes)
 						mu.Unlock()
 					}
 					select {
@@ -493,7 +514,7 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		d, err := New(func(ctx context.Context, k string, _ int) error { <-release; return nil },
-			WithWorkers(1), WithFallback(FallbackPolicy{MaxBacklog: 1, Window: 10 * time.Second, ReturnAfter: time.Minute}))
+			Config[string, int]{Workers: 1, Fallback: &FallbackPolicy{MaxBacklog: 1, Window: 10 * time.Second, ReturnAfter: time.Minute}})
 		require.NoError(t, err)
 		for i := range 3 {
 			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
@@ -509,28 +530,17 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 
 type modeLog struct {
 	NopObserver
-	f func(from, to Mode, reason string)
+	f func(from, to Mode, reason SwitchReason)
 }
 
-func (m *modeLog) OnModeChange(from, to Mode, reason string) { m.f(from, to, reason) }
+func (m *modeLog) OnModeChange(from, to Mode, reason SwitchReason) { m.f(from, to, reason) }
 
-func TestModeOptionValidation(t *testing.T) {
+// TestSetModeValidation: SetMode refuses an unknown mode, and any switch
+// after Close. (Config's Mode, SwitchPolicy and Fallback are checked by
+// TestNewValidation.)
+func TestSetModeValidation(t *testing.T) {
 	exec := func(context.Context, string, int) error { return nil }
-	for name, o := range map[string]Option{
-		"WithMode":         WithMode(7),
-		"WithSwitchPolicy": WithSwitchPolicy(9),
-		"WithFallback":     WithFallback(FallbackPolicy{}),
-		"negative":         WithFallback(FallbackPolicy{MaxBacklog: -1}),
-		"ratio":            WithFallback(FallbackPolicy{MaxFailureRatio: 2}),
-		"WithObserver":     WithObserver(nil),
-		"WithLabel":        WithLabel[string, int](nil),
-		"WithLabel types":  WithLabel(func(int, int) string { return "" }),
-	} {
-		_, err := New(exec, o)
-		require.Error(t, err, name)
-		assert.Contains(t, err.Error(), "dispatch: With", name)
-	}
-	d, err := New(exec)
+	d, err := New(exec, Config[string, int]{})
 	require.NoError(t, err)
 	assert.Error(t, d.SetMode(context.Background(), 5))
 	require.NoError(t, d.Close(context.Background()))

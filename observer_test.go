@@ -41,9 +41,9 @@ func (o *countingObserver) OnSubmit(e Event, coalesced bool) {
 func (o *countingObserver) OnReject(e Event, err error)                        { o.add("reject", e) }
 func (o *countingObserver) OnStart(e Event, n int, w time.Duration)            { o.add("start", e) }
 func (o *countingObserver) OnRetry(e Event, n int, d time.Duration, err error) { o.add("retry", e) }
-func (o *countingObserver) OnDrop(e Event, reason string)                      { o.add("drop:"+reason, e) }
-func (o *countingObserver) OnFinish(e Event, f Finish)                         { o.add("finish:"+f.State.String(), e) }
-func (o *countingObserver) OnModeChange(from, to Mode, reason string) {
+func (o *countingObserver) OnDrop(e Event, b Bound)                            { o.add("drop:"+string(b), e) }
+func (o *countingObserver) OnFinish(e Event, f Outcome)                        { o.add("finish:"+f.State.String(), e) }
+func (o *countingObserver) OnModeChange(from, to Mode, reason SwitchReason) {
 	o.add("mode:"+to.String(), Event{})
 }
 func (o *countingObserver) OnBreakerChange(from, to BreakerState) {
@@ -70,15 +70,12 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 				return errors.New("400")
 			}
 			return nil
-		}, WithWorkers(1), WithCapacity(4), WithObserver(obs),
-			WithLabel(func(k string, _ int) string {
-				if k == "hold" {
-					return "bind"
-				}
-				return "patch"
-			}),
-			WithRetry(RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}),
-			WithBreaker(BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second}))
+		}, Config[string, int]{Workers: 1, Capacity: 4, Observer: obs, Label: func(k string, _ int) string {
+			if k == "hold" {
+				return "bind"
+			}
+			return "patch"
+		}, Retry: RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}, Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second}})
 		require.NoError(t, err)
 		hold, err := d.Submit(t.Context(), "hold", 0, SubmitOptions{Priority: 9})
 		require.NoError(t, err)
@@ -131,7 +128,7 @@ type blockingObserver struct {
 }
 
 // OnFinish blocks the first caller until the gate opens.
-func (b *blockingObserver) OnFinish(Event, Finish) {
+func (b *blockingObserver) OnFinish(Event, Outcome) {
 	first := false
 	b.once.Do(func() { close(b.in); first = true })
 	if first {
@@ -142,7 +139,7 @@ func (b *blockingObserver) OnFinish(Event, Finish) {
 func TestBlockingObserverDoesNotStallTheLock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
-		d, err := New(func(context.Context, string, int) error { return nil }, WithWorkers(2), WithObserver(obs))
+		d, err := New(func(context.Context, string, int) error { return nil }, Config[string, int]{Workers: 2, Observer: obs})
 		require.NoError(t, err)
 		first, err := d.Submit(t.Context(), "a", 0, SubmitOptions{})
 		require.NoError(t, err)

@@ -1,212 +1,461 @@
 package dispatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
-// Defaults for the options. They suit a scheduler's API dispatcher; tune them
-// to the API server's capacity.
+// Defaults for the Config fields left zero. They suit a scheduler's API
+// dispatcher; tune them to the API server's capacity.
 const (
-	// DefaultWorkers is the number of workers when WithWorkers is not given.
+	// DefaultWorkers is the number of workers when Config.Workers is 0.
 	DefaultWorkers = 16
-	// DefaultCapacity is the bound on tracked keys when WithCapacity is not
-	// given.
+	// DefaultCapacity is the bound on tracked keys when Config.Capacity is 0.
 	DefaultCapacity = 10000
-	// DefaultWaitersPerKey is the multiple of capacity that bounds live
-	// tickets when WithMaxWaiters is not given.
+	// DefaultWaitersPerKey is the multiple of the capacity that bounds live
+	// tickets when Config.MaxWaiters is 0.
 	DefaultWaitersPerKey = 4
-	// DefaultAging is the aging interval when WithAging is not given: a
-	// waiting call gains one priority level per second.
+	// DefaultAging is the aging interval when Config.Aging is 0: a waiting
+	// call gains one priority level per second.
 	DefaultAging = time.Second
 )
 
-// An Option configures a Dispatcher. Options are checked by [New]: an
-// invalid one makes New return an error naming it.
-type Option interface {
-	apply(*config) error
-}
-
-type optionFunc func(*config) error
-
-func (f optionFunc) apply(c *config) error { return f(c) }
-
-// config holds every setting, with defaults set in one place (defaultConfig).
-// The generic callbacks are stored as any and checked against K and T in New.
-type config struct {
-	workers    int
-	capacity   int
-	maxWaiters int // 0: DefaultWaitersPerKey × capacity
-	aging      time.Duration
-	limiter    *rate.Limiter
-	merge      any // func(T, T) (T, error)
-	noop       any // func(K, T) bool
-	onDone     any // func(Result[K, T])
-
-	classify    func(error) Class
-	retry       RetryPolicy
-	beforeRetry any // func(context.Context, K, T, error) (T, bool, error)
-	breaker     *BreakerPolicy
-
-	tenants       map[string]TenantConfig
-	defaultTenant TenantConfig
-
-	observer Observer
-	label    any // func(K, T) string
-	mode     Mode
-	fallback *FallbackPolicy
-	switchTo SwitchPolicy
-}
-
-func defaultConfig() config {
-	retry, _ := RetryPolicy{}.withDefaults()
-	return config{
-		workers:  DefaultWorkers,
-		capacity: DefaultCapacity,
-		aging:    DefaultAging,
-		classify: DefaultClassifier,
-		retry:    retry,
-	}
-}
-
-// WithWorkers sets the number of workers that run calls: the bound on
-// concurrent executions. n must be positive.
-func WithWorkers(n int) Option {
-	return optionFunc(func(c *config) error {
-		if n <= 0 {
-			return fmt.Errorf("dispatch: WithWorkers(%d): must be positive", n)
-		}
-		c.workers = n
-		return nil
-	})
-}
-
-// WithCapacity bounds the number of tracked keys (keys with a call queued or
-// in flight). A submission for a new key beyond it evicts the worst queued
-// droppable call (SubmitOptions.Droppable; lowest effective priority, then
-// newest) if the newcomer would run before it — that call's waiters end
-// Dropped — and is otherwise refused with ErrBackpressure. A submission that
-// coalesces into a tracked key needs no capacity. Non-droppable and in-flight
-// calls are never shed. n must be positive.
-func WithCapacity(n int) Option {
-	return optionFunc(func(c *config) error {
-		if n <= 0 {
-			return fmt.Errorf("dispatch: WithCapacity(%d): must be positive", n)
-		}
-		c.capacity = n
-		return nil
-	})
-}
-
-// WithMaxWaiters bounds the number of live tickets (Submit callers waiting
-// for an outcome), so memory stays bounded even when many callers pile onto
-// one key. Fire-and-forget submissions (Post) hold no ticket and are not
-// counted. The default is DefaultWaitersPerKey × capacity. n must be
-// positive.
-func WithMaxWaiters(n int) Option {
-	return optionFunc(func(c *config) error {
-		if n <= 0 {
-			return fmt.Errorf("dispatch: WithMaxWaiters(%d): must be positive", n)
-		}
-		c.maxWaiters = n
-		return nil
-	})
-}
-
-// WithAging sets how fast waiting calls gain priority: one level per
-// interval. A call of priority p that waits behind an endless stream of
-// priority q > p runs within about (q-p+1) × interval.
+// Config configures a Dispatcher. It carries the Dispatcher's key and call
+// types, so every callback is checked by the compiler. Every field's zero
+// value means its default, so Config[K, T]{} is a working configuration;
+// New reports a value out of range as an error naming the field.
 //
-// WithAging(0) gives strict priority (FIFO within a level). That is
-// starvation-prone: under sustained high-priority load, low-priority calls
-// may never run. interval must not be negative.
-func WithAging(interval time.Duration) Option {
-	return optionFunc(func(c *config) error {
-		if interval < 0 {
-			return fmt.Errorf("dispatch: WithAging(%v): must not be negative", interval)
-		}
-		c.aging = interval
-		return nil
-	})
+// The callbacks (Merge, NoOp, Label, OnDone, Classify, BeforeRetry, the
+// Observer) are user code the dispatcher calls; the package documentation
+// states what they may do.
+type Config[K comparable, T any] struct {
+	// Workers bounds concurrent executions: the number of worker
+	// goroutines, started on first use. 0 means DefaultWorkers.
+	Workers int
+	// RateLimit, if set, bounds the rate of executions (API QPS). Each
+	// execution takes one token; a coalesced submission costs none.
+	RateLimit RateLimiter
+
+	// Capacity bounds the number of tracked keys (keys with a call queued
+	// or in flight). A submission for a new key beyond it evicts the worst
+	// queued droppable call (SubmitOptions.Droppable; lowest effective
+	// priority, then newest) if the newcomer would run before it — that
+	// call's waiters end Dropped — and is otherwise refused with a
+	// *BackpressureError of Bound BoundCapacity. A submission that
+	// coalesces into a tracked key needs no capacity. Non-droppable and
+	// in-flight calls are never shed. 0 means DefaultCapacity.
+	Capacity int
+	// MaxWaiters bounds the number of live tickets (Submit callers waiting
+	// for an outcome), so memory stays bounded even when many callers pile
+	// onto one key. Fire-and-forget submissions (Post) hold no ticket and
+	// are not counted. 0 means DefaultWaitersPerKey × Capacity.
+	MaxWaiters int
+	// Aging is how fast waiting calls gain priority: one level per
+	// interval. A call of priority p that waits behind an endless stream
+	// of priority q > p runs within about (q−p+1) × Aging. 0 means
+	// DefaultAging.
+	Aging time.Duration
+	// StrictPriority turns aging off: ready calls run by priority, then
+	// arrival, and nothing else. Under sustained high-priority load,
+	// low-priority calls may then never run.
+	StrictPriority bool
+	// Tenants configures named tenants (SubmitOptions.Tenant): quotas,
+	// in-flight caps and weights. The empty name is the tenant of
+	// submissions that give none.
+	Tenants map[string]TenantConfig
+	// DefaultTenant configures the tenants Tenants does not name.
+	DefaultTenant TenantConfig
+
+	// Merge decides how a submission is coalesced into the pending call
+	// for its key. It gets the pending call and the incoming one and
+	// returns the call that will run: a combination of both, or either
+	// one unchanged (overwrite or skip). If it returns an error, the
+	// incoming submission is refused with an error matching
+	// ErrMergeRejected and wrapping it, and the pending call stays as it
+	// was. nil means the incoming call replaces the pending one.
+	//
+	// Merge runs under the dispatcher's lock, so that a merge and the
+	// start of the call it merges into cannot interleave: it must be
+	// fast, and must not block or call the Dispatcher.
+	Merge func(pending, incoming T) (T, error)
+	// NoOp finds calls that would change nothing. It runs in the worker
+	// just before each execution, outside every lock; when it reports
+	// true, the call is not executed and ends Skipped, which counts as
+	// success. Amend also asks it about the call it rewrote. nil means
+	// every call runs.
+	NoOp func(key K, call T) bool
+	// Label names a call for the Observer and Stats.Labels, e.g. by call
+	// type ("bind", "status-patch"). Its results must come from a small
+	// fixed set, since each becomes a metric label value. It runs on the
+	// submitting goroutine, outside the lock, once per submission.
+	Label func(key K, call T) string
+	// OnDone is the completion hook: it fires once per finished call — the
+	// "re-evaluate this object" event — with the call's result: its
+	// waiters' common state (or Stale for an execution that finished after
+	// its call lost every waiter), attempts and timings. It runs outside
+	// every lock, after the waiters have been told, on whichever goroutine
+	// ended the call.
+	OnDone func(Result[K, T])
+
+	// Classify judges the error of a failed execution: Retry, Permanent or
+	// Recompute. It runs in the worker, outside every lock. An error from
+	// a call whose own context ended (its waiters left, it was superseded,
+	// the dispatcher closed) is never classified or retried. nil means
+	// DefaultClassifier.
+	Classify func(error) Class
+	// Retry bounds retries; its zero fields mean their defaults.
+	Retry RetryPolicy
+	// BeforeRetry runs in the worker before every retry and before
+	// re-running a Recompute failure, outside every lock, with the call's
+	// context. It checks the earlier outcome so that no effect happens
+	// twice:
+	//
+	//   - done = true: the earlier attempt took effect after all (the
+	//     object exists, the pod is bound). The call ends Succeeded without
+	//     another execution; Stats.AlreadyDone counts it.
+	//   - otherwise next is the call to run: the same one, or one rebuilt
+	//     from fresh state (the Recompute path). It is what Result.Call
+	//     reports.
+	//   - err != nil: the call ends Failed with a *RetryError whose Reason
+	//     is GiveUpBeforeRetry.
+	//
+	// nil means retries run the call as it is, and a Recompute failure
+	// ends Failed.
+	BeforeRetry func(ctx context.Context, key K, call T, lastErr error) (next T, done bool, err error)
+	// Breaker, if set, enables a circuit breaker: after sustained
+	// retryable failures it stops executions for a cool-down, then lets
+	// probes through before resuming. nil means no breaker.
+	Breaker *BreakerPolicy
+
+	// Mode is the mode the dispatcher starts in: a feature gate's position
+	// at start-up. The zero value is Async.
+	Mode Mode
+	// SwitchPolicy says what a switch to Sync does with queued calls, for
+	// SetMode and the fallback alike. The zero value is DrainQueued.
+	SwitchPolicy SwitchPolicy
+	// Fallback, if set, switches the dispatcher to Sync by itself when the
+	// async path is doing harm. nil means only SetMode switches.
+	Fallback *FallbackPolicy
+	// Observer, if set, receives the dispatcher's events, for metrics.
+	Observer Observer
 }
 
-// WithRateLimit bounds the rate of executions (API QPS). Each execution
-// waits for one token, in its worker, under the call's context; a
-// coalesced submission costs nothing. A nil limiter means no limit.
-func WithRateLimit(l *rate.Limiter) Option {
-	return optionFunc(func(c *config) error {
-		c.limiter = l
-		return nil
-	})
+// settings is a validated Config with every default filled in: the one
+// copy of the configuration a Dispatcher keeps.
+type settings[K comparable, T any] struct {
+	Config[K, T]
+	aging int64 // ns per priority level; 0: strict priority
 }
 
-// WithMerge sets how a submission is coalesced into the pending call for its
-// key. merge gets the pending call and the incoming one and returns the call
-// that will run: a combination of both, or either one unchanged (overwrite or
-// skip). If it returns an error, the incoming submission is rejected with an
-// error matching ErrMergeRejected and wrapping it, and the pending call is
-// left as it was.
-//
-// Without WithMerge the incoming call replaces the pending one.
-//
-// merge runs under the dispatcher's lock, so that a merge and the start of
-// the call it merges into cannot interleave: it must be fast, must not block
-// and must not call the Dispatcher. A panic in merge rejects the submission.
-// T must be the Dispatcher's call type, or New fails.
-func WithMerge[T any](merge func(pending, incoming T) (T, error)) Option {
-	return optionFunc(func(c *config) error {
-		if merge == nil {
-			return errors.New("dispatch: WithMerge: nil function")
-		}
-		c.merge = merge
-		return nil
-	})
-}
-
-// WithNoOp sets a test that finds calls that would change nothing. It runs
-// in the worker just before each execution, outside every lock; when it
-// returns true the call is not executed and ends Skipped, which counts as
-// success. K and T must be the Dispatcher's, or New fails.
-func WithNoOp[K comparable, T any](noop func(key K, call T) bool) Option {
-	return optionFunc(func(c *config) error {
-		if noop == nil {
-			return errors.New("dispatch: WithNoOp: nil function")
-		}
-		c.noop = noop
-		return nil
-	})
-}
-
-// WithOnDone sets a completion hook that fires once per finished call — the
-// "re-evaluate this object" event. It receives the call's result: its
-// waiters' common state (or Stale for an execution that finished after its
-// call lost every waiter), attempts and timings. It runs outside every lock,
-// after the waiters have been told, on whichever goroutine ended the call: a
-// worker, the dispatcher's timer goroutine, or a caller of Submit, Cancel or
-// Close. It must not block for long. K and T must be the Dispatcher's, or New
-// fails.
-func WithOnDone[K comparable, T any](hook func(Result[K, T])) Option {
-	return optionFunc(func(c *config) error {
-		if hook == nil {
-			return errors.New("dispatch: WithOnDone: nil function")
-		}
-		c.onDone = hook
-		return nil
-	})
-}
-
-// typed checks that a generic option's function has the Dispatcher's types.
-func typed[F any](v any, name string) (F, error) {
-	var zero F
-	if v == nil {
-		return zero, nil
+// validate checks c and fills in its defaults. Errors name the field.
+func (c Config[K, T]) validate() (settings[K, T], error) {
+	s := settings[K, T]{Config: c}
+	switch {
+	case c.Workers < 0:
+		return s, fieldErr("Workers", c.Workers, "must not be negative")
+	case c.Capacity < 0:
+		return s, fieldErr("Capacity", c.Capacity, "must not be negative")
+	case c.MaxWaiters < 0:
+		return s, fieldErr("MaxWaiters", c.MaxWaiters, "must not be negative")
+	case c.Aging < 0:
+		return s, fieldErr("Aging", c.Aging, "must not be negative")
+	case c.Mode > Sync:
+		return s, fieldErr("Mode", c.Mode, "is not a Mode")
+	case c.SwitchPolicy > CancelQueued:
+		return s, fieldErr("SwitchPolicy", c.SwitchPolicy, "is not a SwitchPolicy")
 	}
-	f, ok := v.(F)
-	if !ok {
-		return zero, fmt.Errorf("dispatch: %s: function is %T, want %T", name, v, zero)
+	if s.Workers == 0 {
+		s.Workers = DefaultWorkers
 	}
-	return f, nil
+	if s.Capacity == 0 {
+		s.Capacity = DefaultCapacity
+	}
+	if s.MaxWaiters == 0 {
+		s.MaxWaiters = s.Capacity * DefaultWaitersPerKey
+	}
+	if s.Aging == 0 {
+		s.Aging = DefaultAging
+	}
+	if !s.StrictPriority {
+		s.aging = int64(s.Aging)
+	}
+	if s.Classify == nil {
+		s.Classify = DefaultClassifier
+	}
+	var err error
+	if s.Retry, err = c.Retry.withDefaults(); err != nil {
+		return s, err
+	}
+	if c.Breaker != nil {
+		b, err := c.Breaker.withDefaults()
+		if err != nil {
+			return s, err
+		}
+		s.Breaker = &b
+	}
+	if c.Fallback != nil {
+		f, err := c.Fallback.withDefaults()
+		if err != nil {
+			return s, err
+		}
+		s.Fallback = &f
+	}
+	if err := c.DefaultTenant.check("DefaultTenant"); err != nil {
+		return s, err
+	}
+	for name, tc := range c.Tenants {
+		if err := tc.check(fmt.Sprintf("Tenants[%q]", name)); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// fieldErr is the error for a Config field out of range.
+func fieldErr(field string, v any, why string) error {
+	return fmt.Errorf("dispatch: Config.%s: %v %s", field, v, why)
+}
+
+// RetryPolicy bounds how calls are retried (Config.Retry). The zero value of
+// each field means its default.
+type RetryPolicy struct {
+	// MaxAttempts bounds executions per call, first attempt included
+	// (default 3; 1 disables retries).
+	MaxAttempts int
+	// InitialBackoff is the delay before the first retry (default 100ms).
+	InitialBackoff time.Duration
+	// MaxBackoff caps the delay (default 10s).
+	MaxBackoff time.Duration
+	// Multiplier grows the delay per retry (default 2).
+	Multiplier float64
+	// Jitter randomises the delay (default FullJitter).
+	Jitter Jitter
+	// AttemptTimeout bounds one execution (default: none, only the call's
+	// deadline). An attempt that times out is retried like any Retry error.
+	AttemptTimeout time.Duration
+	// BudgetRatio caps retries at this fraction of first attempts in the
+	// last BudgetWindow, so an API outage cannot become a retry storm
+	// (default 0.2). math.Inf(1) disables the budget.
+	BudgetRatio float64
+	// BudgetMin is the number of retries allowed per window whatever the
+	// ratio, so a quiet dispatcher can still retry (default 10).
+	BudgetMin int
+	// BudgetWindow is the window the budget counts over (default 10s).
+	BudgetWindow time.Duration
+}
+
+// Defaults for RetryPolicy.
+const (
+	DefaultMaxAttempts    = 3
+	DefaultInitialBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff     = 10 * time.Second
+	DefaultMultiplier     = 2.0
+	DefaultBudgetRatio    = 0.2
+	DefaultBudgetMin      = 10
+	DefaultBudgetWindow   = 10 * time.Second
+)
+
+func (p RetryPolicy) withDefaults() (RetryPolicy, error) {
+	switch {
+	case p.MaxAttempts < 0:
+		return p, fieldErr("Retry.MaxAttempts", p.MaxAttempts, "must be at least 1 (0 means the default)")
+	case p.InitialBackoff < 0:
+		return p, fieldErr("Retry.InitialBackoff", p.InitialBackoff, "must not be negative")
+	case p.MaxBackoff < 0:
+		return p, fieldErr("Retry.MaxBackoff", p.MaxBackoff, "must not be negative")
+	case p.AttemptTimeout < 0:
+		return p, fieldErr("Retry.AttemptTimeout", p.AttemptTimeout, "must not be negative")
+	case p.BudgetWindow < 0:
+		return p, fieldErr("Retry.BudgetWindow", p.BudgetWindow, "must not be negative")
+	case p.Multiplier < 0 || math.IsNaN(p.Multiplier) || (p.Multiplier > 0 && p.Multiplier < 1):
+		return p, fieldErr("Retry.Multiplier", p.Multiplier, "must be at least 1")
+	case p.Jitter > NoJitter:
+		return p, fieldErr("Retry.Jitter", p.Jitter, "is not a Jitter")
+	case p.BudgetRatio < 0 || math.IsNaN(p.BudgetRatio):
+		return p, fieldErr("Retry.BudgetRatio", p.BudgetRatio, "must not be negative")
+	case p.BudgetMin < 0:
+		return p, fieldErr("Retry.BudgetMin", p.BudgetMin, "must not be negative")
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if p.InitialBackoff == 0 {
+		p.InitialBackoff = DefaultInitialBackoff
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = DefaultMaxBackoff
+	}
+	p.MaxBackoff = max(p.MaxBackoff, p.InitialBackoff)
+	if p.Multiplier == 0 {
+		p.Multiplier = DefaultMultiplier
+	}
+	if p.BudgetRatio == 0 {
+		p.BudgetRatio = DefaultBudgetRatio
+	}
+	if p.BudgetMin == 0 {
+		p.BudgetMin = DefaultBudgetMin
+	}
+	if p.BudgetWindow == 0 {
+		p.BudgetWindow = DefaultBudgetWindow
+	}
+	return p, nil
+}
+
+// BreakerPolicy configures the circuit breaker (Config.Breaker). It trips on
+// retryable failures only: Permanent errors, Recompute, and cancellations
+// say nothing about the API's health and are not counted. The zero value of
+// each field means its default. State changes reach the Observer
+// (OnBreakerChange).
+type BreakerPolicy struct {
+	// ConsecutiveFailures trips the breaker after this many retryable
+	// failures in a row (default 5).
+	ConsecutiveFailures int
+	// FailureRatio trips it when retryable failures reach this fraction of
+	// counted executions in Window, once MinSamples were seen (default 0.5;
+	// math.Inf(1) disables the ratio rule).
+	FailureRatio float64
+	// Window is the span FailureRatio is measured over (default 10s).
+	Window time.Duration
+	// MinSamples is the fewest executions in Window before FailureRatio
+	// applies (default 20).
+	MinSamples int
+	// Cooldown is how long the breaker stays open before probing (default
+	// 5s).
+	Cooldown time.Duration
+	// Probes is how many executions may run at once while half-open
+	// (default 1).
+	Probes int
+	// RefuseDroppable makes submissions of droppable work for a new key
+	// fail with ErrCircuitOpen while the breaker is open, instead of
+	// queueing behind it.
+	RefuseDroppable bool
+}
+
+func (p BreakerPolicy) withDefaults() (BreakerPolicy, error) {
+	switch {
+	case p.ConsecutiveFailures < 0:
+		return p, fieldErr("Breaker.ConsecutiveFailures", p.ConsecutiveFailures, "must not be negative")
+	case p.MinSamples < 0:
+		return p, fieldErr("Breaker.MinSamples", p.MinSamples, "must not be negative")
+	case p.Probes < 0:
+		return p, fieldErr("Breaker.Probes", p.Probes, "must not be negative")
+	case p.Window < 0:
+		return p, fieldErr("Breaker.Window", p.Window, "must not be negative")
+	case p.Cooldown < 0:
+		return p, fieldErr("Breaker.Cooldown", p.Cooldown, "must not be negative")
+	case p.FailureRatio < 0 || math.IsNaN(p.FailureRatio) || (p.FailureRatio > 1 && !math.IsInf(p.FailureRatio, 1)):
+		return p, fieldErr("Breaker.FailureRatio", p.FailureRatio, "must be in (0, 1] or +Inf")
+	}
+	if p.ConsecutiveFailures == 0 {
+		p.ConsecutiveFailures = 5
+	}
+	if p.FailureRatio == 0 {
+		p.FailureRatio = 0.5
+	}
+	if p.Window == 0 {
+		p.Window = 10 * time.Second
+	}
+	if p.MinSamples == 0 {
+		p.MinSamples = 20
+	}
+	if p.Cooldown == 0 {
+		p.Cooldown = 5 * time.Second
+	}
+	if p.Probes == 0 {
+		p.Probes = 1
+	}
+	return p, nil
+}
+
+// FallbackPolicy switches the dispatcher to Sync by itself when the async
+// path is doing harm (Config.Fallback). Each threshold is checked over a
+// sliding Window; a zero threshold is not checked, and at least one must be
+// set. Crossing any one switches to Sync with the SwitchPolicy, records the
+// measured values (Stats.FallbackReason) and tells the observer the
+// threshold's SwitchReason.
+type FallbackPolicy struct {
+	// Window is the span the thresholds are measured over, and how often
+	// they are checked (a tenth of it). Default 10s.
+	Window time.Duration
+	// MaxBacklog trips when more than this many calls are queued (not in
+	// flight).
+	MaxBacklog int
+	// MaxQueueWaitP99 trips when the 99th percentile of queue wait over the
+	// window exceeds it.
+	MaxQueueWaitP99 time.Duration
+	// MaxFailureRatio trips when failed calls exceed this fraction of the
+	// calls finished in the window, once MinSamples have finished.
+	MaxFailureRatio float64
+	// MinSamples is the fewest finished calls before MaxFailureRatio and
+	// MaxQueueWaitP99 apply (default 20).
+	MinSamples int
+	// MaxBreakerOpen trips when the circuit breaker has been open (or
+	// half-open) for longer than this without closing.
+	MaxBreakerOpen time.Duration
+	// ReturnAfter, if set, switches back to Async this long after an
+	// automatic fallback. Zero leaves the return to a person (SetMode).
+	ReturnAfter time.Duration
+}
+
+func (p FallbackPolicy) withDefaults() (FallbackPolicy, error) {
+	switch {
+	case p.Window < 0:
+		return p, fieldErr("Fallback.Window", p.Window, "must not be negative")
+	case p.MaxQueueWaitP99 < 0:
+		return p, fieldErr("Fallback.MaxQueueWaitP99", p.MaxQueueWaitP99, "must not be negative")
+	case p.MaxBreakerOpen < 0:
+		return p, fieldErr("Fallback.MaxBreakerOpen", p.MaxBreakerOpen, "must not be negative")
+	case p.ReturnAfter < 0:
+		return p, fieldErr("Fallback.ReturnAfter", p.ReturnAfter, "must not be negative")
+	case p.MaxBacklog < 0:
+		return p, fieldErr("Fallback.MaxBacklog", p.MaxBacklog, "must not be negative")
+	case p.MinSamples < 0:
+		return p, fieldErr("Fallback.MinSamples", p.MinSamples, "must not be negative")
+	case p.MaxFailureRatio < 0 || p.MaxFailureRatio > 1 || math.IsNaN(p.MaxFailureRatio):
+		return p, fieldErr("Fallback.MaxFailureRatio", p.MaxFailureRatio, "must be in [0, 1]")
+	case p.MaxBacklog == 0 && p.MaxQueueWaitP99 == 0 && p.MaxFailureRatio == 0 && p.MaxBreakerOpen == 0:
+		return p, errors.New("dispatch: Config.Fallback: no threshold set")
+	}
+	if p.Window == 0 {
+		p.Window = 10 * time.Second
+	}
+	if p.MinSamples == 0 {
+		p.MinSamples = 20
+	}
+	return p, nil
+}
+
+// TenantConfig bounds one tenant: a scheduler plugin, a call type, whoever
+// submits (Config.Tenants, Config.DefaultTenant). The zero value means no
+// quota, no in-flight cap, weight 1.
+type TenantConfig struct {
+	// MaxQueued caps the tenant's calls waiting to run (ready, in backoff,
+	// or behind their key's in-flight call) — its share of capacity, so one
+	// tenant cannot fill the queue for the others. Beyond it, a submission
+	// that needs a new call evicts the tenant's own worst droppable queued
+	// call if the newcomer would run before it, and is otherwise refused
+	// with a *BackpressureError of Bound BoundQuota. 0 means no quota.
+	MaxQueued int
+	// MaxInFlight caps the tenant's concurrent executions, so that (say) a
+	// storm of status patches can hold at most this many workers and binds
+	// always find one. 0 means no cap beyond the worker count.
+	MaxInFlight int
+	// Weight is the tenant's share of workers among ready calls of equal
+	// effective priority (see the package documentation). 0 means 1.
+	Weight int
+}
+
+func (c TenantConfig) check(field string) error {
+	switch {
+	case c.MaxQueued < 0:
+		return fieldErr(field+".MaxQueued", c.MaxQueued, "must not be negative")
+	case c.MaxInFlight < 0:
+		return fieldErr(field+".MaxInFlight", c.MaxInFlight, "must not be negative")
+	case c.Weight < 0:
+		return fieldErr(field+".Weight", c.Weight, "must not be negative")
+	}
+	return nil
 }

@@ -281,7 +281,7 @@ func runPriorityOrder(t *testing.T, aging time.Duration, subs []struct {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		g := f.block("hold")
-		d := newD(t, f.exec, WithWorkers(1), WithAging(aging))
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: aging, StrictPriority: aging == 0})
 		tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
 		synctest.Wait()
 		for _, s := range subs {
@@ -314,7 +314,7 @@ func TestAgingOvertake(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFixture[string, int]()
 				g := f.block("hold")
-				d := newD(t, f.exec, WithWorkers(1), WithAging(tc.aging))
+				d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: tc.aging, StrictPriority: tc.aging == 0})
 				tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
 				synctest.Wait()
 				start := time.Now()
@@ -348,7 +348,7 @@ func TestAgingOvertake(t *testing.T) {
 // TestAgingStream: one worker, an endless stream of priority-2 calls that
 // keeps a backlog, and one priority-0 call. With aging it starts within
 // (Δ+1)×Aging of its submission, while the stream is still going; with
-// WithAging(0) (strict priority, starvation-prone) it waits for the stream
+// Config.StrictPriority (strict priority, starvation-prone) it waits for the stream
 // to end and runs last.
 func TestAgingStream(t *testing.T) {
 	const (
@@ -365,7 +365,7 @@ func TestAgingStream(t *testing.T) {
 					time.Sleep(service)
 					return nil
 				}
-				d := newD(t, exec, WithWorkers(1), WithAging(aging))
+				d := newD(t, exec, Config[string, int]{Workers: 1, Aging: aging, StrictPriority: aging == 0})
 				start := time.Now()
 				var tks []*Ticket[string, int]
 				for i := range 5 { // the initial backlog: 0.5s of work

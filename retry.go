@@ -25,7 +25,7 @@ const (
 	Retry
 	// Recompute: the call is no longer valid as built (a conflict); it must
 	// be rebuilt from fresh state by the before-retry hook
-	// (WithBeforeRetry) before it runs again. Without that hook it ends
+	// (Config.BeforeRetry) before it runs again. Without that hook it ends
 	// Failed.
 	Recompute
 )
@@ -89,85 +89,6 @@ const (
 	NoJitter
 )
 
-// RetryPolicy bounds how calls are retried. The zero value of each field
-// means its default.
-type RetryPolicy struct {
-	// MaxAttempts bounds executions per call, first attempt included
-	// (default 3; 1 disables retries).
-	MaxAttempts int
-	// InitialBackoff is the delay before the first retry (default 100ms).
-	InitialBackoff time.Duration
-	// MaxBackoff caps the delay (default 10s).
-	MaxBackoff time.Duration
-	// Multiplier grows the delay per retry (default 2).
-	Multiplier float64
-	// Jitter randomises the delay (default FullJitter).
-	Jitter Jitter
-	// AttemptTimeout bounds one execution (default: none, only the call's
-	// deadline). An attempt that times out is retried like any Retry error.
-	AttemptTimeout time.Duration
-	// BudgetRatio caps retries at this fraction of first attempts in the
-	// last BudgetWindow, so an API outage cannot become a retry storm
-	// (default 0.2). math.Inf(1) disables the budget.
-	BudgetRatio float64
-	// BudgetMin is the number of retries allowed per window whatever the
-	// ratio, so a quiet dispatcher can still retry (default 10).
-	BudgetMin int
-	// BudgetWindow is the window the budget counts over (default 10s).
-	BudgetWindow time.Duration
-}
-
-// Defaults for RetryPolicy.
-const (
-	DefaultMaxAttempts    = 3
-	DefaultInitialBackoff = 100 * time.Millisecond
-	DefaultMaxBackoff     = 10 * time.Second
-	DefaultMultiplier     = 2.0
-	DefaultBudgetRatio    = 0.2
-	DefaultBudgetMin      = 10
-	DefaultBudgetWindow   = 10 * time.Second
-)
-
-func (p RetryPolicy) withDefaults() (RetryPolicy, error) {
-	switch {
-	case p.MaxAttempts < 0:
-		return p, fmt.Errorf("dispatch: WithRetry: MaxAttempts %d must be at least 1", p.MaxAttempts)
-	case p.InitialBackoff < 0, p.MaxBackoff < 0, p.AttemptTimeout < 0, p.BudgetWindow < 0:
-		return p, errors.New("dispatch: WithRetry: durations must not be negative")
-	case p.Multiplier < 0 || math.IsNaN(p.Multiplier) || (p.Multiplier > 0 && p.Multiplier < 1):
-		return p, fmt.Errorf("dispatch: WithRetry: Multiplier %v must be at least 1", p.Multiplier)
-	case p.Jitter > NoJitter:
-		return p, fmt.Errorf("dispatch: WithRetry: unknown Jitter %d", p.Jitter)
-	case p.BudgetRatio < 0 || math.IsNaN(p.BudgetRatio):
-		return p, fmt.Errorf("dispatch: WithRetry: BudgetRatio %v must not be negative", p.BudgetRatio)
-	case p.BudgetMin < 0:
-		return p, fmt.Errorf("dispatch: WithRetry: BudgetMin %d must not be negative", p.BudgetMin)
-	}
-	if p.MaxAttempts == 0 {
-		p.MaxAttempts = DefaultMaxAttempts
-	}
-	if p.InitialBackoff == 0 {
-		p.InitialBackoff = DefaultInitialBackoff
-	}
-	if p.MaxBackoff == 0 {
-		p.MaxBackoff = DefaultMaxBackoff
-	}
-	p.MaxBackoff = max(p.MaxBackoff, p.InitialBackoff)
-	if p.Multiplier == 0 {
-		p.Multiplier = DefaultMultiplier
-	}
-	if p.BudgetRatio == 0 {
-		p.BudgetRatio = DefaultBudgetRatio
-	}
-	if p.BudgetMin == 0 {
-		p.BudgetMin = DefaultBudgetMin
-	}
-	if p.BudgetWindow == 0 {
-		p.BudgetWindow = DefaultBudgetWindow
-	}
-	return p, nil
-}
-
 // backoff returns the delay before retry number n (n ≥ 1: the delay after
 // the n-th failed attempt), jittered.
 func (p *RetryPolicy) backoff(n int) time.Duration {
@@ -186,18 +107,38 @@ func (p *RetryPolicy) backoff(n int) time.Duration {
 	return d
 }
 
-// RetryError is the error of a call that failed for good. It unwraps to the
-// last execution's error, and matches ErrExpired when the call's deadline
-// stopped the retries and ErrCircuitOpen when the breaker did.
+// GiveUp says why a failed call was not retried (further). Its values are
+// a fixed set, safe as a metric label.
+type GiveUp string
+
+// The reasons a call is not retried.
+const (
+	// GiveUpPermanent: the classifier judged the error Permanent.
+	GiveUpPermanent GiveUp = "permanent"
+	// GiveUpAttempts: Retry.MaxAttempts executions were made.
+	GiveUpAttempts GiveUp = "attempts"
+	// GiveUpDeadline: the next attempt could not start before the call's
+	// deadline.
+	GiveUpDeadline GiveUp = "deadline"
+	// GiveUpBudget: the retry budget (Retry.BudgetRatio) was spent.
+	GiveUpBudget GiveUp = "budget"
+	// GiveUpRecompute: the error needs the call rebuilt (Recompute) and no
+	// BeforeRetry hook is configured to rebuild it.
+	GiveUpRecompute GiveUp = "recompute"
+	// GiveUpBeforeRetry: the BeforeRetry hook returned an error.
+	GiveUpBeforeRetry GiveUp = "before-retry"
+)
+
+// RetryError is the error of a call that failed for good after it was
+// judged. It unwraps to the last execution's error, and matches ErrExpired
+// when the call's deadline stopped the retries.
 type RetryError struct {
 	// Attempts is the number of executions made.
 	Attempts int
 	// Last is the last execution's error (or the before-retry hook's).
 	Last error
-	// Reason says why the call was not retried (further): "permanent",
-	// "attempts", "deadline", "budget", "recompute" (no before-retry hook
-	// to rebuild a call that needs it) or "before-retry" (the hook failed).
-	Reason string
+	// Reason says why the call was not retried (further).
+	Reason GiveUp
 }
 
 func (e *RetryError) Error() string {
@@ -207,60 +148,9 @@ func (e *RetryError) Error() string {
 // Unwrap returns the last error.
 func (e *RetryError) Unwrap() error { return e.Last }
 
-// Is matches ErrExpired for Reason "deadline".
+// Is matches ErrExpired for Reason GiveUpDeadline.
 func (e *RetryError) Is(target error) bool {
-	return target == ErrExpired && e.Reason == "deadline"
-}
-
-// WithClassifier sets how execution errors are judged (default
-// DefaultClassifier). It runs in the worker, outside every lock. An error
-// from a call whose own context was cancelled (its waiters left, it was
-// superseded, the dispatcher closed) is never classified or retried.
-func WithClassifier(classify func(error) Class) Option {
-	return optionFunc(func(c *config) error {
-		if classify == nil {
-			return errors.New("dispatch: WithClassifier: nil function")
-		}
-		c.classify = classify
-		return nil
-	})
-}
-
-// WithRetry sets the retry policy (see RetryPolicy for the defaults that
-// apply without it).
-func WithRetry(p RetryPolicy) Option {
-	return optionFunc(func(c *config) error {
-		p, err := p.withDefaults()
-		if err != nil {
-			return err
-		}
-		c.retry = p
-		return nil
-	})
-}
-
-// WithBeforeRetry sets a hook that runs in the worker before every retry
-// and before re-running a Recompute failure, outside every lock, with the
-// call's context. It checks the earlier outcome so that no effect happens
-// twice:
-//
-//   - done = true: the earlier attempt took effect after all (the object
-//     exists, the pod is bound). The call ends Succeeded without another
-//     execution; Stats.AlreadyDone counts it.
-//   - otherwise next is the call to run: the same one, or one rebuilt from
-//     fresh state (the Recompute path). It is what Result.Call reports.
-//   - err != nil: the call ends Failed with a RetryError of Reason
-//     "before-retry".
-//
-// K and T must be the Dispatcher's, or New fails.
-func WithBeforeRetry[K comparable, T any](hook func(ctx context.Context, key K, call T, lastErr error) (next T, done bool, err error)) Option {
-	return optionFunc(func(c *config) error {
-		if hook == nil {
-			return errors.New("dispatch: WithBeforeRetry: nil function")
-		}
-		c.beforeRetry = hook
-		return nil
-	})
+	return target == ErrExpired && e.Reason == GiveUpDeadline
 }
 
 type idemKey struct{}
@@ -323,7 +213,7 @@ func (w *window) sum(now int64) bucket {
 // budgetAllows reports whether one more retry fits the retry budget, and
 // if so charges it.
 func (d *Dispatcher[K, T]) budgetAllows(now int64) bool {
-	p := &d.retry
+	p := &d.cfg.Retry
 	if math.IsInf(p.BudgetRatio, 1) {
 		return true
 	}

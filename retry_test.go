@@ -68,8 +68,8 @@ func conflictClassifier(err error) Class {
 	return DefaultClassifier(err)
 }
 
-func noJitter(attempts int) Option {
-	return WithRetry(RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)})
+func noJitter(attempts int) RetryPolicy {
+	return RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}
 }
 
 func TestRetryClasses(t *testing.T) {
@@ -79,7 +79,7 @@ func TestRetryClasses(t *testing.T) {
 		before    bool
 		wantState State
 		wantCalls int
-		wantWhy   string
+		wantWhy   GiveUp
 	}{
 		{"retry then success", []error{syscall.ECONNRESET, syscall.ECONNREFUSED}, false, Succeeded, 3, ""},
 		{"permanent", []error{errors.New("403 forbidden")}, false, Failed, 1, "permanent"},
@@ -91,14 +91,14 @@ func TestRetryClasses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := &script{errs: tc.errs, t0: time.Now()}
-				opts := []Option{WithWorkers(1), noJitter(3), WithClassifier(conflictClassifier)}
+				cfg := Config[string, int]{Workers: 1, Retry: noJitter(3), Classify: conflictClassifier}
 				if tc.before {
-					opts = append(opts, WithBeforeRetry(func(_ context.Context, _ string, v int, last error) (int, bool, error) {
+					cfg.BeforeRetry = func(_ context.Context, _ string, v int, last error) (int, bool, error) {
 						require.ErrorIs(t, last, errConflict)
-						return v + 100, false, nil // rebuilt from "fresh state"
-					}))
+						return v + 100, false, nil
+					}
 				}
-				d, err := New(s.exec, opts...)
+				d, err := New(s.exec, cfg)
 				require.NoError(t, err)
 				tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 				require.NoError(t, err)
@@ -127,10 +127,10 @@ func TestRetryClasses(t *testing.T) {
 func TestRetryBackoffSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, WithWorkers(1), WithRetry(RetryPolicy{
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: RetryPolicy{
 			MaxAttempts: 4, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond,
 			Multiplier: 2, Jitter: NoJitter, BudgetRatio: math.Inf(1),
-		}))
+		}})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -169,7 +169,7 @@ func TestRetryJitterBounds(t *testing.T) {
 func TestRetryAfterHintHonoured(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{fmt.Errorf("patch: %w", hintErr(7*time.Second))}, t0: time.Now()}
-		d, err := New(s.exec, WithWorkers(1), noJitter(3))
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3)})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -183,7 +183,7 @@ func TestRetryAfterHintHonoured(t *testing.T) {
 func TestRetryStoppedByDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{syscall.ECONNRESET, syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, WithWorkers(1), WithRetry(RetryPolicy{MaxAttempts: 10, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}))
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 10, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{Deadline: time.Now().Add(1500 * time.Millisecond)})
 		require.NoError(t, err)
@@ -192,7 +192,7 @@ func TestRetryStoppedByDeadline(t *testing.T) {
 		assert.ErrorIs(t, err, ErrExpired, "a deadline that stops retries matches ErrExpired")
 		var re *RetryError
 		require.ErrorAs(t, err, &re)
-		assert.Equal(t, "deadline", re.Reason)
+		assert.Equal(t, GiveUpDeadline, re.Reason)
 		assert.Equal(t, 2, re.Attempts, "attempt at 0s and 1s; the next (at 3s) would end past the deadline")
 		require.NoError(t, d.Close(t.Context()))
 	})
@@ -210,7 +210,7 @@ func TestRetryHoldsNoWorker(t *testing.T) {
 				return syscall.ECONNRESET
 			}
 			return nil
-		}, WithWorkers(1), WithRetry(RetryPolicy{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: NoJitter}))
+		}, Config[string, int]{Workers: 1, Retry: RetryPolicy{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: NoJitter}})
 		require.NoError(t, err)
 		a, err := d.Submit(t.Context(), "slow", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -234,7 +234,7 @@ func TestRetryHoldsNoWorker(t *testing.T) {
 func TestRetryMergesSubmissionsDuringBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, WithWorkers(1), noJitter(3), WithMerge(func(p, in int) (int, error) { return p + in, nil }))
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3), Merge: func(p, in int) (int, error) { return p + in, nil }})
 		require.NoError(t, err)
 		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestRetrySuccessorAbsorbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.heldExec(release), WithWorkers(1), noJitter(3))
+		d, err := New(s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
 		require.NoError(t, err)
 		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -283,12 +283,12 @@ func TestRetryRefusedMergeKeepsOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.heldExec(release), WithWorkers(2), noJitter(3), WithMerge(func(p, in int) (int, error) {
+		d, err := New(s.heldExec(release), Config[string, int]{Workers: 2, Retry: noJitter(3), Merge: func(p, in int) (int, error) {
 			if p != in {
 				return 0, errors.New("different operations")
 			}
 			return p, nil
-		}))
+		}})
 		require.NoError(t, err)
 		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -312,12 +312,11 @@ func TestBeforeRetryDoneSkipsExecution(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
 		hookCalls := 0
-		d, err := New(s.exec, WithWorkers(1), noJitter(3),
-			WithBeforeRetry(func(ctx context.Context, k string, v int, last error) (int, bool, error) {
-				hookCalls++
-				assert.Equal(t, "create-42", IdempotencyKey(ctx))
-				return v, true, nil // the create landed after all
-			}))
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3), BeforeRetry: func(ctx context.Context, k string, v int, last error) (int, bool, error) {
+			hookCalls++
+			assert.Equal(t, "create-42", IdempotencyKey(ctx))
+			return v, true, nil
+		}})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{IdempotencyKey: "create-42"})
 		require.NoError(t, err)
@@ -336,8 +335,7 @@ func TestBeforeRetryError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
 		boom := errors.New("cannot read fresh state")
-		d, err := New(s.exec, WithWorkers(1), noJitter(3),
-			WithBeforeRetry(func(context.Context, string, int, error) (int, bool, error) { return 0, false, boom }))
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3), BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { return 0, false, boom }})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -346,7 +344,7 @@ func TestBeforeRetryError(t *testing.T) {
 		assert.ErrorIs(t, err, boom)
 		var re *RetryError
 		require.ErrorAs(t, err, &re)
-		assert.Equal(t, "before-retry", re.Reason)
+		assert.Equal(t, GiveUpBeforeRetry, re.Reason)
 		require.NoError(t, d.Close(t.Context()))
 	})
 }
@@ -354,7 +352,7 @@ func TestBeforeRetryError(t *testing.T) {
 func TestIdempotencyKeyOnEveryAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{errs: []error{syscall.ECONNRESET, syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, WithWorkers(1), noJitter(3))
+		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3)})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{IdempotencyKey: "op-7"})
 		require.NoError(t, err)
@@ -374,7 +372,7 @@ func TestAttemptTimeoutRetried(t *testing.T) {
 				return ctx.Err()
 			}
 			return nil
-		}, WithWorkers(1), WithRetry(RetryPolicy{AttemptTimeout: time.Second, Jitter: NoJitter}))
+		}, Config[string, int]{Workers: 1, Retry: RetryPolicy{AttemptTimeout: time.Second, Jitter: NoJitter}})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -391,7 +389,7 @@ func TestPanicNotRetried(t *testing.T) {
 		d, err := New(func(context.Context, string, int) error {
 			calls.Add(1)
 			panic("boom")
-		}, WithWorkers(1), noJitter(5))
+		}, Config[string, int]{Workers: 1, Retry: noJitter(5)})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -408,8 +406,8 @@ func TestPanicNotRetried(t *testing.T) {
 func TestRetryBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d, err := New(func(context.Context, string, int) error { return syscall.ECONNRESET },
-			WithWorkers(4), WithRetry(RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, Jitter: NoJitter,
-				BudgetRatio: 0.1, BudgetMin: 2, BudgetWindow: time.Minute}))
+			Config[string, int]{Workers: 4, Retry: RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, Jitter: NoJitter,
+				BudgetRatio: 0.1, BudgetMin: 2, BudgetWindow: time.Minute}})
 		require.NoError(t, err)
 		var tickets []*Ticket[string, int]
 		for i := range 40 {
@@ -417,7 +415,7 @@ func TestRetryBudget(t *testing.T) {
 			require.NoError(t, err)
 			tickets = append(tickets, tk)
 		}
-		reasons := map[string]int{}
+		reasons := map[GiveUp]int{}
 		for _, tk := range tickets {
 			_, err := tk.Wait(t.Context())
 			var re *RetryError
@@ -427,8 +425,8 @@ func TestRetryBudget(t *testing.T) {
 		// 40 first attempts allow max(2, 0.1×40) = 4 retries at most.
 		assert.LessOrEqual(t, int(d.Stats().Retries), 4)
 		assert.GreaterOrEqual(t, int(d.Stats().Retries), 2)
-		assert.Equal(t, 40, reasons["budget"]+reasons["attempts"])
-		assert.Equal(t, int(d.Stats().Retries), reasons["attempts"])
+		assert.Equal(t, 40, reasons[GiveUpBudget]+reasons[GiveUpAttempts])
+		assert.Equal(t, int(d.Stats().Retries), reasons[GiveUpAttempts])
 		require.NoError(t, d.Close(t.Context()))
 		checkConservation(t, d)
 	})
@@ -441,7 +439,7 @@ func TestCancelledCallNeverRetried(t *testing.T) {
 			calls.Add(1)
 			<-ctx.Done()
 			return ctx.Err()
-		}, WithWorkers(1), noJitter(5), WithBreaker(BreakerPolicy{ConsecutiveFailures: 1}))
+		}, Config[string, int]{Workers: 1, Retry: noJitter(5), Breaker: &BreakerPolicy{ConsecutiveFailures: 1}})
 		require.NoError(t, err)
 		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
 		require.NoError(t, err)
@@ -458,24 +456,4 @@ func TestCancelledCallNeverRetried(t *testing.T) {
 		assert.Equal(t, uint64(1), st.StaleExecutions)
 		require.NoError(t, d.Close(t.Context()))
 	})
-}
-
-func TestRetryOptionValidation(t *testing.T) {
-	exec := func(context.Context, string, int) error { return nil }
-	for name, o := range map[string]Option{
-		"WithRetry":       WithRetry(RetryPolicy{MaxAttempts: -1}),
-		"Multiplier":      WithRetry(RetryPolicy{Multiplier: 0.5}),
-		"BudgetRatio":     WithRetry(RetryPolicy{BudgetRatio: -1}),
-		"WithBreaker":     WithBreaker(BreakerPolicy{Cooldown: -1}),
-		"FailureRatio":    WithBreaker(BreakerPolicy{FailureRatio: 2}),
-		"WithClassifier":  WithClassifier(nil),
-		"WithBeforeRetry": WithBeforeRetry[string, int](nil),
-		"WithBeforeRetry types": WithBeforeRetry(func(context.Context, int, int, error) (int, bool, error) {
-			return 0, false, nil
-		}),
-	} {
-		_, err := New(exec, o)
-		require.Error(t, err, name)
-		assert.Contains(t, err.Error(), "dispatch: With", name)
-	}
 }

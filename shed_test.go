@@ -19,11 +19,11 @@ func TestShedding(t *testing.T) {
 				<-release
 			}
 			return nil
-		}, WithWorkers(1), WithCapacity(5), WithAging(0), WithOnDone(func(r Result[string, int]) {
+		}, Config[string, int]{Workers: 1, Capacity: 5, StrictPriority: true, OnDone: func(r Result[string, int]) {
 			if r.State == Dropped {
 				hooks = append(hooks, r)
 			}
-		}))
+		}})
 		require.NoError(t, err)
 		ctx := context.Background()
 		_, err = d.Submit(ctx, "hold", 0, SubmitOptions{})
@@ -45,7 +45,7 @@ func TestShedding(t *testing.T) {
 		_, err = d.Submit(ctx, "peer", 0, SubmitOptions{Priority: 1})
 		var be *BackpressureError
 		require.ErrorAs(t, err, &be)
-		assert.Equal(t, "capacity", be.Reason)
+		assert.Equal(t, BoundCapacity, be.Bound)
 
 		// A better newcomer evicts the worst droppable call: lowest priority,
 		// then newest — low2, not low1, and never the non-droppable "keep"

@@ -11,24 +11,23 @@ type counters struct {
 	staleExecutions uint64
 	retries         uint64
 	alreadyDone     uint64
-	refused         [numReasons]uint64 // backpressure refusals by reason
-	shed            [numReasons]uint64 // calls shed by reason
-	outcomes        [numStates]uint64  // per submission
-	calls           [numStates]uint64  // per call (what the hook saw)
+	refused         [numBounds]uint64 // backpressure refusals by bound
+	shed            [numBounds]uint64 // calls shed by bound
+	outcomes        StateCounts       // per submission
+	calls           StateCounts       // per call (what the hook saw)
 }
 
-// The reasons for backpressure and shedding.
-var reasons = [...]string{"capacity", "waiters", "quota"}
+const numBounds = 3
 
-const numReasons = len(reasons)
-
-func reasonIndex(r string) int {
-	for i, s := range reasons {
-		if s == r {
-			return i
-		}
+// index is b's place in the counters' arrays.
+func (b Bound) index() int {
+	switch b {
+	case BoundCapacity:
+		return 0
+	case BoundWaiters:
+		return 1
 	}
-	panic("dispatch: internal error: unknown reason " + r)
+	return 2
 }
 
 // Stats is a consistent snapshot of a Dispatcher, taken under its lock.
@@ -38,7 +37,7 @@ func reasonIndex(r string) int {
 //	Submitted == Rejected + sum(Outcomes) + Live
 type Stats struct {
 	// Keys is the number of tracked keys (with a call queued or in flight),
-	// the quantity WithCapacity bounds.
+	// the quantity Config.Capacity bounds.
 	Keys int
 	// Ready is the number of calls waiting for a worker.
 	Ready int
@@ -49,7 +48,7 @@ type Stats struct {
 	Successors int
 	// InFlight is the number of calls being executed.
 	InFlight int
-	// Tickets is the number of live tickets, the quantity WithMaxWaiters
+	// Tickets is the number of live tickets, the quantity Config.MaxWaiters
 	// bounds.
 	Tickets int
 	// Live is the number of accepted submissions without an outcome yet,
@@ -76,38 +75,44 @@ type Stats struct {
 	AlreadyDone uint64
 	// Breaker is the circuit breaker's state.
 	Breaker BreakerState
-	// Backpressure counts submissions refused with ErrBackpressure, by
-	// reason: "capacity", "waiters", "quota".
-	Backpressure map[string]uint64
-	// Shed counts calls dropped to make room, by reason: "capacity",
-	// "quota".
-	Shed map[string]uint64
+	// Backpressure counts submissions refused with ErrBackpressure, by the
+	// bound that refused them.
+	Backpressure map[Bound]uint64
+	// Shed counts calls dropped to make room, by the bound that forced it
+	// (BoundCapacity or BoundQuota).
+	Shed map[Bound]uint64
 	// Tenants has each tenant's figures, by name ("" for submissions that
 	// name none).
 	Tenants map[string]TenantStats
-	// Labels counts live calls (queued or in flight) by the WithLabel label.
+	// Labels counts live calls (queued or in flight) by the Config.Label label.
 	Labels map[string]int
 	// QueueWait is the distribution of queue wait (enqueue to first
-	// execution) since New.
+	// execution) over the last LatencyWindow.
 	QueueWait Quantiles
-	// ExecTime is the distribution of execution latency (one attempt) since
-	// New.
+	// ExecTime is the distribution of execution latency (one attempt) over
+	// the last LatencyWindow.
 	ExecTime Quantiles
 	// Mode is the current mode.
 	Mode Mode
 	// FallbackReason says why the fallback policy last switched to Sync, ""
 	// if it never did.
 	FallbackReason string
-	// Outcomes counts submissions by terminal state, indexed by State.
-	Outcomes [numStates]uint64
+	// Outcomes counts submissions by terminal state.
+	Outcomes StateCounts
 	// Calls counts finished calls by the state the completion hook saw.
-	Calls [numStates]uint64
+	Calls StateCounts
 }
 
-// Quantiles summarises a latency distribution, from a fixed-bucket
-// histogram: each quantile is the upper bound of its bucket (buckets grow by
-// a factor of √2, so a quantile overstates by at most 41%).
+// LatencyWindow is the span Stats' latency quantiles cover: they show the
+// last minute, so a regression during a rollout shows at once instead of
+// being averaged into everything since New.
+const LatencyWindow = time.Minute
+
+// Quantiles summarises a latency distribution over the last LatencyWindow,
+// from a fixed-bucket histogram: each quantile is the upper bound of its
+// bucket, which overstates the true value by at most 50%.
 type Quantiles struct {
+	// Count is the number of observations in the window.
 	Count         uint64
 	P50, P90, P99 time.Duration
 }
@@ -116,11 +121,12 @@ type Quantiles struct {
 func (d *Dispatcher[K, T]) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	now := d.now()
 	s := Stats{
 		Keys:            len(d.slots),
 		Ready:           d.q.nready,
-		QueueWait:       d.qwait.quantiles(),
-		ExecTime:        d.exect.quantiles(),
+		QueueWait:       d.qwait.quantiles(now),
+		ExecTime:        d.exect.quantiles(now),
 		Mode:            d.mode,
 		Delayed:         d.q.delayed.Len(),
 		InFlight:        d.running,
@@ -140,12 +146,12 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	if d.br != nil {
 		s.Breaker = d.br.state
 	}
-	s.Backpressure = make(map[string]uint64, numReasons)
-	s.Shed = make(map[string]uint64, numReasons)
-	for i, r := range reasons {
-		s.Backpressure[r] = d.st.refused[i]
-		if r != "waiters" {
-			s.Shed[r] = d.st.shed[i]
+	s.Backpressure = make(map[Bound]uint64, numBounds)
+	s.Shed = make(map[Bound]uint64, numBounds)
+	for _, b := range Bounds() {
+		s.Backpressure[b] = d.st.refused[b.index()]
+		if b != BoundWaiters {
+			s.Shed[b] = d.st.shed[b.index()]
 		}
 	}
 	if d.fb != nil {

@@ -1,66 +1,10 @@
 package dispatch
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/google/btree"
 )
-
-// TenantConfig bounds one tenant: a scheduler plugin, a call type, whoever
-// submits. The zero value means no quota, no in-flight cap, weight 1.
-type TenantConfig struct {
-	// MaxQueued caps the tenant's calls waiting to run (ready, in backoff,
-	// or behind their key's in-flight call) — its share of capacity, so one
-	// tenant cannot fill the queue for the others. Beyond it, a submission
-	// that needs a new call evicts the tenant's own worst droppable queued
-	// call if the newcomer would run before it, and is otherwise refused
-	// with a *BackpressureError of Reason "quota". 0 means no quota.
-	MaxQueued int
-	// MaxInFlight caps the tenant's concurrent executions, so that (say) a
-	// storm of status patches can hold at most this many workers and binds
-	// always find one. 0 means no cap beyond the worker count.
-	MaxInFlight int
-	// Weight is the tenant's share of workers among ready calls of equal
-	// effective priority (see the package documentation). 0 means 1.
-	Weight int
-}
-
-// WithTenant configures the tenant named name (SubmitOptions.Tenant). The
-// empty name is the tenant of submissions that give none.
-func WithTenant(name string, c TenantConfig) Option {
-	return optionFunc(func(cfg *config) error {
-		if err := c.check("WithTenant(" + name + ")"); err != nil {
-			return err
-		}
-		if cfg.tenants == nil {
-			cfg.tenants = map[string]TenantConfig{}
-		}
-		cfg.tenants[name] = c
-		return nil
-	})
-}
-
-// WithDefaultTenant sets the configuration of tenants that WithTenant does
-// not name. Tenant names should come from a bounded set (plugins, call
-// types): the dispatcher keeps per-tenant state and statistics for every
-// name it has seen.
-func WithDefaultTenant(c TenantConfig) Option {
-	return optionFunc(func(cfg *config) error {
-		if err := c.check("WithDefaultTenant"); err != nil {
-			return err
-		}
-		cfg.defaultTenant = c
-		return nil
-	})
-}
-
-func (c TenantConfig) check(opt string) error {
-	if c.MaxQueued < 0 || c.MaxInFlight < 0 || c.Weight < 0 {
-		return fmt.Errorf("dispatch: %s: MaxQueued, MaxInFlight and Weight must not be negative", opt)
-	}
-	return nil
-}
 
 // TenantStats are one tenant's figures in a Stats snapshot.
 type TenantStats struct {
@@ -130,9 +74,9 @@ func (d *Dispatcher[K, T]) tenantFor(name string) *tenant[K, T] {
 	}
 	t := d.tenants[name]
 	if t == nil {
-		cfg, ok := d.tenantCfg[name]
+		cfg, ok := d.cfg.Tenants[name]
 		if !ok {
-			cfg = d.defaultTenant
+			cfg = d.cfg.DefaultTenant
 		}
 		t = newTenant[K, T](name, cfg)
 		d.tenants[name] = t

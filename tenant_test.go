@@ -65,8 +65,7 @@ func (r *recorder) startOf(key string) time.Time {
 func TestTenantQuotaIsolates(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(time.Second)
-		d, err := New(r.exec, WithWorkers(1), WithCapacity(100),
-			WithTenant("patch", TenantConfig{MaxQueued: 10}))
+		d, err := New(r.exec, Config[string, int]{Workers: 1, Capacity: 100, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxQueued: 10}}})
 		require.NoError(t, err)
 		require.NoError(t, d.Post("patch/first", 0, SubmitOptions{Tenant: "patch"}))
 		synctest.Wait() // it runs, and no longer counts as queued
@@ -76,7 +75,7 @@ func TestTenantQuotaIsolates(t *testing.T) {
 			if err != nil {
 				var be *BackpressureError
 				require.ErrorAs(t, err, &be)
-				assert.Equal(t, "quota", be.Reason)
+				assert.Equal(t, BoundQuota, be.Bound)
 				refused++
 			}
 		}
@@ -103,8 +102,7 @@ func TestTenantQuotaShedsOwnWorst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(time.Second)
 		r.release = make(chan struct{})
-		d, err := New(r.exec, WithWorkers(1),
-			WithTenant("patch", TenantConfig{MaxQueued: 2}))
+		d, err := New(r.exec, Config[string, int]{Workers: 1, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxQueued: 2}}})
 		require.NoError(t, err)
 		other, err := d.Submit(t.Context(), "other/0", 0, SubmitOptions{Tenant: "other", Droppable: true})
 		require.NoError(t, err)
@@ -140,8 +138,7 @@ func TestTenantQuotaShedsOwnWorst(t *testing.T) {
 func TestTenantInFlightCapUnderStorm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(100 * time.Millisecond)
-		d, err := New(r.exec, WithWorkers(8), WithCapacity(20000),
-			WithTenant("patch", TenantConfig{MaxInFlight: 3}))
+		d, err := New(r.exec, Config[string, int]{Workers: 8, Capacity: 20000, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxInFlight: 3}}})
 		require.NoError(t, err)
 		for i := range 500 {
 			require.NoError(t, d.Post(fmt.Sprint("patch/", i), 0, SubmitOptions{Tenant: "patch"}))
@@ -168,11 +165,11 @@ func TestTenantWeightedShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(10 * time.Millisecond)
 		weights := map[string]int{"a": 1, "b": 3, "c": 4}
-		opts := []Option{WithWorkers(2), WithCapacity(10000)}
+		cfg := Config[string, int]{Workers: 2, Capacity: 10000, Tenants: map[string]TenantConfig{}}
 		for name, w := range weights {
-			opts = append(opts, WithTenant(name, TenantConfig{Weight: w}))
+			cfg.Tenants[name] = TenantConfig{Weight: w}
 		}
-		d, err := New(r.exec, opts...)
+		d, err := New(r.exec, cfg)
 		require.NoError(t, err)
 		// Equal priority, all queued at one instant: weights decide.
 		for i := range 1000 {
@@ -211,7 +208,7 @@ func TestStarvationBound(t *testing.T) {
 		t.Run(fmt.Sprint("dp=", dp), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				r := newRecorder(service)
-				d, err := New(r.exec, WithWorkers(2), WithAging(aging), WithCapacity(100000))
+				d, err := New(r.exec, Config[string, int]{Workers: 2, Aging: aging, StrictPriority: aging == 0, Capacity: 100000})
 				require.NoError(t, err)
 				ctx, stop := context.WithCancel(context.Background())
 				var wg sync.WaitGroup
@@ -264,8 +261,7 @@ func TestStatusPatchStorm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const service = 100 * time.Millisecond
 		r := newRecorder(service)
-		d, err := New(r.exec, WithWorkers(5), WithCapacity(20000),
-			WithTenant("patch", TenantConfig{MaxInFlight: 4}))
+		d, err := New(r.exec, Config[string, int]{Workers: 5, Capacity: 20000, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxInFlight: 4}}})
 		require.NoError(t, err)
 		for i := range 10000 {
 			require.NoError(t, d.Post(fmt.Sprint("patch/", i), 0, SubmitOptions{Tenant: "patch", Droppable: true}))
@@ -304,12 +300,4 @@ func TestStatusPatchStorm(t *testing.T) {
 		assert.LessOrEqual(t, lastBind.Sub(t0), 20*service)
 		require.NoError(t, d.Close(context.Background()))
 	})
-}
-
-func TestTenantOptionValidation(t *testing.T) {
-	exec := func(context.Context, string, int) error { return nil }
-	_, err := New(exec, WithTenant("x", TenantConfig{MaxQueued: -1}))
-	require.ErrorContains(t, err, "WithTenant(x)")
-	_, err = New(exec, WithDefaultTenant(TenantConfig{Weight: -1}))
-	require.ErrorContains(t, err, "WithDefaultTenant")
 }

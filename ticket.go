@@ -53,19 +53,16 @@ func (s State) String() string {
 // OK reports whether s counts as success: Succeeded or Skipped.
 func (s State) OK() bool { return s == Succeeded || s == Skipped }
 
-// Result is the outcome of one submission, or, for the completion hook, of one
-// call (which may have coalesced many submissions).
-type Result[K comparable, T any] struct {
-	// Key is the call's key.
-	Key K
-	// Call is the value as executed (after merging), or as it stood when the
-	// call ended without running.
-	Call T
+// Outcome is how a submission or a call ended: everything of a Result but
+// the key and the call value, which the Observer (not typed by K and T)
+// receives too.
+type Outcome struct {
 	// State is the terminal state.
 	State State
 	// Err is nil for Succeeded and Skipped, and otherwise an error matching
 	// the state's sentinel (ErrCanceled, ErrExpired, ...) or, for Failed, the
-	// error exec returned (a *PanicError if it panicked).
+	// error exec returned (a *PanicError if it panicked) or a *RetryError
+	// saying why it was not retried.
 	Err error
 	// Attempts counts executions of the call (API attempts), not
 	// submissions.
@@ -78,6 +75,30 @@ type Result[K comparable, T any] struct {
 	QueueWait time.Duration
 	// RunTime is the time spent in exec, summed over attempts.
 	RunTime time.Duration
+}
+
+// Result is the outcome of one submission, or, for the completion hook, of
+// one call (which may have coalesced many submissions).
+type Result[K comparable, T any] struct {
+	// Key is the call's key.
+	Key K
+	// Call is the value as executed (after merging), or as it stood when the
+	// call ended without running.
+	Call T
+	Outcome
+}
+
+// StateCounts counts submissions or calls by terminal state, indexed by
+// State (index 0 is unused).
+type StateCounts [numStates]uint64
+
+// Total is the sum over every state.
+func (c *StateCounts) Total() uint64 {
+	var n uint64
+	for _, v := range c {
+		n += v
+	}
+	return n
 }
 
 // Ticket is the caller's handle on one submission. It is safe for concurrent

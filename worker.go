@@ -13,8 +13,8 @@ func (d *Dispatcher[K, T]) start() {
 	d.started = true
 	d.timer = time.NewTimer(time.Hour)
 	d.timer.Stop()
-	d.wg.Add(d.workers + 1)
-	for range d.workers {
+	d.wg.Add(d.cfg.Workers + 1)
+	for range d.cfg.Workers {
 		go d.worker()
 	}
 	go d.clock()
@@ -72,8 +72,8 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T]) {
 	a := d.begin(c, now)
 	d.mu.Unlock()
 	d.deliver(ob)
-	if d.obs != nil {
-		d.obs.OnStart(a.ev, a.n, a.wait)
+	if d.cfg.Observer != nil {
+		d.cfg.Observer.OnStart(a.ev, a.n, a.wait)
 	}
 	out := d.execute(a)
 	if out.stop != nil {
@@ -147,7 +147,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
 	if c.firstStart < 0 {
 		c.firstStart = now
 		wait := time.Duration(max(now-c.enq, 0))
-		d.qwait.observe(wait)
+		d.qwait.observe(now, wait)
 		if d.fb != nil {
 			d.fb.waited(now, wait)
 		}
@@ -169,10 +169,10 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
 		ctx = context.WithValue(ctx, idemKey{}, c.idem)
 	}
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: s.key, val: c.val, lastErr: c.lastErr}
-	if d.obs != nil {
+	if d.cfg.Observer != nil {
 		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
 	}
-	if t := d.retry.AttemptTimeout; t > 0 {
+	if t := d.cfg.Retry.AttemptTimeout; t > 0 {
 		a.ctx, a.stop = context.WithTimeout(ctx, t)
 	}
 	return a
@@ -201,11 +201,11 @@ func (c *call[K, T]) execDeadline() int64 {
 // retry), the no-op test, a rate-limiter token, exec, and the classifier.
 // Panics in user code become errors.
 func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
-	if a.lastErr != nil && d.before != nil {
+	if a.lastErr != nil && d.cfg.BeforeRetry != nil {
 		var next T
 		var done bool
 		err := safeCall(func() (err error) {
-			next, done, err = d.before(a.callCtx, a.key, a.val, a.lastErr)
+			next, done, err = d.cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
 			return err
 		})
 		switch {
@@ -218,9 +218,9 @@ func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
 		}
 		a.val, a.rebuilt = next, true
 	}
-	if d.noop != nil {
+	if d.cfg.NoOp != nil {
 		var isNoop bool
-		if err := safeCall(func() error { isNoop = d.noop(a.key, a.val); return nil }); err != nil {
+		if err := safeCall(func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }); err != nil {
 			a.err = err
 			return a
 		}
@@ -229,8 +229,8 @@ func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
 			return a
 		}
 	}
-	if d.limiter != nil {
-		if err := d.limiter.Wait(a.ctx); err != nil {
+	if d.cfg.RateLimit != nil {
+		if err := d.cfg.RateLimit.Wait(a.ctx); err != nil {
 			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
 			a.callDone = a.callCtx.Err() != nil
 			a.class = Retry
@@ -246,7 +246,7 @@ func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
 		// call, not a verdict on the API: it is not classified or retried.
 		a.callDone = a.callCtx.Err() != nil
 		if !a.callDone {
-			_ = safeCall(func() error { a.class = d.classify(a.err); return nil })
+			_ = safeCall(func() error { a.class = d.cfg.Classify(a.err); return nil })
 		}
 	}
 	return a
@@ -264,7 +264,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 	c.ten.inflight--
 	c.runTime += a.runTime
 	if a.ran {
-		d.exect.observe(a.runTime)
+		d.exect.observe(now, a.runTime)
 	}
 	if a.rebuilt {
 		c.val = a.val
@@ -295,7 +295,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 		}
 		d.hook(c, st, staleErr(st, a.err), now, ob)
 	case a.hookErr != nil:
-		d.end(c, Failed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: "before-retry"}, now, a.ran, ob)
+		d.end(c, Failed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, a.ran, ob)
 	case a.done:
 		d.st.alreadyDone++
 		d.end(c, Succeeded, nil, now, a.ran, ob)
@@ -306,7 +306,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 	default:
 		notBefore, reason := d.retryAt(c, a, now)
 		if reason == "" {
-			if obs := d.obs; obs != nil {
+			if obs := d.cfg.Observer; obs != nil {
 				e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
 				ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
 			}
@@ -315,7 +315,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 			return
 		}
 		err := a.err
-		if reason != "panic" {
+		if reason != giveUpPanic {
 			err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
 		}
 		d.end(c, Failed, err, now, a.ran, ob)
@@ -348,21 +348,21 @@ func (d *Dispatcher[K, T]) end(c *call[K, T], st State, err error, now int64, ra
 
 // retryAt decides whether a failed attempt of c runs again, and when. It
 // returns the time the retry may start, or the reason it may not.
-func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (int64, string) {
-	p := &d.retry
+func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (int64, GiveUp) {
+	p := &d.cfg.Retry
 	var delay time.Duration
 	switch {
 	case a.callDone:
-		return 0, "deadline"
+		return 0, GiveUpDeadline
 	case a.class == Permanent:
 		if _, ok := a.err.(*PanicError); ok {
-			return 0, "panic" // delivered as the *PanicError itself
+			return 0, giveUpPanic // delivered as the *PanicError itself
 		}
-		return 0, "permanent"
-	case a.class == Recompute && d.before == nil:
-		return 0, "recompute"
+		return 0, GiveUpPermanent
+	case a.class == Recompute && d.cfg.BeforeRetry == nil:
+		return 0, GiveUpRecompute
 	case c.attempts >= p.MaxAttempts:
-		return 0, "attempts"
+		return 0, GiveUpAttempts
 	case a.class == Recompute:
 		// Rebuild from fresh state at once: waiting does not resolve a
 		// conflict, re-reading does.
@@ -375,10 +375,10 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (
 	}
 	notBefore := now + int64(delay)
 	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
-		return 0, "deadline"
+		return 0, GiveUpDeadline
 	}
 	if !d.budgetAllows(now) {
-		return 0, "budget"
+		return 0, GiveUpBudget
 	}
 	return notBefore, ""
 }
@@ -439,6 +439,10 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	d.forget(n)
 	d.reprioritize(c)
 }
+
+// giveUpPanic ends a call whose exec panicked: its error is the
+// *PanicError itself, not a *RetryError.
+const giveUpPanic GiveUp = "panic"
 
 // staleErr is the hook's error for a call that ended in st after losing
 // its waiters; execErr is what exec returned, kept for audit.

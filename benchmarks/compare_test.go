@@ -81,7 +81,7 @@ func newDispatch(capacity int, withTicket bool) target {
 		}
 		return nil
 	}
-	d, err := dispatch.New(exec, dispatch.WithWorkers(1), dispatch.WithCapacity(capacity+1))
+	d, err := dispatch.New(exec, dispatch.Config[string, int]{Workers: 1, Capacity: capacity + 1})
 	if err != nil {
 		panic(err)
 	}

@@ -37,7 +37,7 @@ type harness struct {
 	tries map[string]int
 }
 
-func newHarness(t *testing.T, opts ...dispatch.Option) *harness {
+func newHarness(t *testing.T, cfg dispatch.Config[string, call]) *harness {
 	t.Helper()
 	h := &harness{started: make(chan string, 64), tries: map[string]int{}}
 	var err error
@@ -45,11 +45,9 @@ func newHarness(t *testing.T, opts ...dispatch.Option) *harness {
 	require.NoError(t, err)
 	h.reg = prometheus.NewPedanticRegistry()
 	require.NoError(t, h.reg.Register(h.obs))
-	opts = append([]dispatch.Option{
-		dispatch.WithObserver(h.obs),
-		dispatch.WithLabel(func(_ string, c call) string { return c.typ }),
-	}, opts...)
-	h.d, err = dispatch.New(h.exec, opts...)
+	cfg.Observer = h.obs
+	cfg.Label = func(_ string, c call) string { return c.typ }
+	h.d, err = dispatch.New(h.exec, cfg)
 	require.NoError(t, err)
 	h.obs.SetStats(h.d.Stats)
 	return h
@@ -84,13 +82,13 @@ func (h *harness) value(t *testing.T, name string, labels ...string) float64 {
 // refusals and Close, and checks the metric names, label sets and values,
 // then that they agree with the dispatcher's own Stats.
 func TestDispatcherMetrics(t *testing.T) {
-	h := newHarness(t,
-		dispatch.WithWorkers(1),
-		dispatch.WithCapacity(4),
-		dispatch.WithRetry(dispatch.RetryPolicy{
+	h := newHarness(t, dispatch.Config[string, call]{
+		Workers:  1,
+		Capacity: 4,
+		Retry: dispatch.RetryPolicy{
 			MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: dispatch.NoJitter,
-		}),
-	)
+		},
+	})
 	ctx := t.Context()
 	gate := make(chan struct{})
 	bind := func(key string, c call, o dispatch.SubmitOptions) *dispatch.Ticket[string, call] {
@@ -229,7 +227,7 @@ dispatch_breaker_state 0
 
 // TestDispatcherModeChanges switches a real Dispatcher to Sync and back.
 func TestDispatcherModeChanges(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, dispatch.Config[string, call]{})
 	ctx := t.Context()
 	require.NoError(t, h.d.SetMode(ctx, dispatch.Sync))
 	assert.Equal(t, 1.0, h.value(t, "dispatch_mode"))
@@ -263,10 +261,10 @@ dispatch_mode_changes_total{reason="manual",to="sync"} 1
 func TestDispatcherFallback(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
-		h := newHarness(t,
-			dispatch.WithWorkers(1),
-			dispatch.WithFallback(dispatch.FallbackPolicy{Window: time.Second, MaxBacklog: 2}),
-		)
+		h := newHarness(t, dispatch.Config[string, call]{
+			Workers:  1,
+			Fallback: &dispatch.FallbackPolicy{Window: time.Second, MaxBacklog: 2},
+		})
 		ctx := context.Background()
 		for _, k := range []string{"a", "b", "c", "d"} {
 			require.NoError(t, h.d.Post(k, call{typ: "bind", block: gate}, dispatch.SubmitOptions{}))
@@ -286,11 +284,11 @@ func TestDispatcherFallback(t *testing.T) {
 // lets it recover, under a fake clock.
 func TestDispatcherBreaker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t,
-			dispatch.WithWorkers(1),
-			dispatch.WithBreaker(dispatch.BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second}),
-			dispatch.WithRetry(dispatch.RetryPolicy{InitialBackoff: 10 * time.Millisecond, Jitter: dispatch.NoJitter}),
-		)
+		h := newHarness(t, dispatch.Config[string, call]{
+			Workers: 1,
+			Breaker: &dispatch.BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
+			Retry:   dispatch.RetryPolicy{InitialBackoff: 10 * time.Millisecond, Jitter: dispatch.NoJitter},
+		})
 		ctx := context.Background()
 		tk, err := h.d.Submit(ctx, "k", call{typ: "bind", failFirst: io.ErrUnexpectedEOF}, dispatch.SubmitOptions{})
 		require.NoError(t, err)
@@ -327,7 +325,7 @@ dispatch_retries_total{call_type="bind"} 1
 // TestDispatcherConcurrentScrape scrapes while many goroutines submit, for
 // the race detector, and checks the totals at the end.
 func TestDispatcherConcurrentScrape(t *testing.T) {
-	h := newHarness(t, dispatch.WithWorkers(4), dispatch.WithCapacity(1000))
+	h := newHarness(t, dispatch.Config[string, call]{Workers: 4, Capacity: 1000})
 	ctx := t.Context()
 	const goroutines, each = 8, 200
 	done := make(chan struct{})
@@ -376,7 +374,7 @@ func TestDispatcherConcurrentScrape(t *testing.T) {
 // observer must hear of it too, or submissions_total and rejected_total
 // fall behind the dispatcher's own counters.
 func TestDispatcherRejectDoneContext(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, dispatch.Config[string, call]{})
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	_, err := h.d.Submit(ctx, "k", call{typ: "bind"}, dispatch.SubmitOptions{})

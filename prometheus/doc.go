@@ -13,7 +13,7 @@
 //
 // One Observer per Dispatcher plays two parts:
 //
-//   - As a dispatch.Observer (dispatch.WithObserver) it counts events as they
+//   - As a dispatch.Observer (dispatch.Config.Observer) it counts events as they
 //     happen: submissions, coalescing, rejections, starts, retries, drops,
 //     finished calls with their execution time, mode switches and breaker
 //     transitions. These are counters and histograms.
@@ -23,21 +23,22 @@
 //     tracked keys, per-tenant queued and in-flight calls, mode and breaker
 //     state.
 //
-// Labels are bounded: call_type is the dispatch.WithLabel label, tenant is
+// Labels are bounded: call_type is the dispatch.Config.Label label, tenant is
 // SubmitOptions.Tenant, and every other label (result, reason, from, to,
 // state) takes values from a small fixed set. Keys and error text never
-// become label values. As a safety net, each of call_type, tenant and the
-// mode-change reason takes at most Options.MaxLabelValues distinct values;
-// later ones are exported as "other".
+// become label values: reasons take their values from the dispatcher's own
+// vocabularies (dispatch.Bounds, dispatch.SwitchReasons). As a safety net,
+// each of call_type and tenant takes at most Options.MaxLabelValues distinct
+// values; later ones are exported as "other".
 //
 // # Example
 //
 //	obs, err := dispatchprom.NewObserver(dispatchprom.Options{Namespace: "scheduler"})
 //	if err != nil { ... }
-//	d, err := dispatch.New(exec,
-//		dispatch.WithObserver(obs),
-//		dispatch.WithLabel(func(uid string, c Call) string { return c.Type }), // "bind", "status-patch"
-//	)
+//	d, err := dispatch.New(exec, dispatch.Config[types.UID, Call]{
+//		Observer: obs,
+//		Label:    func(uid types.UID, c Call) string { return c.Type }, // "bind", "status-patch"
+//	})
 //	if err != nil { ... }
 //	obs.SetStats(d.Stats)
 //	prometheus.MustRegister(obs)
@@ -59,7 +60,7 @@
 //	retries_total{call_type}                                     counter: the dispatcher's own API retries
 //	queued_calls{state}                                          gauge: ready, delayed, successor
 //	in_flight_calls                                              gauge
-//	tracked_keys                                                 gauge: what WithCapacity bounds
+//	tracked_keys                                                 gauge: what Config.Capacity bounds
 //	tenant_queued_calls{tenant}, tenant_in_flight_calls{tenant}  gauges
 //	breaker_state                                                gauge: 0 closed, 1 open, 2 half-open
 //	breaker_transitions_total{from,to}                           counter

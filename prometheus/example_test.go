@@ -19,8 +19,10 @@ func Example() {
 	}
 	d, err := dispatch.New(
 		func(ctx context.Context, uid string, c Call) error { return nil }, // the API call
-		dispatch.WithObserver(obs),
-		dispatch.WithLabel(func(uid string, c Call) string { return c.Type }),
+		dispatch.Config[string, Call]{
+			Observer: obs,
+			Label:    func(uid string, c Call) string { return c.Type },
+		},
 	)
 	if err != nil {
 		panic(err)

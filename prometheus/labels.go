@@ -14,7 +14,7 @@ const overflow = "other"
 
 // bounded maps label values onto a set that grows to at most max distinct
 // values; later newcomers become overflow. It guards the registry against a
-// WithLabel function or tenant scheme that is not as small as promised: a
+// Config.Label function or tenant scheme that is not as small as promised: a
 // series per key would grow without end and take the monitoring down with
 // it. It is safe for concurrent use; the common case (a value already seen)
 // is one lock-free map read.
@@ -50,53 +50,37 @@ func (b *bounded) each(f func(string)) {
 	})
 }
 
-// maxReasonLen bounds a reason label value: reasons are short identifiers.
-const maxReasonLen = 32
+// knownBounds and knownSwitches are the dispatcher's own vocabularies: a
+// value outside them (from a newer dispatch, say) is exported as overflow.
+var (
+	knownBounds   = set(dispatch.Bounds())
+	knownSwitches = set(dispatch.SwitchReasons())
+)
 
-// modeReasons map the dispatcher's mode-change reasons onto label values.
-// The fallback policy's reasons are messages with the measured values in
-// them ("backlog 1200 > 1000"): only the kind of threshold is kept.
-var modeReasons = []struct{ prefix, value string }{
-	{"manual", "manual"},
-	{"cool-down", "cool-down"},
-	{"backlog", "backlog"},
-	{"failure ratio", "failure-ratio"},
-	{"queue wait", "queue-wait"},
-	{"breaker", "breaker-open"},
+func set[S ~string](vs []S) map[S]bool {
+	m := make(map[S]bool, len(vs))
+	for _, v := range vs {
+		m[v] = true
+	}
+	return m
 }
 
-// modeReason returns the label value for a mode change's reason: a known
-// kind of reason, else the reason itself if it looks like a fixed
-// identifier (lower-case letters, digits, '-' and '_') and fits in b, else
-// overflow. Text with spaces or punctuation (a formatted message) never
-// becomes a label value.
-func modeReason(b *bounded, s string) string {
-	for _, r := range modeReasons {
-		if strings.HasPrefix(s, r.prefix) {
-			return r.value
-		}
+// switchReason returns the label value for a mode change's reason.
+func switchReason(r dispatch.SwitchReason) string {
+	if knownSwitches[r] {
+		return string(r)
 	}
-	if s == "" || len(s) > maxReasonLen {
-		return overflow
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '_' {
-			return overflow
-		}
-	}
-	return b.value(s)
+	return overflow
 }
 
 // rejectReason names why a submission was refused, from a fixed set: the
-// backpressure bound ("capacity", "waiters", "quota"; "backpressure" for an
-// untyped or unknown one), or "closed", "circuit", "stale", "expired",
-// "merge", "canceled", else "other". The error's text is never used.
+// backpressure bound (a dispatch.Bound; "backpressure" for an untyped or
+// unknown one), or "closed", "circuit", "stale", "expired", "merge",
+// "canceled", else "other". The error's text is never used.
 func rejectReason(err error) string {
 	if bp, ok := errors.AsType[*dispatch.BackpressureError](err); ok {
-		switch bp.Reason {
-		case "capacity", "waiters", "quota":
-			return bp.Reason
+		if knownBounds[bp.Bound] {
+			return string(bp.Bound)
 		}
 		return "backpressure"
 	}
@@ -119,12 +103,11 @@ func rejectReason(err error) string {
 	return overflow
 }
 
-// dropReason names why a queued call was shed: the dispatcher's own reasons
-// ("capacity", "quota") pass; anything else is "other".
-func dropReason(r string) string {
-	switch r {
-	case "capacity", "quota":
-		return r
+// dropReason names the bound a queued call was shed for; anything the
+// dispatcher does not define is "other".
+func dropReason(b dispatch.Bound) string {
+	if knownBounds[b] {
+		return string(b)
 	}
 	return overflow
 }

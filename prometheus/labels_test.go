@@ -18,10 +18,10 @@ func TestRejectReason(t *testing.T) {
 		err  error
 		want string
 	}{
-		{&dispatch.BackpressureError{Reason: "capacity", Depth: 3}, "capacity"},
-		{&dispatch.BackpressureError{Reason: "waiters"}, "waiters"},
-		{fmt.Errorf("wrapped: %w", &dispatch.BackpressureError{Reason: "quota"}), "quota"},
-		{&dispatch.BackpressureError{Reason: "something new 42"}, "backpressure"},
+		{&dispatch.BackpressureError{Bound: dispatch.BoundCapacity, Depth: 3}, "capacity"},
+		{&dispatch.BackpressureError{Bound: dispatch.BoundWaiters}, "waiters"},
+		{fmt.Errorf("wrapped: %w", &dispatch.BackpressureError{Bound: dispatch.BoundQuota}), "quota"},
+		{&dispatch.BackpressureError{Bound: "something new 42"}, "backpressure"},
 		{dispatch.ErrBackpressure, "backpressure"},
 		{dispatch.ErrClosed, "closed"},
 		{dispatch.ErrCircuitOpen, "circuit"},
@@ -38,30 +38,17 @@ func TestRejectReason(t *testing.T) {
 	}
 }
 
-func TestModeReason(t *testing.T) {
-	b := &bounded{max: 2}
-	for _, tc := range []struct{ in, want string }{
-		{"manual", "manual"},
-		{"cool-down", "cool-down"},
-		{"backlog 1200 > 1000", "backlog"},
-		{"failure ratio 0.600 > 0.500", "failure-ratio"},
-		{"queue wait p99 > 1s (3 of 20 waits)", "queue-wait"},
-		{"breaker open for 12s > 10s", "breaker-open"},
-		{"feature-gate", "feature-gate"}, // an identifier passes, within the bound
-		{"gate_off_2", "gate_off_2"},
-		{"third-kind", "other"}, // past the bound
-		{"feature-gate", "feature-gate"},
-		{"Pod default/web was slow", "other"},
-		{"", "other"},
-		{"a-reason-that-is-far-too-long-to-be-a-kind", "other"},
-	} {
-		assert.Equal(t, tc.want, modeReason(b, tc.in), "%q", tc.in)
+func TestSwitchReason(t *testing.T) {
+	for _, r := range dispatch.SwitchReasons() {
+		assert.Equal(t, string(r), switchReason(r))
 	}
+	assert.Equal(t, "other", switchReason("backlog 1200 > 1000"))
+	assert.Equal(t, "other", switchReason(""))
 }
 
 func TestDropReason(t *testing.T) {
-	assert.Equal(t, "capacity", dropReason("capacity"))
-	assert.Equal(t, "quota", dropReason("quota"))
+	assert.Equal(t, "capacity", dropReason(dispatch.BoundCapacity))
+	assert.Equal(t, "quota", dropReason(dispatch.BoundQuota))
 	assert.Equal(t, "other", dropReason("evicted key 42"))
 }
 

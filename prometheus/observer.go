@@ -42,10 +42,10 @@ type Options struct {
 	// seconds (DefaultBuckets if nil).
 	QueueWaitBuckets []float64
 	// MaxLabelValues bounds the distinct values each of the call_type and
-	// tenant labels (and each reason label) may take; later newcomers are
-	// exported as "other". 0 means DefaultMaxLabelValues, a negative number
-	// no bound. The bound is a safety net: WithLabel and tenant names
-	// should come from a small fixed set in the first place.
+	// tenant labels may take; later newcomers are exported as "other". 0
+	// means DefaultMaxLabelValues, a negative number no bound. The bound is
+	// a safety net: Config.Label and tenant names should come from a small
+	// fixed set in the first place.
 	MaxLabelValues int
 	// Stats, if set, is read at every scrape for the gauges that need a
 	// snapshot (pending calls by call type, queue depth, in flight, tracked
@@ -58,7 +58,7 @@ type Options struct {
 // Prometheus metrics, and a prometheus.Collector that exports them together
 // with gauges read from a Stats snapshot at scrape time. Register it with a
 // registry (reg.MustRegister(obs)) and give it to one Dispatcher
-// (dispatch.WithObserver(obs)).
+// (dispatch.Config.Observer).
 //
 // An Observer is safe for concurrent use. Each event method does a few map
 // lookups (under client_golang's read locks) and atomic adds, about 100ns,
@@ -68,18 +68,18 @@ type Options struct {
 type Observer struct {
 	stats atomic.Pointer[func() dispatch.Stats]
 
-	callTypes, tenants, modeReasons *bounded
-	finished                        *prometheus.CounterVec
-	duration                        *prometheus.HistogramVec
-	attempts                        *prometheus.CounterVec
-	queueWait                       *prometheus.HistogramVec
-	submissions, coalesced          *prometheus.CounterVec
-	rejected, dropped, retries      *prometheus.CounterVec
-	breakerChanges, modeChanges     *prometheus.CounterVec
-	events                          []prometheus.Collector // the vecs above, for Describe and Collect
-	pending, queued, inFlight       *prometheus.Desc
-	keys, mode, breaker             *prometheus.Desc
-	tenantQueued, tenantInFlight    *prometheus.Desc
+	callTypes, tenants           *bounded
+	finished                     *prometheus.CounterVec
+	duration                     *prometheus.HistogramVec
+	attempts                     *prometheus.CounterVec
+	queueWait                    *prometheus.HistogramVec
+	submissions, coalesced       *prometheus.CounterVec
+	rejected, dropped, retries   *prometheus.CounterVec
+	breakerChanges, modeChanges  *prometheus.CounterVec
+	events                       []prometheus.Collector // the vecs above, for Describe and Collect
+	pending, queued, inFlight    *prometheus.Desc
+	keys, mode, breaker          *prometheus.Desc
+	tenantQueued, tenantInFlight *prometheus.Desc
 }
 
 var _ dispatch.Observer = (*Observer)(nil)
@@ -124,9 +124,8 @@ func NewObserver(opts Options) (*Observer, error) {
 		limit = DefaultMaxLabelValues
 	}
 	o := &Observer{
-		callTypes:   &bounded{max: limit},
-		tenants:     &bounded{max: limit},
-		modeReasons: &bounded{max: limit},
+		callTypes: &bounded{max: limit},
+		tenants:   &bounded{max: limit},
 	}
 	if opts.Stats != nil {
 		o.SetStats(opts.Stats)
@@ -266,13 +265,13 @@ func (o *Observer) OnRetry(e dispatch.Event, attempt int, delay time.Duration, e
 }
 
 // OnDrop counts a shed call, by reason.
-func (o *Observer) OnDrop(e dispatch.Event, reason string) {
-	o.dropped.WithLabelValues(o.callTypes.value(e.Label), dropReason(reason)).Inc()
+func (o *Observer) OnDrop(e dispatch.Event, b dispatch.Bound) {
+	o.dropped.WithLabelValues(o.callTypes.value(e.Label), dropReason(b)).Inc()
 }
 
 // OnFinish counts a finished call by its terminal state, and observes its
 // execution time if it ran.
-func (o *Observer) OnFinish(e dispatch.Event, f dispatch.Finish) {
+func (o *Observer) OnFinish(e dispatch.Event, f dispatch.Outcome) {
 	ct, res := o.callTypes.value(e.Label), result(f.State)
 	o.finished.WithLabelValues(ct, res).Inc()
 	if f.Attempts > 0 {
@@ -281,8 +280,8 @@ func (o *Observer) OnFinish(e dispatch.Event, f dispatch.Finish) {
 }
 
 // OnModeChange counts a mode switch, by the mode entered and the reason.
-func (o *Observer) OnModeChange(from, to dispatch.Mode, why string) {
-	o.modeChanges.WithLabelValues(modeValue(to), modeReason(o.modeReasons, why)).Inc()
+func (o *Observer) OnModeChange(from, to dispatch.Mode, why dispatch.SwitchReason) {
+	o.modeChanges.WithLabelValues(modeValue(to), switchReason(why)).Inc()
 }
 
 // OnBreakerChange counts a circuit breaker transition.

@@ -6,7 +6,7 @@
 // Retry-After hint (-errors), which the dispatcher's default retry policy
 // retries.
 //
-// The storm coalesces per pod (WithMerge folds a pod's pending patches into
+// The storm coalesces per pod (Config.Merge folds a pod's pending patches into
 // one API call), so the API sees far fewer calls than the loop submits. And
 // because binds outrank patches, a bind waits for a free worker, not for the
 // storm: its latency stays near one API round trip. With -compare (the
@@ -196,22 +196,24 @@ func run(c config, fifo bool) *report {
 	api := &fakeAPI{latency: c.latency, errRate: c.errRate}
 
 	d, err := dispatch.New(api.exec,
-		dispatch.WithWorkers(c.workers),
-		dispatch.WithMerge(mergeStatus),
-		// The completion hook is where a scheduler would requeue the pod
-		// for re-evaluation; here it records how long each call queued.
-		dispatch.WithOnDone(func(res dispatch.Result[string, call]) {
-			if res.Attempts == 0 {
-				return // never ran: cancelled, expired or closed in the queue
-			}
-			r.mu.Lock()
-			if res.Call.kind == bind {
-				r.bindWait = append(r.bindWait, res.QueueWait)
-			} else {
-				r.patchWait = append(r.patchWait, res.QueueWait)
-			}
-			r.mu.Unlock()
-		}),
+		dispatch.Config[string, call]{
+			Workers: c.workers,
+			Merge:   mergeStatus,
+			// The completion hook is where a scheduler would requeue the pod
+			// for re-evaluation; here it records how long each call queued.
+			OnDone: func(res dispatch.Result[string, call]) {
+				if res.Attempts == 0 {
+					return // never ran: cancelled, expired or closed in the queue
+				}
+				r.mu.Lock()
+				if res.Call.kind == bind {
+					r.bindWait = append(r.bindWait, res.QueueWait)
+				} else {
+					r.patchWait = append(r.patchWait, res.QueueWait)
+				}
+				r.mu.Unlock()
+			},
+		},
 	)
 	if err != nil {
 		panic(err) // the options above are valid

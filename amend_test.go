@@ -1,0 +1,133 @@
+package dispatch
+
+import (
+	"errors"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAmend: Amend rewrites the pending call of a key — queued, or waiting
+// behind the key's in-flight call — and never the in-flight one; a rewrite
+// that the no-op test finds has nothing left to do ends the call Skipped
+// for every waiter, and fires the hook once.
+func TestAmend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		hooks := &hookLog[string, int]{}
+		d := newD(t, f.exec, Config[string, int]{
+			Workers: 1,
+			NoOp:    func(_ string, v int) bool { return v == 0 },
+			OnDone:  hooks.add,
+		})
+		hold := submit(t, d, "hold", 1, prio(0))
+		synctest.Wait()
+
+		// Nothing pending: f is not called.
+		found, err := d.Amend("none", func(int) (int, error) { panic("not called") })
+		require.NoError(t, err)
+		assert.False(t, found)
+		// In flight only: not rewritten.
+		found, err = d.Amend("hold", func(int) (int, error) { panic("not called") })
+		require.NoError(t, err)
+		assert.False(t, found)
+
+		// A queued call is rewritten and runs as rewritten.
+		a := submit(t, d, "a", 1, prio(0))
+		found, err = d.Amend("a", func(v int) (int, error) { return v + 10, nil })
+		require.NoError(t, err)
+		assert.True(t, found)
+
+		// f's error leaves the call as it was, and comes back.
+		errNo := errors.New("no")
+		found, err = d.Amend("a", func(v int) (int, error) { return 99, errNo })
+		assert.True(t, found)
+		assert.ErrorIs(t, err, errNo)
+
+		// A panic in f is contained, and the call is untouched.
+		found, err = d.Amend("a", func(v int) (int, error) { panic("boom") })
+		assert.True(t, found)
+		var pe *PanicError
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, "boom", pe.Value)
+
+		// A rewrite to a no-op ends the call Skipped for every waiter.
+		b1 := submit(t, d, "b", 5, prio(0))
+		b2 := submit(t, d, "b", 6, prio(0))
+		require.NoError(t, d.Post("b", 7, SubmitOptions{}))
+		found, err = d.Amend("b", func(v int) (int, error) { return 0, nil })
+		require.NoError(t, err)
+		assert.True(t, found)
+		assert.Equal(t, map[State]int{Skipped: 2}, tally(t, b1, b2))
+		assert.False(t, d.Pending("b"))
+
+		// The successor of an in-flight call is pending too.
+		succ := submit(t, d, "hold", 2, prio(0))
+		found, err = d.Amend("hold", func(v int) (int, error) { return v * 100, nil })
+		require.NoError(t, err)
+		assert.True(t, found)
+
+		g.open()
+		waitAll(hold, a, succ)
+		assert.Equal(t, []int{11}, f.calls("a"))
+		assert.Equal(t, []int{1, 200}, f.calls("hold"))
+		assert.Empty(t, f.calls("b"))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(3), s.Outcomes[Skipped], "two tickets and one post")
+		assert.Equal(t, uint64(1), s.Calls[Skipped], "one call, one hook")
+		var skipped int
+		for _, r := range hooks.all() {
+			if r.State == Skipped {
+				skipped++
+				assert.Equal(t, "b", r.Key)
+				assert.Equal(t, 3, r.Waiters)
+			}
+		}
+		assert.Equal(t, 1, skipped)
+	})
+}
+
+// TestAmendRaceWithMerge: the no-op test runs outside the lock; a
+// submission that coalesces into the call meanwhile keeps it alive, because
+// the call Amend judged is no longer the call that would run.
+func TestAmendRaceWithMerge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		inNoOp, resume := make(chan struct{}), make(chan struct{})
+		d := newD(t, f.exec, Config[string, int]{
+			Workers: 1,
+			Merge:   func(p, in int) (int, error) { return p + in, nil },
+			NoOp: func(k string, v int) bool {
+				if k == "a" && v == 0 {
+					close(inNoOp)
+					<-resume
+					return true
+				}
+				return false
+			},
+		})
+		hold := submit(t, d, "hold", 1, prio(0))
+		synctest.Wait()
+		a := submit(t, d, "a", 1, prio(0))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
+			assert.True(t, found)
+			assert.NoError(t, err)
+		}()
+		<-inNoOp
+		a2 := submit(t, d, "a", 5, prio(0)) // merges: the value is now 5
+		close(resume)
+		<-done
+		g.open()
+		waitAll(hold, a, a2)
+		assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, a, a2))
+		assert.Equal(t, []int{5}, f.calls("a"))
+		closeD(t, d)
+	})
+}
