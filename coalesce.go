@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -208,7 +209,8 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 }
 
 // coalesce merges an incoming submission's call value into the pending call
-// c. On error c is untouched.
+// c. On error c is untouched; SkipIncoming means the merge function found
+// the incoming call has nothing to add.
 func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
 	if idem != "" && c.idem != "" && idem != c.idem {
 		return errRejectIdemKey
@@ -216,6 +218,9 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
 	if d.cfg.Merge != nil {
 		v, err := d.safeMerge(c.val, val)
 		if err != nil {
+			if errors.Is(err, SkipIncoming) {
+				return SkipIncoming
+			}
 			return fmt.Errorf("%w: %w", ErrMergeRejected, err)
 		}
 		val = v

@@ -3,11 +3,13 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -699,5 +701,72 @@ func TestHookResubmits(t *testing.T) {
 		assert.Equal(t, []error{nil, nil, nil}, errs)
 		mu.Unlock()
 		closeD(t, d)
+	})
+}
+
+// TestMergeSkipIncoming: a merge that returns SkipIncoming ends the
+// incoming submission Skipped at once — it does not wait for the pending
+// call's outcome — and leaves the pending call as it was. A successor that
+// a retry absorbs is skipped the same way.
+func TestMergeSkipIncoming(t *testing.T) {
+	// Relevance as in kube-scheduler: a deletion makes a patch moot.
+	merge := func(pending, incoming string) (string, error) {
+		if pending == "delete" && incoming != "delete" {
+			return "", fmt.Errorf("pod is being deleted: %w", SkipIncoming)
+		}
+		return incoming, nil
+	}
+	t.Run("onto a pending call", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, string]()
+			g := f.block("hold")
+			d := newD(t, f.exec, Config[string, string]{Workers: 1, Merge: merge})
+			hold := submit(t, d, "hold", "", prio(0))
+			synctest.Wait()
+			del := submit(t, d, "pod", "delete", prio(0))
+			patch := submit(t, d, "pod", "patch", prio(5))
+			require.NoError(t, d.Post("pod", "patch", SubmitOptions{}))
+			r := outcome(t, patch) // at once, while "delete" still waits
+			assert.Equal(t, Skipped, r.State)
+			assert.Equal(t, "patch", r.Call)
+			assert.Zero(t, r.Attempts)
+			assert.True(t, d.Pending("pod"))
+			s := checkConservation(t, d)
+			assert.Equal(t, uint64(2), s.Outcomes[Skipped])
+			assert.Equal(t, uint64(2), s.Coalesced)
+			g.open()
+			waitAll(hold, del)
+			assert.Equal(t, Succeeded, outcome(t, del).State)
+			assert.Equal(t, []string{"delete"}, f.calls("pod"), "the patch never ran, nor raised the deletion's priority")
+			closeD(t, d)
+		})
+	})
+	t.Run("a successor absorbed by a retry", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var runs []string
+			first := true
+			release := make(chan struct{})
+			hooks := &hookLog[string, string]{}
+			d := newD(t, func(ctx context.Context, k, v string) error {
+				runs = append(runs, v)
+				if first {
+					first = false
+					<-release
+					return syscall.ECONNRESET
+				}
+				return nil
+			}, Config[string, string]{Workers: 1, Merge: merge, OnDone: hooks.add, Retry: noJitter(3)})
+			del := submit(t, d, "pod", "delete", prio(0))
+			synctest.Wait() // in flight
+			patch := submit(t, d, "pod", "patch", prio(0))
+			close(release)
+			synctest.Wait() // the retry absorbed its successor
+			assert.Equal(t, Skipped, outcome(t, patch).State)
+			waitAll(del)
+			assert.Equal(t, Succeeded, outcome(t, del).State)
+			assert.Equal(t, []string{"delete", "delete"}, runs)
+			s := closeD(t, d)
+			assert.Equal(t, uint64(1), s.Calls[Skipped], "the successor was a call: the hook saw it")
+		})
 	})
 }

@@ -383,7 +383,10 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		d.supersede(s, o.Generation, now, ob)
 	}
 	if c := s.next; c != nil {
-		if err := d.coalesce(c, val, o.IdempotencyKey); err != nil {
+		if err := d.coalesce(c, val, o.IdempotencyKey); err == SkipIncoming {
+			d.skipIncoming(key, val, t, label, ob)
+			return true, nil
+		} else if err != nil {
 			return false, err
 		}
 		if !o.Droppable {
@@ -410,6 +413,20 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		}
 	}
 	return false, nil
+}
+
+// skipIncoming ends an accepted submission at once as Skipped: the merge
+// function found that the key's pending call makes it moot. It joins no
+// call, so no completion hook fires for it.
+func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], label string, ob *outbox[K, T]) {
+	d.st.coalesced++
+	d.st.outcomes[Skipped]++
+	if t == nil {
+		return
+	}
+	t.res = Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: Skipped, Waiters: 1}}
+	t.state = tsDone
+	ob.tickets = append(ob.tickets, t)
 }
 
 // admitTime returns the time admit works with. A fire-and-forget

@@ -62,6 +62,14 @@ const (
 // Bounds lists every Bound, for callers that set up one counter per value.
 func Bounds() []Bound { return []Bound{BoundCapacity, BoundWaiters, BoundQuota} }
 
+// SkipIncoming is what Config.Merge returns (or wraps) to say that the
+// pending call makes the incoming submission moot — a status patch arriving
+// while the pod's deletion is pending, say. The incoming submission is
+// accepted and ends Skipped at once, without waiting for the pending call;
+// the pending call is left as it was. It is a signal, not a failure: no
+// caller ever receives it as an error.
+var SkipIncoming = errors.New("dispatch: skip incoming call")
+
 // BackpressureError is the error a refused submission gets. It matches
 // [ErrBackpressure].
 type BackpressureError struct {

@@ -72,10 +72,13 @@ type Config[K comparable, T any] struct {
 	// Merge decides how a submission is coalesced into the pending call
 	// for its key. It gets the pending call and the incoming one and
 	// returns the call that will run: a combination of both, or either
-	// one unchanged (overwrite or skip). If it returns an error, the
-	// incoming submission is refused with an error matching
-	// ErrMergeRejected and wrapping it, and the pending call stays as it
-	// was. nil means the incoming call replaces the pending one.
+	// one unchanged (overwrite). If it returns SkipIncoming (or an error
+	// wrapping it), the pending call makes the incoming one moot: the
+	// incoming submission ends Skipped at once and the pending call stays
+	// as it was. If it returns any other error, the incoming submission is
+	// refused with an error matching ErrMergeRejected and wrapping it, and
+	// the pending call stays as it was. nil means the incoming call
+	// replaces the pending one.
 	//
 	// Merge runs under the dispatcher's lock, so that a merge and the
 	// start of the call it merges into cannot interleave: it must be

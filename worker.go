@@ -310,7 +310,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], a *attempt[K, T], ob *outbox[K,
 				e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
 				ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
 			}
-			d.requeue(c, a.err, notBefore, now)
+			d.requeue(c, a.err, notBefore, now, ob)
 			d.kick()
 			return
 		}
@@ -389,15 +389,21 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (
 // backoff. A successor that arrived during the attempt is coalesced into it
 // now; if the merge refuses, the retry keeps the in-flight position and the
 // successor waits behind it.
-func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64) {
+func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
 	s := c.s
 	d.st.retries++
 	c.ten.queued++
 	c.lastErr = lastErr
 	c.state = csIdle
 	if n := s.next; n != nil {
-		if d.coalesce(c, n.val, n.idem) == nil {
+		switch err := d.coalesce(c, n.val, n.idem); err {
+		case nil:
 			d.absorb(c, n)
+			s.run, s.next = nil, c
+		case SkipIncoming:
+			// The retry makes the successor moot.
+			d.settleAll(n, Skipped, nil, now, false, ob)
+			d.endCall(n, Skipped, nil, now, ob)
 			s.run, s.next = nil, c
 		}
 		// else: s.run stays c, and n stays its successor.
