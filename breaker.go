@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"fmt"
+
+	"github.com/coalescer/dispatch/internal/window"
 )
 
 // BreakerState is the state of the circuit breaker.
@@ -33,15 +35,26 @@ func (s BreakerState) String() string {
 
 // breaker is the circuit breaker's state, guarded by the Dispatcher's lock.
 type breaker struct {
-	p         BreakerPolicy
+	p         *BreakerPolicy // the Dispatcher's validated copy
 	state     BreakerState
 	consec    int   // retryable failures in a row
 	openUntil int64 // while open: when to go half-open
 	probes    int   // probes in flight while half-open
 	since     int64 // when it last left Closed
-	win       window
+	win       window.Window
 	obs       Observer
 }
+
+// verdict is what an execution says about the API's health.
+type verdict uint8
+
+const (
+	// verdictIgnored: nothing (a Permanent error, a Recompute, a
+	// cancellation, or no execution at all).
+	verdictIgnored verdict = iota
+	verdictHealthy         // it succeeded
+	verdictFailed          // it failed retryably
+)
 
 // admits reports whether an execution may start now, and counts it as a
 // probe if half-open. It moves open → half-open when the cool-down is over.
@@ -62,35 +75,36 @@ func (b *breaker) admits(now int64, ob *notes) bool {
 	return true
 }
 
-// record counts an execution's end. probe says whether it was admitted as a
-// half-open probe. counted is false for outcomes that say nothing about the
-// API's health (Permanent, Recompute, cancellation), which only release the
-// probe.
-func (b *breaker) record(now int64, probe, counted, failed bool, ob *notes) {
-	if probe && b.probes > 0 {
+// endProbe releases a half-open probe's slot when its execution ends.
+func (b *breaker) endProbe() {
+	if b.probes > 0 {
 		b.probes--
 	}
-	if !counted {
+}
+
+// record counts an execution's end.
+func (b *breaker) record(now int64, v verdict, ob *notes) {
+	if v == verdictIgnored {
 		return
 	}
-	bk := b.win.at(now)
-	bk.total++
-	if !failed {
+	bk := b.win.At(now)
+	bk.Total++
+	if v == verdictHealthy {
 		b.consec = 0
 		if b.state == BreakerHalfOpen {
 			b.set(BreakerClosed, ob)
 		}
 		return
 	}
-	bk.failures++
+	bk.Marked++
 	b.consec++
 	switch b.state {
 	case BreakerHalfOpen:
 		b.trip(now, ob)
 	case BreakerClosed:
-		s := b.win.sum(now)
+		s := b.win.Sum(now)
 		if b.consec >= b.p.ConsecutiveFailures ||
-			(s.total >= uint64(b.p.MinSamples) && float64(s.failures) >= b.p.FailureRatio*float64(s.total)) {
+			(s.Total >= uint64(b.p.MinSamples) && float64(s.Marked) >= b.p.FailureRatio*float64(s.Total)) {
 			b.trip(now, ob)
 		}
 	}
@@ -102,7 +116,7 @@ func (b *breaker) trip(now int64, ob *notes) {
 	}
 	b.openUntil = now + int64(b.p.Cooldown)
 	b.consec = 0
-	b.win = newWindow(b.p.Window)
+	b.win = window.New(b.p.Window)
 	b.set(BreakerOpen, ob)
 }
 
@@ -119,6 +133,3 @@ func (b *breaker) set(to BreakerState, ob *notes) {
 		*ob = append(*ob, func() { o.OnBreakerChange(from, to) })
 	}
 }
-
-// notes are callbacks to run once the lock is released.
-type notes []func()

@@ -7,7 +7,7 @@ import (
 
 const maxTime = math.MaxInt64
 
-// clock is the dispatcher's one timer goroutine. It wakes at the earliest
+// clock is the dispatcher's one timer goroutine; it takes the lock itself. It wakes at the earliest
 // entry of the delay index or the deadline index, expires waiters whose
 // deadline passed, and moves calls whose backoff ended to the ready index.
 // Nothing else in the dispatcher sleeps or keeps a timer.
@@ -31,10 +31,10 @@ func (d *Dispatcher[K, T]) clock() {
 			}
 			d.kick()
 		}
-		if d.fb != nil {
+		if d.fallback != nil {
 			d.checkFallback(now, &ob)
 		}
-		if b := d.br; b != nil && b.state == BreakerOpen {
+		if b := d.breaker; b != nil && b.state == BreakerOpen {
 			if now >= b.openUntil {
 				d.wakeWorker() // to probe
 			} else {
@@ -70,19 +70,16 @@ func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
 			d.leaveLocked(w.t, Expired, ErrExpired, now, ob)
 			continue
 		}
-		// The fire-and-forget aggregate: later submissions may have pushed
-		// its deadline out since it was indexed.
+		// The posts aggregate: later submissions may have pushed its
+		// deadline out since it was indexed.
 		c := w.c
-		if c.ff.deadline > now {
-			d.q.addDeadline(w, c.ff.deadline)
+		if c.posts.deadline > now {
+			d.q.addDeadline(w, c.posts.deadline)
 			continue
 		}
-		d.st.outcomes[Expired] += uint64(c.nff)
-		d.liveFF -= c.nff
-		c.nff = 0
+		d.settlePosts(c, Expired)
 		if c.live() == 0 {
-			d.endCall(c, Expired, ErrExpired, now, ob)
-			d.releaseSlot(c.s)
+			d.finish(c, Expired, ErrExpired, now, ob)
 			continue
 		}
 		d.reprioritize(c)

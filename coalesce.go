@@ -1,115 +1,12 @@
 package dispatch
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
-	"time"
 )
 
-// This file holds the per-key state: a slot per tracked key, at most two
-// calls per slot (one in flight, one pending), and the waiters each call
-// serves. All of it is guarded by the Dispatcher's lock.
-
-// callState says which index, if any, holds a call.
-type callState uint8
-
-const (
-	csIdle    callState = iota // in no index: a successor waiting for its key's in-flight call, or just popped
-	csReady                    // in the ready index
-	csDelayed                  // in the delay index
-	csRunning                  // in flight
-)
-
-// slot is the lane of one key. run is the call in flight (nil if none);
-// next is the pending call (nil if none): ready, delayed, or idle as the
-// successor of run. The first call lives inside the slot, so tracking a new
-// key costs at most one allocation (none when a released slot is reused);
-// a slot is released when both are nil.
-type slot[K comparable, T any] struct {
-	key   K
-	gen   uint64 // newest generation seen for the key
-	run   *call[K, T]
-	next  *call[K, T]
-	first call[K, T]
-}
-
-// newCall returns a zeroed call: the slot's own cell if it is free (neither
-// run nor next), else a new one — only a successor behind an in-flight call
-// needs that second allocation.
-func (s *slot[K, T]) newCall() *call[K, T] {
-	c := &s.first
-	if c == s.run || c == s.next {
-		c = new(call[K, T])
-	}
-	*c = call[K, T]{s: s, firstStart: -1}
-	c.ff.c = c
-	return c
-}
-
-// call is one logical operation on a key: the merge of every submission
-// that coalesced into it. The fields a coalescing Post touches come first,
-// so that it reads as few cache lines as possible.
-type call[K comparable, T any] struct {
-	s     *slot[K, T]
-	val   T
-	state callState
-	// droppable is set while every submission in the call was droppable.
-	droppable bool
-	inShed    bool // in the queue's shed index
-	// ffForever is set when a fire-and-forget submission had no deadline:
-	// the ff waiter then never expires.
-	ffForever bool
-	// orphan is set when an in-flight call loses its last waiter; its
-	// execution's result is then reported as Stale, never as success.
-	orphan   bool
-	probe    bool         // admitted by a half-open breaker
-	endState State        // why it was orphaned
-	prio     int          // effective priority: max over live waiters
-	enq      int64        // effective enqueue time: min over live waiters
-	nt       int          // tickets in the list
-	nff      int          // fire-and-forget submissions
-	joined   int          // submissions served, for Result.Waiters
-	ff       waiter[K, T] // all fire-and-forget submissions, as one waiter
-
-	gen       uint64
-	idem      string
-	seq       uint64 // arrival order: FIFO among equals
-	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
-	ten       *tenant[K, T]
-	label     string // Config.Label's label, for the observer and Stats.Labels
-	k1        int64  // ready-index sort key (see queue.sortKey)
-	k2        int64
-	notBefore int64         // delay-index key
-	head      *waiter[K, T] // tickets, a doubly linked list
-
-	attempts   int
-	firstStart int64 // -1 until the first execution
-	runTime    time.Duration
-	cancel     context.CancelCauseFunc
-	lastErr    error // set while the call waits to be retried
-}
-
-func (c *call[K, T]) live() int { return c.nt + c.nff }
-
-// waiter is one Ticket, or the aggregate of a call's fire-and-forget
-// submissions (t == nil).
-type waiter[K comparable, T any] struct {
-	prio     int
-	enq      int64
-	deadline int64 // 0: none
-	// at is the waiter's key in the deadline index (0: not indexed). For a
-	// ticket it equals deadline. For the fire-and-forget aggregate it may lag
-	// behind a deadline that later submissions extended; the clock then
-	// re-indexes instead of expiring, which keeps a coalescing Post free of
-	// index work.
-	at         int64
-	dseq       uint64
-	c          *call[K, T]
-	t          *Ticket[K, T]
-	prev, next *waiter[K, T]
-}
+// This file is coalescing: how a submission joins a call, how a call's
+// value absorbs another, and how a pending call is amended.
 
 // join adds a submission to c: the ticket t, or a fire-and-forget one if t
 // is nil. It keeps c's effective priority and enqueue time (the highest and
@@ -120,21 +17,21 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 	if t != nil {
 		w := &t.w
 		w.c, w.prio, w.enq, w.deadline = c, prio, now, deadline
-		w.prev, w.next = nil, c.head
-		if c.head != nil {
-			c.head.prev = w
+		w.prev, w.next = nil, c.tickets
+		if c.tickets != nil {
+			c.tickets.prev = w
 		}
-		c.head = w
-		c.nt++
-		d.tickets++
+		c.tickets = w
+		c.nTickets++
+		d.liveTickets++
 		t.state = tsLive
 		if deadline != 0 {
 			d.q.addDeadline(w, deadline)
 			d.armTimer(deadline)
 		}
 	} else {
-		d.addFF(c, 1, prio, now, deadline, deadline == 0)
-		d.liveFF++
+		d.addPosts(c, 1, prio, now, deadline, deadline == 0)
+		d.livePosts++
 	}
 	if first {
 		c.prio, c.enq = prio, now
@@ -143,46 +40,45 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 	d.q.rekey(c, max(c.prio, prio), min(c.enq, now))
 }
 
-// addFF folds n fire-and-forget submissions — highest priority prio,
+// addPosts folds n fire-and-forget submissions — highest priority prio,
 // earliest enqueue enq, latest deadline deadline, forever if any had none —
-// into c's aggregate waiter, keeping its place in the deadline index.
-func (d *Dispatcher[K, T]) addFF(c *call[K, T], n, prio int, enq, deadline int64, forever bool) {
-	ff := &c.ff
-	if c.nff == 0 {
-		ff.prio, ff.enq, ff.deadline = prio, enq, deadline
+// into c's posts aggregate, keeping its place in the deadline index.
+func (d *Dispatcher[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64, forever bool) {
+	p := &c.posts
+	if c.nPosts == 0 {
+		p.prio, p.enq, p.deadline = prio, enq, deadline
 	} else {
-		ff.prio = max(ff.prio, prio)
-		ff.enq = min(ff.enq, enq)
-		ff.deadline = max(ff.deadline, deadline)
+		p.prio = max(p.prio, prio)
+		p.enq = min(p.enq, enq)
+		p.deadline = max(p.deadline, deadline)
 	}
-	c.nff += n
+	c.nPosts += n
 	switch {
-	case c.ffForever:
+	case c.postsForever:
 	case forever:
-		c.ffForever = true
-		d.q.removeDeadline(ff)
-	case ff.at == 0:
-		d.q.addDeadline(ff, ff.deadline)
-		d.armTimer(ff.deadline)
+		c.postsForever = true
+		d.q.removeDeadline(p)
+	case p.at == 0:
+		d.q.addDeadline(p, p.deadline)
+		d.armTimer(p.deadline)
 	}
 }
 
-// detach removes ticket t from its call without settling it. The caller
-// re-derives the call's priority (reprioritize) if the call goes on.
+// detach takes ticket t off its call without settling it.
 func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 	w := &t.w
 	c := w.c
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
-		c.head = w.next
+		c.tickets = w.next
 	}
 	if w.next != nil {
 		w.next.prev = w.prev
 	}
 	w.prev, w.next, w.c = nil, nil, nil
-	c.nt--
-	d.tickets--
+	c.nTickets--
+	d.liveTickets--
 	d.q.removeDeadline(w)
 }
 
@@ -194,10 +90,10 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 		return
 	}
 	prio, enq, seen := 0, int64(0), false
-	if c.nff > 0 {
-		prio, enq, seen = c.ff.prio, c.ff.enq, true
+	if c.nPosts > 0 {
+		prio, enq, seen = c.posts.prio, c.posts.enq, true
 	}
-	for w := c.head; w != nil; w = w.next {
+	for w := c.tickets; w != nil; w = w.next {
 		if !seen {
 			prio, enq, seen = w.prio, w.enq, true
 			continue
@@ -244,9 +140,50 @@ func (d *Dispatcher[K, T]) safeMerge(pending, incoming T) (v T, err error) {
 	return d.cfg.Merge(pending, incoming)
 }
 
+// skipIncoming ends an accepted submission at once as Skipped: the merge
+// function found that the key's pending call makes it moot. It joins no
+// call, so no completion hook fires for it.
+func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], ob *outbox[K, T]) {
+	d.totals.coalesced++
+	d.totals.outcomes[Skipped]++
+	if t == nil {
+		return
+	}
+	t.res = Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: Skipped, Waiters: 1}}
+	t.state = tsDone
+	ob.tickets = append(ob.tickets, t)
+}
+
+// absorb moves every waiter of the successor n into c (whose value already
+// holds the merge of both) and forgets n, which was never queued.
+func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
+	for w := n.tickets; w != nil; {
+		next := w.next
+		w.c = c
+		w.prev, w.next = nil, c.tickets
+		if c.tickets != nil {
+			c.tickets.prev = w
+		}
+		c.tickets = w
+		w = next
+	}
+	c.nTickets += n.nTickets
+	if n.nPosts > 0 {
+		d.q.removeDeadline(&n.posts)
+		d.addPosts(c, n.nPosts, n.posts.prio, n.posts.enq, n.posts.deadline, n.postsForever)
+	}
+	c.joined += n.joined
+	c.droppable = c.droppable && n.droppable
+	d.totals.coalesced += uint64(n.joined)
+	n.tickets, n.nTickets, n.nPosts = nil, 0, 0
+	n.ten.queued--
+	d.untrack(n)
+	d.reprioritize(c)
+}
+
 // Amend rewrites the pending call of key: the one that has not started —
 // queued, waiting out a retry's backoff, or waiting behind the key's
-// in-flight call. It answers "what will this key look like once its pending
+// running call. It answers "what will this key look like once its pending
 // write lands?" and lets the caller refresh that write against newer state
 // (kube-scheduler's SyncObject does both).
 //
@@ -260,17 +197,18 @@ func (d *Dispatcher[K, T]) safeMerge(pending, incoming T) (v T, err error) {
 // changed meanwhile (a submission coalesced into it, or it started), it is
 // left to run.
 //
-// Amend reports whether key had a pending call. An in-flight call is never
+// Amend reports whether key had a pending call. A running call is never
 // rewritten: it may be taking effect already.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
 	d.mu.Lock()
-	s := d.slots[key]
-	if s == nil || s.next == nil || s.next.state == csRunning {
+	l := d.lanes[key]
+	if l == nil || l.pending == nil {
 		d.mu.Unlock()
 		return false, nil
 	}
-	c := s.next
-	v, err := d.safeAmend(f, c.val)
+	c := l.pending
+	var v T
+	err := safeCall(func() (err error) { v, err = f(c.val); return err })
 	if err != nil {
 		d.mu.Unlock()
 		return true, err
@@ -288,25 +226,13 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if s := d.slots[key]; s != nil && s.next != nil && s.next.seq == seq && s.next.rev == rev && s.next.state != csRunning && s.next.live() > 0 {
-		c := s.next
+	if l := d.lanes[key]; l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
+		c := l.pending
 		now := d.now()
-		d.settleAll(c, Skipped, nil, now, false, &ob)
-		d.endCall(c, Skipped, nil, now, &ob)
-		d.releaseSlot(c.s)
+		d.settleAll(c, Skipped, nil, now, onTime, &ob)
+		d.finish(c, Skipped, nil, now, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
 	return true, nil
-}
-
-// safeAmend runs Amend's f, turning a panic into a *PanicError so that it
-// cannot leave the dispatcher's lock held.
-func (d *Dispatcher[K, T]) safeAmend(f func(T) (T, error), pending T) (v T, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
-	return f(pending)
 }

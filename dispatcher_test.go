@@ -721,17 +721,17 @@ func TestTicketDoneConcurrent(t *testing.T) {
 	closeD(t, d)
 }
 
-// TestSlotReuse: released slots are kept for new keys up to maxFreeSlots,
+// TestLaneReuse: released lanes are kept for new keys up to maxFreeLanes,
 // hold nothing of the key that left (no key, value or waiter is kept alive),
 // and a key in a reused slot behaves as in a new one.
-func TestSlotReuse(t *testing.T) {
+func TestLaneReuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, *int]()
 		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, *int]{Workers: 1, Capacity: 2 * maxFreeSlots})
+		d := newD(t, f.exec, Config[string, *int]{Workers: 1, Capacity: 2 * maxFreeLanes})
 		require.NoError(t, d.Post("hold", nil, SubmitOptions{}))
 		synctest.Wait()
-		n := maxFreeSlots + 10
+		n := maxFreeLanes + 10
 		for i := range n {
 			v := i
 			submit(t, d, fmt.Sprint(i), &v, SubmitOptions{Generation: 5})
@@ -740,11 +740,11 @@ func TestSlotReuse(t *testing.T) {
 			require.True(t, d.Cancel(fmt.Sprint(i), nil))
 		}
 		d.mu.Lock()
-		require.Len(t, d.free, maxFreeSlots, "free list not bounded")
-		for _, s := range d.free {
-			require.Equal(t, slot[string, *int]{}, *s, "a released slot keeps state")
+		require.Len(t, d.freeLanes, maxFreeLanes, "free list not bounded")
+		for _, s := range d.freeLanes {
+			require.Equal(t, lane[string, *int]{}, *s, "a released lane keeps state")
 		}
-		reused := d.free[len(d.free)-1]
+		reused := d.freeLanes[len(d.freeLanes)-1]
 		d.mu.Unlock()
 
 		// The next key takes a released slot, with a fresh generation and
@@ -752,8 +752,8 @@ func TestSlotReuse(t *testing.T) {
 		v := 42
 		tk := submit(t, d, "new", &v, SubmitOptions{Generation: 1})
 		d.mu.Lock()
-		assert.Same(t, reused, d.slots["new"])
-		assert.Len(t, d.free, maxFreeSlots-1)
+		assert.Same(t, reused, d.lanes["new"])
+		assert.Len(t, d.freeLanes, maxFreeLanes-1)
 		d.mu.Unlock()
 		g.open()
 		synctest.Wait()

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -18,7 +19,7 @@ var (
 	ErrClosed = errors.New("dispatch: closed")
 
 	// ErrDropped reports a call that was shed under load. Its waiters learn
-	// the reason from the wrapping error.
+	// the bound from the wrapping error.
 	ErrDropped = errors.New("dispatch: dropped")
 
 	// ErrExpired reports a waiter whose deadline passed before the call
@@ -36,14 +37,28 @@ var (
 	ErrStale = errors.New("dispatch: stale")
 
 	// ErrCircuitOpen reports a submission refused because the circuit
-	// breaker is open.
+	// breaker is open (BreakerPolicy.RefuseDroppable).
 	ErrCircuitOpen = errors.New("dispatch: circuit open")
 
 	// ErrMergeRejected reports a submission that could not be coalesced into
 	// the pending call for its key: the merge function refused it (its error
 	// is wrapped), or the two carry different idempotency keys.
 	ErrMergeRejected = errors.New("dispatch: merge rejected")
+
+	// ErrFallback is the error of a queued call that a switch to Sync mode
+	// cancelled (CancelQueued): its waiters end Canceled with an error
+	// matching ErrFallback, which tells the caller to run the call on the
+	// synchronous path itself.
+	ErrFallback = errors.New("dispatch: switched to synchronous mode; take the synchronous path")
 )
+
+// SkipIncoming is what Config.Merge returns (or wraps) to say that the
+// pending call makes the incoming submission moot — a status patch arriving
+// while the pod's deletion is pending, say. The incoming submission is
+// accepted and ends Skipped at once, without waiting for the pending call;
+// the pending call is left as it was. It is a signal, not a failure: no
+// caller ever receives it as an error.
+var SkipIncoming = errors.New("dispatch: skip incoming call")
 
 // Bound names a limit that refused a submission or shed a queued call. Its
 // values are a fixed set, safe as a metric label.
@@ -62,14 +77,6 @@ const (
 // Bounds lists every Bound, for callers that set up one counter per value.
 func Bounds() []Bound { return []Bound{BoundCapacity, BoundWaiters, BoundQuota} }
 
-// SkipIncoming is what Config.Merge returns (or wraps) to say that the
-// pending call makes the incoming submission moot — a status patch arriving
-// while the pod's deletion is pending, say. The incoming submission is
-// accepted and ends Skipped at once, without waiting for the pending call;
-// the pending call is left as it was. It is a signal, not a failure: no
-// caller ever receives it as an error.
-var SkipIncoming = errors.New("dispatch: skip incoming call")
-
 // BackpressureError is the error a refused submission gets. It matches
 // [ErrBackpressure].
 type BackpressureError struct {
@@ -85,6 +92,52 @@ func (e *BackpressureError) Error() string {
 
 // Is reports whether target is [ErrBackpressure].
 func (e *BackpressureError) Is(target error) bool { return target == ErrBackpressure }
+
+// GiveUp says why a failed call was not retried (further). Its values are
+// a fixed set, safe as a metric label.
+type GiveUp string
+
+// The reasons a call is not retried.
+const (
+	// GiveUpPermanent: the classifier judged the error Permanent.
+	GiveUpPermanent GiveUp = "permanent"
+	// GiveUpAttempts: Retry.MaxAttempts executions were made.
+	GiveUpAttempts GiveUp = "attempts"
+	// GiveUpDeadline: the next attempt could not start before the call's
+	// deadline.
+	GiveUpDeadline GiveUp = "deadline"
+	// GiveUpBudget: the retry budget (Retry.BudgetRatio) was spent.
+	GiveUpBudget GiveUp = "budget"
+	// GiveUpRecompute: the error needs the call rebuilt (Recompute) and no
+	// BeforeRetry hook is configured to rebuild it.
+	GiveUpRecompute GiveUp = "recompute"
+	// GiveUpBeforeRetry: the BeforeRetry hook returned an error.
+	GiveUpBeforeRetry GiveUp = "before-retry"
+)
+
+// RetryError is the error of a call that failed for good after it was
+// judged. It unwraps to the last execution's error, and matches ErrExpired
+// when the call's deadline stopped the retries.
+type RetryError struct {
+	// Attempts is the number of executions made.
+	Attempts int
+	// Last is the last execution's error (or the before-retry hook's).
+	Last error
+	// Reason says why the call was not retried (further).
+	Reason GiveUp
+}
+
+func (e *RetryError) Error() string {
+	return fmt.Sprintf("dispatch: failed after %d attempt(s) (%s): %v", e.Attempts, e.Reason, e.Last)
+}
+
+// Unwrap returns the last error.
+func (e *RetryError) Unwrap() error { return e.Last }
+
+// Is matches ErrExpired for Reason GiveUpDeadline.
+func (e *RetryError) Is(target error) bool {
+	return target == ErrExpired && e.Reason == GiveUpDeadline
+}
 
 // PanicError is the error of a call whose execution panicked. The panic is
 // recovered, the call ends Failed with this error, and the worker lives on.
@@ -112,8 +165,9 @@ var (
 	errRejectPast    = fmt.Errorf("%w: deadline already passed", ErrExpired)
 	errRejectIdemKey = fmt.Errorf("%w: pending call has a different idempotency key", ErrMergeRejected)
 
-	errDroppedCapacity = fmt.Errorf("%w: capacity: evicted for a better call", ErrDropped)
-	errDroppedQuota    = fmt.Errorf("%w: quota: evicted for a better call of the same tenant", ErrDropped)
+	errDroppedCapacity  = fmt.Errorf("%w: capacity: evicted for a better call", ErrDropped)
+	errDroppedQuota     = fmt.Errorf("%w: quota: evicted for a better call of the same tenant", ErrDropped)
+	errFallbackCanceled = fmt.Errorf("%w: %w", ErrCanceled, ErrFallback)
 )
 
 // canceledErr wraps cause, if any, so that it matches ErrCanceled and cause.
@@ -125,4 +179,42 @@ func canceledErr(cause error) error {
 		return cause
 	}
 	return fmt.Errorf("%w: %w", ErrCanceled, cause)
+}
+
+// ctxErr is the error for a submission whose context is already done.
+func ctxErr(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return errRejectPast
+	}
+	return canceledErr(context.Cause(ctx))
+}
+
+// stateErr is the sentinel for a terminal state that is not success or
+// failure.
+func stateErr(st State) error {
+	switch st {
+	case Canceled:
+		return ErrCanceled
+	case Expired:
+		return ErrExpired
+	case Dropped:
+		return ErrDropped
+	case Stale:
+		return ErrStale
+	case Closed:
+		return ErrClosed
+	}
+	return nil
+}
+
+// staleErr is the completion hook's error for a call that ended in st after
+// losing its waiters; execErr is what exec returned, kept for audit.
+func staleErr(st State, execErr error) error {
+	if st != Stale {
+		return stateErr(st)
+	}
+	if execErr != nil {
+		return fmt.Errorf("%w: execution finished after its waiters left: %w", ErrStale, execErr)
+	}
+	return fmt.Errorf("%w: execution succeeded after its waiters left", ErrStale)
 }

@@ -1,89 +1,41 @@
 package dispatch
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/window"
 )
-
-// ErrFallback is the error of a queued call that a switch to Sync mode
-// cancelled (SwitchCancel): its waiters end Canceled with an error matching
-// ErrFallback, which tells the caller to run the call on the synchronous path
-// itself.
-var ErrFallback = errors.New("dispatch: switched to synchronous mode; take the synchronous path")
-
-// SwitchPolicy says what a switch to Sync does with the calls already
-// queued (Config.SwitchPolicy). Calls in flight always run to their end.
-type SwitchPolicy uint8
-
-const (
-	// DrainQueued keeps running the queued calls on the workers until they
-	// are done (SetMode waits for them until its ctx ends, then cancels the
-	// rest with ErrFallback). It is the default.
-	DrainQueued SwitchPolicy = iota
-	// CancelQueued ends every queued call at once: waiters get Canceled
-	// with ErrFallback.
-	CancelQueued
-)
-
-// SwitchReason says why the dispatcher changed mode. Its values are a fixed
-// set, safe as a metric label; the measured values behind an automatic
-// switch are in Stats.FallbackReason.
-type SwitchReason string
-
-// The reasons for a mode change.
-const (
-	// SwitchManual: SetMode was called.
-	SwitchManual SwitchReason = "manual"
-	// SwitchCoolDown: FallbackPolicy.ReturnAfter passed after an automatic
-	// fallback, and the dispatcher returned to Async.
-	SwitchCoolDown SwitchReason = "cool-down"
-	// SwitchBacklog: FallbackPolicy.MaxBacklog was exceeded.
-	SwitchBacklog SwitchReason = "backlog"
-	// SwitchFailureRatio: FallbackPolicy.MaxFailureRatio was exceeded.
-	SwitchFailureRatio SwitchReason = "failure-ratio"
-	// SwitchQueueWait: FallbackPolicy.MaxQueueWaitP99 was exceeded.
-	SwitchQueueWait SwitchReason = "queue-wait"
-	// SwitchBreakerOpen: the breaker stayed open longer than
-	// FallbackPolicy.MaxBreakerOpen.
-	SwitchBreakerOpen SwitchReason = "breaker-open"
-)
-
-// SwitchReasons lists every SwitchReason, for callers that set up one
-// counter per value.
-func SwitchReasons() []SwitchReason {
-	return []SwitchReason{SwitchManual, SwitchCoolDown, SwitchBacklog, SwitchFailureRatio, SwitchQueueWait, SwitchBreakerOpen}
-}
 
 // fallbackState is the fallback policy's running state, guarded by the
 // Dispatcher's lock. Its windows count per finished call and per first
 // start, so no observation allocates.
 type fallbackState struct {
-	p        FallbackPolicy
-	calls    window // total: finished calls; failures: Failed ones
-	waits    window // total: first starts; failures: those that waited over MaxQueueWaitP99
-	next     int64  // next check
-	returnAt int64  // automatic return to Async, if set
+	p        *FallbackPolicy // the Dispatcher's validated copy
+	calls    window.Window   // Total: finished calls; Marked: Failed ones
+	waits    window.Window   // Total: first starts; Marked: those that waited over MaxQueueWaitP99
+	next     int64           // next check
+	returnAt int64           // automatic return to Async, if set
 	reason   string
 }
 
-func newFallbackState(p FallbackPolicy) *fallbackState {
-	return &fallbackState{p: p, calls: newWindow(p.Window), waits: newWindow(p.Window)}
+func newFallbackState(p *FallbackPolicy) *fallbackState {
+	return &fallbackState{p: p, calls: window.New(p.Window), waits: window.New(p.Window)}
 }
 
 func (f *fallbackState) finished(now int64, failed bool) {
-	b := f.calls.at(now)
-	b.total++
+	b := f.calls.At(now)
+	b.Total++
 	if failed {
-		b.failures++
+		b.Marked++
 	}
 }
 
 func (f *fallbackState) waited(now int64, wait time.Duration) {
-	b := f.waits.at(now)
-	b.total++
+	b := f.waits.At(now)
+	b.Total++
 	if f.p.MaxQueueWaitP99 > 0 && wait > f.p.MaxQueueWaitP99 {
-		b.failures++
+		b.Marked++
 	}
 }
 
@@ -91,12 +43,12 @@ func (f *fallbackState) waited(now int64, wait time.Duration) {
 // thresholds (switching to Sync when one is crossed) or, after an automatic
 // fallback, whether the cool-down return is due.
 func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
-	f := d.fb
+	f := d.fallback
 	if now < f.next {
 		d.armTimer(f.next)
 		return
 	}
-	f.next = now + max(int64(f.p.Window)/windowBuckets, 1)
+	f.next = now + f.calls.Step()
 	d.armTimer(f.next)
 	if d.mode == Sync {
 		if f.returnAt != 0 && now >= f.returnAt {
@@ -114,32 +66,31 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 	}
 }
 
-// fallbackReason says which threshold is exceeded, if any: a fixed code for
-// the observer ("backlog", "failure-ratio", "queue-wait", "breaker-open"),
-// which is safe as a metric label, and a detail with the measured values for
+// fallbackReason says which threshold is exceeded, if any: its SwitchReason
+// for the observer, and a detail with the measured values for
 // Stats.FallbackReason.
 func (d *Dispatcher[K, T]) fallbackReason(now int64) (code SwitchReason, detail string) {
 	p := d.cfg.Fallback
 	if p.MaxBacklog > 0 {
-		if n := d.calls - d.running; n > p.MaxBacklog {
+		if n := d.liveCalls - d.running; n > p.MaxBacklog {
 			return SwitchBacklog, fmt.Sprintf("backlog %d > %d", n, p.MaxBacklog)
 		}
 	}
 	if p.MaxFailureRatio > 0 {
-		s := d.fb.calls.sum(now)
-		if s.total >= uint64(p.MinSamples) && float64(s.failures) > p.MaxFailureRatio*float64(s.total) {
-			return SwitchFailureRatio, fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.failures)/float64(s.total), p.MaxFailureRatio)
+		s := d.fallback.calls.Sum(now)
+		if s.Total >= uint64(p.MinSamples) && float64(s.Marked) > p.MaxFailureRatio*float64(s.Total) {
+			return SwitchFailureRatio, fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.Marked)/float64(s.Total), p.MaxFailureRatio)
 		}
 	}
 	if p.MaxQueueWaitP99 > 0 {
 		// p99 > max exactly when more than 1% of the waits exceed max.
-		s := d.fb.waits.sum(now)
-		if s.total >= uint64(p.MinSamples) && float64(s.failures) > 0.01*float64(s.total) {
-			return SwitchQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.failures, s.total)
+		s := d.fallback.waits.Sum(now)
+		if s.Total >= uint64(p.MinSamples) && float64(s.Marked) > 0.01*float64(s.Total) {
+			return SwitchQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.Marked, s.Total)
 		}
 	}
-	if p.MaxBreakerOpen > 0 && d.br != nil && d.br.state != BreakerClosed {
-		if open := time.Duration(now - d.br.since); open > p.MaxBreakerOpen {
+	if p.MaxBreakerOpen > 0 && d.breaker != nil && d.breaker.state != BreakerClosed {
+		if open := time.Duration(now - d.breaker.since); open > p.MaxBreakerOpen {
 			return SwitchBreakerOpen, fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
 		}
 	}

@@ -2,53 +2,399 @@ package dispatch
 
 import (
 	"context"
+	"time"
 )
 
-// Close shuts the dispatcher down. It stops admission at once (submissions
-// get ErrClosed), keeps running what is queued, by priority, until nothing is
-// left or ctx ends, then ends whatever remains with Closed: queued calls are
-// removed and in-flight ones have their context cancelled. It returns after
-// every goroutine the dispatcher started has exited, which includes waiting
-// for in-flight exec calls to return. It returns nil if everything drained,
-// or ctx's error if something had to be ended. Close is idempotent and safe
-// to call concurrently.
-func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
-	d.mu.Lock()
-	if !d.closing {
-		d.closing = true
-		if len(d.slots) == 0 && !d.drainedClosed {
-			d.drainedClosed = true
-			close(d.drained)
-		}
-	}
-	d.mu.Unlock()
+// This file is a call's lifecycle: the per-key lane, the calls in it, their
+// waiters, and every move between states. Everything here runs under the
+// dispatcher's lock.
+//
+// A lane holds at most two calls: the one running and the one pending.
+//
+//	state        lane pointer  where the call waits
+//	csReady      pending       the ready index (queue.go)
+//	csDelayed    pending       the delay index, until its retry backoff ends
+//	csBehind     pending       nowhere: behind lane.running, its successor
+//	csRunning    running       in a worker, or in a Sync-mode caller
+//	csEnded      running       nowhere: its last attempt ended, finish follows
+//
+// One exception: a retry whose merge with the successor that arrived during
+// its attempt was refused waits csReady or csDelayed while it stays
+// lane.running, so that the successor keeps waiting behind it.
+//
+// The moves, and where they happen:
+//
+//	admit, free lane       → csReady     admit.go
+//	admit, lane running    → csBehind    admit.go
+//	csReady → csRunning                  begin (worker.go), by a worker or a Sync caller
+//	csRunning → csEnded                  endAttempt (worker.go), then finish
+//	csRunning → csReady/csDelayed        requeue (retry.go): a retry, which
+//	                                     absorbs a successor that merges into it
+//	csDelayed → csReady                  queue.promote, when the backoff ends
+//	csBehind → csReady                   finish of lane.running (promote)
+//	no waiter left                       finish: a queued call leaves its index;
+//	                                     a running one is orphaned (its context
+//	                                     cancelled) and finished when its exec
+//	                                     returns, Stale if it ran
+//
+// Three verbs end things:
+//
+//   - settle: one waiter — a ticket, or the aggregate of a call's posts —
+//     gets its outcome and leaves its call.
+//   - finish: a call whose waiters are gone ends: it leaves the lane and
+//     the indexes, is counted and reported to the completion hook and the
+//     observer, and its successor becomes ready.
+//   - release: a lane with no call left is forgotten, and kept for reuse.
+//
+// What they tell (tickets, hooks, observer events) goes into an outbox,
+// delivered once the lock is released (deliver.go).
 
-	var err error
-	select {
-	case <-d.drained:
-	default:
-		select {
-		case <-d.drained:
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
-	}
+// callState says where a call is; see the table above.
+type callState uint8
 
+const (
+	csBehind callState = iota
+	csReady
+	csDelayed
+	csRunning
+	csEnded
+)
+
+// lane is the state of one key. The first call lives inside the lane, so
+// tracking a new key costs at most one allocation (none when a released lane
+// is reused).
+type lane[K comparable, T any] struct {
+	key     K
+	gen     uint64 // newest generation seen for the key
+	running *call[K, T]
+	pending *call[K, T]
+	first   call[K, T]
+}
+
+// newCall returns a zeroed call: the lane's own cell if it is free, else a
+// new one — only a successor behind a running call needs that allocation.
+func (l *lane[K, T]) newCall() *call[K, T] {
+	c := &l.first
+	if c == l.running || c == l.pending {
+		c = new(call[K, T])
+	}
+	*c = call[K, T]{lane: l, firstStart: -1}
+	c.posts.c = c
+	return c
+}
+
+// call is one logical operation on a key: the merge of every submission
+// that coalesced into it. The fields a coalescing Post touches come first,
+// so that it reads as few cache lines as possible.
+type call[K comparable, T any] struct {
+	lane  *lane[K, T]
+	val   T
+	state callState
+	// droppable is set while every submission in the call was droppable.
+	droppable bool
+	inShed    bool // in the queue's shed index
+	// postsForever is set when a fire-and-forget submission had no
+	// deadline: the posts aggregate then never expires.
+	postsForever bool
+	// orphan is set when a running call loses its last waiter; its
+	// execution's result is then reported Stale, never as success.
+	orphan   bool
+	probe    bool         // admitted by a half-open breaker
+	endState State        // why it was orphaned
+	prio     int          // effective priority: max over live waiters
+	enq      int64        // effective enqueue time: min over live waiters
+	nTickets int          // tickets in the list
+	nPosts   int          // fire-and-forget submissions
+	joined   int          // submissions served, for Result.Waiters
+	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
+
+	gen       uint64
+	idem      string
+	seq       uint64 // arrival order: FIFO among equals
+	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
+	ten       *tenant[K, T]
+	label     string   // Config.Label's label, for the observer and Stats.Labels
+	order     orderKey // its place in the ready order (queue.go)
+	notBefore int64    // its place in the delay index
+	tickets   *waiter[K, T]
+
+	attempts   int
+	firstStart int64 // -1 until the first execution
+	runTime    time.Duration
+	cancel     context.CancelCauseFunc
+	lastErr    error // set while the call waits to be retried
+}
+
+func (c *call[K, T]) live() int { return c.nTickets + c.nPosts }
+
+// waiter is one Ticket, or the aggregate of a call's fire-and-forget
+// submissions (t == nil).
+type waiter[K comparable, T any] struct {
+	prio     int
+	enq      int64
+	deadline int64 // 0: none
+	// at is the waiter's key in the deadline index (0: not indexed). For a
+	// ticket it equals deadline. For the posts aggregate it may lag behind a
+	// deadline that later submissions extended; the clock then re-indexes
+	// instead of expiring, which keeps a coalescing Post free of index work.
+	at         int64
+	dseq       uint64
+	c          *call[K, T]
+	t          *Ticket[K, T]
+	prev, next *waiter[K, T]
+}
+
+// lateness says whether a waiter whose deadline has passed still gets the
+// outcome it is settled with.
+type lateness uint8
+
+const (
+	// onTime: every waiter gets the outcome (a cancellation, a drop...).
+	onTime lateness = iota
+	// expireLate: a waiter past its deadline gets Expired instead, so that a
+	// result arriving after a waiter's deadline is never delivered to it as
+	// success.
+	expireLate
+)
+
+// settle gives ticket t the outcome st and takes it off its call c. The
+// caller then finishes c if it has no waiter left, or reprioritizes it.
+func (d *Dispatcher[K, T]) settle(t *Ticket[K, T], c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	d.detach(t)
+	t.res = d.result(c, st, err, now)
+	t.state = tsDone
+	d.totals.outcomes[st]++
+	ob.tickets = append(ob.tickets, t)
+}
+
+// settleAll settles every waiter of c with st (see lateness). It reports
+// whether any waiter got st.
+func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int64, late lateness, ob *outbox[K, T]) bool {
+	served := false
+	for c.tickets != nil {
+		w := c.tickets
+		if late == expireLate && w.deadline != 0 && w.deadline <= now {
+			d.settle(w.t, c, Expired, ErrExpired, now, ob)
+			continue
+		}
+		served = true
+		d.settle(w.t, c, st, err, now, ob)
+	}
+	if c.nPosts > 0 {
+		pst := st
+		if late == expireLate && !c.postsForever && c.posts.deadline <= now {
+			pst = Expired
+		} else {
+			served = true
+		}
+		d.settlePosts(c, pst)
+	}
+	return served
+}
+
+// settlePosts gives every fire-and-forget submission of c the outcome st.
+// Nobody is told: their outcome reaches Stats, and the completion hook when
+// the call finishes.
+func (d *Dispatcher[K, T]) settlePosts(c *call[K, T], st State) {
+	d.totals.outcomes[st] += uint64(c.nPosts)
+	d.livePosts -= c.nPosts
+	c.nPosts, c.postsForever = 0, false
+	d.q.removeDeadline(&c.posts)
+}
+
+// leave ends ticket t alone with st: its ticket was cancelled, its context
+// ended, or its deadline passed. If it was its call's last waiter, the call
+// finishes. It takes the lock itself.
+func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if !d.stopped {
-		d.stopped = true
-		now := d.now()
-		for _, s := range d.slots {
-			d.endKey(s, Closed, ErrClosed, now, true, &ob)
-			d.releaseSlot(s)
-		}
-		d.baseCancel(ErrClosed)
-		close(d.stopCh)
-		d.cond.Broadcast()
+	switch t.state {
+	case tsNew: // Submit has not admitted it yet; it will see this and refuse
+		t.state = tsDone
+	case tsLive:
+		d.leaveLocked(t, st, err, d.now(), &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
-	d.wg.Wait()
-	return err
+}
+
+func (d *Dispatcher[K, T]) leaveLocked(t *Ticket[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	c := t.w.c
+	d.settle(t, c, st, err, now, ob)
+	if c.live() == 0 {
+		d.finish(c, st, err, now, ob)
+		return
+	}
+	d.reprioritize(c)
+}
+
+// finish ends call c, which has no waiter left, with st. A call still
+// running is only orphaned: its context is cancelled with err, and it
+// finishes when its attempt ends (endAttempt), since its execution may be
+// taking effect. Any other call leaves its index and its lane, is counted
+// and reported, and lets its successor run; the lane is released if that
+// leaves it empty.
+func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	switch c.state {
+	case csRunning:
+		if !c.orphan {
+			c.orphan, c.endState = true, st
+			c.cancel(err)
+		}
+		return
+	case csEnded: // its attempt has already left the tenant's counts
+	default:
+		d.q.remove(c)
+		c.ten.queued--
+	}
+	d.report(c, st, err, now, ob)
+	l := c.lane
+	if l.pending == c {
+		l.pending = nil
+	} else {
+		l.running = nil
+		d.promote(l)
+	}
+	d.release(l)
+	d.kick()
+}
+
+// promote makes the successor of l's finished call ready, with the enqueue
+// time it had when it arrived.
+func (d *Dispatcher[K, T]) promote(l *lane[K, T]) {
+	if n := l.pending; n != nil && n.state == csBehind {
+		d.q.push(n)
+		d.wakeWorker()
+	}
+}
+
+// report counts a finished call and queues its completion hook and
+// observer event.
+func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	d.untrack(c)
+	d.totals.calls[st]++
+	if d.fallback != nil {
+		d.fallback.finished(now, st == Failed)
+	}
+	if d.cfg.OnDone == nil && d.cfg.Observer == nil {
+		return
+	}
+	r := d.result(c, st, err, now)
+	if d.cfg.OnDone != nil {
+		ob.hooks = append(ob.hooks, r)
+	}
+	if obs := d.cfg.Observer; obs != nil {
+		e, o := c.event(), r.Outcome
+		ob.notes = append(ob.notes, func() { obs.OnFinish(e, o) })
+	}
+}
+
+// untrack drops a call that is gone from the live counts.
+func (d *Dispatcher[K, T]) untrack(c *call[K, T]) {
+	d.liveCalls--
+	if d.labels != nil {
+		if d.labels[c.label]--; d.labels[c.label] == 0 {
+			delete(d.labels, c.label)
+		}
+	}
+}
+
+// maxFreeLanes bounds the free list of released lanes. Reusing a lane
+// spares a new key its one allocation (and the garbage collector the work
+// of freeing it), so that a dispatcher whose keys come and go allocates
+// nothing per key in the steady state. The bound caps what a burst of
+// finished keys leaves behind at 4096 lanes: about 1.2 MB with small keys
+// and values (a lane is about 300 bytes, more for a large K or T).
+const maxFreeLanes = 4096
+
+// newLane returns a lane for key, reused from the free list if it can be.
+func (d *Dispatcher[K, T]) newLane(key K, gen uint64) *lane[K, T] {
+	n := len(d.freeLanes)
+	if n == 0 {
+		return &lane[K, T]{key: key, gen: gen}
+	}
+	l := d.freeLanes[n-1]
+	d.freeLanes[n-1] = nil
+	d.freeLanes = d.freeLanes[:n-1]
+	l.key, l.gen = key, gen
+	return l
+}
+
+// release forgets l's key if l has no call left, and keeps l for reuse.
+// Nothing refers to a released lane or its calls by then: every waiter has
+// been settled, every index has let go of its calls, and no execution runs
+// one.
+func (d *Dispatcher[K, T]) release(l *lane[K, T]) {
+	if l.running != nil || l.pending != nil || d.lanes[l.key] != l {
+		return
+	}
+	delete(d.lanes, l.key)
+	if len(d.freeLanes) < maxFreeLanes {
+		*l = lane[K, T]{} // let go of the key, the value and the tenant
+		d.freeLanes = append(d.freeLanes, l)
+	}
+	if d.closing && len(d.lanes) == 0 && !d.drainedClosed {
+		d.drainedClosed = true
+		close(d.drained)
+	}
+}
+
+// scope says which calls of a lane endLane ends.
+type scope uint8
+
+const (
+	queuedOnly  scope = iota // the pending call; a running one goes on
+	withRunning              // the running call too: its context is cancelled
+)
+
+// endLane settles every waiter of l's calls in sc with st and finishes the
+// calls. It reports whether it ended any.
+func (d *Dispatcher[K, T]) endLane(l *lane[K, T], st State, err error, now int64, sc scope, ob *outbox[K, T]) bool {
+	ended := false
+	for _, c := range [2]*call[K, T]{l.pending, l.running} {
+		if c != nil && !c.orphan && (sc == withRunning || c.state != csRunning) {
+			ended = true
+			d.settleAll(c, st, err, now, onTime, ob)
+			d.finish(c, st, err, now, ob)
+		}
+	}
+	return ended
+}
+
+// shed drops queued call c to make room under bound b: every waiter gets
+// Dropped.
+func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K, T]) {
+	err := errDroppedCapacity
+	if b == BoundQuota {
+		err = errDroppedQuota
+	}
+	d.totals.shed[b.index()]++
+	c.ten.st.Dropped++
+	if obs := d.cfg.Observer; obs != nil {
+		e := c.event()
+		ob.notes = append(ob.notes, func() { obs.OnDrop(e, b) })
+	}
+	d.settleAll(c, Dropped, err, now, onTime, ob)
+	d.finish(c, Dropped, err, now, ob)
+}
+
+// result is what a waiter or the completion hook is told about c.
+func (d *Dispatcher[K, T]) result(c *call[K, T], st State, err error, now int64) Result[K, T] {
+	wait := now - c.enq
+	if c.firstStart >= 0 {
+		wait = c.firstStart - c.enq
+	}
+	return Result[K, T]{Key: c.lane.key, Call: c.val, Outcome: Outcome{
+		State:     st,
+		Err:       err,
+		Attempts:  c.attempts,
+		Waiters:   c.joined,
+		QueueWait: time.Duration(max(wait, 0)),
+		RunTime:   c.runTime,
+	}}
+}
+
+// event describes c for the observer.
+func (c *call[K, T]) event() Event {
+	return Event{Label: c.label, Tenant: c.ten.name}
 }

@@ -37,6 +37,49 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
+// SwitchPolicy says what a switch to Sync does with the calls already
+// queued (Config.SwitchPolicy). Calls in flight always run to their end.
+type SwitchPolicy uint8
+
+const (
+	// DrainQueued keeps running the queued calls on the workers until they
+	// are done (SetMode waits for them until its ctx ends, then cancels the
+	// rest with ErrFallback). It is the default.
+	DrainQueued SwitchPolicy = iota
+	// CancelQueued ends every queued call at once: waiters get Canceled
+	// with ErrFallback.
+	CancelQueued
+)
+
+// SwitchReason says why the dispatcher changed mode. Its values are a fixed
+// set, safe as a metric label; the measured values behind an automatic
+// switch are in Stats.FallbackReason.
+type SwitchReason string
+
+// The reasons for a mode change.
+const (
+	// SwitchManual: SetMode was called.
+	SwitchManual SwitchReason = "manual"
+	// SwitchCoolDown: FallbackPolicy.ReturnAfter passed after an automatic
+	// fallback, and the dispatcher returned to Async.
+	SwitchCoolDown SwitchReason = "cool-down"
+	// SwitchBacklog: FallbackPolicy.MaxBacklog was exceeded.
+	SwitchBacklog SwitchReason = "backlog"
+	// SwitchFailureRatio: FallbackPolicy.MaxFailureRatio was exceeded.
+	SwitchFailureRatio SwitchReason = "failure-ratio"
+	// SwitchQueueWait: FallbackPolicy.MaxQueueWaitP99 was exceeded.
+	SwitchQueueWait SwitchReason = "queue-wait"
+	// SwitchBreakerOpen: the breaker stayed open longer than
+	// FallbackPolicy.MaxBreakerOpen.
+	SwitchBreakerOpen SwitchReason = "breaker-open"
+)
+
+// SwitchReasons lists every SwitchReason, for callers that set up one
+// counter per value.
+func SwitchReasons() []SwitchReason {
+	return []SwitchReason{SwitchManual, SwitchCoolDown, SwitchBacklog, SwitchFailureRatio, SwitchQueueWait, SwitchBreakerOpen}
+}
+
 // SetMode switches the dispatcher between Async and Sync at run time — the
 // feature gate's lever, and the manual rollback. Switching to Sync stops
 // async admission at once: from then on each submission runs inline in its
@@ -117,15 +160,12 @@ func (d *Dispatcher[K, T]) asyncBacklog() int {
 	return d.q.nready + d.q.delayed.Len() + d.workerRunning
 }
 
-var errFallbackCanceled = fmt.Errorf("%w: %w", ErrCanceled, ErrFallback)
-
 // cancelQueued ends every queued call (ready, in backoff, or waiting behind
 // its key's in-flight call) with Canceled and ErrFallback. Calls in flight
 // are left to finish.
 func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
-	for _, s := range d.slots {
-		d.endKey(s, Canceled, errFallbackCanceled, now, false, ob)
-		d.releaseSlot(s)
+	for _, l := range d.lanes {
+		d.endLane(l, Canceled, errFallbackCanceled, now, queuedOnly, ob)
 	}
 }
 
@@ -147,15 +187,14 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		wait := time.Duration(-1) // until something changes
 		switch c.state {
 		case csReady:
-			probe := d.br != nil && d.br.state != BreakerClosed
-			if d.br == nil || d.br.admits(now, &ob.notes) {
+			if probe, ok := d.breakerAdmits(now, ob); ok {
 				d.q.remove(c)
 				c.probe = probe
 				d.run(c, now, ob)
 				continue
 			}
-			if d.br.state == BreakerOpen {
-				wait = time.Duration(d.br.openUntil - now)
+			if d.breaker.state == BreakerOpen {
+				wait = time.Duration(d.breaker.openUntil - now)
 			}
 		case csDelayed:
 			wait = time.Duration(c.notBefore - now)
@@ -188,4 +227,21 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions) error {
 	_, err := d.Submit(context.Background(), key, call, o)
 	return err
+}
+
+// kick wakes whoever waits for the dispatcher's state to change: callers
+// running calls inline (Sync mode) and SetMode draining the queue.
+func (d *Dispatcher[K, T]) kick() {
+	if d.kickCh != nil {
+		close(d.kickCh)
+		d.kickCh = nil
+	}
+}
+
+// kicked returns a channel closed at the next state change.
+func (d *Dispatcher[K, T]) kicked() <-chan struct{} {
+	if d.kickCh == nil {
+		d.kickCh = make(chan struct{})
+	}
+	return d.kickCh
 }

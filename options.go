@@ -146,6 +146,50 @@ type Config[K comparable, T any] struct {
 	Observer Observer
 }
 
+// SubmitOptions are the per-submission settings. The zero value means
+// priority 0, no deadline, no tenant, generation 0, no idempotency key, not
+// droppable.
+type SubmitOptions struct {
+	// Priority orders ready calls: higher runs first. A coalesced call runs
+	// at the highest priority of its live waiters. With aging, a call gains
+	// one level per aging interval it waits.
+	Priority int
+	// Deadline, if set, ends this submission as Expired when it passes. The
+	// earlier of Deadline and the Submit context's deadline applies. A call's
+	// execution context carries the latest deadline of its live waiters.
+	Deadline time.Time
+	// Tenant names who submits (a plugin, a call type) for quotas and
+	// fairness.
+	Tenant string
+	// Generation fences stale work for the key (for example the scheduling
+	// attempt). A newer generation supersedes older ones: their pending call
+	// ends Stale and their in-flight execution is cancelled. A submission
+	// older than the key's newest is rejected with ErrStale. Generations are
+	// compared as numbers, so 0 is the oldest: once a key has been submitted
+	// with a generation, keep giving one. They are remembered while the key
+	// is tracked.
+	Generation uint64
+	// IdempotencyKey names the logical operation, for servers that
+	// deduplicate by it. It is passed to exec unchanged on every attempt (see
+	// IdempotencyKey). A submission with a different non-empty key than the
+	// pending call's is rejected with ErrMergeRejected: two distinct
+	// operations are never merged.
+	IdempotencyKey string
+	// Droppable marks work that may be shed under load because it can be
+	// rebuilt. A call is droppable only if every submission in it is.
+	Droppable bool
+}
+
+type idemKey struct{}
+
+// IdempotencyKey returns the SubmitOptions.IdempotencyKey of the call that
+// ctx (an exec context) runs, unchanged on every attempt, so that exec can
+// pass it to a server that deduplicates by it.
+func IdempotencyKey(ctx context.Context) string {
+	s, _ := ctx.Value(idemKey{}).(string)
+	return s
+}
+
 // settings is a validated Config with every default filled in: the one
 // copy of the configuration a Dispatcher keeps.
 type settings[K comparable, T any] struct {

@@ -7,16 +7,17 @@ import (
 	"github.com/google/btree"
 )
 
-// queue holds the three ordered indexes the dispatcher schedules from. It is
-// a plain data structure: the Dispatcher's lock guards it, and it never calls
-// user code.
+// queue holds the ordered indexes the dispatcher schedules from, and the
+// scheduling order across tenants. It is a plain data structure: the
+// Dispatcher's lock guards it, and it never calls user code.
 //
-//   - ready: calls that may run now, one B-tree per tenant (see tenant.go),
-//     each by effective priority with aging, then arrival. A worker takes
-//     the best of the tenants' best (pick).
+//   - ready: calls that may run now, one B-tree per tenant (tenant.ready),
+//     each in ready order: effective priority with aging, then arrival. A
+//     worker takes the best of the tenants' best (pick).
 //   - delayed: calls that may not run before a time (retry backoff), by that
 //     time. The clock moves them to ready when it comes.
 //   - deadlines: waiters with a deadline, by deadline. The clock expires them.
+//   - shed: the calls that may be evicted when the dispatcher is full.
 //
 // Each is a B-tree, so insert, remove and re-key are O(log n) and no index
 // keeps a timer, goroutine or context per entry: one timer, armed for the
@@ -30,25 +31,40 @@ type queue[K comparable, T any] struct {
 	deadlines *btree.BTreeG[*waiter[K, T]]
 	dseq      uint64 // tie-break among equal deadlines
 	// shed holds the calls that may be evicted when the dispatcher is
-	// full: droppable, queued (ready or delayed), and alone in their slot,
+	// full: droppable, queued (ready or delayed), and alone in their lane,
 	// so that evicting one frees a key. It is in ready order; its maximum
 	// is the worst call: lowest effective priority, then newest.
 	shed *btree.BTreeG[entry[K, T]]
 }
 
-// entry is a call's place in a ready-ordered index (a tenant's ready index,
-// or a shed index). The sort key is held in the entry itself, so that a
-// B-tree search compares within its nodes and never follows a pointer to a
-// call: at depth, that is the difference between reading a node's cache
-// lines and missing the cache once per comparison.
-type entry[K comparable, T any] struct {
-	k1, k2 int64
-	seq    uint64
-	c      *call[K, T]
+// orderKey is a call's place in the ready order: lower runs first. With
+// aging it is the call's virtual time (see orderOf); without, its priority
+// (descending), then its enqueue time.
+type orderKey struct {
+	hi int64
+	lo uint64
 }
 
-// entry returns c's ready-index entry for its current sort key.
-func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.k1, c.k2, c.seq, c} }
+func (a orderKey) less(b orderKey) bool {
+	if a.hi != b.hi {
+		return a.hi < b.hi
+	}
+	return a.lo < b.lo
+}
+
+// entry is a call's place in a ready-ordered index (a tenant's ready index,
+// or a shed index). The order is held in the entry itself, so that a B-tree
+// search compares within its nodes and never follows a pointer to a call:
+// at depth, that is the difference between reading a node's cache lines and
+// missing the cache once per comparison.
+type entry[K comparable, T any] struct {
+	order orderKey
+	seq   uint64
+	c     *call[K, T]
+}
+
+// entry returns c's ready-index entry for its current order.
+func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.order, c.seq, c} }
 
 // btreeDegree was chosen by BenchmarkSubmit: wider nodes cost more to shift
 // on insert, narrower ones more levels of cache misses. With 32-byte
@@ -66,11 +82,8 @@ func newQueue[K comparable, T any](aging int64) queue[K, T] {
 }
 
 func readyLess[K comparable, T any](a, b entry[K, T]) bool {
-	if a.k1 != b.k1 {
-		return a.k1 < b.k1
-	}
-	if a.k2 != b.k2 {
-		return a.k2 < b.k2
+	if a.order != b.order {
+		return a.order.less(b.order)
 	}
 	return a.seq < b.seq
 }
@@ -89,16 +102,16 @@ func deadlineLess[K comparable, T any](a, b *waiter[K, T]) bool {
 	return a.dseq < b.dseq
 }
 
-// sortKey computes the ready order of a call with effective priority prio
+// orderOf computes the ready order of a call with effective priority prio
 // and enqueue time enq. With aging, the order is by virtual time
 // enq − prio×aging: a call gains one level per aging interval it waits, so
 // one static key orders calls of every age and nothing is re-sorted as time
 // passes. Without aging, the order is priority (descending), then enq.
-func (q *queue[K, T]) sortKey(prio int, enq int64) (k1, k2 int64) {
+func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey {
 	if q.aging == 0 {
-		return ^int64(prio), enq // ^p = −p−1: descending, no overflow
+		return orderKey{^int64(prio), uint64(enq)} // ^p = −p−1: descending, no overflow
 	}
-	return virtualTime(enq, int64(prio), q.aging), 0
+	return orderKey{virtualTime(enq, int64(prio), q.aging), 0}
 }
 
 // virtualTime returns enq − prio×aging, saturated to the int64 range, for
@@ -130,7 +143,7 @@ func virtualTime(enq, prio, aging int64) int64 {
 // push makes c ready.
 func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unshed(c)
-	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
+	c.order = q.orderOf(c.prio, c.enq)
 	t := c.ten
 	t.ready.ReplaceOrInsert(c.entry())
 	q.nready++
@@ -144,14 +157,14 @@ func (q *queue[K, T]) push(c *call[K, T]) {
 // delay makes c wait until notBefore.
 func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
 	q.unshed(c)
-	c.k1, c.k2 = q.sortKey(c.prio, c.enq)
+	c.order = q.orderOf(c.prio, c.enq)
 	c.notBefore = notBefore
 	q.delayed.ReplaceOrInsert(c)
 	c.state = csDelayed
 	q.reshed(c)
 }
 
-// remove takes c out of whichever index holds it.
+// remove takes c out of whichever index holds it, if any.
 func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {
 	case csReady:
@@ -164,13 +177,12 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 	case csDelayed:
 		q.delayed.Delete(c)
 	}
-	c.state = csIdle
 	q.unshed(c)
 }
 
 // reshed puts c in the shed index if it may be evicted.
 func (q *queue[K, T]) reshed(c *call[K, T]) {
-	if c.droppable && !c.inShed && c.s.run == nil && (c.state == csReady || c.state == csDelayed) {
+	if c.droppable && !c.inShed && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
 		e := c.entry()
 		q.shed.ReplaceOrInsert(e)
 		if c.ten.shed != nil {
@@ -180,8 +192,8 @@ func (q *queue[K, T]) reshed(c *call[K, T]) {
 	}
 }
 
-// unshed takes c out of the shed index; call it before c's sort key
-// changes, or when c stops being evictable.
+// unshed takes c out of the shed index; call it before c's order changes,
+// or when c stops being evictable.
 func (q *queue[K, T]) unshed(c *call[K, T]) {
 	if c.inShed {
 		e := c.entry()
@@ -194,9 +206,9 @@ func (q *queue[K, T]) unshed(c *call[K, T]) {
 }
 
 // worst returns the call of the shed index idx (the queue's, or a
-// tenant's) to evict for a newcomer whose sort key would be (k1, k2, seq):
-// the worst one other than except, if it is worse than the newcomer.
-func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], k1, k2 int64, seq uint64, except *call[K, T]) *call[K, T] {
+// tenant's) to evict for a newcomer that would sit at (order, seq): the
+// worst one other than except, if it is worse than the newcomer.
+func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], order orderKey, seq uint64, except *call[K, T]) *call[K, T] {
 	var w entry[K, T]
 	idx.Descend(func(x entry[K, T]) bool {
 		if x.c == except {
@@ -205,7 +217,7 @@ func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], k1, k2 int64, se
 		w = x
 		return false
 	})
-	if w.c == nil || !readyLess(entry[K, T]{k1, k2, seq, nil}, w) {
+	if w.c == nil || !readyLess(entry[K, T]{order, seq, nil}, w) {
 		return nil
 	}
 	return w.c
@@ -217,19 +229,19 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	if prio == c.prio && enq == c.enq {
 		return
 	}
-	k1, k2 := q.sortKey(prio, enq)
+	order := q.orderOf(prio, enq)
 	c.prio, c.enq = prio, enq
-	if k1 == c.k1 && k2 == c.k2 {
+	if order == c.order {
 		return
 	}
 	inShed := c.inShed
 	q.unshed(c)
 	if c.state == csReady {
 		c.ten.ready.Delete(c.entry())
-		c.k1, c.k2 = k1, k2
+		c.order = order
 		c.ten.ready.ReplaceOrInsert(c.entry())
 	} else {
-		c.k1, c.k2 = k1, k2
+		c.order = order
 	}
 	if inShed {
 		q.reshed(c)
@@ -278,9 +290,9 @@ func (q *queue[K, T]) popDeadline(now int64) *waiter[K, T] {
 	return w
 }
 
-// nextWake returns the earliest time the clock must act at, or MaxInt64.
+// nextWake returns the earliest time the clock must act at, or maxTime.
 func (q *queue[K, T]) nextWake() int64 {
-	next := int64(math.MaxInt64)
+	next := int64(maxTime)
 	if c, ok := q.delayed.Min(); ok {
 		next = c.notBefore
 	}
@@ -288,4 +300,87 @@ func (q *queue[K, T]) nextWake() int64 {
 		next = w.at
 	}
 	return next
+}
+
+// level is a ready call's effective priority at now: its priority plus one
+// per aging interval waited, floor((now − virtual time) / aging), saturated.
+// Without aging it is the priority.
+func (q *queue[K, T]) level(c *call[K, T], now int64) int64 {
+	if q.aging == 0 {
+		return int64(c.prio)
+	}
+	vt := c.order.hi
+	diff := now - vt
+	if (vt < 0) && diff < now { // now − vt overflowed
+		return math.MaxInt64 / q.aging
+	}
+	if (vt > 0) && diff > now {
+		return math.MinInt64 / q.aging
+	}
+	lvl := diff / q.aging
+	if diff%q.aging != 0 && diff < 0 {
+		lvl-- // floor
+	}
+	return lvl
+}
+
+// pick chooses the tenant whose best ready call runs next: the highest
+// effective level wins; among tenants whose best calls are at the same level,
+// the one with the lowest stride pass (so workers are shared in proportion to
+// weights). Tenants at their in-flight cap are passed over. It returns nil
+// if no tenant may run.
+func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
+	if len(q.active) == 1 {
+		if t := q.active[0]; !t.capped() {
+			return t
+		}
+		return nil
+	}
+	var best *tenant[K, T]
+	var bestLvl int64
+	for _, t := range q.active {
+		if t.capped() {
+			continue
+		}
+		h, _ := t.ready.Min()
+		lvl := q.level(h.c, now)
+		if best == nil || lvl > bestLvl || (lvl == bestLvl && t.pass < best.pass) {
+			best, bestLvl = t, lvl
+		}
+	}
+	return best
+}
+
+// popFrom removes and returns t's best ready call, charging t one stride.
+// The caller starts it (begin).
+func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
+	e, _ := t.ready.DeleteMin()
+	c := e.c
+	q.nready--
+	if t.ready.Len() == 0 {
+		q.deactivate(t)
+	}
+	q.vpass = t.pass
+	t.pass += t.stride
+	c.state = csBehind
+	q.unshed(c)
+	return c
+}
+
+// activate adds t to the tenants with ready calls. A tenant returning from
+// idle starts at the current pass, so it cannot claim the service it did
+// not use while idle.
+func (q *queue[K, T]) activate(t *tenant[K, T]) {
+	t.pass = max(t.pass, q.vpass)
+	t.active = len(q.active)
+	q.active = append(q.active, t)
+}
+
+func (q *queue[K, T]) deactivate(t *tenant[K, T]) {
+	last := q.active[len(q.active)-1]
+	q.active[t.active] = last
+	last.active = t.active
+	q.active[len(q.active)-1] = nil
+	q.active = q.active[:len(q.active)-1]
+	t.active = -1
 }

@@ -237,7 +237,7 @@ func TestQueueReadyOrder(t *testing.T) {
 			var got []qEntry
 			for q.nready > 0 {
 				c := q.popFrom(q.pick(0))
-				assert.Equal(t, csIdle, c.state)
+				assert.Equal(t, csBehind, c.state, "popped: in no index")
 				got = append(got, qEntry{c.prio, c.enq, c.seq})
 			}
 			require.Equal(t, want, got)

@@ -107,107 +107,81 @@ func (p *RetryPolicy) backoff(n int) time.Duration {
 	return d
 }
 
-// GiveUp says why a failed call was not retried (further). Its values are
-// a fixed set, safe as a metric label.
-type GiveUp string
+// giveUpPanic ends a call whose exec panicked: its error is the
+// *PanicError itself, not a *RetryError.
+const giveUpPanic GiveUp = "panic"
 
-// The reasons a call is not retried.
-const (
-	// GiveUpPermanent: the classifier judged the error Permanent.
-	GiveUpPermanent GiveUp = "permanent"
-	// GiveUpAttempts: Retry.MaxAttempts executions were made.
-	GiveUpAttempts GiveUp = "attempts"
-	// GiveUpDeadline: the next attempt could not start before the call's
-	// deadline.
-	GiveUpDeadline GiveUp = "deadline"
-	// GiveUpBudget: the retry budget (Retry.BudgetRatio) was spent.
-	GiveUpBudget GiveUp = "budget"
-	// GiveUpRecompute: the error needs the call rebuilt (Recompute) and no
-	// BeforeRetry hook is configured to rebuild it.
-	GiveUpRecompute GiveUp = "recompute"
-	// GiveUpBeforeRetry: the BeforeRetry hook returned an error.
-	GiveUpBeforeRetry GiveUp = "before-retry"
-)
-
-// RetryError is the error of a call that failed for good after it was
-// judged. It unwraps to the last execution's error, and matches ErrExpired
-// when the call's deadline stopped the retries.
-type RetryError struct {
-	// Attempts is the number of executions made.
-	Attempts int
-	// Last is the last execution's error (or the before-retry hook's).
-	Last error
-	// Reason says why the call was not retried (further).
-	Reason GiveUp
-}
-
-func (e *RetryError) Error() string {
-	return fmt.Sprintf("dispatch: failed after %d attempt(s) (%s): %v", e.Attempts, e.Reason, e.Last)
-}
-
-// Unwrap returns the last error.
-func (e *RetryError) Unwrap() error { return e.Last }
-
-// Is matches ErrExpired for Reason GiveUpDeadline.
-func (e *RetryError) Is(target error) bool {
-	return target == ErrExpired && e.Reason == GiveUpDeadline
-}
-
-type idemKey struct{}
-
-// IdempotencyKey returns the SubmitOptions.IdempotencyKey of the call that
-// ctx (an exec context) runs, unchanged on every attempt, so that exec can
-// pass it to a server that deduplicates by it.
-func IdempotencyKey(ctx context.Context) string {
-	s, _ := ctx.Value(idemKey{}).(string)
-	return s
-}
-
-// window counts events in a sliding window of fixed buckets, so that the
-// retry budget and the breaker need no allocation or timer per event.
-type window struct {
-	width   int64 // ns per bucket
-	buckets [windowBuckets]bucket
-}
-
-const windowBuckets = 10
-
-type bucket struct {
-	start    int64
-	first    uint64 // first attempts
-	retries  uint64
-	failures uint64 // retryable failures
-	total    uint64 // counted outcomes (breaker)
-}
-
-func newWindow(span time.Duration) window {
-	return window{width: max(int64(span)/windowBuckets, 1)}
-}
-
-// at returns the bucket for now, clearing it if it is from an older round.
-func (w *window) at(now int64) *bucket {
-	start := now - now%w.width
-	b := &w.buckets[(now/w.width)%windowBuckets]
-	if b.start != start {
-		*b = bucket{start: start}
-	}
-	return b
-}
-
-// sum totals the buckets still inside the window.
-func (w *window) sum(now int64) bucket {
-	var s bucket
-	oldest := now - now%w.width - (windowBuckets-1)*w.width
-	for i := range w.buckets {
-		b := &w.buckets[i]
-		if b.start >= oldest && b.start <= now {
-			s.first += b.first
-			s.retries += b.retries
-			s.failures += b.failures
-			s.total += b.total
+// retryAt decides whether a failed attempt of c runs again, and when. It
+// returns the time the retry may start, or the reason it may not.
+func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (int64, GiveUp) {
+	p := &d.cfg.Retry
+	var delay time.Duration
+	switch {
+	case a.callDone:
+		return 0, GiveUpDeadline
+	case a.class == Permanent:
+		if _, ok := a.err.(*PanicError); ok {
+			return 0, giveUpPanic
+		}
+		return 0, GiveUpPermanent
+	case a.class == Recompute && d.cfg.BeforeRetry == nil:
+		return 0, GiveUpRecompute
+	case c.attempts >= p.MaxAttempts:
+		return 0, GiveUpAttempts
+	case a.class == Recompute:
+		// Rebuild from fresh state at once: waiting does not resolve a
+		// conflict, re-reading does.
+	default:
+		if hint, ok := retryAfter(a.err); ok {
+			delay = hint
+		} else {
+			delay = p.backoff(c.attempts)
 		}
 	}
-	return s
+	notBefore := now + int64(delay)
+	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
+		return 0, GiveUpDeadline
+	}
+	if !d.budgetAllows(now) {
+		return 0, GiveUpBudget
+	}
+	return notBefore, ""
+}
+
+// requeue sends c back to the queue to run again at notBefore. The retry
+// holds no worker: it waits in the delay index. While it waits it is the
+// key's pending call, so new submissions coalesce into it and keep its
+// backoff. A successor that arrived during the attempt is coalesced into it
+// now (or skipped, if the merge says it is moot); if the merge refuses, the
+// retry stays the lane's running call and the successor waits behind it.
+func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
+	l := c.lane
+	d.totals.retries++
+	c.ten.queued++
+	c.lastErr = lastErr
+	c.state = csBehind
+	if n := l.pending; n != nil {
+		switch err := d.coalesce(c, n.val, n.idem); err {
+		case nil:
+			d.absorb(c, n)
+			l.running, l.pending = nil, c
+		case SkipIncoming:
+			// The retry makes its successor moot.
+			d.settleAll(n, Skipped, nil, now, onTime, ob)
+			d.finish(n, Skipped, nil, now, ob)
+			l.running, l.pending = nil, c
+		}
+		// else: l.running stays c, and n stays its successor.
+	} else {
+		l.running, l.pending = nil, c
+	}
+	if notBefore <= now {
+		d.q.push(c)
+		d.wakeWorker()
+		return
+	}
+	d.q.delay(c, notBefore)
+	d.armTimer(notBefore)
 }
 
 // budgetAllows reports whether one more retry fits the retry budget, and
@@ -217,10 +191,10 @@ func (d *Dispatcher[K, T]) budgetAllows(now int64) bool {
 	if math.IsInf(p.BudgetRatio, 1) {
 		return true
 	}
-	s := d.budget.sum(now)
-	if s.retries >= uint64(p.BudgetMin) && float64(s.retries+1) > p.BudgetRatio*float64(s.first) {
+	s := d.retryBudget.Sum(now)
+	if s.Marked >= uint64(p.BudgetMin) && float64(s.Marked+1) > p.BudgetRatio*float64(s.Total) {
 		return false
 	}
-	d.budget.at(now).retries++
+	d.retryBudget.At(now).Marked++
 	return true
 }

@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/coalescer/dispatch/internal/hist"
+)
 
 // counters are the dispatcher's running totals, guarded by its lock.
 type counters struct {
@@ -103,6 +107,11 @@ type Stats struct {
 	Calls StateCounts
 }
 
+// quantiles summarises a histogram.
+func quantiles(h hist.Hist) Quantiles {
+	return Quantiles{Count: h.Count(), P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99)}
+}
+
 // LatencyWindow is the span Stats' latency quantiles cover: they show the
 // last minute, so a regression during a rollout shows at once instead of
 // being averaged into everything since New.
@@ -123,39 +132,39 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	defer d.mu.Unlock()
 	now := d.now()
 	s := Stats{
-		Keys:            len(d.slots),
+		Keys:            len(d.lanes),
 		Ready:           d.q.nready,
-		QueueWait:       d.qwait.quantiles(now),
-		ExecTime:        d.exect.quantiles(now),
+		QueueWait:       quantiles(d.queueWait.Sum(now)),
+		ExecTime:        quantiles(d.execTime.Sum(now)),
 		Mode:            d.mode,
 		Delayed:         d.q.delayed.Len(),
 		InFlight:        d.running,
-		Tickets:         d.tickets,
-		Live:            d.tickets + d.liveFF,
-		Submitted:       d.st.submitted,
-		Rejected:        d.st.rejected,
-		Coalesced:       d.st.coalesced,
-		Executions:      d.st.executions,
-		StaleExecutions: d.st.staleExecutions,
-		Retries:         d.st.retries,
-		AlreadyDone:     d.st.alreadyDone,
-		Outcomes:        d.st.outcomes,
-		Calls:           d.st.calls,
+		Tickets:         d.liveTickets,
+		Live:            d.liveTickets + d.livePosts,
+		Submitted:       d.totals.submitted,
+		Rejected:        d.totals.rejected,
+		Coalesced:       d.totals.coalesced,
+		Executions:      d.totals.executions,
+		StaleExecutions: d.totals.staleExecutions,
+		Retries:         d.totals.retries,
+		AlreadyDone:     d.totals.alreadyDone,
+		Outcomes:        d.totals.outcomes,
+		Calls:           d.totals.calls,
 	}
-	s.Successors = d.calls - s.Ready - s.Delayed - s.InFlight
-	if d.br != nil {
-		s.Breaker = d.br.state
+	s.Successors = d.liveCalls - s.Ready - s.Delayed - s.InFlight
+	if d.breaker != nil {
+		s.Breaker = d.breaker.state
 	}
 	s.Backpressure = make(map[Bound]uint64, numBounds)
 	s.Shed = make(map[Bound]uint64, numBounds)
 	for _, b := range Bounds() {
-		s.Backpressure[b] = d.st.refused[b.index()]
+		s.Backpressure[b] = d.totals.refused[b.index()]
 		if b != BoundWaiters {
-			s.Shed[b] = d.st.shed[b.index()]
+			s.Shed[b] = d.totals.shed[b.index()]
 		}
 	}
-	if d.fb != nil {
-		s.FallbackReason = d.fb.reason
+	if d.fallback != nil {
+		s.FallbackReason = d.fallback.reason
 	}
 	if d.labels != nil {
 		s.Labels = make(map[string]int, len(d.labels))

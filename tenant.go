@@ -1,10 +1,6 @@
 package dispatch
 
-import (
-	"math"
-
-	"github.com/google/btree"
-)
+import "github.com/google/btree"
 
 // TenantStats are one tenant's figures in a Stats snapshot.
 type TenantStats struct {
@@ -69,8 +65,8 @@ func (t *tenant[K, T]) overQuota(freed int) bool {
 // tenantFor returns the tenant named name, creating it with the default
 // configuration the first time.
 func (d *Dispatcher[K, T]) tenantFor(name string) *tenant[K, T] {
-	if name == "" {
-		return d.t0
+	if name == "" && d.noTenant != nil {
+		return d.noTenant
 	}
 	t := d.tenants[name]
 	if t == nil {
@@ -82,85 +78,4 @@ func (d *Dispatcher[K, T]) tenantFor(name string) *tenant[K, T] {
 		d.tenants[name] = t
 	}
 	return t
-}
-
-// level is a ready call's effective priority at now: its priority plus one
-// per aging interval waited, floor((now − virtual time) / aging), saturated.
-// Without aging it is the priority.
-func (q *queue[K, T]) level(c *call[K, T], now int64) int64 {
-	if q.aging == 0 {
-		return int64(c.prio)
-	}
-	diff := now - c.k1
-	if (c.k1 < 0) && diff < now { // now − k1 overflowed
-		return math.MaxInt64 / q.aging
-	}
-	if (c.k1 > 0) && diff > now {
-		return math.MinInt64 / q.aging
-	}
-	lvl := diff / q.aging
-	if diff%q.aging != 0 && diff < 0 {
-		lvl-- // floor
-	}
-	return lvl
-}
-
-// pick chooses the tenant whose best ready call runs next: the highest
-// effective level wins; among tenants whose best calls are at the same level,
-// the one with the lowest stride pass (so workers are shared in proportion to
-// weights). Tenants at their in-flight cap are passed over. It returns nil
-// if no tenant may run.
-func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
-	if len(q.active) == 1 {
-		if t := q.active[0]; !t.capped() {
-			return t
-		}
-		return nil
-	}
-	var best *tenant[K, T]
-	var bestLvl int64
-	for _, t := range q.active {
-		if t.capped() {
-			continue
-		}
-		h, _ := t.ready.Min()
-		lvl := q.level(h.c, now)
-		if best == nil || lvl > bestLvl || (lvl == bestLvl && t.pass < best.pass) {
-			best, bestLvl = t, lvl
-		}
-	}
-	return best
-}
-
-// popFrom removes and returns t's best ready call, charging t one stride.
-func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
-	e, _ := t.ready.DeleteMin()
-	c := e.c
-	q.nready--
-	if t.ready.Len() == 0 {
-		q.deactivate(t)
-	}
-	q.vpass = t.pass
-	t.pass += t.stride
-	c.state = csIdle
-	q.unshed(c)
-	return c
-}
-
-// activate adds t to the tenants with ready calls. A tenant returning from
-// idle starts at the current pass, so it cannot claim the service it did
-// not use while idle.
-func (q *queue[K, T]) activate(t *tenant[K, T]) {
-	t.pass = max(t.pass, q.vpass)
-	t.active = len(q.active)
-	q.active = append(q.active, t)
-}
-
-func (q *queue[K, T]) deactivate(t *tenant[K, T]) {
-	last := q.active[len(q.active)-1]
-	q.active[t.active] = last
-	last.active = t.active
-	q.active[len(q.active)-1] = nil
-	q.active = q.active[:len(q.active)-1]
-	t.active = -1
 }
