@@ -53,7 +53,16 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		}
 	}
 	if c := l.pending; c != nil {
-		switch err := d.coalesce(c, val, o.IdempotencyKey); err {
+		err := d.coalesce(c, val, o.IdempotencyKey, func(*PanicError) {
+			// The merge function ended the submitting goroutine: nothing
+			// was admitted, but what supersede ended is told.
+			d.mu.Unlock()
+			if t != nil && t.stop != nil {
+				t.stop()
+			}
+			d.deliver(ob)
+		})
+		switch err {
 		case nil:
 		case SkipIncoming:
 			d.skipIncoming(key, val, t, ob)
@@ -71,6 +80,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	}
 	if quotaVictim != nil {
 		d.shed(quotaVictim, BoundQuota, now, ob)
+		d.keep(ten)
 	}
 	// This call is the running call's successor: it enters the ready index
 	// when that one finishes, with the enqueue time it has now.
@@ -110,6 +120,9 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, val T, o *SubmitOptions, now, dead
 	}
 	if capVictim != nil {
 		d.shed(capVictim, BoundCapacity, now, ob)
+	}
+	if quotaVictim != nil || capVictim != nil {
+		d.keep(ten)
 	}
 	if !d.started {
 		d.start()
@@ -175,6 +188,7 @@ func (d *Dispatcher[K, T]) count(ten *tenant[K, T], err error) {
 	if err != nil {
 		d.totals.rejected++
 		ten.st.Rejected++
+		d.forgetIdle(ten)
 		return
 	}
 	ten.st.Admitted++

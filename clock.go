@@ -7,12 +7,13 @@ import (
 
 const maxTime = math.MaxInt64
 
-// clock is the dispatcher's one timer goroutine; it takes the lock itself. It wakes at the earliest
+// clock is the dispatcher's one timer goroutine. It wakes at the earliest
 // entry of the delay index or the deadline index, expires waiters whose
 // deadline passed, and moves calls whose backoff ended to the ready index.
-// Nothing else in the dispatcher sleeps or keeps a timer.
+// Nothing else in the dispatcher sleeps or keeps a timer. It runs no user
+// code — the hooks and observer events of what it ends go to the notifier —
+// so a slow callback cannot make a deadline late. It takes the lock itself.
 func (d *Dispatcher[K, T]) clock() {
-	defer d.wg.Done()
 	defer d.timer.Stop()
 	var ob outbox[K, T]
 	for {
@@ -42,8 +43,9 @@ func (d *Dispatcher[K, T]) clock() {
 			}
 		}
 		d.armTimer(d.q.nextWake())
+		d.handOff(&ob)
 		d.mu.Unlock()
-		d.deliver(&ob)
+		d.deliver(&ob) // tickets only
 	}
 }
 

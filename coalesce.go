@@ -106,13 +106,16 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 
 // coalesce merges an incoming submission's call value into the pending call
 // c. On error c is untouched; SkipIncoming means the merge function found
-// the incoming call has nothing to add.
-func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
+// the incoming call has nothing to add. The merge function runs under the
+// lock: if it ends the goroutine (runtime.Goexit), onExit finishes the
+// caller's work and releases the lock.
+func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit func(*PanicError)) error {
 	if idem != "" && c.idem != "" && idem != c.idem {
 		return errRejectIdemKey
 	}
-	if d.cfg.Merge != nil {
-		v, err := d.safeMerge(c.val, val)
+	if merge := d.cfg.Merge; merge != nil {
+		var v T
+		err, _ := guard(CallbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
 		if err != nil {
 			if errors.Is(err, SkipIncoming) {
 				return SkipIncoming
@@ -127,17 +130,6 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string) error {
 		c.idem = idem // equal to c.idem, or c.idem was empty
 	}
 	return nil
-}
-
-// safeMerge runs the user's merge function, turning a panic into an error
-// so that it cannot leave the dispatcher's lock held.
-func (d *Dispatcher[K, T]) safeMerge(pending, incoming T) (v T, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("merge panicked: %v", r)
-		}
-	}()
-	return d.cfg.Merge(pending, incoming)
 }
 
 // skipIncoming ends an accepted submission at once as Skipped: the merge
@@ -177,6 +169,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	d.totals.coalesced += uint64(n.joined)
 	n.tickets, n.nTickets, n.nPosts = nil, 0, 0
 	n.ten.queued--
+	d.forgetIdle(n.ten)
 	d.untrack(n)
 	d.reprioritize(c)
 }
@@ -208,7 +201,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	}
 	c := l.pending
 	var v T
-	err := safeCall(func() (err error) { v, err = f(c.val); return err })
+	err, _ := guard(CallbackAmend, func() (err error) { v, err = f(c.val); return err }, func(*PanicError) { d.mu.Unlock() })
 	if err != nil {
 		d.mu.Unlock()
 		return true, err
@@ -221,8 +214,11 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 		return true, nil
 	}
 	var noop bool
-	if err := safeCall(func() error { noop = d.cfg.NoOp(key, v); return nil }); err != nil || !noop {
-		return true, err
+	if _, pe := guard(CallbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
+		if pe != nil {
+			return true, pe
+		}
+		return true, nil
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()

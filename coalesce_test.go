@@ -150,6 +150,10 @@ func TestMergePanic(t *testing.T) {
 		require.Error(t, err)
 		assert.Nil(t, tk)
 		assert.ErrorIs(t, err, ErrMergeRejected)
+		var pe *PanicError
+		require.ErrorAs(t, err, &pe, "the panic, with its stack")
+		assert.Equal(t, CallbackMerge, pe.Callback)
+		assert.Equal(t, "merge exploded", pe.Value)
 		require.ErrorIs(t, d.Post("k", "boom", SubmitOptions{}), ErrMergeRejected)
 
 		// Still working: the lock was released, merges and new keys go on.

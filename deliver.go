@@ -2,10 +2,10 @@ package dispatch
 
 import "runtime/debug"
 
-// This file is telling: outcomes reach waiters, the completion hook and the
-// observer outside every lock, after the dispatcher's own bookkeeping is
-// final. Whatever changes state under the lock collects what it must tell
-// in an outbox; whoever held the lock delivers it once released.
+// This file is telling — outcomes reach waiters, the completion hook and
+// the observer outside every lock, after the dispatcher's own bookkeeping is
+// final — and the containment of user code: whatever a callback does (see
+// the package documentation), the dispatcher finishes its own work first.
 
 // ticketState is a Ticket's lifecycle, guarded by the Dispatcher's lock.
 type ticketState uint8
@@ -17,19 +17,29 @@ const (
 )
 
 // outbox collects what must be told once the lock is released: tickets to
-// close, completion-hook results and observer events.
+// close, completion-hook results and observer events. Telling consumes it
+// front to back (nh and nn count what is told), so that a callback that
+// ends its goroutine leaves the rest to be told by the goroutine's exit
+// path.
 type outbox[K comparable, T any] struct {
 	tickets []*Ticket[K, T]
 	hooks   []Result[K, T]
 	notes   notes
+	nh, nn  int
 }
 
 // notes are observer events to run once the lock is released.
 type notes []func()
 
-// deliver tells everything in ob, in order: tickets, hooks, observer
-// events. It must be called without the lock, and leaves ob empty for
-// reuse.
+// empty reports whether ob has nothing to tell.
+func (ob *outbox[K, T]) empty() bool {
+	return len(ob.tickets) == 0 && len(ob.hooks) == 0 && len(ob.notes) == 0
+}
+
+// deliver tells everything in ob, in order: tickets (which runs no user
+// code), then hooks, then observer events; a panic in a hook or an observer
+// method is contained and counted. It must be called without the lock, and
+// leaves ob empty for reuse.
 func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 	for i, t := range ob.tickets {
 		if t.stop != nil {
@@ -39,29 +49,64 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		ob.tickets[i] = nil
 	}
 	ob.tickets = ob.tickets[:0]
-	for i := range ob.hooks {
-		d.cfg.OnDone(ob.hooks[i])
-		ob.hooks[i] = Result[K, T]{}
+	// If a callback ends this goroutine, tell the rest on its way out.
+	rest := func(*PanicError) { d.deliver(ob) }
+	for ob.nh < len(ob.hooks) {
+		r := ob.hooks[ob.nh]
+		ob.hooks[ob.nh] = Result[K, T]{}
+		ob.nh++
+		_, pe := guard(CallbackOnDone, func() error { d.cfg.OnDone(r); return nil }, rest)
+		d.contain(pe)
 	}
-	ob.hooks = ob.hooks[:0]
-	for i, f := range ob.notes {
-		f()
-		ob.notes[i] = nil
+	ob.hooks, ob.nh = ob.hooks[:0], 0
+	for ob.nn < len(ob.notes) {
+		f := ob.notes[ob.nn]
+		ob.notes[ob.nn] = nil
+		ob.nn++
+		_, pe := guard(CallbackObserver, func() error { f(); return nil }, rest)
+		d.contain(pe)
 	}
-	ob.notes = ob.notes[:0]
+	ob.notes, ob.nn = ob.notes[:0], 0
 }
 
-// empty reports whether ob has nothing to tell.
-func (ob *outbox[K, T]) empty() bool {
-	return len(ob.tickets) == 0 && len(ob.hooks) == 0 && len(ob.notes) == 0
-}
-
-// safeCall runs f, turning a panic into a *PanicError. It needs no lock.
-func safeCall(f func() error) (err error) {
+// guard runs f, user code of kind cb, and returns f's error. A panic in f
+// is recovered and returned as panicked (err is then panicked too).
+// runtime.Goexit in f cannot be stopped: onExit, if set, runs first with a
+// *PanicError of Value ErrGoexit, to finish the work f interrupted, and then
+// the goroutine ends. guard needs no lock; if the caller holds one across f,
+// onExit must release it.
+func guard(cb Callback, f func() error, onExit func(*PanicError)) (err error, panicked *PanicError) {
+	returned := false
 	defer func() {
+		if returned {
+			return
+		}
 		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
+			panicked = &PanicError{Callback: cb, Value: r, Stack: debug.Stack()}
+			err = panicked
+			return
+		}
+		if onExit != nil {
+			onExit(&PanicError{Callback: cb, Value: ErrGoexit, Stack: debug.Stack()})
 		}
 	}()
-	return f()
+	err = f()
+	returned = true
+	return err, nil
+}
+
+// contain counts a contained panic of a callback whose failure has nowhere
+// else to go (a hook, an observer method, a label): Stats reports it. It
+// needs no lock.
+func (d *Dispatcher[K, T]) contain(pe *PanicError) {
+	if pe != nil {
+		d.panics.Add(1)
+		d.lastPanic.Store(pe)
+	}
+}
+
+// observe runs one observer method outside the lock, contained.
+func (d *Dispatcher[K, T]) observe(f func()) {
+	_, pe := guard(CallbackObserver, func() error { f(); return nil }, nil)
+	d.contain(pe)
 }

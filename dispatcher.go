@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/goid"
 	"github.com/coalescer/dispatch/internal/hist"
 	"github.com/coalescer/dispatch/internal/window"
 )
@@ -72,6 +74,12 @@ type Dispatcher[K comparable, T any] struct {
 	mode      Mode
 	kickCh    chan struct{} // closed and cleared on every state change; see kick
 
+	owned      map[uint64]int // goroutines Close would wait for: its own, and inline runners
+	notify     outbox[K, T]   // what the notifier tells next
+	notifyCond sync.Cond      // the notifier waits here
+	panics     atomic.Uint64  // contained panics of hooks, observers and labels
+	lastPanic  atomic.Pointer[PanicError]
+
 	noTenant *tenant[K, T] // the tenant of submissions that name none
 	tenants  map[string]*tenant[K, T]
 
@@ -104,6 +112,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		execTime:    hist.NewRecent(LatencyWindow),
 		mode:        set.Mode,
 		tenants:     map[string]*tenant[K, T]{},
+		owned:       map[uint64]int{},
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}
@@ -115,8 +124,12 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		d.breaker = &breaker{p: set.Breaker, win: window.New(set.Breaker.Window), obs: set.Observer}
 	}
 	d.noTenant = d.tenantFor("")
+	for name := range set.Tenants {
+		d.tenantFor(name) // configured tenants are reported from the start
+	}
 	d.base, d.baseCancel = context.WithCancelCause(context.Background())
 	d.cond.L = &d.mu
+	d.notifyCond.L = &d.mu
 	return d, nil
 }
 
@@ -187,6 +200,8 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		err = ctxErr(ctx)
 	case deadline != 0 && deadline <= now:
 		err = errRejectPast
+	case d.mode == Sync && d.runsHere(key):
+		err = ErrReentrant
 	default:
 		coalesced, err = d.admit(key, call, &o, now, deadline, t, ten, label, &ob)
 	}
@@ -207,15 +222,24 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		return t, nil
 	}
 	d.mu.Unlock()
-	d.observeSubmit(label, &o, coalesced, err)
+	if err != nil && t.stop != nil {
+		t.stop()
+	}
+	// Outcomes first: an observer that panics or exits must not keep the
+	// waiters this submission displaced from hearing.
 	d.deliver(&ob)
+	d.observeSubmit(label, &o, coalesced, err)
 	if err != nil {
-		if t.stop != nil {
-			t.stop()
-		}
 		return nil, err
 	}
 	return t, nil
+}
+
+// runsHere reports whether key's call is running on the calling goroutine:
+// a Sync-mode submission for it would wait for itself.
+func (d *Dispatcher[K, T]) runsHere(key K) bool {
+	l := d.lanes[key]
+	return l != nil && l.running != nil && l.running.state == csRunning && l.running.runner == goid.ID()
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
@@ -252,10 +276,10 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	}
 	d.count(ten, err)
 	d.mu.Unlock()
+	d.deliver(&ob)
 	if d.cfg.Observer != nil {
 		d.observeSubmit(label, &o, coalesced, err)
 	}
-	d.deliver(&ob)
 	return err
 }
 
@@ -297,12 +321,16 @@ func (d *Dispatcher[K, T]) ctxDone(t *Ticket[K, T], ctx context.Context) {
 	d.leave(t, Canceled, canceledErr(context.Cause(ctx)))
 }
 
-// labelOf runs Config.Label, if set. It runs outside the lock.
+// labelOf runs Config.Label, if set. It runs outside the lock. A panic in
+// it is contained and counted, and the call goes unlabelled.
 func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
 	if d.cfg.Label == nil {
 		return ""
 	}
-	return d.cfg.Label(key, call)
+	var label string
+	_, pe := guard(CallbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, nil)
+	d.contain(pe)
+	return label
 }
 
 // observeSubmit tells the observer of an accepted or refused submission.
@@ -314,10 +342,10 @@ func (d *Dispatcher[K, T]) observeSubmit(label string, o *SubmitOptions, coalesc
 	}
 	e := Event{Label: label, Tenant: o.Tenant}
 	if err != nil {
-		obs.OnReject(e, err)
+		d.observe(func() { obs.OnReject(e, err) })
 		return
 	}
-	obs.OnSubmit(e, coalesced)
+	d.observe(func() { obs.OnSubmit(e, coalesced) })
 }
 
 // rejectEarly counts a submission refused before it reached the lock's

@@ -113,6 +113,10 @@ const (
 	GiveUpRecompute GiveUp = "recompute"
 	// GiveUpBeforeRetry: the BeforeRetry hook returned an error.
 	GiveUpBeforeRetry GiveUp = "before-retry"
+	// GiveUpQuota: the call's tenant had no room left under its
+	// TenantConfig.MaxQueued for the retry to wait in, and no worse
+	// droppable call of its own to make room.
+	GiveUpQuota GiveUp = "quota"
 )
 
 // RetryError is the error of a call that failed for good after it was
@@ -139,17 +143,40 @@ func (e *RetryError) Is(target error) bool {
 	return target == ErrExpired && e.Reason == GiveUpDeadline
 }
 
-// PanicError is the error of a call whose execution panicked. The panic is
-// recovered, the call ends Failed with this error, and the worker lives on.
+// Callback names a piece of user code the dispatcher calls. Its values are
+// a fixed set, safe as a metric label.
+type Callback string
+
+// The callbacks.
+const (
+	CallbackExec        Callback = "exec"
+	CallbackMerge       Callback = "merge"
+	CallbackNoOp        Callback = "no-op"
+	CallbackLabel       Callback = "label"
+	CallbackOnDone      Callback = "on-done"
+	CallbackClassify    Callback = "classify"
+	CallbackBeforeRetry Callback = "before-retry"
+	CallbackObserver    Callback = "observer"
+	CallbackAmend       Callback = "amend"
+)
+
+// PanicError is the error of a callback that panicked or exited its
+// goroutine: the dispatcher recovered, finished what the callback
+// interrupted, and went on. A call whose exec, no-op test, before-retry hook
+// or classifier panicked ends Failed with this error and is never retried,
+// since a half-done side effect must not be repeated.
 type PanicError struct {
-	// Value is what was passed to panic.
+	// Callback says whose code it was.
+	Callback Callback
+	// Value is what was passed to panic, or ErrGoexit if the callback called
+	// runtime.Goexit (as t.FailNow does).
 	Value any
 	// Stack is the goroutine's stack at the panic.
 	Stack []byte
 }
 
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("dispatch: exec panicked: %v\n\n%s", e.Value, e.Stack)
+	return fmt.Sprintf("dispatch: %s panicked: %v\n\n%s", e.Callback, e.Value, e.Stack)
 }
 
 // Unwrap returns the panic value if it is an error.
@@ -157,6 +184,17 @@ func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return err
 }
+
+// ErrGoexit is the PanicError.Value of a callback that called
+// runtime.Goexit.
+var ErrGoexit = errors.New("dispatch: callback exited its goroutine (runtime.Goexit)")
+
+// ErrReentrant reports a call made from a callback that would have to wait
+// for the goroutine running that very callback: a Sync-mode Submit or Post
+// for the key whose call this goroutine is executing (refused; nothing was
+// enqueued), or the wait of Close or SetMode, which take effect but return
+// at once instead of waiting for themselves.
+var ErrReentrant = errors.New("dispatch: called from a callback; cannot wait for its own goroutine")
 
 // Preallocated rejection errors for the hot paths: a refusal there must not
 // allocate either.

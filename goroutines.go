@@ -3,46 +3,150 @@ package dispatch
 import (
 	"context"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/goid"
 )
 
 // This file is the dispatcher's own lifecycle: the goroutines it starts,
 // and Close, which stops them. Every goroutine has an owner that waits for
-// it: d.wg, which Close waits on.
+// it: d.wg, which Close waits on. The dispatcher also knows which
+// goroutines it would wait for — its own, and callers running a call inline
+// — so that a callback on one of them that calls Close or SetMode gets
+// ErrReentrant instead of waiting for itself.
 
-// start launches the workers and the clock. It runs once, on the first
-// submission: a Dispatcher that is never used starts nothing.
+// role is what one of the dispatcher's goroutines does.
+type role uint8
+
+const (
+	roleWorker   role = iota // runs ready calls
+	roleClock                // expires deadlines, ends backoffs, checks the fallback policy
+	roleNotifier             // runs the hooks and observer events of what the clock ends
+)
+
+// start launches the goroutines. It runs once, on the first submission: a
+// Dispatcher that is never used starts nothing.
 func (d *Dispatcher[K, T]) start() {
 	d.started = true
 	d.timer = time.NewTimer(time.Hour)
 	d.timer.Stop()
-	d.wg.Add(d.cfg.Workers + 1)
 	for range d.cfg.Workers {
-		go d.worker()
+		d.spawn(roleWorker)
 	}
-	go d.clock()
+	d.spawn(roleClock)
+	d.spawn(roleNotifier)
 	if d.fallback != nil {
 		d.fallback.next = d.now() + d.fallback.calls.Step()
 		d.armTimer(d.fallback.next)
 	}
 }
 
+// spawn starts one goroutine of role r. If user code ends it with
+// runtime.Goexit, a new one takes its place, unless the dispatcher has
+// stopped.
+func (d *Dispatcher[K, T]) spawn(r role) {
+	d.wg.Add(1)
+	go func() {
+		id := goid.ID()
+		d.mu.Lock()
+		d.owned[id]++
+		d.mu.Unlock()
+		returned := false
+		defer func() {
+			d.mu.Lock()
+			d.disown(id)
+			if !returned && !d.stopped {
+				d.spawn(r) // before Done, so that Close cannot miss it
+			}
+			d.mu.Unlock()
+			d.wg.Done()
+		}()
+		switch r {
+		case roleWorker:
+			d.worker(id)
+		case roleClock:
+			d.clock()
+		case roleNotifier:
+			d.notifier()
+		}
+		returned = true
+	}()
+}
+
+// disown forgets one registration of goroutine id.
+func (d *Dispatcher[K, T]) disown(id uint64) {
+	if d.owned[id]--; d.owned[id] <= 0 {
+		delete(d.owned, id)
+	}
+	d.kick()
+}
+
+// reentrant reports whether the calling goroutine is one that Close or
+// SetMode would wait for. It costs about a microsecond: cold paths only.
+// It takes the lock itself.
+func (d *Dispatcher[K, T]) reentrant() bool {
+	id := goid.ID()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.owned[id] > 0
+}
+
+// notifier runs the completion hooks and observer events of calls the
+// clock ended, so that a slow or blocked callback never holds up the clock
+// — and with it every deadline and backoff. It takes the lock itself.
+func (d *Dispatcher[K, T]) notifier() {
+	var batch outbox[K, T]
+	d.mu.Lock()
+	for {
+		for d.notify.empty() && !d.stopped {
+			d.notifyCond.Wait()
+		}
+		if d.notify.empty() {
+			break
+		}
+		batch, d.notify = d.notify, batch
+		d.mu.Unlock()
+		d.deliver(&batch)
+		d.mu.Lock()
+	}
+	d.mu.Unlock()
+}
+
+// handOff moves ob's hooks and observer events to the notifier, leaving
+// ob's tickets (telling them runs no user code) to the caller.
+func (d *Dispatcher[K, T]) handOff(ob *outbox[K, T]) {
+	if len(ob.hooks) == 0 && len(ob.notes) == 0 {
+		return
+	}
+	d.notify.hooks = append(d.notify.hooks, ob.hooks...)
+	d.notify.notes = append(d.notify.notes, ob.notes...)
+	clear(ob.hooks)
+	clear(ob.notes)
+	ob.hooks, ob.notes = ob.hooks[:0], ob.notes[:0]
+	d.notifyCond.Signal()
+}
+
 // Close shuts the dispatcher down. It stops admission at once (submissions
 // get ErrClosed), keeps running what is queued, by priority, until nothing is
 // left or ctx ends, then ends whatever remains with Closed: queued calls are
 // removed and running ones have their context cancelled. It returns after
-// every goroutine the dispatcher started has exited, which includes waiting
-// for running exec calls to return. It returns nil if everything drained,
-// or ctx's error if something had to be ended. Close is idempotent and safe
-// to call concurrently.
+// every goroutine the dispatcher started has exited and every execution —
+// on a worker or inline in a Sync-mode caller — has returned; an exec that
+// ignores its context's cancellation holds Close up. It returns nil if
+// everything drained, or ctx's error if something had to be ended. Close is
+// idempotent and safe to call concurrently.
+//
+// Called from a callback on a goroutine Close would wait for (exec on a
+// worker, a completion hook, an observer method), Close cannot wait for
+// itself: it ends whatever remains with Closed at once, without a drain,
+// and returns ErrReentrant; the dispatcher's goroutines exit as their
+// callbacks return.
 func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
-	d.mu.Lock()
-	if !d.closing {
-		d.closing = true
-		if len(d.lanes) == 0 && !d.drainedClosed {
-			d.drainedClosed = true
-			close(d.drained)
-		}
+	if d.reentrant() {
+		d.stop()
+		return ErrReentrant
 	}
+	d.mu.Lock()
+	d.beginClosing()
 	d.mu.Unlock()
 
 	var err error
@@ -55,9 +159,36 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 			err = ctx.Err()
 		}
 	}
+	d.stop()
+	d.wg.Wait()
+	d.mu.Lock()
+	for d.running > 0 { // calls running inline, in Sync-mode callers
+		ch := d.kicked()
+		d.mu.Unlock()
+		<-ch
+		d.mu.Lock()
+	}
+	d.mu.Unlock()
+	return err
+}
 
+// beginClosing stops admission.
+func (d *Dispatcher[K, T]) beginClosing() {
+	if !d.closing {
+		d.closing = true
+		if len(d.lanes) == 0 && !d.drainedClosed {
+			d.drainedClosed = true
+			close(d.drained)
+		}
+	}
+}
+
+// stop ends every call left with Closed and tells the goroutines to exit.
+// It takes the lock itself.
+func (d *Dispatcher[K, T]) stop() {
 	var ob outbox[K, T]
 	d.mu.Lock()
+	d.beginClosing()
 	if !d.stopped {
 		d.stopped = true
 		now := d.now()
@@ -67,9 +198,8 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 		d.baseCancel(ErrClosed)
 		close(d.stopCh)
 		d.cond.Broadcast()
+		d.notifyCond.Broadcast()
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
-	d.wg.Wait()
-	return err
 }

@@ -109,6 +109,7 @@ type call[K comparable, T any] struct {
 	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
 
 	gen       uint64
+	runner    uint64 // goroutine id of its last execution
 	idem      string
 	seq       uint64 // arrival order: FIFO among equals
 	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
@@ -248,6 +249,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 		c.ten.queued--
 	}
 	d.report(c, st, err, now, ob)
+	d.forgetIdle(c.ten)
 	l := c.lane
 	if l.pending == c {
 		l.pending = nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/goid"
 )
 
 // Mode is how the dispatcher runs calls.
@@ -106,11 +108,20 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if m == Async || d.cfg.SwitchPolicy == CancelQueued {
 		return nil
 	}
+	checked := false
 	for {
 		d.mu.Lock()
 		if d.mode != Sync || d.asyncBacklog() == 0 {
 			d.mu.Unlock()
 			return nil
+		}
+		if !checked {
+			d.mu.Unlock()
+			checked = true
+			if d.reentrant() {
+				return ErrReentrant // the drain may need this very goroutine
+			}
+			continue // look again: the state may have changed meanwhile
 		}
 		ch := d.kicked()
 		d.mu.Unlock()
@@ -176,6 +187,7 @@ func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
 // itself. If the key's previous call is still running (or a worker took a
 // retry first), the caller waits for it.
 func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
+	rn := runner{id: goid.ID()}
 	for t.state != tsDone {
 		now := d.now()
 		d.expireDue(now, ob)
@@ -190,7 +202,7 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 			if probe, ok := d.breakerAdmits(now, ob); ok {
 				d.q.remove(c)
 				c.probe = probe
-				d.run(c, now, ob)
+				d.run(c, now, ob, rn)
 				continue
 			}
 			if d.breaker.state == BreakerOpen {

@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"math"
 	"math/bits"
 
 	"github.com/google/btree"
@@ -39,7 +38,10 @@ type queue[K comparable, T any] struct {
 
 // orderKey is a call's place in the ready order: lower runs first. With
 // aging it is the call's virtual time (see orderOf); without, its priority
-// (descending), then its enqueue time.
+// (descending), then its enqueue time. It is a signed 128-bit number,
+// hi·2⁶⁴ + lo, so that the virtual time is exact for every int priority and
+// every aging interval: nothing saturates, and higher priority runs first
+// for every pair of priorities.
 type orderKey struct {
 	hi int64
 	lo uint64
@@ -50,6 +52,36 @@ func (a orderKey) less(b orderKey) bool {
 		return a.hi < b.hi
 	}
 	return a.lo < b.lo
+}
+
+// wide sign-extends v to 128 bits.
+func wide(v int64) orderKey { return orderKey{v >> 63, uint64(v)} }
+
+// add returns a + b; it cannot overflow for the values the queue forms
+// (sums of two products or values below 2¹²⁶).
+func (a orderKey) add(b orderKey) orderKey {
+	lo, carry := bits.Add64(a.lo, b.lo, 0)
+	return orderKey{a.hi + b.hi + int64(carry), lo}
+}
+
+// neg returns −a.
+func (a orderKey) neg() orderKey {
+	lo, borrow := bits.Sub64(0, a.lo, 0)
+	return orderKey{-a.hi - int64(borrow), lo}
+}
+
+// mulWide returns p × m exactly, for any p and any m ≥ 0.
+func mulWide(p, m int64) orderKey {
+	mag := uint64(p)
+	if p < 0 {
+		mag = -mag // |p|, exact even for MinInt64
+	}
+	hi, lo := bits.Mul64(mag, uint64(m))
+	r := orderKey{int64(hi), lo} // < 2¹²⁶: hi fits
+	if p < 0 {
+		r = r.neg()
+	}
+	return r
 }
 
 // entry is a call's place in a ready-ordered index (a tenant's ready index,
@@ -111,33 +143,13 @@ func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey {
 	if q.aging == 0 {
 		return orderKey{^int64(prio), uint64(enq)} // ^p = −p−1: descending, no overflow
 	}
-	return orderKey{virtualTime(enq, int64(prio), q.aging), 0}
+	return virtualTime(enq, int64(prio), q.aging)
 }
 
-// virtualTime returns enq − prio×aging, saturated to the int64 range, for
-// any prio and any aging > 0.
-func virtualTime(enq, prio, aging int64) int64 {
-	var mag uint64 // |prio|, exact even for MinInt64
-	if prio < 0 {
-		mag = uint64(-(prio + 1)) + 1
-	} else {
-		mag = uint64(prio)
-	}
-	hi, lo := bits.Mul64(mag, uint64(aging))
-	if prio >= 0 {
-		// enq − lo must not go below MinInt64: lo ≤ enq − MinInt64.
-		room := uint64(enq) ^ (1 << 63)
-		if hi != 0 || lo > room {
-			return math.MinInt64
-		}
-		return int64(uint64(enq) - lo)
-	}
-	// enq + lo must not exceed MaxInt64: lo ≤ MaxInt64 − enq.
-	room := uint64(math.MaxInt64) - uint64(enq)
-	if hi != 0 || lo > room {
-		return math.MaxInt64
-	}
-	return int64(uint64(enq) + lo)
+// virtualTime returns enq − prio×aging, exactly, for any prio and any
+// aging > 0.
+func virtualTime(enq, prio, aging int64) orderKey {
+	return wide(enq).add(mulWide(prio, aging).neg())
 }
 
 // push makes c ready.
@@ -303,25 +315,18 @@ func (q *queue[K, T]) nextWake() int64 {
 }
 
 // level is a ready call's effective priority at now: its priority plus one
-// per aging interval waited, floor((now − virtual time) / aging), saturated.
-// Without aging it is the priority.
-func (q *queue[K, T]) level(c *call[K, T], now int64) int64 {
+// per aging interval waited, floor((now − enq) / aging), exactly. Without
+// aging it is the priority.
+func (q *queue[K, T]) level(c *call[K, T], now int64) orderKey {
 	if q.aging == 0 {
-		return int64(c.prio)
+		return wide(int64(c.prio))
 	}
-	vt := c.order.hi
-	diff := now - vt
-	if (vt < 0) && diff < now { // now − vt overflowed
-		return math.MaxInt64 / q.aging
+	waited := now - c.enq
+	age := waited / q.aging
+	if waited%q.aging != 0 && waited < 0 {
+		age-- // floor
 	}
-	if (vt > 0) && diff > now {
-		return math.MinInt64 / q.aging
-	}
-	lvl := diff / q.aging
-	if diff%q.aging != 0 && diff < 0 {
-		lvl-- // floor
-	}
-	return lvl
+	return wide(int64(c.prio)).add(wide(age))
 }
 
 // pick chooses the tenant whose best ready call runs next: the highest
@@ -337,14 +342,14 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 		return nil
 	}
 	var best *tenant[K, T]
-	var bestLvl int64
+	var bestLvl orderKey
 	for _, t := range q.active {
 		if t.capped() {
 			continue
 		}
 		h, _ := t.ready.Min()
 		lvl := q.level(h.c, now)
-		if best == nil || lvl > bestLvl || (lvl == bestLvl && t.pass < best.pass) {
+		if best == nil || bestLvl.less(lvl) || (lvl == bestLvl && t.pass < best.pass) {
 			best, bestLvl = t, lvl
 		}
 	}

@@ -15,25 +15,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// --- virtualTime: enq − prio×aging, saturated, never overflowing ---
+// --- virtualTime: enq − prio×aging, exact in 128 bits ---
 
-var (
-	bigMinInt64 = big.NewInt(math.MinInt64)
-	bigMaxInt64 = big.NewInt(math.MaxInt64)
-)
-
-// refVirtualTime is virtualTime computed exactly with math/big and clamped
-// to the int64 range.
-func refVirtualTime(enq, prio, aging int64) (v int64, saturated bool) {
+// refVirtualTime is virtualTime computed with math/big.
+func refVirtualTime(enq, prio, aging int64) *big.Int {
 	x := new(big.Int).Mul(big.NewInt(prio), big.NewInt(aging))
-	x.Sub(big.NewInt(enq), x)
-	switch {
-	case x.Cmp(bigMaxInt64) > 0:
-		return math.MaxInt64, true
-	case x.Cmp(bigMinInt64) < 0:
-		return math.MinInt64, true
-	}
-	return x.Int64(), false
+	return x.Sub(big.NewInt(enq), x)
+}
+
+// bigOf is k as a math/big integer: hi·2⁶⁴ + lo.
+func bigOf(k orderKey) *big.Int {
+	x := new(big.Int).Lsh(big.NewInt(k.hi), 64)
+	return x.Add(x, new(big.Int).SetUint64(k.lo))
 }
 
 // extremes are the int64 values where overflow bugs live.
@@ -46,51 +39,46 @@ func TestVirtualTime(t *testing.T) {
 	tests := []struct {
 		name             string
 		enq, prio, aging int64
-		want             int64
+		want             string // decimal, exact
 	}{
-		{"zero", 0, 0, 1, 0},
-		{"priority zero is enq", 12345, 0, math.MaxInt64, 12345},
-		{"one level per aging", 10e9, 3, 1e9, 7e9},
-		{"negative priority is later", 10e9, -3, 1e9, 13e9},
-		{"negative enq", -5, 2, 10, -25},
-		{"exact lower bound", 0, 1, math.MaxInt64, -math.MaxInt64},
-		{"exact MinInt64", -1, 1, math.MaxInt64, math.MinInt64},
-		{"just below MinInt64 saturates", -2, 1, math.MaxInt64, math.MinInt64},
-		{"exact MaxInt64", 0, -1, math.MaxInt64, math.MaxInt64},
-		{"just above MaxInt64 saturates", 1, -1, math.MaxInt64, math.MaxInt64},
-		{"MaxInt64 priority saturates low", 0, math.MaxInt64, 2, math.MinInt64},
-		{"MinInt64 priority saturates high", 0, math.MinInt64, 1, math.MaxInt64},
-		{"MinInt64 priority from MinInt64 enq", math.MinInt64, math.MinInt64, 1, 0},
-		{"MinInt64 priority, huge aging", math.MinInt64, math.MinInt64, math.MaxInt64, math.MaxInt64},
-		{"MaxInt64 priority from MaxInt64 enq", math.MaxInt64, math.MaxInt64, 1, 0},
-		{"product overflows 64 bits", 0, math.MaxInt64, math.MaxInt64, math.MinInt64},
-		{"negative product overflows 64 bits", 0, math.MinInt64, math.MaxInt64, math.MaxInt64},
-		{"MinInt64 enq, positive priority", math.MinInt64, 1, 1, math.MinInt64},
-		{"MaxInt64 enq, negative priority", math.MaxInt64, -1, 1, math.MaxInt64},
+		{"zero", 0, 0, 1, "0"},
+		{"priority zero is enq", 12345, 0, math.MaxInt64, "12345"},
+		{"one level per aging", 10e9, 3, 1e9, "7000000000"},
+		{"negative priority is later", 10e9, -3, 1e9, "13000000000"},
+		{"negative enq", -5, 2, 10, "-25"},
+		{"below MinInt64", -2, 1, math.MaxInt64, "-9223372036854775809"},
+		{"above MaxInt64", 1, -1, math.MaxInt64, "9223372036854775808"},
+		{"MaxInt64 priority", 0, math.MaxInt64, 2, "-18446744073709551614"},
+		{"MinInt64 priority", 0, math.MinInt64, 1, "9223372036854775808"},
+		{"MinInt64 priority, huge aging", math.MinInt64, math.MinInt64, math.MaxInt64, "85070591730234615847396907784232501248"},
+		{"largest product", 0, math.MaxInt64, math.MaxInt64, "-85070591730234615847396907784232501249"},
+		// kube-scheduler's system-node-critical and system-cluster-critical
+		// at 5s aging: 5 µs of virtual time apart, not tied.
+		{"system-node-critical", 1e9, 2000001000, 5e9, "-10000004999000000000"},
+		{"system-cluster-critical", 1e9, 2000000000, 5e9, "-9999999999000000000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ref, _ := refVirtualTime(tc.enq, tc.prio, tc.aging)
-			require.Equal(t, tc.want, ref, "the table disagrees with math/big")
-			assert.Equal(t, tc.want, virtualTime(tc.enq, tc.prio, tc.aging))
+			want, ok := new(big.Int).SetString(tc.want, 10)
+			require.True(t, ok)
+			require.Zero(t, want.Cmp(refVirtualTime(tc.enq, tc.prio, tc.aging)), "the table disagrees with math/big")
+			assert.Equal(t, tc.want, bigOf(virtualTime(tc.enq, tc.prio, tc.aging)).String())
 		})
 	}
 }
 
 // TestVirtualTimeMatchesBig compares virtualTime with the exact value for
 // every combination of extreme values and for many random ones, full range
-// and small, and checks that saturation happens exactly when the exact
-// value is out of range.
+// and small.
 func TestVirtualTimeMatchesBig(t *testing.T) {
 	check := func(enq, prio, aging int64) {
 		t.Helper()
-		want, sat := refVirtualTime(enq, prio, aging)
-		got := virtualTime(enq, prio, aging)
-		if got != want {
-			t.Fatalf("virtualTime(%d, %d, %d) = %d, want %d (saturated: %v)", enq, prio, aging, got, want, sat)
+		want := refVirtualTime(enq, prio, aging)
+		if got := bigOf(virtualTime(enq, prio, aging)); got.Cmp(want) != 0 {
+			t.Fatalf("virtualTime(%d, %d, %d) = %v, want %v", enq, prio, aging, got, want)
 		}
 	}
-	agings := []int64{1, 2, 3, 1e6, 1e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64}
+	agings := []int64{1, 2, 3, 1e6, 1e9, 5e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64}
 	for _, enq := range extremes {
 		for _, prio := range extremes {
 			for _, aging := range agings {
@@ -99,50 +87,55 @@ func TestVirtualTimeMatchesBig(t *testing.T) {
 		}
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	pick := func() int64 {
-		switch r.IntN(4) {
-		case 0:
-			return int64(r.Uint64()) // full range
-		case 1:
-			return r.Int64N(1<<20) - 1<<19 // small
-		case 2:
-			return extremes[r.IntN(len(extremes))] + r.Int64N(5) - 2 // near an extreme (may wrap: still a valid input)
-		default:
-			return int64(r.Uint64() >> r.UintN(64)) // every magnitude
-		}
-	}
 	for range 200_000 {
-		aging := pick()
+		aging := pickInt64(r)
 		if aging <= 0 {
 			aging = 1 + r.Int64N(math.MaxInt64)
 		}
-		check(pick(), pick(), aging)
+		check(pickInt64(r), pickInt64(r), aging)
+	}
+}
+
+// pickInt64 draws an int64 from a mix of distributions: full range, small,
+// near an extreme, and every magnitude.
+func pickInt64(r *rand.Rand) int64 {
+	switch r.IntN(4) {
+	case 0:
+		return int64(r.Uint64())
+	case 1:
+		return r.Int64N(1<<20) - 1<<19
+	case 2:
+		return extremes[r.IntN(len(extremes))] + r.Int64N(5) - 2 // may wrap: still a valid input
+	default:
+		return int64(r.Uint64() >> r.UintN(64))
 	}
 }
 
 // TestVirtualTimeMonotone checks the order properties the ready index relies
-// on, across the whole range: a higher priority never sorts later, and a
-// later enqueue time never sorts earlier.
+// on, across the whole range: a higher priority always sorts strictly
+// earlier at the same enqueue time (no two priorities tie, however large
+// they or the aging interval are), and a later enqueue time never sorts
+// earlier.
 func TestVirtualTimeMonotone(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 100_000 {
-		enq, aging := int64(r.Uint64()), 1+r.Int64N(math.MaxInt64)
-		p1, p2 := int64(r.Uint64()), int64(r.Uint64())
+		enq, aging := pickInt64(r), 1+r.Int64N(math.MaxInt64)
+		p1, p2 := pickInt64(r), pickInt64(r)
 		if r.IntN(2) == 0 {
 			p1, p2 = extremes[r.IntN(len(extremes))], extremes[r.IntN(len(extremes))]
 		}
 		if p1 > p2 {
 			p1, p2 = p2, p1
 		}
-		if v1, v2 := virtualTime(enq, p1, aging), virtualTime(enq, p2, aging); v1 < v2 {
-			t.Fatalf("enq=%d aging=%d: priority %d (vt %d) sorts before priority %d (vt %d)", enq, aging, p1, v1, p2, v2)
+		if v1, v2 := virtualTime(enq, p1, aging), virtualTime(enq, p2, aging); p1 < p2 && !v2.less(v1) {
+			t.Fatalf("enq=%d aging=%d: priority %d (vt %v) does not sort after priority %d (vt %v)", enq, aging, p1, v1, p2, v2)
 		}
-		e1, e2 := int64(r.Uint64()), int64(r.Uint64())
+		e1, e2 := pickInt64(r), pickInt64(r)
 		if e1 > e2 {
 			e1, e2 = e2, e1
 		}
-		if v1, v2 := virtualTime(e1, p1, aging), virtualTime(e2, p1, aging); v1 > v2 {
-			t.Fatalf("prio=%d aging=%d: enq %d (vt %d) sorts after enq %d (vt %d)", p1, aging, e1, v1, e2, v2)
+		if v1, v2 := virtualTime(e1, p1, aging), virtualTime(e2, p1, aging); v2.less(v1) {
+			t.Fatalf("prio=%d aging=%d: enq %d (vt %v) sorts after enq %d (vt %v)", p1, aging, e1, v1, e2, v2)
 		}
 	}
 }
@@ -173,13 +166,10 @@ func refLess(aging int64) func(a, b qEntry) int {
 				return 1
 			}
 		} else {
-			va, _ := refVirtualTime(a.enq, int64(a.prio), aging)
-			vb, _ := refVirtualTime(b.enq, int64(b.prio), aging)
-			if va != vb {
-				if va < vb {
-					return -1
-				}
-				return 1
+			va := refVirtualTime(a.enq, int64(a.prio), aging)
+			vb := refVirtualTime(b.enq, int64(b.prio), aging)
+			if c := va.Cmp(vb); c != 0 {
+				return c
 			}
 		}
 		if a.seq < b.seq {
@@ -261,14 +251,28 @@ func TestPriorityOrderFIFOTies(t *testing.T) {
 	want := []string{"hold", "max1", "max2", "b3", "e3", "d2", "g2", "a1", "c1", "h0", "i0", "f-1", "min1", "min2"}
 	for _, aging := range []time.Duration{0, time.Nanosecond, time.Second, time.Duration(math.MaxInt64)} {
 		t.Run("aging="+aging.String(), func(t *testing.T) {
-			if aging == time.Duration(math.MaxInt64) {
-				// With aging this large every |priority| ≥ 2 saturates: the
-				// order collapses to three classes, FIFO within each. That is
-				// the saturation the contract asks for, not a wrap-around.
-				want := []string{"hold", "b3", "d2", "max1", "e3", "g2", "max2", "a1", "c1", "h0", "i0", "min1", "f-1", "min2"}
-				runPriorityOrder(t, aging, subs, want)
-				return
-			}
+			// Even at the largest aging, where priority × aging is far past
+			// the int64 range, every priority keeps its place.
+			runPriorityOrder(t, aging, subs, want)
+		})
+	}
+}
+
+// TestLargePrioritiesDoNotTie: Kubernetes' own priority classes —
+// system-node-critical (2 000 001 000) above system-cluster-critical
+// (2 000 000 000), and 2e9 above 1e9 — run in priority order at every
+// aging setting, including those where priority × aging overflows int64
+// (they used to tie and run in arrival order).
+func TestLargePrioritiesDoNotTie(t *testing.T) {
+	subs := []struct {
+		key  string
+		prio int
+	}{
+		{"user-1e9", 1e9}, {"cluster-critical", 2000000000}, {"node-critical", 2000001000}, {"user-2e9", 2e9}, {"zero", 0},
+	}
+	want := []string{"hold", "node-critical", "cluster-critical", "user-2e9", "user-1e9", "zero"}
+	for _, aging := range []time.Duration{time.Second, 5 * time.Second, 10 * time.Second, time.Hour} {
+		t.Run("aging="+aging.String(), func(t *testing.T) {
 			runPriorityOrder(t, aging, subs, want)
 		})
 	}

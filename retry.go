@@ -113,16 +113,15 @@ const giveUpPanic GiveUp = "panic"
 
 // retryAt decides whether a failed attempt of c runs again, and when. It
 // returns the time the retry may start, or the reason it may not.
-func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (int64, GiveUp) {
+func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) (int64, GiveUp) {
 	p := &d.cfg.Retry
 	var delay time.Duration
 	switch {
+	case a.panicked:
+		return 0, giveUpPanic
 	case a.callDone:
 		return 0, GiveUpDeadline
 	case a.class == Permanent:
-		if _, ok := a.err.(*PanicError); ok {
-			return 0, giveUpPanic
-		}
 		return 0, GiveUpPermanent
 	case a.class == Recompute && d.cfg.BeforeRetry == nil:
 		return 0, GiveUpRecompute
@@ -142,10 +141,29 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64) (
 	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
 		return 0, GiveUpDeadline
 	}
+	if !d.roomForRetry(c, now, ob) {
+		return 0, GiveUpQuota
+	}
 	if !d.budgetAllows(now) {
 		return 0, GiveUpBudget
 	}
 	return notBefore, ""
+}
+
+// roomForRetry reports whether c's tenant has room under its quota for c to
+// wait again, evicting the tenant's worst droppable queued call if c would
+// run before it.
+func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, T]) bool {
+	if !c.ten.overQuota(0) {
+		return true
+	}
+	v := worst(c.ten.shed, d.q.orderOf(c.prio, c.enq), c.seq, c.lane.pending)
+	if v == nil {
+		return false
+	}
+	d.shed(v, BoundQuota, now, ob)
+	d.keep(c.ten)
+	return true
 }
 
 // requeue sends c back to the queue to run again at notBefore. The retry
@@ -161,7 +179,15 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 	c.lastErr = lastErr
 	c.state = csBehind
 	if n := l.pending; n != nil {
-		switch err := d.coalesce(c, n.val, n.idem); err {
+		err := d.coalesce(c, n.val, n.idem, func(*PanicError) {
+			// The merge function ended this goroutine: the successor waits
+			// behind the retry, as if the merge had refused.
+			d.place(c, notBefore, now)
+			d.kick()
+			d.mu.Unlock()
+			d.deliver(ob)
+		})
+		switch err {
 		case nil:
 			d.absorb(c, n)
 			l.running, l.pending = nil, c
@@ -175,6 +201,11 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 	} else {
 		l.running, l.pending = nil, c
 	}
+	d.place(c, notBefore, now)
+}
+
+// place queues retry c: ready if notBefore has come, else delayed until it.
+func (d *Dispatcher[K, T]) place(c *call[K, T], notBefore, now int64) {
 	if notBefore <= now {
 		d.q.push(c)
 		d.wakeWorker()

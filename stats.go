@@ -86,7 +86,9 @@ type Stats struct {
 	// (BoundCapacity or BoundQuota).
 	Shed map[Bound]uint64
 	// Tenants has each tenant's figures, by name ("" for submissions that
-	// name none).
+	// name none): every tenant of Config.Tenants, and any other while it has
+	// calls queued or running — its figures go when it has none left, so
+	// that made-up tenant names cannot grow memory.
 	Tenants map[string]TenantStats
 	// Labels counts live calls (queued or in flight) by the Config.Label label.
 	Labels map[string]int
@@ -96,6 +98,16 @@ type Stats struct {
 	// ExecTime is the distribution of execution latency (one attempt) over
 	// the last LatencyWindow.
 	ExecTime Quantiles
+	// CallbackPanics counts panics (and runtime.Goexit calls) of user code
+	// whose failure has nowhere else to go — the completion hook, observer
+	// methods, the label function — which the dispatcher contained.
+	// Panics of exec, the no-op test, the before-retry hook, the classifier
+	// and the merge function end their call or submission instead, with a
+	// *PanicError.
+	CallbackPanics uint64
+	// LastCallbackPanic is the most recent of them, with its stack; nil if
+	// none.
+	LastCallbackPanic *PanicError
 	// Mode is the current mode.
 	Mode Mode
 	// FallbackReason says why the fallback policy last switched to Sync, ""
@@ -166,6 +178,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	if d.fallback != nil {
 		s.FallbackReason = d.fallback.reason
 	}
+	s.CallbackPanics, s.LastCallbackPanic = d.panics.Load(), d.lastPanic.Load()
 	if d.labels != nil {
 		s.Labels = make(map[string]int, len(d.labels))
 		for l, n := range d.labels {

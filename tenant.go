@@ -24,16 +24,17 @@ const strideBase = 1 << 32
 // lock. Each tenant keeps its ready calls in its own B-tree in ready order;
 // the queue picks among the tenants' best calls (queue.pick).
 type tenant[K comparable, T any] struct {
-	name     string
-	cfg      TenantConfig
-	stride   uint64
-	ready    *btree.BTreeG[entry[K, T]]
-	shed     *btree.BTreeG[entry[K, T]] // own evictable calls, if MaxQueued > 0
-	queued   int
-	inflight int
-	pass     uint64 // stride scheduling: lowest pass is picked next among equals
-	active   int    // index in queue.active, or -1
-	st       TenantStats
+	name       string
+	cfg        TenantConfig
+	configured bool // named in Config.Tenants (or the tenant of no name): kept while idle
+	stride     uint64
+	ready      *btree.BTreeG[entry[K, T]]
+	shed       *btree.BTreeG[entry[K, T]] // own evictable calls, if MaxQueued > 0
+	queued     int
+	inflight   int
+	pass       uint64 // stride scheduling: lowest pass is picked next among equals
+	active     int    // index in queue.active, or -1
+	st         TenantStats
 }
 
 func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T] {
@@ -62,8 +63,10 @@ func (t *tenant[K, T]) overQuota(freed int) bool {
 	return t.cfg.MaxQueued > 0 && t.queued-freed >= t.cfg.MaxQueued
 }
 
-// tenantFor returns the tenant named name, creating it with the default
-// configuration the first time.
+// tenantFor returns the tenant named name, creating it the first time.
+// Tenants that Config.Tenants does not name are forgotten again when they
+// have no call left (forgetIdle), so memory stays bounded whatever names
+// callers make up.
 func (d *Dispatcher[K, T]) tenantFor(name string) *tenant[K, T] {
 	if name == "" && d.noTenant != nil {
 		return d.noTenant
@@ -75,7 +78,24 @@ func (d *Dispatcher[K, T]) tenantFor(name string) *tenant[K, T] {
 			cfg = d.cfg.DefaultTenant
 		}
 		t = newTenant[K, T](name, cfg)
+		t.configured = ok || name == ""
 		d.tenants[name] = t
 	}
 	return t
+}
+
+// keep puts t back if shedding its last call made forgetIdle drop it while
+// a new call of t is on its way in.
+func (d *Dispatcher[K, T]) keep(t *tenant[K, T]) {
+	if !t.configured {
+		d.tenants[t.name] = t
+	}
+}
+
+// forgetIdle forgets an unconfigured tenant that has no call left, with its
+// statistics.
+func (d *Dispatcher[K, T]) forgetIdle(t *tenant[K, T]) {
+	if !t.configured && t.queued == 0 && t.inflight == 0 && t.active < 0 {
+		delete(d.tenants, t.name)
+	}
 }

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"time"
 )
 
@@ -19,8 +20,8 @@ func (d *Dispatcher[K, T]) wakeWorker() {
 // worker runs ready calls until Close ends the dispatcher. It takes the
 // lock itself, and holds it except while it tells waiters and while user
 // code (exec, the no-op test, the before-retry hook, the classifier) runs.
-func (d *Dispatcher[K, T]) worker() {
-	defer d.wg.Done()
+func (d *Dispatcher[K, T]) worker(id uint64) {
+	rn := runner{id: id, onWorker: true}
 	var ob outbox[K, T]
 	d.mu.Lock()
 	for !d.stopped {
@@ -42,9 +43,7 @@ func (d *Dispatcher[K, T]) worker() {
 			d.idleWorkers--
 			continue
 		}
-		d.workerRunning++
-		d.run(c, now, &ob)
-		d.workerRunning--
+		d.run(c, now, &ob, rn)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
@@ -85,23 +84,58 @@ func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok
 	return probe, true
 }
 
+// runner is who executes a call: a worker, or a caller running it inline
+// (Sync mode), by goroutine id.
+type runner struct {
+	id       uint64
+	onWorker bool
+}
+
 // run executes one attempt of c, which the caller has taken from the
 // queue: it releases the lock for user code and the waiters' delivery, and
-// returns with the lock held and the attempt's end recorded.
-func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T]) {
-	a := d.begin(c, now)
+// returns with the lock held and the attempt's end recorded. If a callback
+// ends the goroutine (runtime.Goexit) during the attempt, the attempt ends
+// Failed with a *PanicError on the way out, so that no outcome is lost and
+// the key is not wedged.
+func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn runner) {
+	a := d.begin(c, now, rn)
 	d.mu.Unlock()
 	d.deliver(ob)
+	ended := false
+	defer func() {
+		if ended {
+			return
+		}
+		a.panicked = true
+		a.err = &PanicError{Callback: a.site, Value: ErrGoexit, Stack: debug.Stack()}
+		a.ran = a.ran || a.site == CallbackExec
+		d.settleAttempt(c, &a, ob, rn)
+		d.mu.Unlock()
+		d.deliver(ob)
+	}()
 	if obs := d.cfg.Observer; obs != nil {
-		obs.OnStart(a.ev, a.n, a.wait)
+		a.site = CallbackObserver
+		d.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 	}
-	out := d.execute(a)
-	if out.stop != nil {
-		out.stop()
+	d.execute(&a)
+	ended = true
+	d.settleAttempt(c, &a, ob, rn)
+}
+
+// settleAttempt releases the attempt's contexts and records its end. It is
+// called without the lock, and returns with it held.
+func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn runner) {
+	if a.stop != nil {
+		a.stop()
 	}
-	c.cancel(nil) // release the contexts' resources
+	c.cancel(nil)
 	d.mu.Lock()
-	d.endAttempt(c, &out, ob)
+	if rn.onWorker {
+		d.workerRunning--
+	} else {
+		d.disown(rn.id)
+	}
+	d.endAttempt(c, a, ob)
 }
 
 // attempt is what an execution needs outside the lock, and what it brings
@@ -118,7 +152,9 @@ type attempt[K comparable, T any] struct {
 	wait    time.Duration // queue wait
 
 	// Results.
+	site     Callback // the user code running, or last run
 	err      error
+	panicked bool // err is a *PanicError the dispatcher recovered: never retried
 	class    Class
 	ran      bool // exec was called
 	skipped  bool // the no-op test said so
@@ -133,7 +169,13 @@ type attempt[K comparable, T any] struct {
 // c loses its waiters or the dispatcher closes, with the latest deadline of
 // c's live waiters (none if any waiter has none), carrying the idempotency
 // key.
-func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64) attempt[K, T] {
+func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
+	if rn.onWorker {
+		d.workerRunning++
+	} else {
+		d.owned[rn.id]++ // Close waits for this execution
+	}
+	c.runner = rn.id
 	l := c.lane
 	l.running = c
 	if l.pending == c {
@@ -195,34 +237,37 @@ func (c *call[K, T]) execDeadline() int64 {
 
 // execute runs one attempt outside the lock: the before-retry hook (on a
 // retry), the no-op test, a rate-limiter token, exec, and the classifier.
-// Panics in user code become errors.
-func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
+// A panic in any of them ends the call Failed with a *PanicError, never
+// retried: exec may have done half of its side effect.
+func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 	if a.lastErr != nil && d.cfg.BeforeRetry != nil {
+		a.site = CallbackBeforeRetry
 		var next T
 		var done bool
-		err := safeCall(func() (err error) {
+		err, _ := guard(CallbackBeforeRetry, func() (err error) {
 			next, done, err = d.cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
 			return err
-		})
+		}, nil)
 		switch {
 		case err != nil:
 			a.hookErr = err
-			return a
+			return
 		case done:
 			a.done = true
-			return a
+			return
 		}
 		a.val, a.rebuilt = next, true
 	}
 	if d.cfg.NoOp != nil {
+		a.site = CallbackNoOp
 		var isNoop bool
-		if err := safeCall(func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }); err != nil {
-			a.err = err
-			return a
+		if _, pe := guard(CallbackNoOp, func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
+			a.err, a.panicked = pe, true
+			return
 		}
 		if isNoop {
 			a.skipped = true
-			return a
+			return
 		}
 	}
 	if l := d.cfg.RateLimit; l != nil {
@@ -230,22 +275,30 @@ func (d *Dispatcher[K, T]) execute(a attempt[K, T]) attempt[K, T] {
 			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
 			a.callDone = a.callCtx.Err() != nil
 			a.class = Retry
-			return a
+			return
 		}
 	}
+	a.site = CallbackExec
 	start := time.Now()
-	a.err = safeCall(func() error { return d.exec(a.ctx, a.key, a.val) })
+	err, pe := guard(CallbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
 	a.runTime = time.Since(start)
 	a.ran = true
-	if a.err != nil {
+	a.err = err
+	switch {
+	case pe != nil:
+		a.panicked = true
+	case err != nil:
 		// An error from a call whose own context ended is the end of the
 		// call, not a verdict on the API: it is not classified or retried.
-		a.callDone = a.callCtx.Err() != nil
-		if !a.callDone {
-			_ = safeCall(func() error { a.class = d.cfg.Classify(a.err); return nil })
+		if a.callDone = a.callCtx.Err() != nil; a.callDone {
+			return
+		}
+		a.site = CallbackClassify
+		if _, pe := guard(CallbackClassify, func() error { a.class = d.cfg.Classify(err); return nil }, nil); pe != nil {
+			a.err = fmt.Errorf("%w (judging the error: %w)", pe, err)
+			a.panicked = true
 		}
 	}
-	return a
 }
 
 // endAttempt records the end of an attempt of c. A call orphaned meanwhile
@@ -257,6 +310,11 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	now := d.now()
 	d.running--
 	c.ten.inflight--
+	if d.q.nready > 0 {
+		// The tenant may have been at its in-flight cap: a worker that found
+		// it so went idle, and nothing else would wake it.
+		d.wakeWorker()
+	}
 	c.runTime += a.runTime
 	if a.rebuilt {
 		c.val = a.val
@@ -286,7 +344,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	case a.err == nil:
 		d.conclude(c, a, Succeeded, nil, now, ob)
 	default:
-		notBefore, reason := d.retryAt(c, a, now)
+		notBefore, reason := d.retryAt(c, a, now, ob)
 		if reason == "" {
 			if obs := d.cfg.Observer; obs != nil {
 				e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err

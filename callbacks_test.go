@@ -1,0 +1,423 @@
+package dispatch
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The rule for user code (package documentation, "Callbacks"): whatever a
+// callback does — panic, exit its goroutine, block, call back in — no
+// outcome is lost, no key is wedged, the process lives and Close returns.
+// Every test here runs in a synctest bubble, so a hang fails it as a
+// deadlock instead of hanging the suite.
+
+// TestCloseFromCallback: Close called from exec, from the completion hook
+// and from an observer method, on the dispatcher's own goroutines, returns
+// ErrReentrant at once instead of waiting for itself; what was left ends
+// Closed, and a later Close from outside waits for everything.
+func TestCloseFromCallback(t *testing.T) {
+	for _, where := range []string{"exec", "hook", "observer"} {
+		t.Run(where, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var d *Dispatcher[string, int]
+				got := make(chan error, 1)
+				closeOnce := sync.OnceFunc(func() { got <- d.Close(context.Background()) })
+				cfg := Config[string, int]{Workers: 1}
+				switch where {
+				case "hook":
+					cfg.OnDone = func(r Result[string, int]) {
+						if r.Key == "k" {
+							closeOnce()
+						}
+					}
+				case "observer":
+					cfg.Observer = &startHook{f: func(e Event) {
+						if e.Label == "k" {
+							closeOnce()
+						}
+					}}
+					cfg.Label = func(k string, _ int) string { return k }
+				}
+				g := newGate()
+				d = newD(t, func(ctx context.Context, k string, _ int) error {
+					switch {
+					case k == "hold":
+						return g.wait(ctx)
+					case where == "exec" && k == "k":
+						closeOnce()
+					}
+					return nil
+				}, cfg)
+				hold := submit(t, d, "hold", 1, prio(0))
+				synctest.Wait()
+				tk := submit(t, d, "k", 1, prio(0))
+				queued := submit(t, d, "later", 1, prio(-1))
+				g.open()
+				require.ErrorIs(t, <-got, ErrReentrant)
+				waitAll(hold, tk, queued)
+				outcome(t, tk)
+				assert.Equal(t, Closed, outcome(t, queued).State)
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// startHook calls f from OnStart.
+type startHook struct {
+	NopObserver
+	f func(Event)
+}
+
+func (s *startHook) OnStart(e Event, _ int, _ time.Duration) { s.f(e) }
+
+// TestSyncSubmitOwnKeyFromExec: in Sync mode, exec submitting for the key
+// it is executing would wait for itself: the submission is refused with
+// ErrReentrant, and nothing is enqueued. Submitting for another key runs it
+// inline, nested.
+func TestSyncSubmitOwnKeyFromExec(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var d *Dispatcher[string, int]
+		var own, other error
+		d = newD(t, func(_ context.Context, k string, _ int) error {
+			if k == "k" {
+				own = d.Post("k", 2, SubmitOptions{})
+				other = d.Post("other", 2, SubmitOptions{})
+			}
+			return nil
+		}, Config[string, int]{Mode: Sync})
+		assert.Equal(t, Succeeded, outcome(t, submit(t, d, "k", 1, prio(0))).State)
+		assert.ErrorIs(t, own, ErrReentrant)
+		assert.NoError(t, other)
+		s := closeD(t, d)
+		assert.Equal(t, uint64(2), s.Outcomes[Succeeded])
+		assert.Equal(t, uint64(1), s.Rejected)
+	})
+}
+
+// TestSetModeFromExec: SetMode(Sync) from exec on the only worker would
+// wait for a drain that needs this very worker: it switches and returns
+// ErrReentrant at once, and the queue drains when exec returns.
+func TestSetModeFromExec(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var d *Dispatcher[string, int]
+		var err error
+		d = newD(t, func(_ context.Context, k string, _ int) error {
+			if k == "switch" {
+				err = d.SetMode(context.Background(), Sync)
+			}
+			return nil
+		}, Config[string, int]{Workers: 1})
+		sw := submit(t, d, "switch", 1, prio(1))
+		queued := submit(t, d, "queued", 1, prio(0))
+		waitAll(sw, queued)
+		assert.ErrorIs(t, err, ErrReentrant)
+		assert.Equal(t, Sync, d.Mode())
+		assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, sw, queued))
+		closeD(t, d)
+	})
+}
+
+// TestHookAndObserverPanicsOnWorker: a panic in the completion hook or in
+// Observer.OnFinish on a worker is contained and counted; the worker lives
+// on and every outcome is told.
+func TestHookAndObserverPanicsOnWorker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, nopExec, Config[string, int]{
+			Workers:  1,
+			OnDone:   func(Result[string, int]) { panic("hook") },
+			Observer: &panicky{on: "finish"},
+		})
+		var tks []*Ticket[string, int]
+		for _, k := range []string{"a", "b", "c"} {
+			tks = append(tks, submit(t, d, k, 1, prio(0)))
+		}
+		waitAll(tks...)
+		assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, tks...))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(6), s.CallbackPanics)
+	})
+}
+
+// TestBlockedObserverDoesNotDelayDeadlines: the clock runs no user code, so
+// an observer that blocks on what the clock ends (here OnFinish of an
+// expired call) delays no other deadline.
+func TestBlockedObserverDoesNotDelayDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		unblock := make(chan struct{})
+		obs := &finishHook{f: func(e Event, o Outcome) {
+			if o.State == Expired {
+				<-unblock
+			}
+		}}
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Observer: obs})
+		hold := submit(t, d, "hold", 1, prio(0))
+		synctest.Wait()
+		start := time.Now()
+		first := submit(t, d, "first", 1, SubmitOptions{Deadline: start.Add(50 * time.Millisecond)})
+		second := submit(t, d, "second", 1, SubmitOptions{Deadline: start.Add(100 * time.Millisecond)})
+		w := watchDone(first, second)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		at, ok := w.of(second)
+		require.True(t, ok, "the second deadline was told while the observer blocked on the first")
+		assert.Equal(t, 100*time.Millisecond, at)
+		assert.Equal(t, Expired, outcome(t, second).State)
+		close(unblock)
+		g.open()
+		waitAll(hold)
+		closeD(t, d)
+	})
+}
+
+// finishHook calls f from OnFinish.
+type finishHook struct {
+	NopObserver
+	f func(Event, Outcome)
+}
+
+func (h *finishHook) OnFinish(e Event, o Outcome) { h.f(e, o) }
+
+// TestCallbackPanicsEndTheCall: a panic in the no-op test, the before-retry
+// hook or the classifier ends the call Failed with a *PanicError naming the
+// callback (the classifier's wraps the error it was judging); nothing is
+// retried.
+func TestCallbackPanicsEndTheCall(t *testing.T) {
+	errAPI := syscall.ECONNRESET
+	for _, tc := range []struct {
+		cb   Callback
+		cfg  Config[string, int]
+		runs int
+	}{
+		{CallbackNoOp, Config[string, int]{NoOp: func(string, int) bool { panic("no-op") }}, 0},
+		{CallbackBeforeRetry, Config[string, int]{BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { panic("before") }}, 1},
+		{CallbackClassify, Config[string, int]{Classify: func(error) Class { panic("classify") }}, 1},
+	} {
+		t.Run(string(tc.cb), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runs := 0
+				cfg := tc.cfg
+				cfg.Workers, cfg.Retry = 1, noJitter(3)
+				d := newD(t, func(context.Context, string, int) error { runs++; return errAPI }, cfg)
+				r := outcome(t, waitFor(t, submit(t, d, "k", 1, prio(0))))
+				assert.Equal(t, Failed, r.State)
+				var pe *PanicError
+				require.ErrorAs(t, r.Err, &pe)
+				assert.Equal(t, tc.cb, pe.Callback)
+				assert.Contains(t, r.Err.Error(), string(tc.cb)+" panicked")
+				if tc.cb == CallbackClassify {
+					assert.ErrorIs(t, r.Err, errAPI, "the error being judged is kept")
+				}
+				assert.Equal(t, tc.runs, runs)
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestGoexitInCallbacks: runtime.Goexit in any callback ends only the
+// goroutine running it. What the callback interrupted is finished on the
+// way out: every outcome is told (the call the callback belonged to ends
+// Failed with a *PanicError of Value ErrGoexit where it cannot go on), the
+// key is not wedged, a worker is replaced, and Close returns.
+func TestGoexitInCallbacks(t *testing.T) {
+	exit := func(k string) bool { return k == "exit" }
+	goexitOn := func(v int) func(p, in int) (int, error) {
+		return func(p, in int) (int, error) {
+			if in == v {
+				goexit()
+			}
+			return in, nil
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  func(*Config[string, int])
+		// drive makes the callback run (from a goroutine it may end, where
+		// that is the submitter) and returns the tickets whose outcomes must
+		// be told.
+		drive func(t *testing.T, e *cbEnv) []*Ticket[string, int]
+		want  State // the outcome of those tickets
+	}{
+		{"no-op", func(c *Config[string, int]) {
+			c.NoOp = func(k string, _ int) bool {
+				if exit(k) {
+					goexit()
+				}
+				return false
+			}
+		}, submitExit, Failed},
+		{"before-retry", func(c *Config[string, int]) {
+			c.BeforeRetry = func(_ context.Context, k string, v int, _ error) (int, bool, error) {
+				if exit(k) {
+					goexit()
+				}
+				return v, false, nil
+			}
+		}, submitFailingExit, Failed},
+		{"classify", func(c *Config[string, int]) {
+			c.Classify = func(error) Class { goexit(); return Retry }
+		}, submitFailingExit, Failed},
+		{"on-done", func(c *Config[string, int]) {
+			c.OnDone = func(r Result[string, int]) {
+				if exit(r.Key) {
+					goexit()
+				}
+			}
+		}, submitExit, Succeeded},
+		{"observer", func(c *Config[string, int]) {
+			c.Label = func(k string, _ int) string { return k }
+			c.Observer = &finishHook{f: func(e Event, _ Outcome) {
+				if exit(e.Label) {
+					goexit()
+				}
+			}}
+		}, submitExit, Succeeded},
+		{"label", func(c *Config[string, int]) {
+			c.Label = func(k string, _ int) string {
+				if exit(k) {
+					goexit()
+				}
+				return k
+			}
+		}, func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
+			e.inGoroutine(func() { _, _ = e.d.Submit(bg, "exit", 1, SubmitOptions{}) })
+			assert.False(t, e.d.Pending("exit"), "nothing was admitted")
+			return nil
+		}, 0},
+		{"merge on submit", func(c *Config[string, int]) { c.Merge = goexitOn(99) },
+			func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
+				hold := submit(t, e.d, "hold", 1, prio(0))
+				synctest.Wait()
+				pending := submit(t, e.d, "exit", 1, prio(0))
+				e.inGoroutine(func() { _, _ = e.d.Submit(bg, "exit", 99, SubmitOptions{}) })
+				e.open()
+				return []*Ticket[string, int]{hold, pending}
+			}, Succeeded},
+		{"merge in a retry", func(c *Config[string, int]) { c.Merge = goexitOn(99) },
+			func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
+				e.failFirst = true
+				running := submit(t, e.d, "hold", 1, prio(0)) // fails once, after the gate
+				synctest.Wait()
+				successor := submit(t, e.d, "hold", 99, prio(0))
+				e.open() // the retry merges its successor: the worker exits under the lock
+				return []*Ticket[string, int]{running, successor}
+			}, Succeeded},
+		{"amend", nil, func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
+			hold := submit(t, e.d, "hold", 1, prio(0))
+			synctest.Wait()
+			pending := submit(t, e.d, "exit", 1, prio(0))
+			e.inGoroutine(func() {
+				_, _ = e.d.Amend("exit", func(int) (int, error) { goexit(); return 0, nil })
+			})
+			e.open()
+			return []*Ticket[string, int]{hold, pending}
+		}, Succeeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := Config[string, int]{Workers: 1, Retry: noJitter(2)}
+				if tc.cfg != nil {
+					tc.cfg(&cfg)
+				}
+				goexits.Store(0)
+				e := &cbEnv{gate: newGate()}
+				e.d = newD(t, e.exec, cfg)
+				tks := tc.drive(t, e)
+				waitAll(tks...)
+				for _, tk := range tks {
+					r := outcome(t, tk)
+					assert.Equal(t, tc.want, r.State)
+					if tc.want == Failed {
+						var pe *PanicError
+						require.ErrorAs(t, r.Err, &pe)
+						assert.ErrorIs(t, pe, ErrGoexit)
+					}
+				}
+				synctest.Wait()
+				assert.Equal(t, int32(1), goexits.Load(), "the callback exited its goroutine")
+				assert.False(t, e.d.Pending("exit"), "the key is not wedged")
+				// The dispatcher goes on, on a replaced worker if need be.
+				assert.Equal(t, Succeeded, outcome(t, waitFor(t, submit(t, e.d, "after", 1, prio(0)))).State)
+				closeD(t, e.d)
+			})
+		})
+	}
+}
+
+// cbEnv is TestGoexitInCallbacks' dispatcher: exec of "hold" waits for the
+// gate (and fails the first time if failFirst is set); exec of "exit" fails
+// the first time if failExit is set.
+type cbEnv struct {
+	d         *Dispatcher[string, int]
+	gate      *gate
+	mu        sync.Mutex
+	failFirst bool
+	failExit  bool
+}
+
+func (e *cbEnv) exec(ctx context.Context, k string, _ int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case k == "hold":
+		e.mu.Unlock()
+		err := e.gate.wait(ctx)
+		e.mu.Lock()
+		if err == nil && e.failFirst {
+			e.failFirst = false
+			return syscall.ECONNRESET
+		}
+		return err
+	case k == "exit" && e.failExit:
+		e.failExit = false
+		return syscall.ECONNRESET
+	}
+	return nil
+}
+
+func (e *cbEnv) open() { e.gate.open() }
+
+// inGoroutine runs f in a goroutine that f may end, and waits for it.
+func (e *cbEnv) inGoroutine(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
+}
+
+// submitExit submits a call for "exit".
+func submitExit(t *testing.T, e *cbEnv) []*Ticket[string, int] {
+	return []*Ticket[string, int]{submit(t, e.d, "exit", 1, prio(0))}
+}
+
+// submitFailingExit submits a call for "exit" whose first execution fails
+// retryably.
+func submitFailingExit(t *testing.T, e *cbEnv) []*Ticket[string, int] {
+	e.mu.Lock()
+	e.failExit = true
+	e.mu.Unlock()
+	return submitExit(t, e)
+}
+
+// goexits counts goexit calls.
+var goexits atomic.Int32
+
+// goexit ends the calling goroutine, as t.FailNow does, and counts it.
+func goexit() {
+	goexits.Add(1)
+	runtime.Goexit()
+}
