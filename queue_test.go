@@ -6,7 +6,6 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -247,9 +246,10 @@ func TestQueueReadyOrder(t *testing.T) {
 
 // --- priority and aging, end to end ---
 
-// TestPriorityOrderFIFOTies holds the only worker, queues calls of mixed
-// priorities at one instant, and checks they run highest first, FIFO among
-// equal priorities, with extreme priorities in their place.
+// TestPriorityOrderFIFOTies queues calls of mixed priorities at one instant
+// behind the held worker, and checks they run highest first, FIFO among
+// equal priorities, with extreme priorities in their place — whether the
+// order comes from strict priority or from virtual time with any aging.
 func TestPriorityOrderFIFOTies(t *testing.T) {
 	subs := []struct {
 		key  string
@@ -258,44 +258,40 @@ func TestPriorityOrderFIFOTies(t *testing.T) {
 		{"a1", 1}, {"b3", 3}, {"c1", 1}, {"min1", math.MinInt}, {"d2", 2}, {"max1", math.MaxInt},
 		{"e3", 3}, {"f-1", -1}, {"g2", 2}, {"h0", 0}, {"max2", math.MaxInt}, {"i0", 0}, {"min2", math.MinInt},
 	}
-	want := []string{"hold", "max1", "max2", "b3", "e3", "d2", "g2", "a1", "c1", "h0", "i0", "f-1", "min1", "min2"}
-	for _, aging := range []time.Duration{0, time.Nanosecond, time.Second, time.Duration(math.MaxInt64)} {
-		t.Run("aging="+aging.String(), func(t *testing.T) {
-			if aging == time.Duration(math.MaxInt64) {
-				// With aging this large every |priority| ≥ 2 saturates: the
-				// order collapses to three classes, FIFO within each. That is
-				// the saturation the contract asks for, not a wrap-around.
-				want := []string{"hold", "b3", "d2", "max1", "e3", "g2", "max2", "a1", "c1", "h0", "i0", "min1", "f-1", "min2"}
-				runPriorityOrder(t, aging, subs, want)
-				return
-			}
-			runPriorityOrder(t, aging, subs, want)
+	byPriority := []string{"max1", "max2", "b3", "e3", "d2", "g2", "a1", "c1", "h0", "i0", "f-1", "min1", "min2"}
+	for _, tc := range []struct {
+		aging time.Duration // 0: Config.StrictPriority
+		want  []string
+	}{
+		{0, byPriority},
+		{time.Nanosecond, byPriority},
+		{time.Second, byPriority},
+		// With aging this large every |priority| ≥ 2 saturates: the order
+		// collapses to three classes, FIFO within each. That is the
+		// saturation the contract asks for, not a wrap-around.
+		{time.Duration(math.MaxInt64), []string{"b3", "d2", "max1", "e3", "g2", "max2", "a1", "c1", "h0", "i0", "min1", "f-1", "min2"}},
+	} {
+		t.Run("aging="+tc.aging.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, int]()
+				d, _, release := holdWorker(t, f.exec, Config[string, int]{
+					Aging:          tc.aging,
+					StrictPriority: tc.aging == 0,
+				})
+				var tks []*Ticket[string, int]
+				for _, s := range subs {
+					tks = append(tks, submit(t, d, s.key, 0, prio(s.prio)))
+				}
+				st := checkConservation(t, d)
+				assert.Equal(t, len(subs), st.Ready)
+				assert.Equal(t, 1, st.InFlight)
+				release()
+				assert.Equal(t, tc.want, f.keys())
+				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+				closeD(t, d)
+			})
 		})
 	}
-}
-
-func runPriorityOrder(t *testing.T, aging time.Duration, subs []struct {
-	key  string
-	prio int
-}, want []string) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFixture[string, int]()
-		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: aging, StrictPriority: aging == 0})
-		tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
-		synctest.Wait()
-		for _, s := range subs {
-			tks = append(tks, submit(t, d, s.key, 0, prio(s.prio)))
-		}
-		st := checkConservation(t, d)
-		assert.Equal(t, len(subs), st.Ready)
-		assert.Equal(t, 1, st.InFlight)
-		g.open()
-		synctest.Wait()
-		assert.Equal(t, want, f.keys())
-		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
-		closeD(t, d)
-	})
 }
 
 // TestAgingOvertake: a call of priority 0 waits while calls of priority Δ
@@ -313,12 +309,9 @@ func TestAgingOvertake(t *testing.T) {
 		t.Run("aging="+tc.aging.String()+"/delta="+itoa(tc.delta), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFixture[string, int]()
-				g := f.block("hold")
-				d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: tc.aging, StrictPriority: tc.aging == 0})
-				tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
-				synctest.Wait()
+				d, _, release := holdWorker(t, f.exec, Config[string, int]{Aging: tc.aging})
 				start := time.Now()
-				tks = append(tks, submit(t, d, "low", 0, prio(0)))
+				tks := []*Ticket[string, int]{submit(t, d, "low", 0, prio(0))}
 				var before, after []string
 				for k := 1; k <= 2*tc.delta+4; k++ { // arrivals every Aging/2 up to (Δ+2)×Aging
 					time.Sleep(start.Add(time.Duration(k) * tc.aging / 2).Sub(time.Now()))
@@ -332,10 +325,8 @@ func TestAgingOvertake(t *testing.T) {
 				}
 				require.NotEmpty(t, before)
 				require.NotEmpty(t, after)
-				g.open()
-				synctest.Wait()
-				want := append([]string{"hold"}, before...)
-				want = append(want, "low")
+				release()
+				want := append(before, "low")
 				want = append(want, after...)
 				assert.Equal(t, want, f.keys())
 				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
@@ -365,7 +356,11 @@ func TestAgingStream(t *testing.T) {
 					time.Sleep(service)
 					return nil
 				}
-				d := newD(t, exec, Config[string, int]{Workers: 1, Aging: aging, StrictPriority: aging == 0})
+				d := newD(t, exec, Config[string, int]{
+					Workers:        1,
+					Aging:          aging,
+					StrictPriority: aging == 0,
+				})
 				start := time.Now()
 				var tks []*Ticket[string, int]
 				for i := range 5 { // the initial backlog: 0.5s of work
@@ -422,5 +417,3 @@ func TestAgingStream(t *testing.T) {
 		})
 	}
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
