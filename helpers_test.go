@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -396,5 +397,24 @@ func (w *doneTimes[K, T]) of(tk *Ticket[K, T]) (time.Duration, bool) {
 
 // errUser is an error a test's user code returns.
 var errUser = errors.New("user error")
+
+// errConflict stands for a 409 Conflict, which conflictClassifier judges
+// Recompute: rebuild the call from fresh state, not retry it as it is.
+var errConflict = errors.New("409 conflict")
+
+// conflictClassifier is DefaultClassifier, except that errConflict is
+// Recompute.
+func conflictClassifier(err error) Class {
+	if errors.Is(err, errConflict) {
+		return Recompute
+	}
+	return DefaultClassifier(err)
+}
+
+// noJitter retries up to attempts executions, 100ms apart and then doubling,
+// with no jitter and no retry budget: a retry schedule a test can predict.
+func noJitter(attempts int) RetryPolicy {
+	return RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}
+}
 
 func itoa(i int) string { return strconv.Itoa(i) }
