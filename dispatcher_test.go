@@ -707,9 +707,10 @@ func TestTicketDoneConcurrent(t *testing.T) {
 	closeD(t, d)
 }
 
-// TestLaneReuse: released lanes are kept for new keys up to maxFreeLanes,
-// hold nothing of the key that left (no key, value or waiter is kept alive),
-// and a key in a reused slot behaves as in a new one.
+// TestLaneReuse (internal): released lanes are kept for new keys up to
+// maxFreeLanes, hold nothing of the key that left (no key, value or waiter
+// is kept alive), and a key in a reused lane behaves as in a new one. It
+// reads the dispatcher's lane map and free list under its lock.
 func TestLaneReuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, *int]()

@@ -21,6 +21,13 @@ import (
 // Every helper that starts or waits for anything is meant to run inside a
 // testing/synctest bubble: the Dispatcher must be created there (its clock
 // origin is the bubble's fake clock) and closed there.
+//
+// The tests check the public API only, so that the core's internals can be
+// renamed or moved without touching them. The few that must look inside —
+// the virtual-time sort key and the ready index (queue_test.go), backoff
+// jitter (retry_test.go) and the lane free list (dispatcher_test.go) — say
+// "(internal)" after their name in their doc comment; they are the ones to
+// adapt when an internal changes.
 
 // bg is the context for submissions that never leave on their own.
 var bg = context.Background()

@@ -41,6 +41,9 @@ var extremes = []int64{
 	0, 1, 2, 1e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64,
 }
 
+// TestVirtualTime (internal) checks the ready index's sort key, enqueue
+// time − priority × aging, on a table of ordinary and extreme inputs, each
+// checked against math/big first.
 func TestVirtualTime(t *testing.T) {
 	tests := []struct {
 		name             string
@@ -76,7 +79,7 @@ func TestVirtualTime(t *testing.T) {
 	}
 }
 
-// TestVirtualTimeMatchesBig compares virtualTime with the exact value for
+// TestVirtualTimeMatchesBig (internal) compares virtualTime with the exact value for
 // every combination of extreme values and for many random ones, full range
 // and small, and checks that saturation happens exactly when the exact
 // value is out of range.
@@ -119,7 +122,7 @@ func TestVirtualTimeMatchesBig(t *testing.T) {
 	}
 }
 
-// TestVirtualTimeMonotone checks the order properties the ready index relies
+// TestVirtualTimeMonotone (internal) checks the order properties the ready index relies
 // on, across the whole range: a higher priority never sorts later, and a
 // later enqueue time never sorts earlier.
 func TestVirtualTimeMonotone(t *testing.T) {
@@ -188,7 +191,7 @@ func refLess(aging int64) func(a, b qEntry) int {
 	}
 }
 
-// TestQueueReadyOrder pushes random calls (extreme priorities included),
+// TestQueueReadyOrder (internal) pushes random calls (extreme priorities included),
 // re-keys some of them, and checks that popReady returns them in the
 // contract's order.
 func TestQueueReadyOrder(t *testing.T) {

@@ -145,9 +145,9 @@ func TestRetryBackoffSequence(t *testing.T) {
 	})
 }
 
-// TestRetryJitterBounds: each Jitter keeps the delay within its range —
-// full jitter [0, backoff], equal jitter [backoff/2, backoff], none exactly
-// the backoff — and the random ones spread over it.
+// TestRetryJitterBounds (internal): each Jitter keeps the delay within its
+// range — full jitter [0, backoff], equal jitter [backoff/2, backoff], none
+// exactly the backoff — and the random ones spread over it.
 func TestRetryJitterBounds(t *testing.T) {
 	for _, j := range []Jitter{FullJitter, EqualJitter, NoJitter} {
 		p, err := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: 8 * time.Second, Jitter: j}.withDefaults()
