@@ -39,30 +39,29 @@ package dispatch
 // stale executions (exec that honours or ignores its context), Close that
 // drains and Close whose context ends.
 //
-// Shedding follows DESIGN.md §3 ("Capacity, backpressure, shedding"),
-// read as: when the key capacity is full, a new key looks at the droppable
-// pending calls (queued or backing off, whose key has nothing in flight)
-// and takes the one that would run last; if the newcomer would run before
-// it, that call is removed, its waiters end Dropped and the hook sees
-// Dropped, and the newcomer is admitted; otherwise the newcomer is refused
-// with ErrBackpressure. The waiter bound and the breaker's refusal of
-// droppable work are checked before anything is evicted: a refused
-// submission changes nothing (§3 "Bad input", admit's own contract).
+// Shedding follows Config.Capacity and BreakerPolicy.RefuseDroppable: when
+// the key capacity is full, a new key looks at the droppable pending calls
+// (queued or backing off, whose key has nothing in flight) and takes the
+// one that would run last; if the newcomer would run before it, that call
+// is removed, its waiters end Dropped and the hook sees Dropped, and the
+// newcomer is admitted; otherwise the newcomer is refused with
+// ErrBackpressure. The waiter bound and the breaker's refusal of droppable
+// work are checked before anything is evicted: a refused submission
+// changes nothing.
 //
 // It leaves out, on purpose: more than one worker (ordering would no longer
 // be deterministic), jittered backoff and the retry budget (random or
 // windowed; the budget is disabled), the breaker's failure-ratio rule (it
-// is set to +Inf), the rate limiter,
-// tenants and SetMode (not part of this package's surface yet), and
-// QueueWait/RunTime values (only checked to be non-negative).
+// is set to +Inf), the rate limiter, tenants (every call is in the default
+// tenant; quotas, in-flight caps and weights are tenant_test.go's), Sync
+// mode, SetMode and the fallback policy (mode_test.go's), Amend, a merge
+// that returns SkipIncoming, labels and the observer, and QueueWait/RunTime
+// values (only checked to be non-negative).
 //
-// DISPATCH_FUZZ_AVOID (comma-separated) steers the decoder away from inputs
-// that reach a known bug, so that a long fuzzing run can look for others:
-// "past" never gives a deadline that has already passed while the clock
-// still reads its origin, "drop" never marks a submission droppable,
-// "strand" never lets a merge be refused (no refusing merge function, no
-// conflicting idempotency keys), so a retry always absorbs its successor,
-// "circuit" never sets BreakerPolicy.RefuseDroppable. The assertions are the same either way; by default nothing is avoided.
+// The seeds (fzSeeds, and the inputs under testdata/fuzz/FuzzQueueModel
+// that fuzzing once found) run as ordinary subtests under go test;
+// go test -run '^$' -fuzz FuzzQueueModel . looks for new ones.
+// DISPATCH_FUZZ_TRACE=1 logs every input's operations.
 
 import (
 	"context"
@@ -100,9 +99,8 @@ func FuzzQueueModel(f *testing.F) {
 	for _, s := range fzSeeds {
 		f.Add(s)
 	}
-	avoid := fzAvoidFromEnv()
 	f.Fuzz(func(t *testing.T, data []byte) {
-		synctest.Test(t, func(t *testing.T) { fzRun(t, data, avoid) })
+		synctest.Test(t, func(t *testing.T) { fzRun(t, data) })
 	})
 }
 
@@ -291,26 +289,6 @@ func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
 	return out
 }
 
-// fzAvoid is the DISPATCH_FUZZ_AVOID steering.
-type fzAvoid struct{ past, drop, strand, circuit bool }
-
-func fzAvoidFromEnv() fzAvoid {
-	var a fzAvoid
-	for _, w := range strings.Split(os.Getenv("DISPATCH_FUZZ_AVOID"), ",") {
-		switch strings.TrimSpace(w) {
-		case "past":
-			a.past = true
-		case "drop":
-			a.drop = true
-		case "strand":
-			a.strand = true
-		case "circuit":
-			a.circuit = true
-		}
-	}
-	return a
-}
-
 // ---------------------------------------------------------------------------
 // Decoding.
 
@@ -355,7 +333,7 @@ func (c fzConfig) String() string {
 
 var fzAgings = [4]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time.Second}
 
-func fzDecodeConfig(r *fzReader, av fzAvoid) fzConfig {
+func fzDecodeConfig(r *fzReader) fzConfig {
 	a, b, c := r.next(), r.next(), r.next()
 	cfg := fzConfig{
 		merge:       int(a % 3),
@@ -375,12 +353,6 @@ func fzDecodeConfig(r *fzReader, av fzAvoid) fzConfig {
 	}
 	if m := int(b>>2) & 7; m >= 1 && m <= 6 {
 		cfg.maxWaiters = m
-	}
-	if av.circuit {
-		cfg.brRefuse = false
-	}
-	if av.strand && cfg.merge == 2 {
-		cfg.merge = 1
 	}
 	return cfg
 }
@@ -450,7 +422,7 @@ type fzOp struct {
 	result  int
 }
 
-func fzDecodeOp(r *fzReader, av fzAvoid) fzOp {
+func fzDecodeOp(r *fzReader) fzOp {
 	op := fzOp{kind: fzKindOf[r.next()%32]}
 	switch op.kind {
 	case fzSubmit, fzPost:
@@ -459,10 +431,7 @@ func fzDecodeOp(r *fzReader, av fzAvoid) fzOp {
 		op.prio = fzPrios[(k>>2)&15]
 		op.gen = uint64(g&3) % 3
 		op.idem = [3]string{"", "x", "y"}[((g>>2)&3)%3]
-		op.drop = g&0x80 != 0 && !av.drop
-		if av.strand && op.idem == "y" {
-			op.idem = "x"
-		}
+		op.drop = g&0x80 != 0
 		op.hasDL = dl&8 != 0
 		op.dl = fzOffsets[dl&7]
 		if op.kind == fzSubmit {
@@ -1492,7 +1461,6 @@ type fzTicket struct {
 type fzHarness struct {
 	t     *testing.T
 	cfg   fzConfig
-	avoid fzAvoid
 	m     *fzModel
 	d     *Dispatcher[int, int64]
 	t0    time.Time
@@ -1513,10 +1481,10 @@ type fzHarness struct {
 	tearingDown   bool
 }
 
-func fzRun(t *testing.T, data []byte, avoid fzAvoid) {
+func fzRun(t *testing.T, data []byte) {
 	r := &fzReader{b: data}
-	cfg := fzDecodeConfig(r, avoid)
-	h := &fzHarness{t: t, cfg: cfg, avoid: avoid, m: newFzModel(cfg), closeDone: make(chan error, 1)}
+	cfg := fzDecodeConfig(r)
+	h := &fzHarness{t: t, cfg: cfg, m: newFzModel(cfg), closeDone: make(chan error, 1)}
 	h.trace = append(h.trace, "config: "+cfg.String())
 	dc := Config[int, int64]{
 		Workers:        1,
@@ -1588,7 +1556,7 @@ func fzRun(t *testing.T, data []byte, avoid fzAvoid) {
 	}
 	h.d = d
 	for i := 0; i < fzMaxOps && r.more(); i++ {
-		op := fzDecodeOp(r, avoid)
+		op := fzDecodeOp(r)
 		h.apply(i, op)
 	}
 	h.finalize()
@@ -1683,12 +1651,6 @@ func (h *fzHarness) startClose() {
 
 func (h *fzHarness) apply(i int, op fzOp) {
 	m := h.m
-	switch op.kind {
-	case fzSubmit, fzPost:
-		if h.avoid.past && m.now == 0 && op.hasDL && op.dl <= 0 {
-			op.dl = 500 * time.Microsecond
-		}
-	}
 	h.trace = append(h.trace, fmt.Sprintf("%2d @%v: %v", i, time.Duration(m.now), op))
 	val := int64(i + 1)
 	switch op.kind {
