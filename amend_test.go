@@ -16,22 +16,18 @@ import (
 func TestAmend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("hold")
 		hooks := &hookLog[string, int]{}
-		d := newD(t, f.exec, Config[string, int]{
-			Workers: 1,
-			NoOp:    func(_ string, v int) bool { return v == 0 },
-			OnDone:  hooks.add,
+		d, hold, release := holdWorker(t, f.exec, Config[string, int]{
+			NoOp:   func(_ string, v int) bool { return v == 0 },
+			OnDone: hooks.add,
 		})
-		hold := submit(t, d, "hold", 1, prio(0))
-		synctest.Wait()
 
 		// Nothing pending: f is not called.
 		found, err := d.Amend("none", func(int) (int, error) { panic("not called") })
 		require.NoError(t, err)
 		assert.False(t, found)
 		// In flight only: not rewritten.
-		found, err = d.Amend("hold", func(int) (int, error) { panic("not called") })
+		found, err = d.Amend(holdKey, func(int) (int, error) { panic("not called") })
 		require.NoError(t, err)
 		assert.False(t, found)
 
@@ -65,15 +61,16 @@ func TestAmend(t *testing.T) {
 		assert.False(t, d.Pending("b"))
 
 		// The successor of an in-flight call is pending too.
-		succ := submit(t, d, "hold", 2, prio(0))
-		found, err = d.Amend("hold", func(v int) (int, error) { return v * 100, nil })
+		succ := submit(t, d, holdKey, 2, prio(0))
+		found, err = d.Amend(holdKey, func(v int) (int, error) { return v * 100, nil })
 		require.NoError(t, err)
 		assert.True(t, found)
 
-		g.open()
-		waitAll(hold, a, succ)
+		release()
+		waitAll(a, succ)
+		assert.Zero(t, outcome(t, hold).Call, "the in-flight call was rewritten")
 		assert.Equal(t, []int{11}, f.calls("a"))
-		assert.Equal(t, []int{1, 200}, f.calls("hold"))
+		assert.Equal(t, []int{200}, f.calls(holdKey), "the successor runs as rewritten")
 		assert.Empty(t, f.calls("b"))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(3), s.Outcomes[Skipped], "two tickets and one post")
@@ -96,11 +93,9 @@ func TestAmend(t *testing.T) {
 func TestAmendRaceWithMerge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("hold")
 		inNoOp, resume := make(chan struct{}), make(chan struct{})
-		d := newD(t, f.exec, Config[string, int]{
-			Workers: 1,
-			Merge:   func(p, in int) (int, error) { return p + in, nil },
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{
+			Merge: func(p, in int) (int, error) { return p + in, nil },
 			NoOp: func(k string, v int) bool {
 				if k == "a" && v == 0 {
 					close(inNoOp)
@@ -110,8 +105,6 @@ func TestAmendRaceWithMerge(t *testing.T) {
 				return false
 			},
 		})
-		hold := submit(t, d, "hold", 1, prio(0))
-		synctest.Wait()
 		a := submit(t, d, "a", 1, prio(0))
 		done := make(chan struct{})
 		go func() {
@@ -124,8 +117,8 @@ func TestAmendRaceWithMerge(t *testing.T) {
 		a2 := submit(t, d, "a", 5, prio(0)) // merges: the value is now 5
 		close(resume)
 		<-done
-		g.open()
-		waitAll(hold, a, a2)
+		release()
+		waitAll(a, a2)
 		assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, a, a2))
 		assert.Equal(t, []int{5}, f.calls("a"))
 		closeD(t, d)

@@ -380,7 +380,11 @@ func BenchmarkThroughput(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("impl=dispatch/op=post/workers=%d", workers), func(b *testing.B) {
 			sem := make(chan struct{}, window)
-			d, err := New(nop, Config[int, int]{Workers: workers, Capacity: 2 * window, OnDone: func(Result[int, int]) { <-sem }})
+			d, err := New(nop, Config[int, int]{
+				Workers:  workers,
+				Capacity: 2 * window,
+				OnDone:   func(Result[int, int]) { <-sem },
+			})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -599,7 +603,10 @@ func BenchmarkRetryPath(b *testing.B) {
 					return syscall.ECONNRESET
 				}
 				return nil
-			}, Config[int, int]{Workers: 1, Retry: RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}})
+			}, Config[int, int]{
+				Workers: 1,
+				Retry:   RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)},
+			})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -53,28 +53,30 @@ func (b *breakerLog) all() []string {
 	return append([]string(nil), b.changes...)
 }
 
+// TestBreakerTransitions walks the breaker through its states: consecutive
+// retryable failures open it; while open nothing runs and calls wait in
+// the queue; after the cool-down one probe runs, and its success closes the
+// breaker while its failure re-opens it. The observer sees every change.
 func TestBreakerTransitions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &flaky{down: true}
 		obs := &breakerLog{}
-		d, err := New(f.exec, Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 1},
+		d := newD(t, f.exec, Config[string, int]{
+			Workers:  1,
+			Retry:    RetryPolicy{MaxAttempts: 1},
 			Breaker:  &BreakerPolicy{ConsecutiveFailures: 3, Cooldown: 10 * time.Second},
-			Observer: obs})
-		require.NoError(t, err)
-		submit := func(k string) *Ticket[string, int] {
-			tk, err := d.Submit(t.Context(), k, 0, SubmitOptions{})
-			require.NoError(t, err)
-			return tk
-		}
+			Observer: obs,
+		})
+		call := func(k string) *Ticket[string, int] { return submit(t, d, k, 0, SubmitOptions{}) }
 		for i := range 3 {
-			<-submit(fmt.Sprint("fail", i)).Done()
+			<-call(fmt.Sprint("fail", i)).Done()
 		}
 		synctest.Wait()
 		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "3 retryable failures in a row trip it")
 
 		// While open, nothing runs: the call waits in the queue.
 		f.set(false)
-		waiting := submit("while-open")
+		waiting := call("while-open")
 		time.Sleep(9 * time.Second)
 		synctest.Wait()
 		assert.Equal(t, 3, f.n())
@@ -82,7 +84,7 @@ func TestBreakerTransitions(t *testing.T) {
 
 		// After the cool-down one probe runs; its success closes the breaker.
 		time.Sleep(time.Second)
-		res, err := waiting.Wait(t.Context())
+		res, err := waiting.Wait(bg)
 		require.NoError(t, err)
 		assert.Equal(t, Succeeded, res.State)
 		synctest.Wait()
@@ -91,73 +93,79 @@ func TestBreakerTransitions(t *testing.T) {
 		// Trip again; a failed probe re-opens it.
 		f.set(true)
 		for i := range 3 {
-			<-submit(fmt.Sprint("again", i)).Done()
+			<-call(fmt.Sprint("again", i)).Done()
 		}
-		probe := submit("probe")
+		probe := call("probe")
 		time.Sleep(10 * time.Second)
 		<-probe.Done()
 		synctest.Wait()
 		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "a failed probe re-opens it")
 
 		assert.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed", "closed>open", "open>half-open", "half-open>open"}, obs.all())
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 	})
 }
 
+// TestBreakerIgnoresPermanentErrors: permanent failures say nothing about
+// the API's health and never trip the breaker.
 func TestBreakerIgnoresPermanentErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d, err := New(func(context.Context, string, int) error { return errors.New("400 invalid") },
-			Config[string, int]{Workers: 1, Breaker: &BreakerPolicy{ConsecutiveFailures: 2}})
-		require.NoError(t, err)
+		d := newD(t, func(context.Context, string, int) error { return errors.New("400 invalid") }, Config[string, int]{
+			Workers: 1,
+			Breaker: &BreakerPolicy{ConsecutiveFailures: 2},
+		})
 		for i := range 10 {
-			tk, err := d.Submit(t.Context(), fmt.Sprint(i), 0, SubmitOptions{})
-			require.NoError(t, err)
-			res, _ := tk.Wait(t.Context())
+			res, _ := submit(t, d, fmt.Sprint(i), 0, SubmitOptions{}).Wait(bg)
 			require.Equal(t, Failed, res.State)
 		}
 		assert.Equal(t, BreakerClosed, d.Stats().Breaker)
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 	})
 }
 
+// TestBreakerFailureRatio: the breaker also opens when retryable failures
+// reach FailureRatio of the executions in the window — but not before
+// MinSamples executions.
 func TestBreakerFailureRatio(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		n := 0
-		d, err := New(func(context.Context, string, int) error {
+		d := newD(t, func(context.Context, string, int) error {
 			n++
 			if n%2 == 0 { // every other call fails: never 2 in a row
 				return syscall.ECONNRESET
 			}
 			return nil
-		}, Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 1}, Breaker: &BreakerPolicy{ConsecutiveFailures: 100, FailureRatio: 0.5, MinSamples: 10}})
-		require.NoError(t, err)
+		}, Config[string, int]{
+			Workers: 1,
+			Retry:   RetryPolicy{MaxAttempts: 1},
+			Breaker: &BreakerPolicy{ConsecutiveFailures: 100, FailureRatio: 0.5, MinSamples: 10},
+		})
 		for i := range 9 {
-			tk, err := d.Submit(t.Context(), fmt.Sprint(i), 0, SubmitOptions{})
-			require.NoError(t, err)
-			<-tk.Done()
+			<-submit(t, d, fmt.Sprint(i), 0, SubmitOptions{}).Done()
 			require.Equal(t, BreakerClosed, d.Stats().Breaker, "below MinSamples after %d", i+1)
 		}
-		tk, err := d.Submit(t.Context(), "10th", 0, SubmitOptions{})
-		require.NoError(t, err)
-		<-tk.Done()
+		<-submit(t, d, "10th", 0, SubmitOptions{}).Done()
 		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "5 of 10 failed")
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 	})
 }
 
+// TestBreakerRefusesDroppable: with RefuseDroppable, droppable work for a
+// new key is refused with ErrCircuitOpen while the breaker is open;
+// non-droppable work still queues behind it.
 func TestBreakerRefusesDroppable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d, err := New(func(context.Context, string, int) error { return syscall.ECONNRESET },
-			Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 1}, Breaker: &BreakerPolicy{ConsecutiveFailures: 1, RefuseDroppable: true}})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "a", 0, SubmitOptions{})
-		require.NoError(t, err)
-		<-tk.Done()
+		d := newD(t, func(context.Context, string, int) error { return syscall.ECONNRESET }, Config[string, int]{
+			Workers: 1,
+			Retry:   RetryPolicy{MaxAttempts: 1},
+			Breaker: &BreakerPolicy{ConsecutiveFailures: 1, RefuseDroppable: true},
+		})
+		<-submit(t, d, "a", 0, SubmitOptions{}).Done()
 		synctest.Wait()
 		require.Equal(t, BreakerOpen, d.Stats().Breaker)
-		err = d.Post("b", 0, SubmitOptions{Droppable: true})
+		err := d.Post("b", 0, SubmitOptions{Droppable: true})
 		assert.ErrorIs(t, err, ErrCircuitOpen)
 		require.NoError(t, d.Post("c", 0, SubmitOptions{}), "non-droppable work still queues")
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 	})
 }

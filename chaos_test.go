@@ -1,39 +1,5 @@
 package dispatch
 
-// TestChaosSoak is a seeded random workload: many goroutines submit and post
-// to a few hundred keys with random priorities, deadlines, generations and
-// idempotency keys, cancel tickets, contexts and keys, and wait; exec
-// randomly sleeps (honouring its context or not), fails (retryable,
-// permanent, conflict) and panics; a merge function that unions the
-// submissions' ids sometimes refuses; a no-op test, a rate limiter, retries
-// with jitter and a circuit breaker are on; and Close comes in the middle of
-// it all with a random grace period. It runs twice: in a testing/synctest
-// bubble (virtual time, so the sleeps cost nothing) and in real time.
-//
-// Every call value is the list of ids of the submissions merged into it, so
-// the test can tell where each submission went. It asserts that:
-//
-//   - every accepted ticket's Done closes, with a valid State whose error
-//     matches the state's sentinel, and a Call that contains its own id;
-//   - a ticket that succeeded had its id in an execution that returned nil,
-//     and that execution returned before any Ticket.Cancel or Cancel(key)
-//     aimed at the ticket returned (no success for a ticket cancelled before
-//     its call ran);
-//   - never two executions of one key at once;
-//   - the completion hook fires once per finished call (its count equals
-//     Σ Stats.Calls), and every accepted id appears in exactly one hook
-//     result, rejected ids in none;
-//   - conservation holds in every snapshot, gauges stay within their bounds,
-//     and after Close: Live, Keys, InFlight, queues all zero, Submitted and
-//     Rejected equal what the callers saw, Σ Outcomes equals the accepted
-//     submissions, Executions equals the exec calls;
-//   - nothing panics, nothing hangs (synctest reports a deadlock), no
-//     goroutine leaks (goleak in TestMain).
-//
-// DISPATCH_CHAOS_SEED replays a seed. Goroutine scheduling is not
-// deterministic, so a replay exercises the same workload, not necessarily
-// the same interleaving. -short shrinks the workload.
-
 import (
 	"context"
 	"errors"
@@ -76,6 +42,39 @@ type chaosParams struct {
 	cooldown      time.Duration
 }
 
+// TestChaosSoak is a seeded random workload: many goroutines submit and post
+// to a few hundred keys with random priorities, deadlines, generations and
+// idempotency keys, cancel tickets, contexts and keys, and wait; exec
+// randomly sleeps (honouring its context or not), fails (retryable,
+// permanent, conflict) and panics; a merge function that unions the
+// submissions' ids sometimes refuses; a no-op test, a rate limiter, retries
+// with jitter and a circuit breaker are on; and Close comes in the middle of
+// it all with a random grace period. It runs twice: in a testing/synctest
+// bubble (virtual time, so the sleeps cost nothing) and in real time.
+//
+// Every call value is the list of ids of the submissions merged into it, so
+// the test can tell where each submission went. It asserts that:
+//
+//   - every accepted ticket's Done closes, with a valid State whose error
+//     matches the state's sentinel, and a Call that contains its own id;
+//   - a ticket that succeeded had its id in an execution that returned nil,
+//     and that execution returned before any Ticket.Cancel or Cancel(key)
+//     aimed at the ticket returned (no success for a ticket cancelled before
+//     its call ran);
+//   - never two executions of one key at once;
+//   - the completion hook fires once per finished call (its count equals
+//     Σ Stats.Calls), and every accepted id appears in exactly one hook
+//     result, rejected ids in none;
+//   - conservation holds in every snapshot, gauges stay within their bounds,
+//     and after Close: Live, Keys, InFlight, queues all zero, Submitted and
+//     Rejected equal what the callers saw, Σ Outcomes equals the accepted
+//     submissions, Executions equals the exec calls;
+//   - nothing panics, nothing hangs (synctest reports a deadlock), no
+//     goroutine leaks (goleak in TestMain).
+//
+// DISPATCH_CHAOS_SEED replays a seed. Goroutine scheduling is not
+// deterministic, so a replay exercises the same workload, not necessarily
+// the same interleaving. -short shrinks the workload.
 func TestChaosSoak(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("DISPATCH_CHAOS_SEED"); s != "" {
@@ -179,14 +178,22 @@ func (c *chaos) errorf(format string, args ...any) {
 
 func (c *chaos) run() {
 	t, p := c.t, c.p
-	d, err := New(c.exec,
-		Config[int, []uint64]{Workers: p.workers, Capacity: p.capacity, MaxWaiters: p.maxWaiters, Aging: time.Millisecond, Merge: func(pending, incoming []uint64) ([]uint64, error) {
+	d, err := New(c.exec, Config[int, []uint64]{
+		Workers:    p.workers,
+		RateLimit:  rate.NewLimiter(p.rate, p.burst),
+		Capacity:   p.capacity,
+		MaxWaiters: p.maxWaiters,
+		Aging:      time.Millisecond,
+		Merge: func(pending, incoming []uint64) ([]uint64, error) {
 			if incoming[0]%29 == 0 {
 				return nil, errChaosMerge
 			}
 			out := make([]uint64, 0, len(pending)+len(incoming))
 			return append(append(out, pending...), incoming...), nil
-		}, NoOp: func(_ int, ids []uint64) bool { return ids[0]%41 == 0 }, OnDone: c.hook, RateLimit: rate.NewLimiter(p.rate, p.burst), Classify: func(err error) Class {
+		},
+		NoOp:   func(_ int, ids []uint64) bool { return ids[0]%41 == 0 },
+		OnDone: c.hook,
+		Classify: func(err error) Class {
 			switch {
 			case errors.Is(err, errChaosRetry):
 				return Retry
@@ -194,9 +201,11 @@ func (c *chaos) run() {
 				return Recompute
 			}
 			return Permanent
-		}, Retry: RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax}, Breaker: &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
-			Observer: breakerTrips{n: &c.trips}},
-	)
+		},
+		Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax},
+		Breaker:  &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
+		Observer: breakerTrips{n: &c.trips},
+	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -449,37 +458,17 @@ func (c *chaos) hook(r Result[int, []uint64]) {
 	c.mu.Unlock()
 }
 
-// checkResult checks that a Result's state is a terminal one and its error
-// matches it.
+// checkResult checks that a Result's state is a terminal one, that its
+// error agrees with it (see sentinel), and that no count or duration is
+// negative.
 func (c *chaos) checkResult(r Result[int, []uint64], where string) {
-	var want error
-	switch r.State {
-	case Succeeded, Skipped:
-		if r.Err != nil {
-			c.errorf("%s: %v result with error %v", where, r.State, r.Err)
-		}
-		return
-	case Failed:
-		if r.Err == nil {
-			c.errorf("%s: Failed result without an error", where)
-		}
-		return
-	case Canceled:
-		want = ErrCanceled
-	case Expired:
-		want = ErrExpired
-	case Dropped:
-		want = ErrDropped
-	case Stale:
-		want = ErrStale
-	case Closed:
-		want = ErrClosed
-	default:
+	switch {
+	case r.State < Succeeded || r.State > Closed:
 		c.errorf("%s: invalid state %v in %+v", where, r.State, r)
-		return
-	}
-	if !errors.Is(r.Err, want) {
+	case r.State.OK() && r.Err != nil, r.State != Failed && !r.State.OK() && !errors.Is(r.Err, sentinel[r.State]):
 		c.errorf("%s: %v result with error %v", where, r.State, r.Err)
+	case r.State == Failed && r.Err == nil:
+		c.errorf("%s: Failed result without an error", where)
 	}
 	if r.QueueWait < 0 || r.RunTime < 0 || r.Attempts < 0 || r.Waiters < 0 {
 		c.errorf("%s: negative field in %+v", where, r)
@@ -487,10 +476,7 @@ func (c *chaos) checkResult(r Result[int, []uint64], where string) {
 }
 
 func (c *chaos) checkStats(s Stats, where string) {
-	var sum uint64
-	for _, n := range s.Outcomes {
-		sum += n
-	}
+	sum := s.Outcomes.Total()
 	switch {
 	case s.Submitted != s.Rejected+sum+uint64(s.Live):
 		c.errorf("%s: conservation: Submitted %d != Rejected %d + Σ Outcomes %d + Live %d", where, s.Submitted, s.Rejected, sum, s.Live)
@@ -542,11 +528,7 @@ func (c *chaos) verify() {
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var outcomes, calls uint64
-	for st := range s.Outcomes {
-		outcomes += s.Outcomes[st]
-		calls += s.Calls[st]
-	}
+	outcomes, calls := s.Outcomes.Total(), s.Calls.Total()
 	if outcomes != uint64(len(c.accepted)) {
 		c.errorf("final: Σ Outcomes %d, %d submissions were accepted", outcomes, len(c.accepted))
 	}
@@ -567,7 +549,7 @@ func (c *chaos) verify() {
 		}
 	}
 
-	var byState [numStates]uint64
+	var byState StateCounts
 	for _, ct := range c.tickets {
 		res, ok := ct.tk.Result()
 		if !ok {

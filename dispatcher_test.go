@@ -14,8 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func nopExec(context.Context, string, int) error { return nil }
-
 // TestNewValidation: every invalid configuration is an error from New that
 // names the offending field, never a panic, and no Dispatcher. (A callback
 // of the wrong type does not get this far: Config is typed by K and T, so
@@ -61,7 +59,16 @@ func TestNewValidation(t *testing.T) {
 	}
 	t.Run("valid", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			d := newD(t, nopExec, Config[string, int]{Workers: 1, Capacity: 1, MaxWaiters: 1, StrictPriority: true, RateLimit: nil, Merge: func(p, in int) (int, error) { return in, nil }, NoOp: func(string, int) bool { return false }, OnDone: func(Result[string, int]) {}})
+			d := newD(t, nopExec, Config[string, int]{
+				Workers:        1,
+				Capacity:       1,
+				MaxWaiters:     1,
+				StrictPriority: true,
+				RateLimit:      nil,
+				Merge:          func(p, in int) (int, error) { return in, nil },
+				NoOp:           func(string, int) bool { return false },
+				OnDone:         func(Result[string, int]) {},
+			})
 			tk := submit(t, d, "k", 1, SubmitOptions{})
 			r, err := tk.Wait(bg)
 			require.NoError(t, err)
@@ -148,16 +155,15 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 			t.Run("pending key", func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					f := newFixture[string, int]()
-					g := f.block("hold")
 					var merges int
-					d := newD(t, f.exec, Config[string, int]{Workers: 1, Merge: func(p, in int) (int, error) {
-						merges++
-						return p + in, nil
-					}})
-					tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
-					synctest.Wait()
+					d, _, release := holdWorker(t, f.exec, Config[string, int]{
+						Merge: func(p, in int) (int, error) {
+							merges++
+							return p + in, nil
+						},
+					})
 					time.Sleep(time.Minute)
-					tks = append(tks, submit(t, d, "k", 1, prio(0)))
+					k := submit(t, d, "k", 1, prio(0))
 					before := checkConservation(t, d)
 					err := tc.submit(d)
 					require.Error(t, err)
@@ -169,11 +175,10 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 					assert.Equal(t, before.Live, s.Live)
 					assert.Equal(t, before.Coalesced, s.Coalesced)
 					assert.Equal(t, before.Rejected+1, s.Rejected)
-					g.open()
-					synctest.Wait()
+					release()
 					assert.Zero(t, merges, "a refused submission was merged")
 					assert.Equal(t, []int{1}, f.calls("k"))
-					assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, tks...))
+					assert.Equal(t, Succeeded, outcome(t, k).State)
 					closeD(t, d)
 				})
 			})
@@ -188,11 +193,11 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 func TestCapacity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("A")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1, Capacity: 2, Merge: func(p, in int) (int, error) { return p + in, nil }})
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{ // holdKey in flight
+			Capacity: 2,
+			Merge:    func(p, in int) (int, error) { return p + in, nil },
+		})
 		var tks []*Ticket[string, int]
-		tks = append(tks, submit(t, d, "A", 1, prio(0))) // in flight
-		synctest.Wait()
 		tks = append(tks, submit(t, d, "B", 1, prio(0))) // pending
 		require.Equal(t, 2, d.Stats().Keys)
 
@@ -212,17 +217,16 @@ func TestCapacity(t *testing.T) {
 		// Tracked keys need no capacity.
 		tks = append(tks, submit(t, d, "B", 10, prio(0))) // merge
 		require.NoError(t, d.Post("B", 100, SubmitOptions{}))
-		tks = append(tks, submit(t, d, "A", 2, prio(0))) // successor
-		require.NoError(t, d.Post("A", 20, SubmitOptions{}))
+		tks = append(tks, submit(t, d, holdKey, 2, prio(0))) // successor
+		require.NoError(t, d.Post(holdKey, 20, SubmitOptions{}))
 		s := checkConservation(t, d)
 		assert.Equal(t, 2, s.Keys)
 		assert.Equal(t, uint64(2), s.Rejected)
 
-		g.open()
-		synctest.Wait()
-		assert.Equal(t, []int{1, 22}, f.calls("A"))
+		release()
+		assert.Equal(t, []int{22}, f.calls(holdKey))
 		assert.Equal(t, []int{111}, f.calls("B"))
-		assert.Equal(t, map[State]int{Succeeded: 4}, tally(t, tks...))
+		assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, tks...))
 		// Room again.
 		tk = submit(t, d, "C", 1, prio(0))
 		_, err = tk.Wait(bg)
@@ -238,14 +242,11 @@ func TestCapacity(t *testing.T) {
 func TestMaxWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("A")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1, MaxWaiters: 2})
-		a1 := submit(t, d, "A", 1, prio(0)) // in flight
-		synctest.Wait()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{MaxWaiters: 2}) // one ticket in flight
 		b1 := submit(t, d, "B", 1, prio(0))
 		require.Equal(t, 2, d.Stats().Tickets)
 
-		for _, key := range []string{"B", "A", "C"} { // merge, successor, new key
+		for _, key := range []string{"B", holdKey, "C"} { // merge, successor, new key
 			tk, err := d.Submit(bg, key, 2, prio(0))
 			require.Error(t, err, key)
 			assert.Nil(t, tk)
@@ -255,7 +256,7 @@ func TestMaxWaiters(t *testing.T) {
 			assert.Equal(t, BoundWaiters, bp.Bound)
 		}
 		require.NoError(t, d.Post("B", 3, SubmitOptions{}), "a fire-and-forget merge needs no waiter slot")
-		require.NoError(t, d.Post("A", 3, SubmitOptions{}))
+		require.NoError(t, d.Post(holdKey, 3, SubmitOptions{}), "a fire-and-forget successor needs no waiter slot")
 		require.NoError(t, d.Post("C", 3, SubmitOptions{}), "a fire-and-forget new key needs no waiter slot")
 		s := checkConservation(t, d)
 		assert.Equal(t, 2, s.Tickets)
@@ -264,9 +265,8 @@ func TestMaxWaiters(t *testing.T) {
 
 		b1.Cancel() // frees a slot
 		b2 := submit(t, d, "B", 4, prio(0))
-		g.open()
-		synctest.Wait()
-		assert.Equal(t, map[State]int{Succeeded: 2, Canceled: 1}, tally(t, a1, b1, b2))
+		release()
+		assert.Equal(t, map[State]int{Succeeded: 1, Canceled: 1}, tally(t, b1, b2))
 		assert.Equal(t, []int{4}, f.calls("B"))
 		closeD(t, d)
 	})
@@ -277,11 +277,8 @@ func TestMaxWaiters(t *testing.T) {
 func TestMaxWaitersDefault(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("A")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1, Capacity: 2})
-		var tks []*Ticket[string, int]
-		tks = append(tks, submit(t, d, "A", 0, prio(0)))
-		synctest.Wait()
+		d, hold, release := holdWorker(t, f.exec, Config[string, int]{Capacity: 2})
+		tks := []*Ticket[string, int]{hold}
 		for len(tks) < 2*DefaultWaitersPerKey {
 			tks = append(tks, submit(t, d, "B", 0, prio(0)))
 		}
@@ -289,8 +286,7 @@ func TestMaxWaitersDefault(t *testing.T) {
 		var bp *BackpressureError
 		require.ErrorAs(t, err, &bp)
 		assert.Equal(t, BoundWaiters, bp.Bound)
-		g.open()
-		synctest.Wait()
+		release()
 		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
 		closeD(t, d)
 	})
@@ -370,7 +366,7 @@ func TestExecPanic(t *testing.T) {
 		assert.Equal(t, []State{Failed}, hooks.states("panic"))
 		synctest.Wait()
 		s := closeD(t, d)
-		assert.Equal(t, map[State]int{Failed: 2, Succeeded: 3}, outcomeCounts(s))
+		assert.Equal(t, map[State]int{Failed: 2, Succeeded: 3}, counts(s.Outcomes))
 		assert.Equal(t, uint64(5), s.Executions)
 	})
 }
@@ -380,12 +376,15 @@ func TestExecPanic(t *testing.T) {
 func TestNoOpPanic(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		d := newD(t, f.exec, Config[string, int]{Workers: 1, NoOp: func(key string, _ int) bool {
-			if key == "bad" {
-				panic("no-op exploded")
-			}
-			return false
-		}})
+		d := newD(t, f.exec, Config[string, int]{
+			Workers: 1,
+			NoOp: func(key string, _ int) bool {
+				if key == "bad" {
+					panic("no-op exploded")
+				}
+				return false
+			},
+		})
 		bad := submit(t, d, "bad", 0, prio(0))
 		r, err := bad.Wait(bg)
 		assert.Equal(t, Failed, r.State)
@@ -462,8 +461,6 @@ func TestTicket(t *testing.T) {
 // (it may call the Dispatcher), with the call's timings.
 func TestOnDone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFixture[string, int]()
-		g := f.block("hold")
 		var (
 			mu      sync.Mutex
 			tickets = map[string][]*Ticket[string, int]{}
@@ -476,11 +473,7 @@ func TestOnDone(t *testing.T) {
 			_ = d.Pending(r.Key)
 			mu.Lock()
 			defer mu.Unlock()
-			var calls uint64
-			for _, n := range st.Calls {
-				calls += n
-			}
-			if calls < uint64(len(results)+1) {
+			if st.Calls.Total() < uint64(len(results)+1) {
 				bad = append(bad, r.Key+": hook before Stats counted its call")
 			}
 			for _, tk := range tickets[r.Key] {
@@ -493,9 +486,6 @@ func TestOnDone(t *testing.T) {
 			results = append(results, r)
 		}
 		exec := func(ctx context.Context, key string, call int) error {
-			if err := f.exec(ctx, key, call); err != nil {
-				return err
-			}
 			switch key {
 			case "fail":
 				return errUser
@@ -504,14 +494,22 @@ func TestOnDone(t *testing.T) {
 			}
 			return nil
 		}
-		d = newD(t, exec, Config[string, int]{Workers: 1, OnDone: hook, Merge: func(p, in int) (int, error) { return p + in, nil }})
 		add := func(key string, tk *Ticket[string, int]) {
 			mu.Lock()
 			tickets[key] = append(tickets[key], tk)
 			mu.Unlock()
 		}
-		add("hold", submit(t, d, "hold", 0, prio(0)))
-		synctest.Wait()
+		// The hook reads d, which is set only once holdWorker returns: the
+		// held call's hook fires at release, after that.
+		var (
+			hold    *Ticket[string, int]
+			release func()
+		)
+		d, hold, release = holdWorker(t, exec, Config[string, int]{
+			Merge:  func(p, in int) (int, error) { return p + in, nil },
+			OnDone: hook,
+		})
+		add(holdKey, hold)
 		for i := range 3 {
 			add("slow", submit(t, d, "slow", 1, prio(0)))
 			if i < 2 {
@@ -523,7 +521,7 @@ func TestOnDone(t *testing.T) {
 		add("gone", gone)
 		time.Sleep(3 * time.Second)
 		gone.Cancel()
-		g.open()
+		release()
 		mu.Lock()
 		var all []*Ticket[string, int]
 		for _, tks := range tickets {
@@ -540,7 +538,7 @@ func TestOnDone(t *testing.T) {
 		for _, r := range results {
 			byKey[r.Key] = append(byKey[r.Key], r)
 		}
-		for _, key := range []string{"hold", "slow", "fail", "gone"} {
+		for _, key := range []string{holdKey, "slow", "fail", "gone"} {
 			require.Len(t, byKey[key], 1, "hook calls for %s", key)
 		}
 		require.Len(t, results, 4)
@@ -562,8 +560,8 @@ func TestOnDone(t *testing.T) {
 
 		assert.Equal(t, map[State]int{Succeeded: 4, Failed: 1, Canceled: 1}, tally(t, all...))
 		s := closeD(t, d)
-		assert.Equal(t, map[State]int{Succeeded: 2, Failed: 1, Canceled: 1}, callCounts(s))
-		assert.Equal(t, map[State]int{Succeeded: 6, Failed: 1, Canceled: 1}, outcomeCounts(s))
+		assert.Equal(t, map[State]int{Succeeded: 2, Failed: 1, Canceled: 1}, counts(s.Calls))
+		assert.Equal(t, map[State]int{Succeeded: 6, Failed: 1, Canceled: 1}, counts(s.Outcomes))
 	})
 }
 
@@ -605,7 +603,6 @@ func TestExecContextDeadline(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				g := newGate()
 				var (
 					mu      sync.Mutex
 					got     time.Duration
@@ -613,9 +610,6 @@ func TestExecContextDeadline(t *testing.T) {
 					started time.Time
 				)
 				exec := func(ctx context.Context, key string, _ int) error {
-					if key == "hold" {
-						return g.wait(ctx)
-					}
 					mu.Lock()
 					defer mu.Unlock()
 					started = time.Now()
@@ -624,15 +618,12 @@ func TestExecContextDeadline(t *testing.T) {
 					got = dl.Sub(started)
 					return nil
 				}
-				d := newD(t, exec, Config[string, int]{Workers: 1})
-				hold := submit(t, d, "hold", 0, prio(0))
-				synctest.Wait()
+				d, _, release := holdWorker(t, exec, Config[string, int]{})
 				tks := tc.waiters(t, d, time.Now())
 				for _, tk := range tks {
 					require.NotNil(t, tk)
 				}
-				g.open()
-				synctest.Wait()
+				release()
 				mu.Lock()
 				defer mu.Unlock()
 				require.False(t, started.IsZero())
@@ -642,7 +633,7 @@ func TestExecContextDeadline(t *testing.T) {
 					assert.True(t, has)
 					assert.Equal(t, tc.want, got)
 				}
-				assert.Equal(t, map[State]int{Succeeded: len(tks) + 1}, tally(t, append(tks, hold)...))
+				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
 				closeD(t, d)
 			})
 		})
@@ -656,11 +647,7 @@ func TestExecContextDeadline(t *testing.T) {
 func TestTicketDoneLazy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("a")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1})
-
-		early := submit(t, d, "a", 1, prio(0))
-		synctest.Wait()
+		d, early, release := holdWorker(t, f.exec, Config[string, int]{}) // early: the held call's ticket
 		ch := early.Done()
 		assert.Equal(t, ch, early.Done(), "Done made a second channel")
 		select {
@@ -669,7 +656,7 @@ func TestTicketDoneLazy(t *testing.T) {
 		default:
 		}
 
-		late := submit(t, d, "b", 2, prio(0)) // runs after a; nobody asks for Done before it ends
+		late := submit(t, d, "b", 2, prio(0)) // runs after the held call; nobody asks for Done before it ends
 		var wg sync.WaitGroup
 		for range 8 {
 			wg.Go(func() {
@@ -679,10 +666,9 @@ func TestTicketDoneLazy(t *testing.T) {
 				assert.Equal(t, Succeeded, r.State)
 			})
 		}
-		g.open()
+		release()
 		wg.Wait()
 		<-ch
-		synctest.Wait()
 
 		r, ok := late.Result()
 		require.True(t, ok, "outcome told without anyone asking for Done")
@@ -721,16 +707,14 @@ func TestTicketDoneConcurrent(t *testing.T) {
 	closeD(t, d)
 }
 
-// TestLaneReuse: released lanes are kept for new keys up to maxFreeLanes,
-// hold nothing of the key that left (no key, value or waiter is kept alive),
-// and a key in a reused slot behaves as in a new one.
+// TestLaneReuse (internal): released lanes are kept for new keys up to
+// maxFreeLanes, hold nothing of the key that left (no key, value or waiter
+// is kept alive), and a key in a reused lane behaves as in a new one. It
+// reads the dispatcher's lane map and free list under its lock.
 func TestLaneReuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, *int]()
-		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, *int]{Workers: 1, Capacity: 2 * maxFreeLanes})
-		require.NoError(t, d.Post("hold", nil, SubmitOptions{}))
-		synctest.Wait()
+		d, _, release := holdWorker(t, f.exec, Config[string, *int]{Capacity: 2 * maxFreeLanes})
 		n := maxFreeLanes + 10
 		for i := range n {
 			v := i
@@ -755,8 +739,7 @@ func TestLaneReuse(t *testing.T) {
 		assert.Same(t, reused, d.lanes["new"])
 		assert.Len(t, d.freeLanes, maxFreeLanes-1)
 		d.mu.Unlock()
-		g.open()
-		synctest.Wait()
+		release()
 		r := outcome(t, tk)
 		assert.Equal(t, Succeeded, r.State)
 		assert.Equal(t, "new", r.Key)

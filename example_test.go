@@ -357,7 +357,10 @@ func ExampleConfig_tenants() {
 		}
 		fmt.Println(op, pod)
 		return nil
-	}, dispatch.Config[string, string]{Workers: 2, Tenants: map[string]dispatch.TenantConfig{"patch": dispatch.TenantConfig{MaxInFlight: 1}}})
+	}, dispatch.Config[string, string]{
+		Workers: 2,
+		Tenants: map[string]dispatch.TenantConfig{"patch": {MaxInFlight: 1}},
+	})
 	if err != nil {
 		panic(err)
 	}

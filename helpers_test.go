@@ -4,17 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// Shared helpers for the behavioural tests. Every helper that starts or
-// waits for anything is meant to run inside a testing/synctest bubble: the
-// Dispatcher must be created there (its clock origin is the bubble's fake
-// clock) and closed there.
+// Shared helpers for the behavioural tests: every helper used by more than
+// one test file lives here.
+//
+// Every helper that starts or waits for anything is meant to run inside a
+// testing/synctest bubble: the Dispatcher must be created there (its clock
+// origin is the bubble's fake clock) and closed there.
+//
+// The tests check the public API only, so that the core's internals can be
+// renamed or moved without touching them. The few that must look inside —
+// the virtual-time sort key and the ready index (queue_test.go), backoff
+// jitter (retry_test.go) and the lane free list (dispatcher_test.go) — say
+// "(internal)" after their name in their doc comment; they are the ones to
+// adapt when an internal changes.
 
 // bg is the context for submissions that never leave on their own.
 var bg = context.Background()
@@ -54,10 +67,7 @@ func closeD[K comparable, T any](t *testing.T, d *Dispatcher[K, T]) Stats {
 
 // conserved reports whether s satisfies the conservation law, and why not.
 func conserved(s Stats) error {
-	var sum uint64
-	for _, n := range s.Outcomes {
-		sum += n
-	}
+	sum := s.Outcomes.Total()
 	switch {
 	case s.Outcomes[0] != 0:
 		return fmt.Errorf("%d outcomes with the zero State", s.Outcomes[0])
@@ -81,21 +91,11 @@ func checkConservation[K comparable, T any](t testing.TB, d *Dispatcher[K, T]) S
 	return s
 }
 
-// outcomeCounts returns the non-zero per-submission outcome counters of s.
-func outcomeCounts(s Stats) map[State]int {
+// counts returns the non-zero counters of c (Stats.Outcomes or Stats.Calls)
+// by state.
+func counts(c StateCounts) map[State]int {
 	m := map[State]int{}
-	for st, n := range s.Outcomes {
-		if n != 0 {
-			m[State(st)] = int(n)
-		}
-	}
-	return m
-}
-
-// callCounts returns the non-zero per-call (hook) counters of s.
-func callCounts(s Stats) map[State]int {
-	m := map[State]int{}
-	for st, n := range s.Calls {
+	for st, n := range c {
 		if n != 0 {
 			m[State(st)] = int(n)
 		}
@@ -210,19 +210,55 @@ func (g *gate) wait(ctx context.Context) error {
 	}
 }
 
-// held wraps exec so that executions of the key "hold" block until g opens
-// (or their context ends). With Config.Workers 1 and the "hold" call in
-// flight, a test can gather several submissions into one pending call
-// before it starts: a submission for a key already in flight would become
-// its successor instead.
-func held[T any](g *gate, exec ExecFunc[string, T]) ExecFunc[string, T] {
-	return func(ctx context.Context, key string, call T) error {
-		if key == "hold" {
+// holdKey is the key of the call that holdWorker keeps in flight.
+const holdKey = "hold"
+
+// holdWorker is the opening of most ordering and coalescing tests: it
+// creates a Dispatcher with cfg and a single worker, and keeps that worker
+// busy with a call to holdKey until release is called. Everything the test
+// submits meanwhile queues up behind the held call — a submission for a key
+// already in flight would become its successor instead — so the test can
+// gather submissions into one pending call and knows the order in which they
+// will run.
+//
+// The held call is an ordinary submission (one key, one ticket, and once
+// released one Succeeded outcome and one completion), except that it never
+// reaches exec and cfg.NoOp is never asked about holdKey. Later submissions
+// for holdKey are its successors and run through exec like any call.
+//
+// release opens the gate, waits for the bubble to settle (synctest.Wait),
+// and checks that the held call succeeded; the queue has then run as far as
+// it can. cfg.Workers must be 0 or 1. Call holdWorker inside a synctest
+// bubble.
+func holdWorker[T any](t *testing.T, exec ExecFunc[string, T], cfg Config[string, T]) (d *Dispatcher[string, T], hold *Ticket[string, T], release func()) {
+	t.Helper()
+	require.LessOrEqual(t, cfg.Workers, 1, "holdWorker holds the only worker")
+	cfg.Workers = 1
+	if noop := cfg.NoOp; noop != nil {
+		cfg.NoOp = func(key string, call T) bool { return key != holdKey && noop(key, call) }
+	}
+	g := newGate()
+	var started atomic.Bool
+	d = newD(t, func(ctx context.Context, key string, call T) error {
+		if key == holdKey && started.CompareAndSwap(false, true) {
 			return g.wait(ctx)
 		}
 		return exec(ctx, key, call)
+	}, cfg)
+	var zero T
+	hold = submit(t, d, holdKey, zero, SubmitOptions{})
+	synctest.Wait()
+	require.True(t, started.Load(), "the held call did not start")
+	return d, hold, func() {
+		t.Helper()
+		g.open()
+		synctest.Wait()
+		require.Equal(t, Succeeded, outcome(t, hold).State, "the held call")
 	}
 }
+
+// nopExec is an exec that succeeds at once.
+func nopExec(context.Context, string, int) error { return nil }
 
 // execRun is one recorded execution.
 type execRun[K comparable, T any] struct {
@@ -368,3 +404,24 @@ func (w *doneTimes[K, T]) of(tk *Ticket[K, T]) (time.Duration, bool) {
 
 // errUser is an error a test's user code returns.
 var errUser = errors.New("user error")
+
+// errConflict stands for a 409 Conflict, which conflictClassifier judges
+// Recompute: rebuild the call from fresh state, not retry it as it is.
+var errConflict = errors.New("409 conflict")
+
+// conflictClassifier is DefaultClassifier, except that errConflict is
+// Recompute.
+func conflictClassifier(err error) Class {
+	if errors.Is(err, errConflict) {
+		return Recompute
+	}
+	return DefaultClassifier(err)
+}
+
+// noJitter retries up to attempts executions, 100ms apart and then doubling,
+// with no jitter and no retry budget: a retry schedule a test can predict.
+func noJitter(attempts int) RetryPolicy {
+	return RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

@@ -22,10 +22,7 @@ import (
 func TestWaiterDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1})
-		hold := submit(t, d, "hold", 0, prio(0))
-		synctest.Wait()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{})
 		now := time.Now()
 		withTimeout := func(dl time.Duration) context.Context {
 			ctx, cancel := context.WithTimeout(bg, dl)
@@ -60,8 +57,7 @@ func TestWaiterDeadlines(t *testing.T) {
 		assert.Equal(t, uint64(4), s.Outcomes[Expired], "expired while the call waits")
 		assert.Equal(t, 4, s.Live) // hold + three waiters of A
 		assert.True(t, d.Pending("A"), "the call goes on for its other waiters")
-		g.open()
-		synctest.Wait()
+		release()
 		for i, w := range ws {
 			r := outcome(t, tks[i])
 			assert.Equal(t, w.want, r.State, w.name)
@@ -70,7 +66,6 @@ func TestWaiterDeadlines(t *testing.T) {
 			assert.Equal(t, w.at, at, w.name)
 		}
 		assert.Equal(t, []int{0}, f.calls("A"), "one execution")
-		assert.Equal(t, Succeeded, outcome(t, hold).State)
 		closeD(t, d)
 	})
 }
@@ -80,10 +75,7 @@ func TestWaiterDeadlines(t *testing.T) {
 func TestExtremeDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1})
-		hold := submit(t, d, "hold", 0, prio(0))
-		synctest.Wait()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{})
 		now := time.Now()
 		soon := submit(t, d, "soon", 0, SubmitOptions{Deadline: now.Add(time.Nanosecond)})
 		far := []time.Time{
@@ -105,11 +97,9 @@ func TestExtremeDeadlines(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		assert.Equal(t, Expired, outcome(t, soon).State)
 		time.Sleep(24 * time.Hour)
-		g.open()
-		synctest.Wait()
+		release()
 		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
-		assert.Equal(t, Succeeded, outcome(t, hold).State)
-		assert.Equal(t, []string{"hold", "far0", "far1", "far2"}, f.keys())
+		assert.Equal(t, []string{"far0", "far1", "far2"}, f.keys())
 		closeD(t, d)
 	})
 }
@@ -122,18 +112,15 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 	t.Run("one of two expires", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var ctxEnded atomic.Bool
-			g := newGate()
-			d := newD(t, held(g, func(ctx context.Context, _ string, _ int) error {
+			d, _, release := holdWorker(t, func(ctx context.Context, _ string, _ int) error {
 				time.Sleep(5 * time.Second)
 				ctxEnded.Store(ctx.Err() != nil)
 				return nil
-			}), Config[string, int]{Workers: 1})
-			hold := submit(t, d, "hold", 0, prio(0))
-			synctest.Wait()
+			}, Config[string, int]{})
 			short := submit(t, d, "A", 0, SubmitOptions{Deadline: time.Now().Add(2 * time.Second)})
 			long := submit(t, d, "A", 0, SubmitOptions{})
 			times := watchDone(short, long)
-			g.open()
+			release()
 			waitAll(short, long)
 			synctest.Wait() // let the watchers record
 			assert.Equal(t, Expired, outcome(t, short).State)
@@ -143,7 +130,6 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 			at, _ = times.of(long)
 			assert.Equal(t, 5*time.Second, at)
 			assert.False(t, ctxEnded.Load(), "execution context ended although a waiter had no deadline")
-			assert.Equal(t, Succeeded, outcome(t, hold).State)
 			s := closeD(t, d)
 			assert.Zero(t, s.StaleExecutions)
 		})
@@ -152,8 +138,7 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			hooks := &hookLog[string, int]{}
 			var sawDone atomic.Bool
-			g := newGate()
-			d := newD(t, held(g, func(ctx context.Context, _ string, _ int) error {
+			d, _, release := holdWorker(t, func(ctx context.Context, _ string, _ int) error {
 				select {
 				case <-ctx.Done():
 					sawDone.Store(true)
@@ -161,20 +146,17 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 				case <-time.After(time.Minute):
 					return nil
 				}
-			}), Config[string, int]{Workers: 1, OnDone: hooks.add})
-			hold := submit(t, d, "hold", 0, prio(0))
-			synctest.Wait()
+			}, Config[string, int]{OnDone: hooks.add})
 			start := time.Now()
 			a := submit(t, d, "A", 0, SubmitOptions{Deadline: start.Add(2 * time.Second)})
 			b := submit(t, d, "A", 0, SubmitOptions{Deadline: start.Add(3 * time.Second)})
-			g.open()
+			release()
 			waitAll(a, b)
 			synctest.Wait()
 			assert.Equal(t, map[State]int{Expired: 2}, tally(t, a, b))
 			assert.True(t, sawDone.Load(), "execution context not ended when the last waiter expired")
 			assert.Equal(t, 3*time.Second, time.Since(start))
 			assert.Equal(t, []State{Stale}, hooks.states("A"), "a result after every waiter expired must be Stale")
-			assert.Equal(t, Succeeded, outcome(t, hold).State)
 			s := closeD(t, d)
 			assert.Equal(t, uint64(1), s.StaleExecutions)
 			assert.Equal(t, uint64(1), s.Outcomes[Succeeded]) // hold
@@ -197,30 +179,25 @@ func TestLastWaiterLeaves(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				hooks := &hookLog[string, int]{}
-				release := newGate()
+				lateReturn := newGate()
 				var cause atomic.Value
-				g := newGate()
-				d := newD(t, held(g, func(ctx context.Context, _ string, _ int) error {
+				d, _, releaseHold := holdWorker(t, func(ctx context.Context, _ string, _ int) error {
 					<-ctx.Done()
 					cause.Store(context.Cause(ctx))
 					if late {
-						_ = release.wait(context.Background())
+						_ = lateReturn.wait(context.Background())
 						return nil
 					}
 					return ctx.Err()
-				}), Config[string, int]{Workers: 1, OnDone: hooks.add})
-				hold := submit(t, d, "hold", 0, prio(0))
-				synctest.Wait()
+				}, Config[string, int]{OnDone: hooks.add})
 				ctx, cancel := context.WithCancel(bg)
 				t1, err := d.Submit(ctx, "A", 0, prio(0))
 				require.NoError(t, err)
 				t2 := submit(t, d, "A", 0, prio(0)) // joins t1's pending call
-				g.open()
-				synctest.Wait()
+				releaseHold()
 				s := checkConservation(t, d)
 				require.Equal(t, 1, s.InFlight)
 				require.Zero(t, s.Successors)
-				assert.Equal(t, Succeeded, outcome(t, hold).State)
 
 				t2.Cancel()
 				synctest.Wait()
@@ -236,26 +213,23 @@ func TestLastWaiterLeaves(t *testing.T) {
 				assert.ErrorIs(t, r.Err, context.Canceled)
 				if late {
 					assert.True(t, d.Pending("A"), "an orphaned execution that has not returned may still take effect")
-					release.open()
+					lateReturn.open()
 					synctest.Wait()
 				}
 				assert.False(t, d.Pending("A"))
 				assert.Equal(t, []State{Stale}, hooks.states("A"))
 				s = closeD(t, d)
 				assert.Equal(t, uint64(1), s.StaleExecutions)
-				assert.Equal(t, map[State]int{Stale: 1, Succeeded: 1}, callCounts(s))
-				assert.Equal(t, map[State]int{Canceled: 2, Succeeded: 1}, outcomeCounts(s))
+				assert.Equal(t, map[State]int{Stale: 1, Succeeded: 1}, counts(s.Calls))
+				assert.Equal(t, map[State]int{Canceled: 2, Succeeded: 1}, counts(s.Outcomes))
 			})
 		})
 	}
 	t.Run("pending", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
-			g := f.block("hold")
 			hooks := &hookLog[string, int]{}
-			d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add})
-			hold := submit(t, d, "hold", 0, prio(0))
-			synctest.Wait()
+			d, _, release := holdWorker(t, f.exec, Config[string, int]{OnDone: hooks.add})
 			ctx, cancel := context.WithCancel(bg)
 			a1, err := d.Submit(ctx, "A", 0, prio(0))
 			require.NoError(t, err)
@@ -270,11 +244,9 @@ func TestLastWaiterLeaves(t *testing.T) {
 			assert.Equal(t, 1, s.Keys)
 			assert.Zero(t, s.Ready)
 			assert.Equal(t, []State{Expired}, hooks.states("A"))
-			g.open()
-			synctest.Wait()
-			assert.Equal(t, []string{"hold"}, f.keys(), "a call without waiters ran")
+			release()
+			assert.Empty(t, f.keys(), "a call without waiters ran")
 			assert.Equal(t, map[State]int{Canceled: 2, Expired: 1}, tally(t, a1, a2, a3))
-			assert.Equal(t, Succeeded, outcome(t, hold).State)
 			closeD(t, d)
 		})
 	})
@@ -339,25 +311,20 @@ func TestCancelKey(t *testing.T) {
 		assert.ElementsMatch(t, []State{Canceled, Stale, Succeeded}, hooks.states("A"))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(1), s.StaleExecutions)
-		assert.Equal(t, map[State]int{Canceled: 4, Succeeded: 2}, outcomeCounts(s))
+		assert.Equal(t, map[State]int{Canceled: 4, Succeeded: 2}, counts(s.Outcomes))
 	})
 	t.Run("nil cause", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newFixture[string, int]()
-			g := f.block("hold")
-			d := newD(t, f.exec, Config[string, int]{Workers: 1})
-			hold := submit(t, d, "hold", 0, prio(0))
-			synctest.Wait()
+			d, _, release := holdWorker(t, f.exec, Config[string, int]{})
 			a := submit(t, d, "A", 0, prio(0))
 			assert.True(t, d.Cancel("A", nil))
 			r := outcome(t, a)
 			assert.Equal(t, Canceled, r.State)
 			assert.ErrorIs(t, r.Err, ErrCanceled)
 			assert.False(t, d.Pending("A"))
-			g.open()
-			synctest.Wait()
-			assert.Equal(t, []string{"hold"}, f.keys())
-			assert.Equal(t, Succeeded, outcome(t, hold).State)
+			release()
+			assert.Empty(t, f.keys(), "a cancelled call ran")
 			closeD(t, d)
 		})
 	})
@@ -446,7 +413,7 @@ func TestGenerationSupersedes(t *testing.T) {
 		s := closeD(t, d)
 		assert.Equal(t, uint64(1), s.StaleExecutions)
 		assert.Equal(t, uint64(2), s.Rejected)
-		assert.Equal(t, map[State]int{Stale: 3, Succeeded: 2}, outcomeCounts(s))
+		assert.Equal(t, map[State]int{Stale: 3, Succeeded: 2}, counts(s.Outcomes))
 	})
 }
 
@@ -455,14 +422,13 @@ func TestGenerationSupersedes(t *testing.T) {
 func TestGenerationNeverMerges(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, string]()
-		g := f.block("hold")
 		var merges []string
-		d := newD(t, f.exec, Config[string, string]{Workers: 1, Merge: func(p, in string) (string, error) {
-			merges = append(merges, p+"+"+in)
-			return p + "+" + in, nil
-		}})
-		hold := submit(t, d, "hold", "", prio(0))
-		synctest.Wait()
+		d, _, release := holdWorker(t, f.exec, Config[string, string]{
+			Merge: func(p, in string) (string, error) {
+				merges = append(merges, p+"+"+in)
+				return p + "+" + in, nil
+			},
+		})
 		g1 := submit(t, d, "A", "a1", SubmitOptions{Generation: 1})
 		g1b := submit(t, d, "A", "b1", SubmitOptions{Generation: 1})
 		g2 := submit(t, d, "A", "a2", SubmitOptions{Generation: 2})
@@ -470,10 +436,9 @@ func TestGenerationNeverMerges(t *testing.T) {
 		assert.ErrorIs(t, err, ErrStale)
 		g2b := submit(t, d, "A", "b2", SubmitOptions{Generation: 2})
 		assert.Equal(t, []string{"a1+b1", "a2+b2"}, merges, "merged across generations")
-		g.open()
-		synctest.Wait()
+		release()
 		assert.Equal(t, []string{"a2+b2"}, f.calls("A"))
-		assert.Equal(t, map[State]int{Stale: 2, Succeeded: 3}, tally(t, g1, g1b, g2, g2b, hold))
+		assert.Equal(t, map[State]int{Stale: 2, Succeeded: 2}, tally(t, g1, g1b, g2, g2b))
 		closeD(t, d)
 	})
 }
@@ -505,11 +470,9 @@ func TestGenerationForgotten(t *testing.T) {
 func TestCloseDrainsByPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1})
-		tks := []*Ticket[string, int]{submit(t, d, "hold", 1, prio(0))}
-		synctest.Wait()
-		tks = append(tks, submit(t, d, "hold", 2, prio(0))) // successor
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{})
+		var tks []*Ticket[string, int]
+		tks = append(tks, submit(t, d, holdKey, 2, prio(0))) // successor
 		tks = append(tks, submit(t, d, "A", 0, prio(1)))
 		tks = append(tks, submit(t, d, "B", 0, prio(5)))
 		tks = append(tks, submit(t, d, "C", 0, prio(3)))
@@ -530,10 +493,9 @@ func TestCloseDrainsByPriority(t *testing.T) {
 			assert.Nil(t, tk)
 			assert.ErrorIs(t, d.Post(key, 0, prio(9)), ErrClosed, key)
 		}
-		g.open()
-		synctest.Wait()
+		release()
 		require.NoError(t, <-closed)
-		assert.Equal(t, []string{"hold", "B", "E", "C", "D", "A", "hold"}, f.keys())
+		assert.Equal(t, []string{"B", "E", "C", "D", "A", holdKey}, f.keys())
 		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(4), s.Rejected)
@@ -597,7 +559,7 @@ func TestCloseEndsRest(t *testing.T) {
 		assert.Zero(t, s.Keys)
 		assert.Zero(t, s.InFlight)
 		assert.Equal(t, uint64(1), s.StaleExecutions)
-		assert.Equal(t, map[State]int{Succeeded: 1, Closed: 4}, outcomeCounts(s))
+		assert.Equal(t, map[State]int{Succeeded: 1, Closed: 4}, counts(s.Outcomes))
 
 		// Idempotent: nothing left, nothing changes.
 		require.NoError(t, d.Close(bg))
@@ -750,7 +712,10 @@ func TestCloseUnderLoad(t *testing.T) {
 			case <-time.After(time.Duration(call%5) * time.Millisecond):
 				return nil
 			}
-		}, Config[int, int]{Workers: 4, OnDone: func(Result[int, int]) { hooks.Add(1) }})
+		}, Config[int, int]{
+			Workers: 4,
+			OnDone:  func(Result[int, int]) { hooks.Add(1) },
+		})
 
 		var (
 			mu         sync.Mutex
@@ -817,19 +782,15 @@ func TestCloseUnderLoad(t *testing.T) {
 			assert.NotZero(t, s.Outcomes[Closed])
 		}
 		assert.LessOrEqual(t, time.Since(closedAt), time.Duration(perSub)*time.Millisecond)
-		counts := tally(t, all...)
+		told := tally(t, all...)
 		assert.Zero(t, s.Live)
 		assert.Zero(t, s.Keys)
 		assert.Zero(t, s.InFlight)
-		var calls uint64
-		for _, n := range s.Calls {
-			calls += n
-		}
-		assert.Equal(t, hooks.Load(), calls)
-		for st, n := range counts {
+		assert.Equal(t, hooks.Load(), s.Calls.Total())
+		for st, n := range told {
 			assert.LessOrEqual(t, uint64(n), s.Outcomes[st], "tickets with state %v", st)
 		}
-		t.Logf("Close: %v; outcomes %v; calls %v; rejected %d", err, outcomeCounts(s), callCounts(s), s.Rejected)
+		t.Logf("Close: %v; outcomes %v; calls %v; rejected %d", err, counts(s.Outcomes), counts(s.Calls), s.Rejected)
 		closeD(t, d)
 	})
 }

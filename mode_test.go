@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +30,12 @@ func bothModes(t *testing.T, f func(t *testing.T, mode Mode)) {
 	}
 }
 
+// TestModesShareBehaviour runs one call through each path of the call
+// lifecycle — success, retry, permanent failure, attempts exhausted,
+// recompute, panic, no-op — in Async and in Sync mode, and checks that both
+// modes give the same state, attempts, give-up reason and backoff, and fire
+// the completion hook once; in Sync, Submit returns only once the call has
+// ended.
 func TestModesShareBehaviour(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -49,8 +57,7 @@ func TestModesShareBehaviour(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			bothModes(t, func(t *testing.T, mode Mode) {
-				var calls atomic.Int32
-				var hooks atomic.Int32
+				var calls, hooks atomic.Int32
 				var at []time.Duration
 				t0 := time.Now()
 				exec := func(ctx context.Context, k string, v int) error {
@@ -64,10 +71,21 @@ func TestModesShareBehaviour(t *testing.T) {
 					}
 					return nil
 				}
-				d, err := New(exec, Config[string, int]{Mode: mode, Workers: 1, Classify: conflictClassifier, Retry: RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}, BeforeRetry: func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil }, NoOp: func(string, int) bool { return tc.noop }, OnDone: func(Result[string, int]) { hooks.Add(1) }})
-				require.NoError(t, err)
-				tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-				require.NoError(t, err)
+				d := newD(t, exec, Config[string, int]{
+					Mode:     mode,
+					Workers:  1,
+					Classify: conflictClassifier,
+					Retry: RetryPolicy{
+						MaxAttempts:    3,
+						InitialBackoff: time.Second,
+						Jitter:         NoJitter,
+						BudgetRatio:    math.Inf(1),
+					},
+					BeforeRetry: func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil },
+					NoOp:        func(string, int) bool { return tc.noop },
+					OnDone:      func(Result[string, int]) { hooks.Add(1) },
+				})
+				tk := submit(t, d, "k", 1, SubmitOptions{})
 				if mode == Sync {
 					select {
 					case <-tk.Done():
@@ -91,59 +109,66 @@ func TestModesShareBehaviour(t *testing.T) {
 				if len(at) == 2 && tc.errs[0] == syscall.ECONNRESET {
 					assert.Equal(t, time.Second, at[1]-at[0], "backoff is the same in both modes")
 				}
-				require.NoError(t, d.Close(t.Context()))
+				st := closeD(t, d)
 				assert.Equal(t, int32(1), hooks.Load(), "the hook fires once per call")
-				st := d.Stats()
 				assert.Equal(t, mode, st.Mode)
-				checkConservation(t, d)
 			})
 		})
 	}
 }
 
+// TestModesShareAdmission: both modes refuse a submission the same way —
+// a deadline already passed (ErrExpired), a done context (ErrCanceled),
+// anything after Close (ErrClosed) — and count it.
 func TestModesShareAdmission(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode Mode) {
-		d, err := New(func(context.Context, string, int) error { return nil }, Config[string, int]{Mode: mode, Workers: 1, Capacity: 1})
-		require.NoError(t, err)
-		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{Generation: 5})
-		require.NoError(t, err)
-		// Generations are remembered only while the key is tracked; hold it
-		// with a blocked Post in Async, nothing to hold in Sync.
-		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{Deadline: time.Now().Add(-time.Second)})
+		d := newD(t, nopExec, Config[string, int]{Mode: mode, Capacity: 1})
+		submit(t, d, "k", 1, SubmitOptions{Generation: 5})
+		_, err := d.Submit(bg, "k", 1, SubmitOptions{Deadline: time.Now().Add(-time.Second)})
 		assert.ErrorIs(t, err, ErrExpired)
-		ctx, cancel := context.WithCancel(t.Context())
+		ctx, cancel := context.WithCancel(bg)
 		cancel()
 		_, err = d.Submit(ctx, "k", 1, SubmitOptions{})
 		assert.ErrorIs(t, err, ErrCanceled)
-		require.NoError(t, d.Close(t.Context()))
-		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{})
+		closeD(t, d)
+		_, err = d.Submit(bg, "k", 1, SubmitOptions{})
 		assert.ErrorIs(t, err, ErrClosed)
 		assert.ErrorIs(t, d.Post("k", 1, SubmitOptions{}), ErrClosed)
-		checkConservation(t, d)
+		s := checkConservation(t, d)
+		assert.Equal(t, uint64(4), s.Rejected)
 	})
 }
 
+// TestSyncRunsInCaller: in Sync mode each call runs inline, on the
+// goroutine that submits it, so Post returns only after the call ran; a
+// refusal is still returned at once.
 func TestSyncRunsInCaller(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		type gid struct{}
-		d, err := New(func(ctx context.Context, _ string, _ int) error {
-			if ctx.Value(gid{}) != nil {
-				return errors.New("unexpected")
-			}
+		var ranOn []uint64 // the goroutine of each execution
+		d := newD(t, func(context.Context, string, int) error {
+			ranOn = append(ranOn, goroutineID())
 			return nil
 		}, Config[string, int]{Mode: Sync})
-		require.NoError(t, err)
-		var calls int
-		d2, err := New(func(context.Context, string, int) error { calls++; return nil }, Config[string, int]{Mode: Sync})
-		require.NoError(t, err)
 		for i := range 5 {
-			require.NoError(t, d2.Post(fmt.Sprint(i), i, SubmitOptions{}))
-			assert.Equal(t, i+1, calls, "Post in Sync returns after the call ran")
+			require.NoError(t, d.Post(fmt.Sprint(i), i, SubmitOptions{}))
+			require.Len(t, ranOn, i+1, "Post in Sync returns after the call ran")
+			assert.Equal(t, goroutineID(), ranOn[i], "the call ran on another goroutine than its caller's")
 		}
-		assert.ErrorIs(t, d2.Post("x", 0, SubmitOptions{Deadline: time.Now().Add(-1)}), ErrExpired)
-		require.NoError(t, d.Close(t.Context()))
-		require.NoError(t, d2.Close(t.Context()))
+		assert.ErrorIs(t, d.Post("x", 0, SubmitOptions{Deadline: time.Now().Add(-1)}), ErrExpired)
+		closeD(t, d)
 	})
+}
+
+// goroutineID returns the calling goroutine's id, from its stack header
+// ("goroutine 42 [running]:").
+func goroutineID() uint64 {
+	var buf [64]byte
+	f := strings.Fields(string(buf[:runtime.Stack(buf[:], false)]))
+	id, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		panic("goroutineID: " + err.Error())
+	}
+	return id
 }
 
 // TestPostReturnsRefusalsOnly: Post returns why a submission was refused,
@@ -156,13 +181,14 @@ func TestPostReturnsRefusalsOnly(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode Mode) {
 		errAPI := errors.New("403 forbidden")
 		hooks := &hookLog[string, int]{}
-		d, err := New(func(context.Context, string, int) error { return errAPI }, Config[string, int]{
-			Mode: mode, Workers: 1, OnDone: hooks.add,
+		d := newD(t, func(context.Context, string, int) error { return errAPI }, Config[string, int]{
+			Mode:    mode,
+			Workers: 1,
+			OnDone:  hooks.add,
 		})
-		require.NoError(t, err)
 		require.NoError(t, d.Post("k", 1, SubmitOptions{}), "an execution's failure is not a refusal")
 		assert.ErrorIs(t, d.Post("x", 0, SubmitOptions{Deadline: time.Now().Add(-time.Second)}), ErrExpired, "a refusal is")
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 		assert.ErrorIs(t, d.Post("k", 1, SubmitOptions{}), ErrClosed)
 		s := checkConservation(t, d)
 		assert.Equal(t, uint64(1), s.Outcomes[Failed])
@@ -171,6 +197,12 @@ func TestPostReturnsRefusalsOnly(t *testing.T) {
 	})
 }
 
+// TestSetModeDrainAndCancel switches to Sync with each SwitchPolicy while
+// one call is in flight, one waits out a backoff and one is queued: new
+// submissions run inline at once; DrainQueued keeps running the queued and
+// backing-off calls (retry included) and SetMode waits for them, while
+// CancelQueued ends them Canceled with ErrFallback at once; the in-flight
+// call runs to its end either way; switching back to Async queues again.
 func TestSetModeDrainAndCancel(t *testing.T) {
 	for _, policy := range []SwitchPolicy{DrainQueued, CancelQueued} {
 		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
@@ -178,7 +210,7 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 				release := make(chan struct{})
 				var mu sync.Mutex
 				ran := map[string]int{}
-				d, err := New(func(ctx context.Context, k string, _ int) error {
+				d := newD(t, func(ctx context.Context, k string, _ int) error {
 					mu.Lock()
 					ran[k]++
 					n := ran[k]
@@ -190,19 +222,17 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 						return syscall.ECONNRESET
 					}
 					return nil
-				}, Config[string, int]{Workers: 2, SwitchPolicy: policy, Retry: RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}})
-				require.NoError(t, err)
-				inflight, err := d.Submit(t.Context(), "inflight", 0, SubmitOptions{})
-				require.NoError(t, err)
-				backoff, err := d.Submit(t.Context(), "backoff", 0, SubmitOptions{})
-				require.NoError(t, err)
+				}, Config[string, int]{
+					Workers:      2,
+					SwitchPolicy: policy,
+					Retry:        RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter},
+				})
+				inflight := submit(t, d, "inflight", 0, SubmitOptions{})
+				backoff := submit(t, d, "backoff", 0, SubmitOptions{})
 				synctest.Wait()
 				// Second worker: hold it too, so "queued" stays queued.
-				hold, err := d.Submit(t.Context(), "inflight2", 0, SubmitOptions{})
-				require.NoError(t, err)
-				_ = hold
-				queued, err := d.Submit(t.Context(), "queued", 0, SubmitOptions{Priority: -1})
-				require.NoError(t, err)
+				submit(t, d, "inflight2", 0, SubmitOptions{})
+				queued := submit(t, d, "queued", 0, SubmitOptions{Priority: -1})
 				synctest.Wait()
 				st := d.Stats()
 				require.Equal(t, 1, st.Delayed, "backoff waits")
@@ -251,41 +281,29 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 				}
 				// Back to Async: submissions queue again.
 				require.NoError(t, d.SetMode(t.Context(), Async))
-				tk, err := d.Submit(t.Context(), "after", 0, SubmitOptions{})
+				_, err := submit(t, d, "after", 0, SubmitOptions{}).Wait(t.Context())
 				require.NoError(t, err)
-				_, err = tk.Wait(t.Context())
-				require.NoError(t, err)
-				require.NoError(t, d.Close(t.Context()))
-				checkConservation(t, d)
+				closeD(t, d)
 			})
 		})
 	}
 }
 
+// TestSetModeDrainTimesOut: when SetMode's context ends before the queue
+// has drained, SetMode returns the context's error and cancels what is
+// still queued with ErrFallback; the call in flight runs to its end.
 func TestSetModeDrainTimesOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		d, err := New(func(ctx context.Context, k string, _ int) error {
-			if k == "hold" {
-				<-release
-			}
-			return nil
-		}, Config[string, int]{Workers: 1})
-		require.NoError(t, err)
-		_, err = d.Submit(t.Context(), "hold", 0, SubmitOptions{})
-		require.NoError(t, err)
-		synctest.Wait()
-		queued, err := d.Submit(t.Context(), "queued", 0, SubmitOptions{})
-		require.NoError(t, err)
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+		queued := submit(t, d, "queued", 0, SubmitOptions{})
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		assert.ErrorIs(t, d.SetMode(ctx, Sync), context.DeadlineExceeded)
 		res, err := queued.Wait(t.Context())
 		assert.Equal(t, Canceled, res.State)
 		assert.ErrorIs(t, err, ErrFallback)
-		close(release)
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		release()
+		closeD(t, d)
 	})
 }
 
@@ -294,13 +312,16 @@ func TestSetModeDrainTimesOut(t *testing.T) {
 func TestModeSwitchRace(t *testing.T) {
 	var mu sync.Mutex
 	ran := map[string]int{}
-	d, err := New(func(ctx context.Context, k string, _ int) error {
+	d := newD(t, func(ctx context.Context, k string, _ int) error {
 		mu.Lock()
 		ran[k]++
 		mu.Unlock()
 		return nil
-	}, Config[string, int]{Workers: 4, Capacity: 100000, MaxWaiters: 100000})
-	require.NoError(t, err)
+	}, Config[string, int]{
+		Workers:    4,
+		Capacity:   100000,
+		MaxWaiters: 100000,
+	})
 	stop := make(chan struct{})
 	var flips sync.WaitGroup
 	flips.Go(func() {
@@ -321,8 +342,8 @@ func TestModeSwitchRace(t *testing.T) {
 				k := fmt.Sprint(g, "/", i)
 				if i%3 == 0 {
 					if err := d.Post(k, i, SubmitOptions{}); err != nil {
-						// In Sync a Post reports the call's own error; with
-						// DrainQueued nothing is cancelled.
+						// Post returns refusals only, and with DrainQueued
+						// a switch cancels nothing.
 						t.Errorf("Post: %v", err)
 					}
 					continue
@@ -345,7 +366,7 @@ func TestModeSwitchRace(t *testing.T) {
 	}
 	waitAll(all...)
 	assert.Equal(t, map[State]int{Succeeded: len(all)}, tally(t, all...))
-	require.NoError(t, d.Close(context.Background()))
+	closeD(t, d)
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Len(t, ran, 8*300)
@@ -354,9 +375,12 @@ func TestModeSwitchRace(t *testing.T) {
 			t.Errorf("%s ran %d times", k, n)
 		}
 	}
-	checkConservation(t, d)
 }
 
+// TestFallbackTriggers drives each FallbackPolicy threshold to exactly its
+// value and just past it: at the threshold the dispatcher stays Async; past
+// it, it switches to Sync, records the measured values in
+// Stats.FallbackReason and tells the observer the threshold's SwitchReason.
 func TestFallbackTriggers(t *testing.T) {
 	type env struct {
 		d       *Dispatcher[string, int]
@@ -468,7 +492,7 @@ func TestFallbackTriggers(t *testing.T) {
 					}}
 					p := tc.policy
 					p.Window = cmp.Or(tc.window, time.Minute)
-					d, err := New(func(ctx context.Context, k string, v int) error {
+					d := newD(t, func(ctx context.Context, k string, v int) error {
 						switch v {
 						case 0:
 							<-release
@@ -481,10 +505,13 @@ func TestFallbackTriggers(t *testing.T) {
 						}
 						return nil
 					}, Config[string, int]{
-						Workers: 1, Capacity: 1000, Fallback: &p, Observer: obs,
-						Retry: RetryPolicy{MaxAttempts: 1}, Breaker: tc.brk,
+						Workers:  1,
+						Capacity: 1000,
+						Retry:    RetryPolicy{MaxAttempts: 1},
+						Breaker:  tc.brk,
+						Fallback: &p,
+						Observer: obs,
 					})
-					require.NoError(t, err)
 					tc.load(t, env{d, release}, below)
 					time.Sleep(cmp.Or(tc.settle, p.Window/5)) // two checks
 					st := d.Stats()
@@ -503,19 +530,26 @@ func TestFallbackTriggers(t *testing.T) {
 					default:
 						close(release)
 					}
-					require.NoError(t, d.Close(context.Background()))
+					closeD(t, d)
 				})
 			})
 		}
 	}
 }
 
+// TestFallbackReturnsAfterCooldown: with FallbackPolicy.ReturnAfter, an
+// automatic fallback to Sync returns to Async by itself after that long.
 func TestFallbackReturnsAfterCooldown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		d, err := New(func(ctx context.Context, k string, _ int) error { <-release; return nil },
-			Config[string, int]{Workers: 1, Fallback: &FallbackPolicy{MaxBacklog: 1, Window: 10 * time.Second, ReturnAfter: time.Minute}})
-		require.NoError(t, err)
+		d := newD(t, func(ctx context.Context, k string, _ int) error { <-release; return nil }, Config[string, int]{
+			Workers: 1,
+			Fallback: &FallbackPolicy{
+				MaxBacklog:  1,
+				Window:      10 * time.Second,
+				ReturnAfter: time.Minute,
+			},
+		})
 		for i := range 3 {
 			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
 		}
@@ -524,10 +558,11 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 		close(release)
 		time.Sleep(time.Minute)
 		assert.Equal(t, Async, d.Mode(), "back to Async after the cool-down")
-		require.NoError(t, d.Close(context.Background()))
+		closeD(t, d)
 	})
 }
 
+// modeLog is an observer that passes mode changes to f.
 type modeLog struct {
 	NopObserver
 	f func(from, to Mode, reason SwitchReason)
@@ -539,10 +574,8 @@ func (m *modeLog) OnModeChange(from, to Mode, reason SwitchReason) { m.f(from, t
 // after Close. (Config's Mode, SwitchPolicy and Fallback are checked by
 // TestNewValidation.)
 func TestSetModeValidation(t *testing.T) {
-	exec := func(context.Context, string, int) error { return nil }
-	d, err := New(exec, Config[string, int]{})
-	require.NoError(t, err)
-	assert.Error(t, d.SetMode(context.Background(), 5))
-	require.NoError(t, d.Close(context.Background()))
-	assert.ErrorIs(t, d.SetMode(context.Background(), Sync), ErrClosed)
+	d := newD(t, nopExec, Config[string, int]{})
+	assert.Error(t, d.SetMode(bg, 5))
+	closeD(t, d)
+	assert.ErrorIs(t, d.SetMode(bg, Sync), ErrClosed)
 }

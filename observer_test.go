@@ -50,16 +50,17 @@ func (o *countingObserver) OnBreakerChange(from, to BreakerState) {
 	o.add("breaker:"+to.String(), Event{})
 }
 
+// TestObserverSeesEveryEventOnce drives every kind of event — submissions,
+// a coalesced one, a refusal, a capacity drop, a retry, a failure, a breaker
+// trip, a mode switch — and checks that the observer saw each exactly as
+// often as Stats counted it, with the call's label, and that Stats.Labels
+// counts the live calls by label.
 func TestObserverSeesEveryEventOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := newCountingObserver()
-		release := make(chan struct{})
 		var mu sync.Mutex
 		fails := map[string]int{}
-		d, err := New(func(ctx context.Context, k string, v int) error {
-			if k == "hold" {
-				<-release
-			}
+		d, _, release := holdWorker(t, func(ctx context.Context, k string, v int) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if k == "flaky" && fails[k] == 0 {
@@ -70,16 +71,18 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 				return errors.New("400")
 			}
 			return nil
-		}, Config[string, int]{Workers: 1, Capacity: 4, Observer: obs, Label: func(k string, _ int) string {
-			if k == "hold" {
-				return "bind"
-			}
-			return "patch"
-		}, Retry: RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter}, Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second}})
-		require.NoError(t, err)
-		hold, err := d.Submit(t.Context(), "hold", 0, SubmitOptions{Priority: 9})
-		require.NoError(t, err)
-		synctest.Wait()
+		}, Config[string, int]{
+			Capacity: 4,
+			Label: func(k string, _ int) string {
+				if k == holdKey {
+					return "bind"
+				}
+				return "patch"
+			},
+			Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter},
+			Breaker:  &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
+			Observer: obs,
+		})
 		require.NoError(t, d.Post("a", 0, SubmitOptions{Droppable: true}))
 		require.NoError(t, d.Post("a", 1, SubmitOptions{Droppable: true})) // coalesced
 		require.NoError(t, d.Post("flaky", 0, SubmitOptions{Priority: 1}))
@@ -88,14 +91,11 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 		require.NoError(t, d.Post("evicts", 0, SubmitOptions{Priority: 5}))    // drops "a"
 		st := d.Stats()
 		assert.Equal(t, map[string]int{"bind": 1, "patch": 3}, st.Labels)
-		close(release)
-		_, err = hold.Wait(t.Context())
-		require.NoError(t, err)
+		release()
 		time.Sleep(10 * time.Second)
 		require.NoError(t, d.SetMode(t.Context(), Sync))
-		require.NoError(t, d.Close(t.Context()))
+		st = closeD(t, d)
 
-		st = d.Stats()
 		obs.mu.Lock()
 		defer obs.mu.Unlock()
 		c := obs.counts
@@ -104,13 +104,13 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 		assert.Equal(t, int(st.Rejected), c["reject"])
 		assert.Equal(t, int(st.Executions), c["start"])
 		assert.Equal(t, int(st.Retries), c["retry"])
-		assert.Equal(t, int(st.Shed["capacity"]), c["drop:capacity"])
+		assert.Equal(t, int(st.Shed[BoundCapacity]), c["drop:capacity"])
 		finished := 0
 		for s := Succeeded; s <= Closed; s++ {
 			assert.Equal(t, int(st.Calls[s]), c["finish:"+s.String()], s.String())
 			finished += int(st.Calls[s])
 		}
-		assert.Equal(t, 5, finished) // hold, a (dropped), flaky, bad, evicts
+		assert.Equal(t, 5, finished) // the held call, a (dropped), flaky, bad, evicts
 		assert.Equal(t, 1, c["drop:capacity"])
 		assert.Equal(t, 1, c["finish:Dropped"])
 		assert.Equal(t, 1, c["mode:sync"])
@@ -120,6 +120,8 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 	})
 }
 
+// blockingObserver blocks the first OnFinish until gate is closed; in is
+// closed when that call arrives.
 type blockingObserver struct {
 	NopObserver
 	gate chan struct{}
@@ -136,22 +138,22 @@ func (b *blockingObserver) OnFinish(Event, Outcome) {
 	}
 }
 
+// TestBlockingObserverDoesNotStallTheLock: the observer is called outside
+// the dispatcher's lock, after its bookkeeping is final, so an observer
+// that blocks holds up only the goroutine that called it — Stats,
+// submissions and the other workers go on.
 func TestBlockingObserverDoesNotStallTheLock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
-		d, err := New(func(context.Context, string, int) error { return nil }, Config[string, int]{Workers: 2, Observer: obs})
-		require.NoError(t, err)
-		first, err := d.Submit(t.Context(), "a", 0, SubmitOptions{})
-		require.NoError(t, err)
+		d := newD(t, nopExec, Config[string, int]{Workers: 2, Observer: obs})
+		first := submit(t, d, "a", 0, SubmitOptions{})
 		<-obs.in // a worker is stuck in OnFinish
 		<-first.Done()
 		// The lock is free: stats, submissions and the other worker go on.
 		_ = d.Stats()
 		var tks []*Ticket[string, int]
 		for i := range 5 {
-			tk, err := d.Submit(t.Context(), fmt.Sprint("b", i), 0, SubmitOptions{})
-			require.NoError(t, err)
-			tks = append(tks, tk)
+			tks = append(tks, submit(t, d, fmt.Sprint("b", i), 0, SubmitOptions{}))
 		}
 		waitAll(tks...) // on the other worker, while the first is still stuck
 		select {
@@ -163,6 +165,6 @@ func TestBlockingObserverDoesNotStallTheLock(t *testing.T) {
 		assert.Equal(t, 0, st.InFlight, "the stuck worker's bookkeeping was final before it told the observer")
 		assert.Equal(t, 0, st.Keys)
 		close(obs.gate)
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 	})
 }

@@ -6,7 +6,6 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -35,6 +34,9 @@ var extremes = []int64{
 	0, 1, 2, 1e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64,
 }
 
+// TestVirtualTime (internal) checks the ready index's sort key, enqueue
+// time − priority × aging, on a table of ordinary and extreme inputs, each
+// checked against math/big first.
 func TestVirtualTime(t *testing.T) {
 	tests := []struct {
 		name             string
@@ -67,7 +69,7 @@ func TestVirtualTime(t *testing.T) {
 	}
 }
 
-// TestVirtualTimeMatchesBig compares virtualTime with the exact value for
+// TestVirtualTimeMatchesBig (internal) compares virtualTime with the exact value for
 // every combination of extreme values and for many random ones, full range
 // and small.
 func TestVirtualTimeMatchesBig(t *testing.T) {
@@ -111,11 +113,11 @@ func pickInt64(r *rand.Rand) int64 {
 	}
 }
 
-// TestVirtualTimeMonotone checks the order properties the ready index relies
-// on, across the whole range: a higher priority always sorts strictly
-// earlier at the same enqueue time (no two priorities tie, however large
-// they or the aging interval are), and a later enqueue time never sorts
-// earlier.
+// TestVirtualTimeMonotone (internal) checks the order properties the ready
+// index relies on, across the whole range: a higher priority always sorts
+// strictly earlier at the same enqueue time (no two priorities tie, however
+// large they or the aging interval are), and a later enqueue time never
+// sorts earlier.
 func TestVirtualTimeMonotone(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 100_000 {
@@ -179,7 +181,7 @@ func refLess(aging int64) func(a, b qEntry) int {
 	}
 }
 
-// TestQueueReadyOrder pushes random calls (extreme priorities included),
+// TestQueueReadyOrder (internal) pushes random calls (extreme priorities included),
 // re-keys some of them, and checks that popReady returns them in the
 // contract's order.
 func TestQueueReadyOrder(t *testing.T) {
@@ -237,9 +239,10 @@ func TestQueueReadyOrder(t *testing.T) {
 
 // --- priority and aging, end to end ---
 
-// TestPriorityOrderFIFOTies holds the only worker, queues calls of mixed
-// priorities at one instant, and checks they run highest first, FIFO among
-// equal priorities, with extreme priorities in their place.
+// TestPriorityOrderFIFOTies queues calls of mixed priorities at one instant
+// behind the held worker, and checks they run highest first, FIFO among
+// equal priorities, with extreme priorities in their place — whether the
+// order comes from strict priority or from virtual time with any aging.
 func TestPriorityOrderFIFOTies(t *testing.T) {
 	subs := []struct {
 		key  string
@@ -248,12 +251,12 @@ func TestPriorityOrderFIFOTies(t *testing.T) {
 		{"a1", 1}, {"b3", 3}, {"c1", 1}, {"min1", math.MinInt}, {"d2", 2}, {"max1", math.MaxInt},
 		{"e3", 3}, {"f-1", -1}, {"g2", 2}, {"h0", 0}, {"max2", math.MaxInt}, {"i0", 0}, {"min2", math.MinInt},
 	}
-	want := []string{"hold", "max1", "max2", "b3", "e3", "d2", "g2", "a1", "c1", "h0", "i0", "f-1", "min1", "min2"}
+	byPriority := []string{"max1", "max2", "b3", "e3", "d2", "g2", "a1", "c1", "h0", "i0", "f-1", "min1", "min2"}
 	for _, aging := range []time.Duration{0, time.Nanosecond, time.Second, time.Duration(math.MaxInt64)} {
 		t.Run("aging="+aging.String(), func(t *testing.T) {
 			// Even at the largest aging, where priority × aging is far past
 			// the int64 range, every priority keeps its place.
-			runPriorityOrder(t, aging, subs, want)
+			runPriorityOrder(t, aging, subs, byPriority)
 		})
 	}
 }
@@ -270,7 +273,7 @@ func TestLargePrioritiesDoNotTie(t *testing.T) {
 	}{
 		{"user-1e9", 1e9}, {"cluster-critical", 2000000000}, {"node-critical", 2000001000}, {"user-2e9", 2e9}, {"zero", 0},
 	}
-	want := []string{"hold", "node-critical", "cluster-critical", "user-2e9", "user-1e9", "zero"}
+	want := []string{"node-critical", "cluster-critical", "user-2e9", "user-1e9", "zero"}
 	for _, aging := range []time.Duration{time.Second, 5 * time.Second, 10 * time.Second, time.Hour} {
 		t.Run("aging="+aging.String(), func(t *testing.T) {
 			runPriorityOrder(t, aging, subs, want)
@@ -278,24 +281,26 @@ func TestLargePrioritiesDoNotTie(t *testing.T) {
 	}
 }
 
+// runPriorityOrder holds the only worker, queues subs at one instant, and
+// checks they run in the order want.
 func runPriorityOrder(t *testing.T, aging time.Duration, subs []struct {
 	key  string
 	prio int
 }, want []string) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		g := f.block("hold")
-		d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: aging, StrictPriority: aging == 0})
-		tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
-		synctest.Wait()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{
+			Aging:          aging,
+			StrictPriority: aging == 0,
+		})
+		var tks []*Ticket[string, int]
 		for _, s := range subs {
 			tks = append(tks, submit(t, d, s.key, 0, prio(s.prio)))
 		}
 		st := checkConservation(t, d)
 		assert.Equal(t, len(subs), st.Ready)
 		assert.Equal(t, 1, st.InFlight)
-		g.open()
-		synctest.Wait()
+		release()
 		assert.Equal(t, want, f.keys())
 		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
 		closeD(t, d)
@@ -317,12 +322,9 @@ func TestAgingOvertake(t *testing.T) {
 		t.Run("aging="+tc.aging.String()+"/delta="+itoa(tc.delta), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFixture[string, int]()
-				g := f.block("hold")
-				d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: tc.aging, StrictPriority: tc.aging == 0})
-				tks := []*Ticket[string, int]{submit(t, d, "hold", 0, prio(0))}
-				synctest.Wait()
+				d, _, release := holdWorker(t, f.exec, Config[string, int]{Aging: tc.aging})
 				start := time.Now()
-				tks = append(tks, submit(t, d, "low", 0, prio(0)))
+				tks := []*Ticket[string, int]{submit(t, d, "low", 0, prio(0))}
 				var before, after []string
 				for k := 1; k <= 2*tc.delta+4; k++ { // arrivals every Aging/2 up to (Δ+2)×Aging
 					time.Sleep(start.Add(time.Duration(k) * tc.aging / 2).Sub(time.Now()))
@@ -336,10 +338,8 @@ func TestAgingOvertake(t *testing.T) {
 				}
 				require.NotEmpty(t, before)
 				require.NotEmpty(t, after)
-				g.open()
-				synctest.Wait()
-				want := append([]string{"hold"}, before...)
-				want = append(want, "low")
+				release()
+				want := append(before, "low")
 				want = append(want, after...)
 				assert.Equal(t, want, f.keys())
 				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
@@ -369,7 +369,11 @@ func TestAgingStream(t *testing.T) {
 					time.Sleep(service)
 					return nil
 				}
-				d := newD(t, exec, Config[string, int]{Workers: 1, Aging: aging, StrictPriority: aging == 0})
+				d := newD(t, exec, Config[string, int]{
+					Workers:        1,
+					Aging:          aging,
+					StrictPriority: aging == 0,
+				})
 				start := time.Now()
 				var tks []*Ticket[string, int]
 				for i := range 5 { // the initial backlog: 0.5s of work
@@ -426,5 +430,3 @@ func TestAgingStream(t *testing.T) {
 		})
 	}
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }

@@ -23,7 +23,8 @@ func (h hintErr) Error() string             { return "429 too many requests" }
 func (h hintErr) RetryAfter() time.Duration { return time.Duration(h) }
 
 // script is an exec whose n-th call (from 1) returns errs[n-1], nil after
-// the list. It records when each attempt started and what it ran.
+// the list. It records when each attempt started (from when the script was
+// made), what it ran and the idempotency key it saw.
 type script struct {
 	errs  []error
 	calls atomic.Int32
@@ -32,6 +33,9 @@ type script struct {
 	idem  []string
 	t0    time.Time
 }
+
+// newScript makes a script; call it inside the test's bubble.
+func newScript(errs ...error) *script { return &script{errs: errs, t0: time.Now()} }
 
 func (s *script) exec(ctx context.Context, _ string, v int) error {
 	n := int(s.calls.Add(1))
@@ -55,23 +59,23 @@ func (s *script) heldExec(release <-chan struct{}) ExecFunc[string, int] {
 	}
 }
 
-// errConflict stands for a 409 Conflict, which conflictClassifier judges
-// Recompute: rebuild the call from fresh state, not retry it as it is.
-var errConflict = errors.New("409 conflict")
-
-// conflictClassifier is DefaultClassifier, except that errConflict is
-// Recompute.
-func conflictClassifier(err error) Class {
-	if errors.Is(err, errConflict) {
-		return Recompute
-	}
-	return DefaultClassifier(err)
+// runOnce runs one call (key "k", value 1, submitted with o) to its end on
+// a fresh dispatcher with one worker, closes the dispatcher, and returns the
+// call's result and the final Stats.
+func runOnce(t *testing.T, exec ExecFunc[string, int], cfg Config[string, int], o SubmitOptions) (Result[string, int], Stats) {
+	t.Helper()
+	cfg.Workers = 1
+	d := newD(t, exec, cfg)
+	r, _ := submit(t, d, "k", 1, o).Wait(bg)
+	return r, closeD(t, d)
 }
 
-func noJitter(attempts int) RetryPolicy {
-	return RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}
-}
-
+// TestRetryClasses: the classifier's judgement decides what a failure
+// does — Retry runs the call again until it succeeds or runs out of
+// attempts, Permanent ends it Failed at once, Recompute re-runs it as the
+// before-retry hook rebuilt it (and fails without the hook) — and a failed
+// call's *RetryError says why it gave up after how many attempts, and
+// unwraps to the last error.
 func TestRetryClasses(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -82,27 +86,23 @@ func TestRetryClasses(t *testing.T) {
 		wantWhy   GiveUp
 	}{
 		{"retry then success", []error{syscall.ECONNRESET, syscall.ECONNREFUSED}, false, Succeeded, 3, ""},
-		{"permanent", []error{errors.New("403 forbidden")}, false, Failed, 1, "permanent"},
-		{"recompute without hook", []error{errConflict}, false, Failed, 1, "recompute"},
+		{"permanent", []error{errors.New("403 forbidden")}, false, Failed, 1, GiveUpPermanent},
+		{"recompute without hook", []error{errConflict}, false, Failed, 1, GiveUpRecompute},
 		{"recompute with hook", []error{errConflict}, true, Succeeded, 2, ""},
-		{"attempts exhausted", []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, false, Failed, 3, "attempts"},
+		{"attempts exhausted", []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, false, Failed, 3, GiveUpAttempts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				s := &script{errs: tc.errs, t0: time.Now()}
-				cfg := Config[string, int]{Workers: 1, Retry: noJitter(3), Classify: conflictClassifier}
+				s := newScript(tc.errs...)
+				cfg := Config[string, int]{Retry: noJitter(3), Classify: conflictClassifier}
 				if tc.before {
 					cfg.BeforeRetry = func(_ context.Context, _ string, v int, last error) (int, bool, error) {
 						require.ErrorIs(t, last, errConflict)
 						return v + 100, false, nil
 					}
 				}
-				d, err := New(s.exec, cfg)
-				require.NoError(t, err)
-				tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-				require.NoError(t, err)
-				res, _ := tk.Wait(t.Context())
+				res, _ := runOnce(t, s.exec, cfg, SubmitOptions{})
 				assert.Equal(t, tc.wantState, res.State)
 				assert.Equal(t, tc.wantCalls, int(s.calls.Load()))
 				assert.Equal(t, tc.wantCalls, res.Attempts, "Attempts counts API attempts")
@@ -117,33 +117,37 @@ func TestRetryClasses(t *testing.T) {
 					assert.Equal(t, []int{1, 101}, s.vals, "the rebuilt call is executed")
 					assert.Equal(t, 101, res.Call)
 				}
-				require.NoError(t, d.Close(t.Context()))
-				checkConservation(t, d)
 			})
 		})
 	}
 }
 
+// TestRetryBackoffSequence: without jitter, retries wait InitialBackoff,
+// then Multiplier times longer each time, capped at MaxBackoff.
 func TestRetryBackoffSequence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: RetryPolicy{
-			MaxAttempts: 4, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 300 * time.Millisecond,
-			Multiplier: 2, Jitter: NoJitter, BudgetRatio: math.Inf(1),
-		}})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
-		res, err := tk.Wait(t.Context())
-		require.NoError(t, err)
+		s := newScript(syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET)
+		res, st := runOnce(t, s.exec, Config[string, int]{
+			Retry: RetryPolicy{
+				MaxAttempts:    4,
+				InitialBackoff: 100 * time.Millisecond,
+				MaxBackoff:     300 * time.Millisecond,
+				Multiplier:     2,
+				Jitter:         NoJitter,
+				BudgetRatio:    math.Inf(1),
+			},
+		}, SubmitOptions{})
+		require.NoError(t, res.Err)
 		assert.Equal(t, 4, res.Attempts)
 		// 100ms, 200ms, then capped at 300ms.
 		assert.Equal(t, []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond, 600 * time.Millisecond}, s.at)
-		assert.Equal(t, uint64(3), d.Stats().Retries)
-		require.NoError(t, d.Close(t.Context()))
+		assert.Equal(t, uint64(3), st.Retries)
 	})
 }
 
+// TestRetryJitterBounds (internal): each Jitter keeps the delay within its
+// range — full jitter [0, backoff], equal jitter [backoff/2, backoff], none
+// exactly the backoff — and the random ones spread over it.
 func TestRetryJitterBounds(t *testing.T) {
 	for _, j := range []Jitter{FullJitter, EqualJitter, NoJitter} {
 		p, err := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: 8 * time.Second, Jitter: j}.withDefaults()
@@ -166,43 +170,48 @@ func TestRetryJitterBounds(t *testing.T) {
 	}
 }
 
+// TestRetryAfterHintHonoured: a server's Retry-After hint (an error with a
+// RetryAfter method, wrapped or not) sets the delay before the retry.
 func TestRetryAfterHintHonoured(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{fmt.Errorf("patch: %w", hintErr(7*time.Second))}, t0: time.Now()}
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3)})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
-		_, err = tk.Wait(t.Context())
-		require.NoError(t, err)
+		s := newScript(fmt.Errorf("patch: %w", hintErr(7*time.Second)))
+		res, _ := runOnce(t, s.exec, Config[string, int]{Retry: noJitter(3)}, SubmitOptions{})
+		require.NoError(t, res.Err)
 		assert.Equal(t, []time.Duration{0, 7 * time.Second}, s.at)
-		require.NoError(t, d.Close(t.Context()))
 	})
 }
 
+// TestRetryStoppedByDeadline: no retry starts that could not end before the
+// call's deadline; the call ends Failed with GiveUpDeadline, matching
+// ErrExpired.
 func TestRetryStoppedByDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{syscall.ECONNRESET, syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: RetryPolicy{MaxAttempts: 10, InitialBackoff: time.Second, Jitter: NoJitter, BudgetRatio: math.Inf(1)}})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{Deadline: time.Now().Add(1500 * time.Millisecond)})
-		require.NoError(t, err)
-		res, err := tk.Wait(t.Context())
+		s := newScript(syscall.ECONNRESET, syscall.ECONNRESET)
+		res, _ := runOnce(t, s.exec, Config[string, int]{
+			Retry: RetryPolicy{
+				MaxAttempts:    10,
+				InitialBackoff: time.Second,
+				Jitter:         NoJitter,
+				BudgetRatio:    math.Inf(1),
+			},
+		}, SubmitOptions{Deadline: time.Now().Add(1500 * time.Millisecond)})
 		assert.Equal(t, Failed, res.State)
-		assert.ErrorIs(t, err, ErrExpired, "a deadline that stops retries matches ErrExpired")
+		assert.ErrorIs(t, res.Err, ErrExpired, "a deadline that stops retries matches ErrExpired")
 		var re *RetryError
-		require.ErrorAs(t, err, &re)
+		require.ErrorAs(t, res.Err, &re)
 		assert.Equal(t, GiveUpDeadline, re.Reason)
 		assert.Equal(t, 2, re.Attempts, "attempt at 0s and 1s; the next (at 3s) would end past the deadline")
-		require.NoError(t, d.Close(t.Context()))
 	})
 }
 
+// TestRetryHoldsNoWorker: a call waiting out its backoff waits in the
+// delay index, not in a worker, so the only worker runs other calls
+// meanwhile.
 func TestRetryHoldsNoWorker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		var order []string
-		d, err := New(func(ctx context.Context, k string, _ int) error {
+		d := newD(t, func(ctx context.Context, k string, _ int) error {
 			mu.Lock()
 			defer mu.Unlock()
 			order = append(order, k)
@@ -210,250 +219,261 @@ func TestRetryHoldsNoWorker(t *testing.T) {
 				return syscall.ECONNRESET
 			}
 			return nil
-		}, Config[string, int]{Workers: 1, Retry: RetryPolicy{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: NoJitter}})
-		require.NoError(t, err)
-		a, err := d.Submit(t.Context(), "slow", 1, SubmitOptions{})
-		require.NoError(t, err)
+		}, Config[string, int]{
+			Workers: 1,
+			Retry:   RetryPolicy{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: NoJitter},
+		})
+		a := submit(t, d, "slow", 1, SubmitOptions{})
 		synctest.Wait()
 		st := d.Stats()
 		assert.Equal(t, 1, st.Delayed)
 		assert.Equal(t, 0, st.InFlight, "a retry waits in the delay index, not in a worker")
-		b, err := d.Submit(t.Context(), "other", 1, SubmitOptions{})
-		require.NoError(t, err)
-		<-b.Done()
+		<-submit(t, d, "other", 1, SubmitOptions{}).Done()
 		mu.Lock()
 		assert.Equal(t, []string{"slow", "other"}, order)
 		mu.Unlock()
-		res, err := a.Wait(t.Context())
+		res, err := a.Wait(bg)
 		require.NoError(t, err)
 		assert.Equal(t, 2, res.Attempts)
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 	})
 }
 
+// TestRetryMergesSubmissionsDuringBackoff: submissions for a key whose call
+// waits out a backoff merge into it; the retry runs the merged call at its
+// original time, and every waiter shares its one result.
 func TestRetryMergesSubmissionsDuringBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3), Merge: func(p, in int) (int, error) { return p + in, nil }})
-		require.NoError(t, err)
-		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
+		s := newScript(syscall.ECONNRESET)
+		d := newD(t, s.exec, Config[string, int]{
+			Workers: 1,
+			Retry:   noJitter(3),
+			Merge:   func(p, in int) (int, error) { return p + in, nil },
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
 		synctest.Wait() // first attempt failed; the call waits out 100ms
 		require.True(t, d.Pending("k"))
 		require.NoError(t, d.Post("k", 10, SubmitOptions{}))
-		second, err := d.Submit(t.Context(), "k", 100, SubmitOptions{})
+		second := submit(t, d, "k", 100, SubmitOptions{})
+		r1, err := first.Wait(bg)
 		require.NoError(t, err)
-		r1, err := first.Wait(t.Context())
-		require.NoError(t, err)
-		r2, err := second.Wait(t.Context())
+		r2, err := second.Wait(bg)
 		require.NoError(t, err)
 		assert.Equal(t, []int{1, 111}, s.vals, "the retry runs the merged call")
 		assert.Equal(t, []time.Duration{0, 100 * time.Millisecond}, s.at, "and keeps its backoff")
 		assert.Equal(t, r1, r2)
 		assert.Equal(t, 3, r1.Waiters)
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		closeD(t, d)
 	})
 }
 
+// TestRetrySuccessorAbsorbed: a successor queued while its key's call was
+// in flight is absorbed into that call's retry (the newer value runs), so
+// one retry serves both and there is no third execution.
 func TestRetrySuccessorAbsorbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
-		require.NoError(t, err)
-		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
-		synctest.Wait() // in flight
-		second, err := d.Submit(t.Context(), "k", 2, SubmitOptions{Priority: 5})
-		require.NoError(t, err) // the successor
+		s := newScript(syscall.ECONNRESET)
+		d := newD(t, s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()                                            // in flight
+		second := submit(t, d, "k", 2, SubmitOptions{Priority: 5}) // the successor
 		close(release)
-		r1, _ := first.Wait(t.Context())
-		r2, _ := second.Wait(t.Context())
+		r1, _ := first.Wait(bg)
+		r2, _ := second.Wait(bg)
 		assert.Equal(t, Succeeded, r1.State)
 		assert.Equal(t, Succeeded, r2.State)
 		assert.Equal(t, []int{1, 2}, s.vals, "the retry took the successor's (newer) value")
 		assert.Equal(t, 2, int(s.calls.Load()), "one retry served both, no third execution")
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		closeD(t, d)
 	})
 }
 
+// TestRetryRefusedMergeKeepsOrder: a successor the merge function refuses
+// to fold into the retry waits behind it, so the retry runs first and the
+// successor after: order kept.
 func TestRetryRefusedMergeKeepsOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.heldExec(release), Config[string, int]{Workers: 2, Retry: noJitter(3), Merge: func(p, in int) (int, error) {
-			if p != in {
-				return 0, errors.New("different operations")
-			}
-			return p, nil
-		}})
-		require.NoError(t, err)
-		first, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
+		s := newScript(syscall.ECONNRESET)
+		d := newD(t, s.heldExec(release), Config[string, int]{
+			Workers: 2,
+			Retry:   noJitter(3),
+			Merge: func(p, in int) (int, error) {
+				if p != in {
+					return 0, errors.New("different operations")
+				}
+				return p, nil
+			},
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
 		synctest.Wait()
-		second, err := d.Submit(t.Context(), "k", 2, SubmitOptions{})
-		require.NoError(t, err)
+		second := submit(t, d, "k", 2, SubmitOptions{})
 		close(release)
 		synctest.Wait()
 		assert.Equal(t, 1, d.Stats().Delayed, "the retry waits; the successor waits behind it")
-		r1, _ := first.Wait(t.Context())
-		r2, _ := second.Wait(t.Context())
+		r1, _ := first.Wait(bg)
+		r2, _ := second.Wait(bg)
 		assert.Equal(t, Succeeded, r1.State)
 		assert.Equal(t, Succeeded, r2.State)
 		assert.Equal(t, []int{1, 1, 2}, s.vals, "retry first, then the successor: order kept")
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		closeD(t, d)
 	})
 }
 
+// TestBeforeRetryDoneSkipsExecution: when the before-retry hook finds the
+// earlier attempt took effect after all, the call ends Succeeded without
+// another execution — an external resource is never created twice — and
+// Stats.AlreadyDone counts it. The hook sees the idempotency key.
 func TestBeforeRetryDoneSkipsExecution(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
+		s := newScript(syscall.ECONNRESET)
 		hookCalls := 0
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3), BeforeRetry: func(ctx context.Context, k string, v int, last error) (int, bool, error) {
-			hookCalls++
-			assert.Equal(t, "create-42", IdempotencyKey(ctx))
-			return v, true, nil
-		}})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{IdempotencyKey: "create-42"})
-		require.NoError(t, err)
-		res, err := tk.Wait(t.Context())
-		require.NoError(t, err)
+		res, st := runOnce(t, s.exec, Config[string, int]{
+			Retry: noJitter(3),
+			BeforeRetry: func(ctx context.Context, k string, v int, last error) (int, bool, error) {
+				hookCalls++
+				assert.Equal(t, "create-42", IdempotencyKey(ctx))
+				return v, true, nil
+			},
+		}, SubmitOptions{IdempotencyKey: "create-42"})
+		require.NoError(t, res.Err)
 		assert.Equal(t, Succeeded, res.State)
 		assert.Equal(t, 1, int(s.calls.Load()), "never created twice")
 		assert.Equal(t, 1, hookCalls)
 		assert.Equal(t, []string{"create-42"}, s.idem)
-		assert.Equal(t, uint64(1), d.Stats().AlreadyDone)
-		require.NoError(t, d.Close(t.Context()))
+		assert.Equal(t, uint64(1), st.AlreadyDone)
 	})
 }
 
+// TestBeforeRetryError: a before-retry hook that fails ends the call Failed
+// with GiveUpBeforeRetry, wrapping the hook's error.
 func TestBeforeRetryError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{syscall.ECONNRESET}, t0: time.Now()}
+		s := newScript(syscall.ECONNRESET)
 		boom := errors.New("cannot read fresh state")
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3), BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { return 0, false, boom }})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
-		res, err := tk.Wait(t.Context())
+		res, _ := runOnce(t, s.exec, Config[string, int]{
+			Retry:       noJitter(3),
+			BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { return 0, false, boom },
+		}, SubmitOptions{})
 		assert.Equal(t, Failed, res.State)
-		assert.ErrorIs(t, err, boom)
+		assert.ErrorIs(t, res.Err, boom)
 		var re *RetryError
-		require.ErrorAs(t, err, &re)
+		require.ErrorAs(t, res.Err, &re)
 		assert.Equal(t, GiveUpBeforeRetry, re.Reason)
-		require.NoError(t, d.Close(t.Context()))
 	})
 }
 
+// TestIdempotencyKeyOnEveryAttempt: exec sees the submission's idempotency
+// key, unchanged, on every attempt.
 func TestIdempotencyKeyOnEveryAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := &script{errs: []error{syscall.ECONNRESET, syscall.ECONNRESET}, t0: time.Now()}
-		d, err := New(s.exec, Config[string, int]{Workers: 1, Retry: noJitter(3)})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{IdempotencyKey: "op-7"})
-		require.NoError(t, err)
-		_, err = tk.Wait(t.Context())
-		require.NoError(t, err)
+		s := newScript(syscall.ECONNRESET, syscall.ECONNRESET)
+		res, _ := runOnce(t, s.exec, Config[string, int]{Retry: noJitter(3)}, SubmitOptions{IdempotencyKey: "op-7"})
+		require.NoError(t, res.Err)
 		assert.Equal(t, []string{"op-7", "op-7", "op-7"}, s.idem)
-		require.NoError(t, d.Close(t.Context()))
 	})
 }
 
+// TestAttemptTimeoutRetried: an attempt that outlives
+// RetryPolicy.AttemptTimeout has its context ended and is retried like any
+// retryable failure.
 func TestAttemptTimeoutRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls atomic.Int32
-		d, err := New(func(ctx context.Context, _ string, _ int) error {
+		res, _ := runOnce(t, func(ctx context.Context, _ string, _ int) error {
 			if calls.Add(1) == 1 {
 				<-ctx.Done() // the API hangs; the attempt times out
 				return ctx.Err()
 			}
 			return nil
-		}, Config[string, int]{Workers: 1, Retry: RetryPolicy{AttemptTimeout: time.Second, Jitter: NoJitter}})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
-		res, err := tk.Wait(t.Context())
-		require.NoError(t, err)
+		}, Config[string, int]{
+			Retry: RetryPolicy{AttemptTimeout: time.Second, Jitter: NoJitter},
+		}, SubmitOptions{})
+		require.NoError(t, res.Err)
 		assert.Equal(t, 2, res.Attempts)
-		require.NoError(t, d.Close(t.Context()))
 	})
 }
 
+// TestPanicNotRetried: a panic in exec ends the call Failed with a
+// *PanicError at once, however many attempts are left.
 func TestPanicNotRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls atomic.Int32
-		d, err := New(func(context.Context, string, int) error {
+		res, _ := runOnce(t, func(context.Context, string, int) error {
 			calls.Add(1)
 			panic("boom")
-		}, Config[string, int]{Workers: 1, Retry: noJitter(5)})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
-		res, err := tk.Wait(t.Context())
+		}, Config[string, int]{Retry: noJitter(5)}, SubmitOptions{})
 		assert.Equal(t, Failed, res.State)
 		var pe *PanicError
-		require.ErrorAs(t, err, &pe)
+		require.ErrorAs(t, res.Err, &pe)
 		assert.Equal(t, "boom", pe.Value)
 		assert.Equal(t, int32(1), calls.Load())
-		require.NoError(t, d.Close(t.Context()))
 	})
 }
 
+// TestRetryBudget: retries are capped at BudgetRatio of the first attempts
+// in the window (but BudgetMin at least), so an outage cannot become a
+// retry storm; calls denied a retry give up with GiveUpBudget.
 func TestRetryBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d, err := New(func(context.Context, string, int) error { return syscall.ECONNRESET },
-			Config[string, int]{Workers: 4, Retry: RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, Jitter: NoJitter,
-				BudgetRatio: 0.1, BudgetMin: 2, BudgetWindow: time.Minute}})
-		require.NoError(t, err)
+		d := newD(t, func(context.Context, string, int) error { return syscall.ECONNRESET }, Config[string, int]{
+			Workers: 4,
+			Retry: RetryPolicy{
+				MaxAttempts:    2,
+				InitialBackoff: time.Millisecond,
+				Jitter:         NoJitter,
+				BudgetRatio:    0.1,
+				BudgetMin:      2,
+				BudgetWindow:   time.Minute,
+			},
+		})
 		var tickets []*Ticket[string, int]
 		for i := range 40 {
-			tk, err := d.Submit(t.Context(), fmt.Sprint(i), i, SubmitOptions{})
-			require.NoError(t, err)
-			tickets = append(tickets, tk)
+			tickets = append(tickets, submit(t, d, fmt.Sprint(i), i, SubmitOptions{}))
 		}
 		reasons := map[GiveUp]int{}
 		for _, tk := range tickets {
-			_, err := tk.Wait(t.Context())
+			_, err := tk.Wait(bg)
 			var re *RetryError
 			require.ErrorAs(t, err, &re)
 			reasons[re.Reason]++
 		}
+		st := closeD(t, d)
 		// 40 first attempts allow max(2, 0.1×40) = 4 retries at most.
-		assert.LessOrEqual(t, int(d.Stats().Retries), 4)
-		assert.GreaterOrEqual(t, int(d.Stats().Retries), 2)
+		assert.LessOrEqual(t, int(st.Retries), 4)
+		assert.GreaterOrEqual(t, int(st.Retries), 2)
 		assert.Equal(t, 40, reasons[GiveUpBudget]+reasons[GiveUpAttempts])
-		assert.Equal(t, int(d.Stats().Retries), reasons[GiveUpAttempts])
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		assert.Equal(t, int(st.Retries), reasons[GiveUpAttempts])
 	})
 }
 
+// TestCancelledCallNeverRetried: a call whose context ended because its
+// waiters left is not classified, retried, or counted by the breaker; its
+// execution is reported Stale.
 func TestCancelledCallNeverRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls atomic.Int32
-		d, err := New(func(ctx context.Context, _ string, _ int) error {
+		d := newD(t, func(ctx context.Context, _ string, _ int) error {
 			calls.Add(1)
 			<-ctx.Done()
 			return ctx.Err()
-		}, Config[string, int]{Workers: 1, Retry: noJitter(5), Breaker: &BreakerPolicy{ConsecutiveFailures: 1}})
-		require.NoError(t, err)
-		tk, err := d.Submit(t.Context(), "k", 1, SubmitOptions{})
-		require.NoError(t, err)
+		}, Config[string, int]{
+			Workers: 1,
+			Retry:   noJitter(5),
+			Breaker: &BreakerPolicy{ConsecutiveFailures: 1},
+		})
+		tk := submit(t, d, "k", 1, SubmitOptions{})
 		synctest.Wait()
 		assert.True(t, d.Cancel("k", errors.New("pod deleted")))
-		res, err := tk.Wait(t.Context())
+		res, err := tk.Wait(bg)
 		assert.Equal(t, Canceled, res.State)
 		assert.ErrorIs(t, err, ErrCanceled)
 		synctest.Wait()
-		st := d.Stats()
+		st := closeD(t, d)
 		assert.Equal(t, int32(1), calls.Load())
 		assert.Equal(t, uint64(0), st.Retries)
 		assert.Equal(t, BreakerClosed, st.Breaker, "a cancellation does not trip the breaker")
 		assert.Equal(t, uint64(1), st.StaleExecutions)
-		require.NoError(t, d.Close(t.Context()))
 	})
 }

@@ -10,39 +10,34 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestShedding: at capacity, a new key evicts the worst droppable queued
+// call — lowest priority, then newest; never a non-droppable one — if it
+// would run before it, and is refused otherwise; the evicted call's waiters
+// end Dropped with the bound that forced it, and the hook sees it once. A
+// non-droppable submission merged into a droppable call protects it.
 func TestShedding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
 		var hooks []Result[string, int]
-		d, err := New(func(ctx context.Context, k string, _ int) error {
-			if k == "hold" {
-				<-release
-			}
-			return nil
-		}, Config[string, int]{Workers: 1, Capacity: 5, StrictPriority: true, OnDone: func(r Result[string, int]) {
-			if r.State == Dropped {
-				hooks = append(hooks, r)
-			}
-		}})
-		require.NoError(t, err)
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{ // the held call takes one key
+			Capacity:       5,
+			StrictPriority: true,
+			OnDone: func(r Result[string, int]) {
+				if r.State == Dropped {
+					hooks = append(hooks, r)
+				}
+			},
+		})
 		ctx := context.Background()
-		_, err = d.Submit(ctx, "hold", 0, SubmitOptions{})
-		require.NoError(t, err)
-		synctest.Wait() // "hold" occupies the worker and one key
-		low1, err := d.Submit(ctx, "low1", 0, SubmitOptions{Priority: 1, Droppable: true})
-		require.NoError(t, err)
+		low1 := submit(t, d, "low1", 0, SubmitOptions{Priority: 1, Droppable: true})
 		time.Sleep(time.Millisecond)
-		low2, err := d.Submit(ctx, "low2", 0, SubmitOptions{Priority: 1, Droppable: true})
-		require.NoError(t, err)
+		low2 := submit(t, d, "low2", 0, SubmitOptions{Priority: 1, Droppable: true})
 		require.NoError(t, d.Post("low2", 0, SubmitOptions{Priority: 1, Droppable: true}))
-		keep, err := d.Submit(ctx, "keep", 0, SubmitOptions{Priority: 0}) // not droppable
-		require.NoError(t, err)
-		_, err = d.Submit(ctx, "mid", 0, SubmitOptions{Priority: 5, Droppable: true})
-		require.NoError(t, err)
+		keep := submit(t, d, "keep", 0, SubmitOptions{Priority: 0}) // not droppable
+		submit(t, d, "mid", 0, SubmitOptions{Priority: 5, Droppable: true})
 
 		// Full. An equal-priority newcomer is not better than the worst
 		// droppable call: refused, nothing shed.
-		_, err = d.Submit(ctx, "peer", 0, SubmitOptions{Priority: 1})
+		_, err := d.Submit(ctx, "peer", 0, SubmitOptions{Priority: 1})
 		var be *BackpressureError
 		require.ErrorAs(t, err, &be)
 		assert.Equal(t, BoundCapacity, be.Bound)
@@ -72,18 +67,13 @@ func TestShedding(t *testing.T) {
 
 		// A merge into a pending droppable call by a non-droppable submission
 		// protects it.
-		_, err = d.Submit(ctx, "mid", 0, SubmitOptions{Priority: 5})
-		require.NoError(t, err)
+		submit(t, d, "mid", 0, SubmitOptions{Priority: 5})
 		_, err = d.Submit(ctx, "bind3", 0, SubmitOptions{Priority: 10})
 		assert.ErrorIs(t, err, ErrBackpressure, "nothing droppable is left")
 
-		close(release)
-		res, err = keep.Wait(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, Succeeded, res.State)
-		require.NoError(t, d.Close(ctx))
-		st := d.Stats()
+		release()
+		assert.Equal(t, Succeeded, outcome(t, keep).State)
+		st := closeD(t, d)
 		assert.Equal(t, uint64(3), st.Outcomes[Dropped]) // low2 (ticket + post), low1
-		checkConservation(t, d)
 	})
 }

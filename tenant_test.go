@@ -22,7 +22,6 @@ type recorder struct {
 	order   []string
 	now     map[string]int
 	peak    map[string]int
-	release chan struct{} // if set, exec waits for it first
 }
 
 func newRecorder(service time.Duration) *recorder {
@@ -39,9 +38,6 @@ func tenantOf(key string) string {
 }
 
 func (r *recorder) exec(ctx context.Context, key string, _ int) error {
-	if r.release != nil {
-		<-r.release
-	}
 	ten := tenantOf(key)
 	r.mu.Lock()
 	r.starts[key] = time.Now()
@@ -62,11 +58,18 @@ func (r *recorder) startOf(key string) time.Time {
 	return r.starts[key]
 }
 
+// TestTenantQuotaIsolates: a tenant's MaxQueued caps its queued calls
+// (not its running one), refusing the rest with BoundQuota, so another
+// tenant is still admitted while it floods; merges into its pending calls
+// need no quota. Stats count both tenants apart.
 func TestTenantQuotaIsolates(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(time.Second)
-		d, err := New(r.exec, Config[string, int]{Workers: 1, Capacity: 100, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxQueued: 10}}})
-		require.NoError(t, err)
+		d := newD(t, r.exec, Config[string, int]{
+			Workers:  1,
+			Capacity: 100,
+			Tenants:  map[string]TenantConfig{"patch": {MaxQueued: 10}},
+		})
 		require.NoError(t, d.Post("patch/first", 0, SubmitOptions{Tenant: "patch"}))
 		synctest.Wait() // it runs, and no longer counts as queued
 		refused := 0
@@ -90,56 +93,54 @@ func TestTenantQuotaIsolates(t *testing.T) {
 		assert.Equal(t, uint64(39), st.Tenants["patch"].Rejected)
 		assert.Equal(t, uint64(11), st.Tenants["patch"].Admitted)
 		assert.Equal(t, 20, st.Tenants["bind"].Queued)
-		assert.Equal(t, uint64(39), st.Backpressure["quota"])
+		assert.Equal(t, uint64(39), st.Backpressure[BoundQuota])
 		// Merges into the tenant's pending calls need no quota.
 		require.NoError(t, d.Post("patch/5", 1, SubmitOptions{Tenant: "patch"}))
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		closeD(t, d)
 	})
 }
 
+// TestTenantQuotaShedsOwnWorst: a submission over its tenant's quota
+// evicts that tenant's own worst droppable queued call (BoundQuota), never
+// another tenant's, even a worse one; a newcomer no better than the
+// tenant's worst is refused.
 func TestTenantQuotaShedsOwnWorst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(time.Second)
-		r.release = make(chan struct{})
-		d, err := New(r.exec, Config[string, int]{Workers: 1, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxQueued: 2}}})
-		require.NoError(t, err)
-		other, err := d.Submit(t.Context(), "other/0", 0, SubmitOptions{Tenant: "other", Droppable: true})
-		require.NoError(t, err)
-		synctest.Wait() // "other/0" holds the worker
-		low, err := d.Submit(t.Context(), "patch/low", 0, SubmitOptions{Tenant: "patch", Priority: 0, Droppable: true})
-		require.NoError(t, err)
-		_, err = d.Submit(t.Context(), "patch/mid", 0, SubmitOptions{Tenant: "patch", Priority: 1, Droppable: true})
-		require.NoError(t, err)
-		_, err = d.Submit(t.Context(), "other/1", 0, SubmitOptions{Tenant: "other", Priority: -5, Droppable: true})
-		require.NoError(t, err)
+		d, _, release := holdWorker(t, r.exec, Config[string, int]{
+			Tenants: map[string]TenantConfig{"patch": {MaxQueued: 2}},
+		})
+		low := submit(t, d, "patch/low", 0, SubmitOptions{Tenant: "patch", Priority: 0, Droppable: true})
+		submit(t, d, "patch/mid", 0, SubmitOptions{Tenant: "patch", Priority: 1, Droppable: true})
+		submit(t, d, "other/1", 0, SubmitOptions{Tenant: "other", Priority: -5, Droppable: true})
 		// Over quota: the tenant's own worst droppable call goes, not the
 		// other tenant's (worse) one.
-		_, err = d.Submit(t.Context(), "patch/high", 0, SubmitOptions{Tenant: "patch", Priority: 5})
-		require.NoError(t, err)
+		submit(t, d, "patch/high", 0, SubmitOptions{Tenant: "patch", Priority: 5})
 		res, err := low.Wait(t.Context())
 		assert.Equal(t, Dropped, res.State)
 		assert.ErrorIs(t, err, ErrDropped)
 		assert.Contains(t, err.Error(), "quota")
 		st := d.Stats()
-		assert.Equal(t, uint64(1), st.Shed["quota"])
+		assert.Equal(t, uint64(1), st.Shed[BoundQuota])
 		assert.Equal(t, uint64(1), st.Tenants["patch"].Dropped)
 		// A newcomer no better than the tenant's worst is refused.
 		_, err = d.Submit(t.Context(), "patch/late", 0, SubmitOptions{Tenant: "patch", Priority: 1})
 		assert.ErrorIs(t, err, ErrBackpressure)
-		close(r.release)
-		_, err = other.Wait(t.Context())
-		require.NoError(t, err)
-		require.NoError(t, d.Close(t.Context()))
-		checkConservation(t, d)
+		release()
+		closeD(t, d)
 	})
 }
 
+// TestTenantInFlightCapUnderStorm: a tenant's MaxInFlight caps how many
+// workers its storm may hold, so another tenant finds the rest free.
 func TestTenantInFlightCapUnderStorm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(100 * time.Millisecond)
-		d, err := New(r.exec, Config[string, int]{Workers: 8, Capacity: 20000, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxInFlight: 3}}})
-		require.NoError(t, err)
+		d := newD(t, r.exec, Config[string, int]{
+			Workers:  8,
+			Capacity: 20000,
+			Tenants:  map[string]TenantConfig{"patch": {MaxInFlight: 3}},
+		})
 		for i := range 500 {
 			require.NoError(t, d.Post(fmt.Sprint("patch/", i), 0, SubmitOptions{Tenant: "patch"}))
 		}
@@ -147,30 +148,32 @@ func TestTenantInFlightCapUnderStorm(t *testing.T) {
 		assert.Equal(t, 3, d.Stats().InFlight, "the storm holds 3 of 8 workers")
 		var tks []*Ticket[string, int]
 		for i := range 20 {
-			tk, err := d.Submit(t.Context(), fmt.Sprint("bind/", i), 0, SubmitOptions{Tenant: "bind"})
-			require.NoError(t, err)
-			tks = append(tks, tk)
+			tks = append(tks, submit(t, d, fmt.Sprint("bind/", i), 0, SubmitOptions{Tenant: "bind"}))
 		}
 		waitAll(tks...)
-		require.NoError(t, d.Close(t.Context()))
+		closeD(t, d)
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		assert.Equal(t, 3, r.peak["patch"])
 		assert.Equal(t, 5, r.peak["bind"], "binds use the five workers the storm may not take")
-		checkConservation(t, d)
 	})
 }
 
+// TestTenantWeightedShare: tenants with backlogs at one priority share the
+// workers in proportion to their weights (within 10%).
 func TestTenantWeightedShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(10 * time.Millisecond)
 		weights := map[string]int{"a": 1, "b": 3, "c": 4}
-		cfg := Config[string, int]{Workers: 2, Capacity: 10000, Tenants: map[string]TenantConfig{}}
+		cfg := Config[string, int]{
+			Workers:  2,
+			Capacity: 10000,
+			Tenants:  map[string]TenantConfig{},
+		}
 		for name, w := range weights {
 			cfg.Tenants[name] = TenantConfig{Weight: w}
 		}
-		d, err := New(r.exec, cfg)
-		require.NoError(t, err)
+		d := newD(t, r.exec, cfg)
 		// Equal priority, all queued at one instant: weights decide.
 		for i := range 1000 {
 			for name := range weights {
@@ -191,7 +194,7 @@ func TestTenantWeightedShare(t *testing.T) {
 			got := float64(counts[name])
 			assert.InDelta(t, want, got, want*0.10, "tenant %s (weight %d): %v of %d executions", name, w, got, total)
 		}
-		require.NoError(t, d.Close(context.Background()))
+		closeD(t, d)
 	})
 }
 
@@ -208,8 +211,11 @@ func TestStarvationBound(t *testing.T) {
 		t.Run(fmt.Sprint("dp=", dp), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				r := newRecorder(service)
-				d, err := New(r.exec, Config[string, int]{Workers: 2, Aging: aging, StrictPriority: aging == 0, Capacity: 100000})
-				require.NoError(t, err)
+				d := newD(t, r.exec, Config[string, int]{
+					Workers:  2,
+					Capacity: 100000,
+					Aging:    aging,
+				})
 				ctx, stop := context.WithCancel(context.Background())
 				var wg sync.WaitGroup
 				// A backlog of 4 calls, then 2 more per service time: the
@@ -227,9 +233,7 @@ func TestStarvationBound(t *testing.T) {
 				})
 				time.Sleep(2 * time.Second) // a backlog builds
 				at := time.Now()
-				low, err := d.Submit(t.Context(), "low/0", 0, SubmitOptions{Tenant: "low"})
-				require.NoError(t, err)
-				_, err = low.Wait(t.Context())
+				_, err := submit(t, d, "low/0", 0, SubmitOptions{Tenant: "low"}).Wait(t.Context())
 				require.NoError(t, err)
 				stop()
 				wg.Wait()
@@ -247,7 +251,7 @@ func TestStarvationBound(t *testing.T) {
 				}
 				r.mu.Unlock()
 				assert.GreaterOrEqual(t, busy, int(2*wait/service)-2, "the stream kept both workers busy while low waited")
-				require.NoError(t, d.Close(context.Background()))
+				closeD(t, d)
 			})
 		})
 	}
@@ -261,8 +265,11 @@ func TestStatusPatchStorm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const service = 100 * time.Millisecond
 		r := newRecorder(service)
-		d, err := New(r.exec, Config[string, int]{Workers: 5, Capacity: 20000, Tenants: map[string]TenantConfig{"patch": TenantConfig{MaxInFlight: 4}}})
-		require.NoError(t, err)
+		d := newD(t, r.exec, Config[string, int]{
+			Workers:  5,
+			Capacity: 20000,
+			Tenants:  map[string]TenantConfig{"patch": {MaxInFlight: 4}},
+		})
 		for i := range 10000 {
 			require.NoError(t, d.Post(fmt.Sprint("patch/", i), 0, SubmitOptions{Tenant: "patch", Droppable: true}))
 		}
@@ -270,9 +277,7 @@ func TestStatusPatchStorm(t *testing.T) {
 		t0 := time.Now()
 		var tks []*Ticket[string, int]
 		for i := range 100 {
-			tk, err := d.Submit(t.Context(), fmt.Sprint("bind/", i), 0, SubmitOptions{Tenant: "bind", Priority: 100})
-			require.NoError(t, err)
-			tks = append(tks, tk)
+			tks = append(tks, submit(t, d, fmt.Sprint("bind/", i), 0, SubmitOptions{Tenant: "bind", Priority: 100}))
 		}
 		waitAll(tks...)
 		r.mu.Lock()
@@ -298,6 +303,6 @@ func TestStatusPatchStorm(t *testing.T) {
 		// waits more than one service time for a worker.
 		assert.Equal(t, t0, binds[0])
 		assert.LessOrEqual(t, lastBind.Sub(t0), 20*service)
-		require.NoError(t, d.Close(context.Background()))
+		closeD(t, d)
 	})
 }

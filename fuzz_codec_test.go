@@ -1,0 +1,297 @@
+package dispatch_test
+
+// The fuzz input codec: the first three bytes of an input are the
+// configuration (fzConfig), the rest a sequence of operations (fzOp), each a
+// kind byte and its arguments; a short input reads as zeros. fzEncode is the
+// inverse, so that the seeds read as what they do.
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Seed builders.
+
+func fzSubmitOp(key, prio int) fzOp { return fzOp{kind: fzSubmit, key: key, prio: prio} }
+func fzPostOp(key, prio int) fzOp   { return fzOp{kind: fzPost, key: key, prio: prio} }
+func fzFinishOp(result int) fzOp    { return fzOp{kind: fzFinish, result: result} }
+func fzAdvanceOp(d time.Duration) fzOp {
+	return fzOp{kind: fzAdvance, dur: d}
+}
+
+func fzWith(op fzOp, mods ...func(*fzOp)) fzOp {
+	for _, f := range mods {
+		f(&op)
+	}
+	return op
+}
+
+func fzDeadline(d time.Duration) func(*fzOp) {
+	return func(op *fzOp) { op.hasDL, op.dl = true, d }
+}
+func fzGen(g uint64) func(*fzOp)  { return func(op *fzOp) { op.gen = g } }
+func fzDrop() func(*fzOp)         { return func(op *fzOp) { op.drop = true } }
+func fzIdem(k string) func(*fzOp) { return func(op *fzOp) { op.idem = k } }
+func fzCtx(kind int, dl time.Duration) func(*fzOp) {
+	return func(op *fzOp) { op.ctxKind, op.ctxDL = kind, dl }
+}
+
+// fzEncode is the inverse of the decoder, for seeds.
+func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
+	bit := func(b bool, n uint) byte {
+		if b {
+			return 1 << n
+		}
+		return 0
+	}
+	a := byte(cfg.merge) | bit(cfg.honour, 2) | bit(cfg.noop, 3) | bit(cfg.before, 4) | bit(cfg.drainClose, 5) |
+		byte(slices.Index(fzAgings[:], cfg.aging))<<6
+	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2
+	if cfg.capacity == 64 {
+		b = 0x80 | byte(cfg.maxWaiters)<<2
+	}
+	c := byte(cfg.maxAttempts-1) | bit(cfg.breaker, 2) | bit(cfg.brRefuse, 4)
+	if cfg.breaker {
+		c |= byte(cfg.brFailures-1) << 3
+	}
+	out := []byte{a, b, c}
+	must := func(i int, what string) byte {
+		if i < 0 {
+			panic("fzEncode: no encoding for " + what)
+		}
+		return byte(i)
+	}
+	for _, op := range ops {
+		out = append(out, must(slices.Index(fzKindOf[:], op.kind), "kind"))
+		switch op.kind {
+		case fzSubmit, fzPost:
+			dl := must(slices.Index(fzOffsets[:], op.dl), "deadline") | bit(op.hasDL, 3)
+			if !op.hasDL {
+				dl = 0
+			}
+			out = append(out,
+				byte(op.key)|must(slices.Index(fzPrios[:], op.prio), "priority")<<2,
+				byte(op.gen)|must(slices.Index([]string{"", "x", "y"}, op.idem), "idem")<<2|bit(op.drop, 7),
+				dl)
+			if op.kind == fzSubmit {
+				c := [...]byte{0, 4, 6, 7}[op.ctxKind]
+				if op.ctxKind == fzCtxDeadline {
+					c |= must(slices.Index(fzOffsets[:], op.ctxDL), "ctx deadline") << 3
+				}
+				out = append(out, c)
+			}
+		case fzTicketCancel, fzCtxCancel:
+			out = append(out, byte(op.idx))
+		case fzCancelKey:
+			out = append(out, byte(op.key))
+		case fzAdvance:
+			out = append(out, must(slices.Index(fzDurs[:], op.dur), "duration"))
+		case fzFinish:
+			out = append(out, must(slices.Index(fzResultOf[:], op.result), "result"))
+		}
+	}
+	return out
+}
+
+type fzReader struct {
+	b []byte
+	i int
+}
+
+func (r *fzReader) more() bool { return r.i < len(r.b) }
+
+func (r *fzReader) next() byte {
+	if r.i >= len(r.b) {
+		return 0
+	}
+	r.i++
+	return r.b[r.i-1]
+}
+
+type fzConfig struct {
+	merge       int // 0 replace, 1 sum, 2 sum that refuses incoming multiples of 3
+	honour      bool
+	noop        bool // values divisible by 5 are no-ops
+	before      bool // Config.BeforeRetry
+	drainClose  bool // the final Close drains (else its context ends at once)
+	aging       time.Duration
+	capacity    int
+	maxWaiters  int // 0: default
+	maxAttempts int
+	breaker     bool // Config.Breaker: consecutive-failure rule only, one probe
+	brFailures  int  // BreakerPolicy.ConsecutiveFailures
+	brRefuse    bool // BreakerPolicy.RefuseDroppable
+}
+
+func (c fzConfig) String() string {
+	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v capacity=%d maxWaiters=%d maxAttempts=%d",
+		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.capacity, c.maxWaiters, c.maxAttempts)
+	if c.breaker {
+		s += fmt.Sprintf(" breaker(failures=%d refuseDroppable=%v)", c.brFailures, c.brRefuse)
+	}
+	return s
+}
+
+var fzAgings = [4]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time.Second}
+
+func fzDecodeConfig(r *fzReader) fzConfig {
+	a, b, c := r.next(), r.next(), r.next()
+	cfg := fzConfig{
+		merge:       int(a % 3),
+		honour:      a&0x04 != 0,
+		noop:        a&0x08 != 0,
+		before:      a&0x10 != 0,
+		drainClose:  a&0x20 != 0,
+		aging:       fzAgings[a>>6],
+		capacity:    1 + int(b%4),
+		maxAttempts: 1 + int(c&3)%3,
+		breaker:     c&0x04 != 0,
+		brFailures:  1 + int(c>>3)&1,
+		brRefuse:    c&0x10 != 0,
+	}
+	if b&0x80 != 0 {
+		cfg.capacity = 64
+	}
+	if m := int(b>>2) & 7; m >= 1 && m <= 6 {
+		cfg.maxWaiters = m
+	}
+	return cfg
+}
+
+const (
+	fzSubmit = iota
+	fzPost
+	fzTicketCancel
+	fzCtxCancel
+	fzCancelKey
+	fzAdvance
+	fzFinish
+	fzClose
+	fzCloseAbort
+)
+
+var fzKindOf = [32]int{
+	fzSubmit, fzSubmit, fzSubmit, fzSubmit, fzSubmit, fzSubmit, fzSubmit, fzSubmit,
+	fzPost, fzPost, fzPost, fzPost, fzPost,
+	fzTicketCancel, fzTicketCancel, fzCtxCancel, fzCancelKey,
+	fzAdvance, fzAdvance, fzAdvance, fzAdvance,
+	fzFinish, fzFinish, fzFinish, fzFinish, fzFinish, fzFinish, fzFinish,
+	fzClose, fzCloseAbort, fzSubmit, fzSubmit,
+}
+
+// How a released exec ends.
+const (
+	fzOK = iota
+	fzPerm
+	fzRetry
+	fzPanic
+	fzRecompute
+)
+
+var fzResultOf = [8]int{fzOK, fzOK, fzOK, fzPerm, fzRetry, fzRetry, fzPanic, fzRecompute}
+var fzResultName = [...]string{"ok", "permanent", "retryable", "panic", "recompute"}
+
+// Submit context kinds.
+const (
+	fzCtxBackground = iota
+	fzCtxCancelable
+	fzCtxDeadline
+	fzCtxDone
+)
+
+var fzPrios = [16]int{0, 0, 0, 0, 1, 1, 2, 3, 5, -1, -3, 10, 1000, math.MaxInt, math.MinInt, math.MaxInt - 1}
+
+var fzOffsets = [8]time.Duration{-time.Millisecond, 0, 500 * time.Microsecond, time.Millisecond,
+	2 * time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond, 2 * time.Second}
+
+var fzDurs = [8]time.Duration{500 * time.Microsecond, time.Millisecond, time.Millisecond, 2 * time.Millisecond,
+	3 * time.Millisecond, 4 * time.Millisecond, 10 * time.Millisecond, 1500 * time.Millisecond}
+
+type fzOp struct {
+	kind    int
+	key     int
+	prio    int
+	gen     uint64
+	idem    string
+	drop    bool
+	hasDL   bool
+	dl      time.Duration // offset from now
+	ctxKind int
+	ctxDL   time.Duration // offset from now
+	idx     int
+	dur     time.Duration
+	result  int
+}
+
+func fzDecodeOp(r *fzReader) fzOp {
+	op := fzOp{kind: fzKindOf[r.next()%32]}
+	switch op.kind {
+	case fzSubmit, fzPost:
+		k, g, dl := r.next(), r.next(), r.next()
+		op.key = int(k % fzKeys)
+		op.prio = fzPrios[(k>>2)&15]
+		op.gen = uint64(g&3) % 3
+		op.idem = [3]string{"", "x", "y"}[((g>>2)&3)%3]
+		op.drop = g&0x80 != 0
+		op.hasDL = dl&8 != 0
+		op.dl = fzOffsets[dl&7]
+		if op.kind == fzSubmit {
+			c := r.next()
+			op.ctxKind = [8]int{0, 0, 0, 0, fzCtxCancelable, fzCtxCancelable, fzCtxDeadline, fzCtxDone}[c%8]
+			op.ctxDL = fzOffsets[(c>>3)&7]
+		}
+	case fzTicketCancel, fzCtxCancel:
+		op.idx = int(r.next())
+	case fzCancelKey:
+		op.key = int(r.next() % fzKeys)
+	case fzAdvance:
+		op.dur = fzDurs[r.next()%8]
+	case fzFinish:
+		op.result = fzResultOf[r.next()%8]
+	}
+	return op
+}
+
+func (op fzOp) String() string {
+	switch op.kind {
+	case fzSubmit, fzPost:
+		name := "Submit"
+		if op.kind == fzPost {
+			name = "Post"
+		}
+		s := fmt.Sprintf("%s(k%d prio=%d gen=%d", name, op.key, op.prio, op.gen)
+		if op.idem != "" {
+			s += " idem=" + op.idem
+		}
+		if op.drop {
+			s += " droppable"
+		}
+		if op.hasDL {
+			s += fmt.Sprintf(" deadline=now%+v", op.dl)
+		}
+		if op.kind == fzSubmit {
+			s += " ctx=" + [...]string{"background", "cancelable", "deadline", "done"}[op.ctxKind]
+			if op.ctxKind == fzCtxDeadline {
+				s += fmt.Sprintf("(now%+v)", op.ctxDL)
+			}
+		}
+		return s + ")"
+	case fzTicketCancel:
+		return fmt.Sprintf("Ticket.Cancel(#%d)", op.idx)
+	case fzCtxCancel:
+		return fmt.Sprintf("cancel ctx of ticket #%d", op.idx)
+	case fzCancelKey:
+		return fmt.Sprintf("Cancel(k%d)", op.key)
+	case fzAdvance:
+		return fmt.Sprintf("advance %v", op.dur)
+	case fzFinish:
+		return "finish running exec: " + fzResultName[op.result]
+	case fzClose:
+		return "Close (in background)"
+	case fzCloseAbort:
+		return "end Close's context"
+	}
+	return "?"
+}

@@ -1,0 +1,957 @@
+package dispatch_test
+
+// The reference model for FuzzQueueModel: the dispatcher's contract with one
+// worker, written with plain slices and maps, stepped by the harness
+// alongside the real Dispatcher.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"slices"
+
+	"github.com/coalescer/dispatch"
+)
+
+// Where a model call is.
+const (
+	fmSucc    = iota // waiting for its key's in-flight call (or just created)
+	fmReady          // in the ready set
+	fmDelayed        // waiting out a retry backoff
+	fmRunning        // in flight
+	fmEnded
+)
+
+type fmSlot struct {
+	key       int
+	gen       uint64
+	run, next *fmCall
+}
+
+type fmCall struct {
+	slot      *fmSlot
+	val       int64
+	gen       uint64
+	seq       uint64
+	idem      string
+	droppable bool
+	tickets   []*fmTicket
+	nff       int
+	ffPrio    int
+	ffEnq     int64
+	ffDL      int64
+	ffForever bool
+	prio      int
+	enq       int64
+	joined    int
+	attempts  int
+	where     int
+	notBefore int64
+	retrying  bool // a previous attempt failed and is to be retried
+	orphan    bool
+	endState  dispatch.State
+	probe     bool // started by a half-open breaker
+}
+
+func (c *fmCall) live() int { return len(c.tickets) + c.nff }
+
+type fmTicket struct {
+	key      int
+	call     *fmCall
+	prio     int
+	enq      int64
+	deadline int64
+	ctxLive  bool // its context can still be cancelled by the test
+	done     bool
+	state    dispatch.State
+	val      int64
+	waiters  int
+	attempts int
+	class    string // error class, see fzErrClass
+	cause    error  // a cause the error must also match
+	// With an exec that honours its context, a waiter whose deadline is also
+	// the execution's may be settled by the clock (as modelled) or by the
+	// worker that saw exec return at the same instant, which counts the
+	// attempt and its rebuilt value first. Both are correct.
+	hasAlt     bool
+	altVal     int64
+	altAttempt int
+}
+
+type fzStart struct {
+	key      int
+	val      int64
+	deadline int64 // of the execution context; 0: none
+}
+
+type fzHookRec struct {
+	key      int
+	state    dispatch.State
+	val      int64
+	attempts int
+	waiters  int
+	class    string
+}
+
+func (h fzHookRec) String() string {
+	return fmt.Sprintf("{k%d %v val=%d attempts=%d waiters=%d err=%s}", h.key, h.state, h.val, h.attempts, h.waiters, h.class)
+}
+
+// fzOutcome is how one execution (or attempt to start one) came out.
+type fzOutcome struct {
+	ran      bool
+	skipped  bool
+	done     bool // before-retry hook: already took effect
+	hookErr  bool // before-retry hook failed
+	result   int  // fzOK, ... when ran
+	rebuilt  bool
+	val      int64 // the value run, when rebuilt
+	ctxEnded bool  // exec returned because its context ended
+}
+
+type fzModel struct {
+	cfg      fzConfig
+	now      int64
+	slots    map[int]*fmSlot
+	queue    []*fmCall // ready and delayed calls
+	running  *fmCall
+	runVal   int64 // the value the running attempt executes
+	runDL    int64 // the running attempt's context deadline
+	runOut   fzOutcome
+	seq      uint64
+	tickets  int
+	liveFF   int
+	calls    int
+	closing  bool
+	stopped  bool
+	closeErr error
+
+	submitted, rejected, coalesced, executions, staleExecs, retries, alreadyDone uint64
+
+	br        dispatch.BreakerState
+	consec    int   // retryable failures in a row
+	openUntil int64 // while open
+	probes    int   // probes in flight while half-open
+
+	outcomes dispatch.StateCounts
+	callsBy  dispatch.StateCounts
+	starts   []fzStart
+	hooks    []fzHookRec
+}
+
+func newFzModel(cfg fzConfig) *fzModel {
+	return &fzModel{cfg: cfg, slots: map[int]*fmSlot{}}
+}
+
+func (m *fzModel) maxWaiters() int {
+	if m.cfg.maxWaiters > 0 {
+		return m.cfg.maxWaiters
+	}
+	return m.cfg.capacity * dispatch.DefaultWaitersPerKey
+}
+
+func (m *fzModel) noop(v int64) bool { return m.cfg.noop && v%5 == 0 }
+
+// vt is enqueue time − priority×aging, saturated to int64, computed with
+// big integers so that it shares nothing with the implementation's
+// saturating arithmetic.
+func (m *fzModel) vt(prio int, enq int64) int64 {
+	v := new(big.Int).Mul(big.NewInt(int64(prio)), big.NewInt(int64(m.cfg.aging)))
+	v.Sub(big.NewInt(enq), v)
+	switch {
+	case v.Cmp(big.NewInt(math.MaxInt64)) > 0:
+		return math.MaxInt64
+	case v.Cmp(big.NewInt(math.MinInt64)) < 0:
+		return math.MinInt64
+	}
+	return v.Int64()
+}
+
+// before reports whether a runs before b in the ready order.
+func (m *fzModel) before(aPrio int, aEnq int64, aSeq uint64, bPrio int, bEnq int64, bSeq uint64) bool {
+	if m.cfg.aging == 0 {
+		if aPrio != bPrio {
+			return aPrio > bPrio
+		}
+		if aEnq != bEnq {
+			return aEnq < bEnq
+		}
+		return aSeq < bSeq
+	}
+	va, vb := m.vt(aPrio, aEnq), m.vt(bPrio, bEnq)
+	if va != vb {
+		return va < vb
+	}
+	return aSeq < bSeq
+}
+
+func (m *fzModel) less(a, b *fmCall) bool {
+	return m.before(a.prio, a.enq, a.seq, b.prio, b.enq, b.seq)
+}
+
+func (m *fzModel) push(c *fmCall) {
+	c.where = fmReady
+	m.queue = append(m.queue, c)
+}
+
+func (m *fzModel) unqueue(c *fmCall) {
+	if i := slices.Index(m.queue, c); i >= 0 {
+		m.queue = slices.Delete(m.queue, i, i+1)
+	}
+}
+
+func (m *fzModel) count(where int) int {
+	n := 0
+	for _, c := range m.queue {
+		if c.where == where {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *fzModel) successors() int {
+	n := 0
+	for _, s := range m.slots {
+		for _, c := range [2]*fmCall{s.run, s.next} {
+			if c != nil && c.where == fmSucc {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// submit is Submit (mt != nil) or Post (mt == nil). early is why it is
+// refused before admission (a done context, a deadline already passed), if
+// it is.
+func (m *fzModel) submit(op fzOp, val int64, deadline int64, early error, mt *fmTicket) error {
+	m.submitted++
+	err := early
+	if err == nil {
+		err = m.admit(op, val, deadline, mt)
+	}
+	if err != nil {
+		m.rejected++
+	}
+	return err
+}
+
+func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error {
+	if m.closing {
+		return dispatch.ErrClosed
+	}
+	s := m.slots[op.key]
+	if s == nil {
+		var victim *fmCall
+		if len(m.slots) >= m.cfg.capacity {
+			// §3: a new key evicts the worst droppable pending call if
+			// that call is worse than the newcomer, else is refused.
+			victim = m.victim(op.prio)
+			if victim == nil {
+				return dispatch.ErrBackpressure
+			}
+		}
+		if mt != nil && m.tickets >= m.maxWaiters() {
+			return dispatch.ErrBackpressure
+		}
+		if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.BreakerOpen {
+			return dispatch.ErrCircuitOpen
+		}
+		if victim != nil {
+			m.settleAll(victim, dispatch.Dropped, "dropped", nil, false)
+			m.endCall(victim, dispatch.Dropped, "dropped")
+			m.releaseSlot(victim.slot)
+		}
+		s = &fmSlot{key: op.key, gen: op.gen}
+		m.slots[op.key] = s
+		c := m.newCall(s, val, op)
+		m.join(c, mt, op.prio, deadline)
+		m.push(c)
+		return nil
+	}
+	if op.gen < s.gen {
+		return dispatch.ErrStale
+	}
+	if mt != nil && m.tickets >= m.maxWaiters() {
+		return dispatch.ErrBackpressure
+	}
+	if op.gen > s.gen {
+		s.gen = op.gen
+		for _, c := range [2]*fmCall{s.next, s.run} {
+			if c != nil && !c.orphan {
+				m.settleAll(c, dispatch.Stale, "stale", nil, false)
+				m.endCall(c, dispatch.Stale, "stale")
+			}
+		}
+	}
+	if c := s.next; c != nil {
+		if !m.coalesce(c, val, op.idem) {
+			return dispatch.ErrMergeRejected
+		}
+		c.droppable = c.droppable && op.drop
+		m.join(c, mt, op.prio, deadline)
+		m.coalesced++
+		return nil
+	}
+	c := m.newCall(s, val, op)
+	m.join(c, mt, op.prio, deadline)
+	if s.run == nil {
+		m.push(c)
+	}
+	return nil
+}
+
+// victim is the droppable pending call that would run last, if the
+// newcomer (priority prio, arriving now) would run before it.
+func (m *fzModel) victim(prio int) *fmCall {
+	var worst *fmCall
+	for _, c := range m.queue {
+		if !c.droppable || c.slot.run != nil {
+			continue
+		}
+		if worst == nil || m.less(worst, c) {
+			worst = c
+		}
+	}
+	if worst == nil || !m.before(prio, m.now, m.seq+1, worst.prio, worst.enq, worst.seq) {
+		return nil
+	}
+	return worst
+}
+
+func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp) *fmCall {
+	m.calls++
+	m.seq++
+	c := &fmCall{slot: s, val: val, gen: op.gen, seq: m.seq, idem: op.idem, droppable: op.drop, where: fmSucc}
+	s.next = c
+	return c
+}
+
+// coalesce merges val into c, or reports false and leaves c as it was.
+func (m *fzModel) coalesce(c *fmCall, val int64, idem string) bool {
+	if idem != "" && c.idem != "" && idem != c.idem {
+		return false
+	}
+	switch m.cfg.merge {
+	case 1:
+		val += c.val
+	case 2:
+		if val%3 == 0 {
+			return false
+		}
+		val += c.val
+	}
+	c.val = val
+	if c.idem == "" {
+		c.idem = idem
+	}
+	return true
+}
+
+func (m *fzModel) join(c *fmCall, mt *fmTicket, prio int, deadline int64) {
+	first := c.live() == 0
+	c.joined++
+	if mt != nil {
+		mt.call, mt.prio, mt.enq, mt.deadline = c, prio, m.now, deadline
+		c.tickets = append(c.tickets, mt)
+		m.tickets++
+	} else {
+		if c.nff == 0 {
+			c.ffPrio, c.ffEnq, c.ffDL = prio, m.now, deadline
+		} else {
+			c.ffPrio = max(c.ffPrio, prio)
+			c.ffEnq = min(c.ffEnq, m.now)
+			c.ffDL = max(c.ffDL, deadline)
+		}
+		if deadline == 0 {
+			c.ffForever = true
+		}
+		c.nff++
+		m.liveFF++
+	}
+	if first {
+		c.prio, c.enq = prio, m.now
+		return
+	}
+	c.prio, c.enq = max(c.prio, prio), min(c.enq, m.now)
+}
+
+func (m *fzModel) reprioritize(c *fmCall) {
+	if c.live() == 0 {
+		return
+	}
+	seen := false
+	if c.nff > 0 {
+		c.prio, c.enq, seen = c.ffPrio, c.ffEnq, true
+	}
+	for _, t := range c.tickets {
+		if !seen {
+			c.prio, c.enq, seen = t.prio, t.enq, true
+			continue
+		}
+		c.prio, c.enq = max(c.prio, t.prio), min(c.enq, t.enq)
+	}
+}
+
+func (m *fzModel) settle(t *fmTicket, c *fmCall, st dispatch.State, class string, cause error) {
+	t.done, t.call = true, nil
+	t.state, t.val, t.waiters, t.attempts, t.class, t.cause = st, c.val, c.joined, c.attempts, class, cause
+	m.outcomes[st]++
+}
+
+// settleAll ends every live waiter of c with st (or Expired, with expire,
+// for a waiter whose deadline passed) and reports whether any got st.
+func (m *fzModel) settleAll(c *fmCall, st dispatch.State, class string, cause error, expire bool) bool {
+	served := false
+	for _, t := range c.tickets {
+		if expire && t.deadline != 0 && t.deadline <= m.now {
+			m.settle(t, c, dispatch.Expired, "expired", nil)
+			continue
+		}
+		served = true
+		m.settle(t, c, st, class, cause)
+	}
+	m.tickets -= len(c.tickets)
+	c.tickets = nil
+	if c.nff > 0 {
+		wst := st
+		if expire && !c.ffForever && c.ffDL <= m.now {
+			wst = dispatch.Expired
+		} else {
+			served = true
+		}
+		m.outcomes[wst] += uint64(c.nff)
+		m.liveFF -= c.nff
+		c.nff, c.ffForever = 0, false
+	}
+	return served
+}
+
+func (m *fzModel) hook(c *fmCall, st dispatch.State, class string) {
+	m.callsBy[st]++
+	m.hooks = append(m.hooks, fzHookRec{key: c.slot.key, state: st, val: c.val, attempts: c.attempts, waiters: c.joined, class: class})
+}
+
+// endCall ends a call that has no live waiters left: an in-flight one is
+// orphaned (its execution will be reported when it returns), any other is
+// removed and reported.
+func (m *fzModel) endCall(c *fmCall, st dispatch.State, class string) {
+	if c.where == fmRunning {
+		if !c.orphan {
+			c.orphan, c.endState = true, st
+		}
+		return
+	}
+	m.unqueue(c)
+	s := c.slot
+	if s.next == c {
+		s.next = nil
+	} else {
+		// A retry waiting in the queue that could not absorb its
+		// successor: the successor's turn has come.
+		s.run = nil
+		if n := s.next; n != nil && n.where == fmSucc {
+			m.push(n)
+		}
+	}
+	c.where = fmEnded
+	m.calls--
+	m.hook(c, st, class)
+}
+
+func (m *fzModel) releaseSlot(s *fmSlot) {
+	if s.run != nil || s.next != nil {
+		return
+	}
+	if m.slots[s.key] == s {
+		delete(m.slots, s.key)
+	}
+	if m.closing && len(m.slots) == 0 {
+		m.stopped = true
+	}
+}
+
+func (m *fzModel) leave(t *fmTicket, st dispatch.State, class string, cause error) {
+	if t.done {
+		return
+	}
+	c := t.call
+	i := slices.Index(c.tickets, t)
+	c.tickets = slices.Delete(c.tickets, i, i+1)
+	m.tickets--
+	m.settle(t, c, st, class, cause)
+	if st == dispatch.Expired && m.cfg.honour && c.where == fmRunning && m.runDL == m.now {
+		t.hasAlt, t.altVal, t.altAttempt = true, c.val, c.attempts+1
+		if m.runOut.rebuilt {
+			t.altVal = m.runVal
+		}
+	}
+	if c.live() == 0 {
+		m.endCall(c, st, class)
+		m.releaseSlot(c.slot)
+		return
+	}
+	m.reprioritize(c)
+}
+
+func (m *fzModel) cancelKey(key int, cause error) bool {
+	s := m.slots[key]
+	if s == nil {
+		return false
+	}
+	found := false
+	for _, c := range [2]*fmCall{s.next, s.run} {
+		if c != nil && !c.orphan {
+			found = true
+			m.settleAll(c, dispatch.Canceled, "canceled", cause, false)
+			m.endCall(c, dispatch.Canceled, "canceled")
+		}
+	}
+	m.releaseSlot(s)
+	return found
+}
+
+// calls lists every live call, in a fixed order.
+func (m *fzModel) liveCalls() []*fmCall {
+	var out []*fmCall
+	for k := range fzKeys {
+		if s := m.slots[k]; s != nil {
+			for _, c := range [2]*fmCall{s.next, s.run} {
+				if c != nil && !slices.Contains(out, c) {
+					out = append(out, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// expire ends every waiter whose deadline is at or before now.
+func (m *fzModel) expire() {
+	for _, c := range m.liveCalls() {
+		for _, t := range slices.Clone(c.tickets) {
+			if t.deadline != 0 && t.deadline <= m.now {
+				m.leave(t, dispatch.Expired, "expired", nil)
+			}
+		}
+		if c.nff > 0 && !c.ffForever && c.ffDL <= m.now {
+			m.outcomes[dispatch.Expired] += uint64(c.nff)
+			m.liveFF -= c.nff
+			c.nff = 0
+			if c.live() == 0 {
+				m.endCall(c, dispatch.Expired, "expired")
+				m.releaseSlot(c.slot)
+			} else {
+				m.reprioritize(c)
+			}
+		}
+	}
+}
+
+func (m *fzModel) promote() {
+	for _, c := range m.queue {
+		if c.where == fmDelayed && c.notBefore <= m.now {
+			c.where = fmReady
+		}
+	}
+}
+
+// nextEvent is the earliest deadline or end of backoff, or 0.
+func (m *fzModel) nextEvent() int64 {
+	next := int64(0)
+	at := func(t int64) {
+		if t != 0 && (next == 0 || t < next) {
+			next = t
+		}
+	}
+	for _, c := range m.liveCalls() {
+		for _, t := range c.tickets {
+			at(t.deadline)
+		}
+		if c.nff > 0 && !c.ffForever {
+			at(c.ffDL)
+		}
+		if c.where == fmDelayed {
+			at(c.notBefore)
+		}
+	}
+	if m.br == dispatch.BreakerOpen && m.openUntil > m.now {
+		at(m.openUntil)
+	}
+	return next
+}
+
+// advance moves the clock to target, acting at every deadline and end of
+// backoff on the way, as the dispatcher's timer does.
+func (m *fzModel) advance(target int64) {
+	for {
+		next := m.nextEvent()
+		if next == 0 || next > target {
+			break
+		}
+		m.now = next
+		m.expire()
+		m.promote()
+		m.work()
+	}
+	m.now = target
+	m.work()
+}
+
+func (m *fzModel) execDeadline(c *fmCall) int64 {
+	var dl int64
+	if c.nff > 0 {
+		if c.ffForever {
+			return 0
+		}
+		dl = c.ffDL
+	}
+	for _, t := range c.tickets {
+		if t.deadline == 0 {
+			return 0
+		}
+		dl = max(dl, t.deadline)
+	}
+	return dl
+}
+
+// work is the one worker: it finishes an orphaned execution that honours
+// its context, and starts the best ready call while it is idle.
+func (m *fzModel) work() {
+	for {
+		if c := m.running; c != nil {
+			if c.orphan && m.cfg.honour {
+				out := m.runOut
+				out.ran, out.ctxEnded = true, true
+				m.finish(c, out)
+				continue
+			}
+			return
+		}
+		if m.stopped {
+			return
+		}
+		var best *fmCall
+		for _, c := range m.queue {
+			if c.where == fmReady && (best == nil || m.less(c, best)) {
+				best = c
+			}
+		}
+		if best == nil {
+			return
+		}
+		probe := m.br != dispatch.BreakerClosed
+		if m.cfg.breaker && !m.admits() {
+			return
+		}
+		c := best
+		c.probe = probe
+		m.unqueue(c)
+		s := c.slot
+		s.run = c
+		if s.next == c {
+			s.next = nil
+		}
+		c.where = fmRunning
+		m.running = c
+		val := c.val
+		out := fzOutcome{}
+		if c.retrying && m.cfg.before {
+			switch {
+			case val%7 == 0:
+				out.done = true
+			case val%11 == 0:
+				out.hookErr = true
+			default:
+				val += 1000
+				out.rebuilt, out.val = true, val
+			}
+		}
+		if !out.done && !out.hookErr && m.noop(val) {
+			out.skipped = true
+		}
+		if out.done || out.hookErr || out.skipped {
+			m.finish(c, out)
+			continue
+		}
+		m.runVal, m.runOut, m.runDL = val, out, m.execDeadline(c)
+		m.starts = append(m.starts, fzStart{key: s.key, val: val, deadline: m.runDL})
+		return
+	}
+}
+
+// release ends the running execution with result.
+func (m *fzModel) release(result int) {
+	out := m.runOut
+	out.ran, out.result = true, result
+	m.finish(m.running, out)
+}
+
+func fzFailClass(result int, reason string) string {
+	if result == fzPanic {
+		return "panic"
+	}
+	base := [...]string{"nil", "perm", "retryable", "panic", "recompute"}[result]
+	return "retry:" + reason + ":" + base
+}
+
+func (m *fzModel) finish(c *fmCall, out fzOutcome) {
+	if m.running == c {
+		m.running = nil
+	}
+	if out.rebuilt {
+		c.val = out.val
+	}
+	if out.ran {
+		c.attempts++
+		m.executions++
+	}
+	if m.cfg.breaker {
+		// Only executions that say something about the API's health count:
+		// successes and retryable failures of calls that still had waiters.
+		counted := out.ran && !c.orphan && !out.ctxEnded && (out.result == fzOK || out.result == fzRetry)
+		m.record(c.probe, counted, out.result != fzOK)
+		c.probe = false
+	}
+	s := c.slot
+	switch {
+	case c.orphan:
+		st, class := c.endState, fzStateClass(c.endState)
+		if out.ran {
+			st, class = dispatch.Stale, "stale"
+			m.staleExecs++
+		}
+		m.hook(c, st, class)
+	case out.hookErr:
+		m.end(c, dispatch.Failed, "retry:before-retry:before", out.ran)
+	case out.done:
+		m.alreadyDone++
+		m.end(c, dispatch.Succeeded, "nil", out.ran)
+	case out.skipped:
+		m.end(c, dispatch.Skipped, "nil", out.ran)
+	case out.ctxEnded:
+		panic("fzModel: an execution ended by its context must be orphaned")
+	case out.result == fzOK:
+		m.end(c, dispatch.Succeeded, "nil", out.ran)
+	default:
+		notBefore, reason := m.retryAt(c, out)
+		if reason == "" {
+			m.requeue(c, notBefore)
+			return
+		}
+		m.end(c, dispatch.Failed, fzFailClass(out.result, reason), out.ran)
+	}
+	m.calls--
+	s.run = nil
+	c.where = fmEnded
+	if n := s.next; n != nil && n.where == fmSucc {
+		m.push(n)
+	}
+	m.releaseSlot(s)
+}
+
+func (m *fzModel) end(c *fmCall, st dispatch.State, class string, ran bool) {
+	switch {
+	case m.settleAll(c, st, class, nil, true):
+		m.hook(c, st, class)
+	case ran:
+		m.staleExecs++
+		m.hook(c, dispatch.Stale, "stale")
+	default:
+		m.hook(c, dispatch.Expired, "expired")
+	}
+}
+
+func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string) {
+	var delay int64
+	switch {
+	case out.result == fzPerm || out.result == fzPanic:
+		return 0, "permanent"
+	case out.result == fzRecompute && !m.cfg.before:
+		return 0, "recompute"
+	case c.attempts >= m.cfg.maxAttempts:
+		return 0, "attempts"
+	case out.result == fzRecompute:
+	default:
+		delay = int64(fzBackoff) << (c.attempts - 1)
+		delay = min(delay, int64(fzMaxBackoff))
+	}
+	notBefore := m.now + delay
+	if dl := m.execDeadline(c); dl != 0 && notBefore >= dl {
+		return 0, "deadline"
+	}
+	return notBefore, ""
+}
+
+func (m *fzModel) requeue(c *fmCall, notBefore int64) {
+	s := c.slot
+	m.retries++
+	c.retrying = true
+	c.where = fmSucc
+	if n := s.next; n != nil {
+		if m.coalesce(c, n.val, n.idem) {
+			m.absorb(c, n)
+			s.run, s.next = nil, c
+		}
+	} else {
+		s.run, s.next = nil, c
+	}
+	if notBefore <= m.now {
+		m.push(c)
+		return
+	}
+	c.where, c.notBefore = fmDelayed, notBefore
+	m.queue = append(m.queue, c)
+}
+
+func (m *fzModel) absorb(c, n *fmCall) {
+	for _, t := range n.tickets {
+		t.call = c
+	}
+	c.tickets = append(c.tickets, n.tickets...)
+	if n.nff > 0 {
+		if c.nff == 0 {
+			c.ffPrio, c.ffEnq, c.ffDL = n.ffPrio, n.ffEnq, n.ffDL
+		} else {
+			c.ffPrio = max(c.ffPrio, n.ffPrio)
+			c.ffEnq = min(c.ffEnq, n.ffEnq)
+			c.ffDL = max(c.ffDL, n.ffDL)
+		}
+		c.nff += n.nff
+		c.ffForever = c.ffForever || n.ffForever
+	}
+	c.joined += n.joined
+	c.droppable = c.droppable && n.droppable
+	m.coalesced += uint64(n.joined)
+	n.tickets, n.nff = nil, 0
+	n.where = fmEnded
+	m.calls--
+	m.reprioritize(c)
+}
+
+// admits is the breaker's gate for starting an execution.
+func (m *fzModel) admits() bool {
+	switch m.br {
+	case dispatch.BreakerOpen:
+		if m.now < m.openUntil {
+			return false
+		}
+		m.br = dispatch.BreakerHalfOpen
+		fallthrough
+	case dispatch.BreakerHalfOpen:
+		if m.probes >= 1 {
+			return false
+		}
+		m.probes++
+	}
+	return true
+}
+
+func (m *fzModel) record(probe, counted, failed bool) {
+	if probe && m.probes > 0 {
+		m.probes--
+	}
+	if !counted {
+		return
+	}
+	if !failed {
+		m.consec = 0
+		if m.br == dispatch.BreakerHalfOpen {
+			m.br, m.probes = dispatch.BreakerClosed, 0
+		}
+		return
+	}
+	m.consec++
+	if m.br == dispatch.BreakerHalfOpen || (m.br == dispatch.BreakerClosed && m.consec >= m.cfg.brFailures) {
+		m.br, m.openUntil, m.consec = dispatch.BreakerOpen, m.now+int64(fzCooldown), 0
+	}
+}
+
+func (m *fzModel) close() {
+	m.closing = true
+	if len(m.slots) == 0 {
+		m.stopped = true
+	}
+}
+
+// abort is Close's context ending before everything drained.
+func (m *fzModel) abort() {
+	if !m.closing || m.stopped {
+		return
+	}
+	m.stopped = true
+	m.closeErr = context.Canceled
+	for k := range fzKeys {
+		s := m.slots[k]
+		if s == nil {
+			continue
+		}
+		for _, c := range [2]*fmCall{s.next, s.run} {
+			if c != nil && !c.orphan {
+				m.settleAll(c, dispatch.Closed, "closed", nil, false)
+				m.endCall(c, dispatch.Closed, "closed")
+			}
+		}
+		m.releaseSlot(s)
+	}
+}
+
+func (m *fzModel) closeReturned() bool { return m.stopped && m.running == nil }
+
+func fzStateClass(st dispatch.State) string {
+	switch st {
+	case dispatch.Succeeded, dispatch.Skipped:
+		return "nil"
+	case dispatch.Canceled:
+		return "canceled"
+	case dispatch.Expired:
+		return "expired"
+	case dispatch.Dropped:
+		return "dropped"
+	case dispatch.Stale:
+		return "stale"
+	case dispatch.Closed:
+		return "closed"
+	}
+	return "?"
+}
+
+// fzErrClass describes a real error the way the model does.
+func fzErrClass(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	switch {
+	case errors.Is(err, dispatch.ErrStale):
+		return "stale"
+	case errors.Is(err, dispatch.ErrClosed):
+		return "closed"
+	case errors.Is(err, dispatch.ErrCanceled):
+		return "canceled"
+	case errors.Is(err, dispatch.ErrDropped):
+		return "dropped"
+	}
+	var re *dispatch.RetryError
+	if errors.As(err, &re) {
+		return "retry:" + string(re.Reason) + ":" + fzErrClass(re.Last)
+	}
+	var pe *dispatch.PanicError
+	switch {
+	case errors.Is(err, dispatch.ErrExpired):
+		return "expired"
+	case errors.As(err, &pe):
+		return "panic"
+	case errors.Is(err, errFuzzPerm):
+		return "perm"
+	case errors.Is(err, errFuzzRetry):
+		return "retryable"
+	case errors.Is(err, errFuzzRecompute):
+		return "recompute"
+	case errors.Is(err, errFuzzBefore):
+		return "before"
+	}
+	return "other(" + err.Error() + ")"
+}

@@ -1,0 +1,14 @@
+package dispatch
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestStateCountsTotal: StateCounts.Total sums every state.
+func TestStateCountsTotal(t *testing.T) {
+	var c StateCounts
+	c[Succeeded], c[Failed], c[Closed] = 3, 2, 1
+	assert.Equal(t, uint64(6), c.Total())
+}
