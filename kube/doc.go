@@ -1,0 +1,2 @@
+// Package kube adapts the dispatch library to the Kubernetes API.
+package kube
