@@ -10,12 +10,16 @@ import "k8s.io/client-go/rest"
 //
 // Why not leave client-go's bucket in place: it sits behind the workers.
 // A worker has already taken its call when it waits for the bucket, so a
-// binding submitted during a storm of status patches finds every worker's
-// patch ahead of it in the bucket's queue, and waits for all of them — the
-// priority order is lost at the point where the scarce resource is handed
-// out (kubernetes#135900). Two limits in series also make the effective
-// rate the lower of the two, and client-go's waits never show in the
-// dispatcher's queue-wait figures.
+// binding submitted during a storm of status patches queues in the bucket
+// behind the patch of every worker that holds one — the priority order is
+// lost where the scarce resource is handed out (kubernetes#135900). Two
+// limits in series also make the rate the lower of the two, and the
+// bucket's waits are invisible to the dispatcher's figures. Today the
+// dispatcher too takes its token once a worker has chosen the call, so the
+// preset also caps the workers status patches may hold (a binding then
+// waits for at most that many patches' tokens); the dispatcher will take
+// the token before choosing the call (issue 12), which only a limit of its
+// own can do.
 //
 // Build the clientset for the dispatcher alone, so that the rest of the
 // program (informers, events) keeps its own limit:
