@@ -229,11 +229,7 @@ func TestCoalescing(t *testing.T) {
 // bindBehindTheBack binds pod p on the server without a request through
 // the dispatcher.
 func bindBehindTheBack(api *fakeAPI) {
-	api.mu.Lock()
-	defer api.mu.Unlock()
-	p := api.pods["p"]
-	p.Spec.NodeName = "elsewhere"
-	api.bump(p)
+	api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "elsewhere" })
 }
 
 func contains(xs []int, x int) bool {

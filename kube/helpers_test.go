@@ -2,10 +2,6 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	corev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -58,8 +53,7 @@ type fakeAPI struct {
 	latency time.Duration
 
 	mu       sync.Mutex
-	pods     map[string]*v1.Pod
-	rv       int
+	store    *podStore
 	log      []request
 	counts   map[string]int
 	fault    fault
@@ -75,7 +69,7 @@ type fakeAPI struct {
 func newFakeAPI(pods ...*v1.Pod) *fakeAPI {
 	a := &fakeAPI{
 		cs:       fake.NewClientset(),
-		pods:     map[string]*v1.Pod{},
+		store:    newPodStore(),
 		counts:   map[string]int{},
 		inFlight: map[string]int{},
 	}
@@ -93,25 +87,27 @@ func (a *fakeAPI) client() kubernetes.Interface { return slowClient{a.cs, a} }
 func (a *fakeAPI) add(pod *v1.Pod) *v1.Pod {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	p := pod.DeepCopy()
-	a.bump(p)
-	a.pods[p.Name] = p
-	return p.DeepCopy()
-}
-
-func (a *fakeAPI) bump(p *v1.Pod) {
-	a.rv++
-	p.ResourceVersion = strconv.Itoa(a.rv)
+	return a.store.add(pod)
 }
 
 // pod returns a copy of the stored pod, or nil.
 func (a *fakeAPI) pod(name string) *v1.Pod {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if p := a.pods[name]; p != nil {
-		return p.DeepCopy()
-	}
-	return nil
+	p, _ := a.store.get(name)
+	return p
+}
+
+// change changes pod name on the server as another writer would (a new
+// resourceVersion), and returns the pod as an informer would then deliver
+// it.
+func (a *fakeAPI) change(name string, f func(p *v1.Pod)) *v1.Pod {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.store.pods[name]
+	f(p)
+	a.store.bump(p)
+	return p.DeepCopy()
 }
 
 func (a *fakeAPI) setFault(f fault) {
@@ -174,56 +170,20 @@ func (a *fakeAPI) react(action clienttesting.Action) (bool, runtime.Object, erro
 
 // serve applies a request as kube-apiserver would. a.mu is held.
 func (a *fakeAPI) serve(action clienttesting.Action, r request) (runtime.Object, error) {
-	p := a.pods[r.Name]
-	if p == nil {
-		return nil, apierrors.NewNotFound(podsResource, r.Name)
-	}
 	switch act := action.(type) {
 	case clienttesting.GetActionImpl:
-		return p.DeepCopy(), nil
+		return a.store.get(r.Name)
 	case clienttesting.PatchActionImpl:
-		var pre struct {
-			Metadata struct {
-				ResourceVersion string `json:"resourceVersion"`
-			} `json:"metadata"`
-		}
-		if err := json.Unmarshal(act.GetPatch(), &pre); err != nil {
-			return nil, apierrors.NewBadRequest(err.Error())
-		}
-		if rv := pre.Metadata.ResourceVersion; rv != "" && rv != p.ResourceVersion {
-			return nil, apierrors.NewConflict(podsResource, r.Name, errors.New("the object has been modified; please apply your changes to the latest version and try again"))
-		}
-		cur, _ := json.Marshal(p)
-		out, err := strategicpatch.StrategicMergePatch(cur, act.GetPatch(), &v1.Pod{})
-		if err != nil {
-			return nil, apierrors.NewBadRequest(err.Error())
-		}
-		var np v1.Pod
-		if err := json.Unmarshal(out, &np); err != nil {
-			return nil, apierrors.NewBadRequest(err.Error())
-		}
-		p.Status = np.Status
-		a.bump(p)
-		return p.DeepCopy(), nil
+		return a.store.patchStatus(r.Name, act.GetPatch())
 	case clienttesting.CreateActionImpl:
-		b := act.GetObject().(*v1.Binding)
-		if b.UID != "" && b.UID != p.UID {
-			return nil, apierrors.NewConflict(podsResource, r.Name, fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", b.UID, p.UID))
-		}
-		if p.Spec.NodeName != "" {
-			return nil, apierrors.NewConflict(podsResource, r.Name, fmt.Errorf("pod %v is already assigned to node %q", r.Name, p.Spec.NodeName))
-		}
-		p.Spec.NodeName = b.Target.Name
-		st, _ := applyConditions(&p.Status, []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionTrue}}, metav1.Now())
-		p.Status = *st
-		a.bump(p)
-		return nil, nil
+		return nil, a.store.bind(act.GetObject().(*v1.Binding))
 	case clienttesting.DeleteActionImpl:
-		if pre := act.GetDeleteOptions().Preconditions; pre != nil && pre.UID != nil && *pre.UID != p.UID {
-			return nil, apierrors.NewConflict(podsResource, r.Name, fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", *pre.UID, p.UID))
+		var uid *types.UID
+		if pre := act.GetDeleteOptions().Preconditions; pre != nil {
+			uid = pre.UID
 		}
-		delete(a.pods, r.Name)
-		return nil, nil
+		_, err := a.store.delete(r.Name, uid)
+		return nil, err
 	}
 	return nil, apierrors.NewMethodNotSupported(podsResource, r.Verb)
 }

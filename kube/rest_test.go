@@ -19,8 +19,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes"
 	corev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -34,10 +34,9 @@ import (
 type apiServer struct {
 	srv *httptest.Server
 
-	mu   sync.Mutex
-	pods map[string]*v1.Pod
-	rv   int
-	log  []serverRequest
+	mu    sync.Mutex
+	store *podStore
+	log   []serverRequest
 	// respond, if set, may answer a request itself (returning true) before
 	// the pods API does; n counts requests from 1.
 	respond func(w http.ResponseWriter, r *http.Request, n int) bool
@@ -49,12 +48,9 @@ type serverRequest struct {
 }
 
 func newAPIServer(t *testing.T, pods ...*v1.Pod) *apiServer {
-	s := &apiServer{pods: map[string]*v1.Pod{}}
+	s := &apiServer{store: newPodStore()}
 	for _, p := range pods {
-		p = p.DeepCopy()
-		s.rv++
-		p.ResourceVersion = strconv.Itoa(s.rv)
-		s.pods[p.Name] = p
+		s.store.add(p)
 	}
 	mux := http.NewServeMux()
 	const pod = "/api/v1/namespaces/{ns}/pods/{name}"
@@ -123,100 +119,66 @@ func writeText(w http.ResponseWriter, code, retryAfter int, msg string) {
 	http.Error(w, msg, code)
 }
 
-func (s *apiServer) writePod(w http.ResponseWriter, p *v1.Pod) {
-	out := p.DeepCopy()
-	out.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
-	writeJSON(w, http.StatusOK, out)
+// answer writes obj, or err as a Status.
+func answer(w http.ResponseWriter, code int, obj runtime.Object, err error) {
+	var st *apierrors.StatusError
+	switch {
+	case errors.As(err, &st):
+		writeStatus(w, st)
+	case err != nil:
+		writeStatus(w, apierrors.NewInternalError(err))
+	default:
+		writeJSON(w, code, obj)
+	}
 }
 
-func (s *apiServer) lookup(w http.ResponseWriter, r *http.Request) *v1.Pod {
-	p := s.pods[r.PathValue("name")]
+func podOut(p *v1.Pod) runtime.Object {
 	if p == nil {
-		writeStatus(w, apierrors.NewNotFound(podsResource, r.PathValue("name")))
+		return nil
 	}
+	p.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
 	return p
 }
 
 func (s *apiServer) get(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.lookup(w, r); p != nil {
-		s.writePod(w, p)
-	}
+	p, err := s.store.get(r.PathValue("name"))
+	answer(w, http.StatusOK, podOut(p), err)
 }
 
 func (s *apiServer) patch(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.lookup(w, r)
-	if p == nil {
-		return
-	}
 	body, _ := io.ReadAll(r.Body)
-	var pre struct {
-		Metadata struct {
-			ResourceVersion string `json:"resourceVersion"`
-		} `json:"metadata"`
-	}
-	_ = json.Unmarshal(body, &pre)
-	if rv := pre.Metadata.ResourceVersion; rv != "" && rv != p.ResourceVersion {
-		writeStatus(w, apierrors.NewConflict(podsResource, p.Name, errors.New("the object has been modified")))
-		return
-	}
-	cur, _ := json.Marshal(p)
-	out, err := strategicpatch.StrategicMergePatch(cur, body, &v1.Pod{})
-	if err != nil {
-		writeStatus(w, apierrors.NewBadRequest(err.Error()))
-		return
-	}
-	var np v1.Pod
-	_ = json.Unmarshal(out, &np)
-	p.Status = np.Status
-	s.rv++
-	p.ResourceVersion = strconv.Itoa(s.rv)
-	s.writePod(w, p)
+	p, err := s.store.patchStatus(r.PathValue("name"), body)
+	answer(w, http.StatusOK, podOut(p), err)
 }
 
 func (s *apiServer) bind(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.lookup(w, r)
-	if p == nil {
-		return
-	}
 	var b v1.Binding
 	if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
 		writeStatus(w, apierrors.NewBadRequest(err.Error()))
 		return
 	}
-	switch {
-	case b.UID != "" && b.UID != p.UID:
-		writeStatus(w, apierrors.NewConflict(podsResource, p.Name, fmt.Errorf("precondition failed: UID %s", b.UID)))
-	case p.Spec.NodeName != "":
-		writeStatus(w, apierrors.NewConflict(podsResource, p.Name, fmt.Errorf("pod %s is already assigned to node %q", p.Name, p.Spec.NodeName)))
-	default:
-		p.Spec.NodeName = b.Target.Name
-		s.rv++
-		p.ResourceVersion = strconv.Itoa(s.rv)
-		writeJSON(w, http.StatusCreated, metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Status: metav1.StatusSuccess, Code: 201})
-	}
+	b.Name = r.PathValue("name")
+	err := s.store.bind(&b)
+	answer(w, http.StatusCreated, &metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Status: metav1.StatusSuccess, Code: 201}, err)
 }
 
 func (s *apiServer) delete(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.lookup(w, r)
-	if p == nil {
-		return
-	}
 	var opts metav1.DeleteOptions
 	_ = json.NewDecoder(r.Body).Decode(&opts)
-	if pre := opts.Preconditions; pre != nil && pre.UID != nil && *pre.UID != p.UID {
-		writeStatus(w, apierrors.NewConflict(podsResource, p.Name, fmt.Errorf("precondition failed: UID in precondition: %s, UID in object meta: %s", *pre.UID, p.UID)))
-		return
+	var uid *types.UID
+	if opts.Preconditions != nil {
+		uid = opts.Preconditions.UID
 	}
-	delete(s.pods, p.Name)
-	s.writePod(w, p)
+	p, err := s.store.delete(r.PathValue("name"), uid)
+	answer(w, http.StatusOK, podOut(p), err)
 }
 
 // TestRESTErrors classifies errors as they come out of client-go's real
@@ -336,10 +298,8 @@ func TestRESTCalls(t *testing.T) {
 	get := func(name string) *v1.Pod {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if p := s.pods[name]; p != nil {
-			return p.DeepCopy()
-		}
-		return nil
+		p, _ := s.store.get(name)
+		return p
 	}
 
 	// Status patch with precondition.
@@ -354,7 +314,7 @@ func TestRESTCalls(t *testing.T) {
 			return false
 		}
 		s.mu.Lock()
-		s.pods["b"].Spec.NodeName = "n1"
+		s.store.assign("b", "n1")
 		s.mu.Unlock()
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err == nil {
@@ -376,7 +336,9 @@ func TestRESTCalls(t *testing.T) {
 	// Deletion of a pod that was replaced: the newer pod stays.
 	victim := get("c")
 	s.mu.Lock()
-	s.pods["c"].UID = "uid-newer"
+	newer := victim.DeepCopy()
+	newer.UID = "uid-newer"
+	s.store.add(newer)
 	s.mu.Unlock()
 	r = outcome(t, submit(t, d, Delete(victim, &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue})))
 	assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)

@@ -151,11 +151,7 @@ func TestErrorPaths(t *testing.T) {
 		},
 		{
 			name: "bind: already assigned to another node ends Failed", call: bind,
-			after: func(api *fakeAPI) {
-				api.mu.Lock()
-				api.pods["p"].Spec.NodeName = "n2"
-				api.mu.Unlock()
-			},
+			after: func(api *fakeAPI) { api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "n2" }) },
 			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"create/binding", "get/"},
 			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
 				assert.True(t, apierrors.IsConflict(r.Err), "the server's answer is kept in the chain")

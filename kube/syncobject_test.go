@@ -31,12 +31,7 @@ func newSyncFixture(t *testing.T) *syncFixture {
 // update changes pod p on the server as another writer would, and returns
 // the pod as an informer would then deliver it.
 func (f *syncFixture) update(change func(p *v1.Pod)) *v1.Pod {
-	f.api.mu.Lock()
-	defer f.api.mu.Unlock()
-	p := f.api.pods["p"]
-	change(p)
-	f.api.bump(p)
-	return p.DeepCopy()
+	return f.api.change("p", change)
 }
 
 func (f *syncFixture) requestsFor(name string) []string {
