@@ -182,6 +182,12 @@ func (d *Dispatcher) options(c Call, o dispatch.SubmitOptions) dispatch.SubmitOp
 // the one that runs), a less relevant one ends Skipped at once, and a
 // status patch folds into a pending status patch. While the pod's call is
 // in flight, c waits behind it.
+//
+// A call that replaces a pending one runs at its own, higher priority, but
+// the core keeps a coalesced call in the tenant and under the label of its
+// first submission: a binding that replaced a pending status patch counts
+// against the status-patch in-flight cap, and is reported under the
+// pod_status_patch label.
 func (d *Dispatcher) Submit(ctx context.Context, c Call, o dispatch.SubmitOptions) (*dispatch.Ticket[types.UID, Call], error) {
 	if err := c.Err(); err != nil {
 		return nil, err
