@@ -226,22 +226,22 @@ func (c Call) String() string {
 }
 
 // rebase makes b (the newest view of the pod) the call's baseline. If b
-// shows the pod bound, a status patch's stale fields are dropped (see
-// boundStale).
+// shows the pod bound, the call is as boundTo leaves it.
 func (c Call) rebase(b baseline) Call {
 	c.base, c.rv, c.nodeName = b.status, b.rv, b.nodeName
 	if b.nodeName != "" {
-		c = c.bound()
+		c = c.boundTo(b.nodeName)
 	}
 	return c
 }
 
-// bound returns the call as it stands once its pod is bound: a pending
-// PodScheduled=False or nomination of a status patch is stale
-// (kubernetes#139602) and is dropped, so that the no-op test finds the
-// patch moot instead of sending it. Other calls, and other conditions,
-// are unchanged.
-func (c Call) bound() Call {
+// boundTo returns the call as it stands once its pod is bound to node: a
+// binding to node has nothing left to do (the no-op test finds it moot),
+// and a status patch's pending PodScheduled=False or nomination is stale
+// (kubernetes#139602) and is dropped, so that the patch is not sent for
+// them. Other conditions are unchanged.
+func (c Call) boundTo(node string) Call {
+	c.nodeName = node
 	if c.typ != PodStatusPatch {
 		return c
 	}

@@ -150,6 +150,20 @@ func TestCoalescing(t *testing.T) {
 			},
 		},
 		{
+			name: "a duplicate binding behind an in-flight one is moot once it lands", inFlight: true,
+			calls: []func(*v1.Pod) Call{bind("n1"), bind("n1")},
+			want:  []dispatch.State{ok, skipped}, requests: []string{"create/binding"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n1", p.Spec.NodeName) },
+		},
+		{
+			// A binding to another node behind it is refused by the server,
+			// and fails once the pod is read back on the first node.
+			name: "a binding to another node behind an in-flight one fails", inFlight: true,
+			calls: []func(*v1.Pod) Call{bind("n1"), bind("n2")},
+			want:  []dispatch.State{ok, dispatch.Failed}, requests: []string{"create/binding", "create/binding", "get/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n1", p.Spec.NodeName) },
+		},
+		{
 			// The same race with a bind the dispatcher did not make (another
 			// scheduler, an earlier attempt): the patch carries the pod's
 			// old resourceVersion, the server refuses it, the pod is read

@@ -35,7 +35,7 @@ var errKeep = errors.New("kube: pending call kept")
 // response, so a successor built from the same view is rebased onto it —
 // instead of being refused by the server and read back; after a binding,
 // a successor status patch's PodScheduled=False and nomination are stale
-// and dropped.
+// and dropped, and a successor binding to the same node is moot.
 func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 	if err := c.Err(); err != nil {
 		return err
@@ -62,7 +62,7 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
 		})
 		if err == nil {
-			a.successor(uid, func(next Call) (Call, error) { return next.bound(), nil })
+			a.successor(uid, func(next Call) (Call, error) { return next.boundTo(c.node), nil })
 		}
 		return withDelay(err)
 	default:
