@@ -1,0 +1,85 @@
+package kube
+
+import (
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+)
+
+// Classify judges an error from the Kubernetes API for the dispatcher
+// (Config.Classify):
+//
+//   - Retry: 429 TooManyRequests, ServerTimeout, Timeout (504),
+//     ServiceUnavailable (503), InternalError and any other 5xx; connection
+//     refused or reset, a connection closed mid-request (EOF, unexpected
+//     EOF, a broken or closed connection, an HTTP/2 GOAWAY), net.Error
+//     timeouts, and the attempt's own deadline.
+//   - Recompute: 409 — Conflict, and AlreadyExists, which is how client-go
+//     reads a bare 409 to a POST. The call is rebuilt from a fresh read
+//     before it runs again (see the calls' documentation).
+//   - Permanent: Unauthorized, Forbidden, Invalid, BadRequest,
+//     MethodNotSupported, RequestEntityTooLarge, NotFound, Gone and every
+//     other status, and any error it does not know.
+//
+// NotFound is decided per call type before the error gets here: a
+// deletion whose pod is gone has succeeded, so only patches and bindings
+// report NotFound, and for them the pod is gone for good.
+//
+// The server's requested delay (Retry-After, a Status's
+// details.retryAfterSeconds: apierrors.SuggestsClientDelay) does not
+// change the class; the dispatcher's exec carries it to the backoff.
+func Classify(err error) dispatch.Class {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		code := status.Status().Code
+		switch {
+		case code == http.StatusConflict || apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+			return dispatch.Recompute
+		case code >= 500,
+			apierrors.IsTooManyRequests(err),
+			apierrors.IsServerTimeout(err),
+			apierrors.IsTimeout(err),
+			apierrors.IsServiceUnavailable(err),
+			apierrors.IsInternalError(err):
+			return dispatch.Retry
+		}
+		return dispatch.Permanent
+	}
+	switch {
+	case utilnet.IsConnectionRefused(err),
+		utilnet.IsConnectionReset(err),
+		utilnet.IsProbableEOF(err),
+		utilnet.IsHTTP2ConnectionLost(err):
+		return dispatch.Retry
+	}
+	return dispatch.DefaultClassifier(err)
+}
+
+// delayedError is an API error that carries the server's requested delay,
+// in the form the dispatcher honours for its backoff: a RetryAfter method
+// anywhere in the error chain. It unwraps to the API error, so errors.Is,
+// errors.As and every apierrors.Is… keep working.
+type delayedError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *delayedError) Error() string             { return e.err.Error() }
+func (e *delayedError) Unwrap() error             { return e.err }
+func (e *delayedError) RetryAfter() time.Duration { return e.delay }
+
+// withDelay wraps err in a delayedError if the server asked for a delay
+// before the next try.
+func withDelay(err error) error {
+	if err == nil {
+		return nil
+	}
+	if s, ok := apierrors.SuggestsClientDelay(err); ok && s > 0 {
+		return &delayedError{err: err, delay: time.Duration(s) * time.Second}
+	}
+	return err
+}

@@ -1,0 +1,134 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// TestClassify covers every row of Classify's table with the errors
+// apimachinery makes, bare and wrapped as callers wrap them, and the
+// transport errors that come out of net/http.
+func TestClassify(t *testing.T) {
+	gr := schema.GroupResource{Resource: "pods"}
+	cause := errors.New("cause")
+	urlErr := func(err error) error {
+		return &url.Error{Op: "Patch", URL: "https://10.0.0.1/api/v1/namespaces/default/pods/p/status", Err: err}
+	}
+	opErr := func(errno syscall.Errno) error {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: errno}}
+	}
+	cases := []struct {
+		name string
+		err  error
+		want dispatch.Class
+	}{
+		// Retry: the server is busy or failing, or the connection broke.
+		{"TooManyRequests", apierrors.NewTooManyRequests("slow down", 2), dispatch.Retry},
+		{"TooManyRequestsError", apierrors.NewTooManyRequestsError("slow down"), dispatch.Retry},
+		{"ServerTimeout", apierrors.NewServerTimeout(gr, "patch", 1), dispatch.Retry},
+		{"Timeout", apierrors.NewTimeoutError("took too long", 0), dispatch.Retry},
+		{"ServiceUnavailable", apierrors.NewServiceUnavailable("down"), dispatch.Retry},
+		{"InternalError", apierrors.NewInternalError(cause), dispatch.Retry},
+		{"502 generic", apierrors.NewGenericServerResponse(502, "PATCH", gr, "p", "bad gateway", 0, true), dispatch.Retry},
+		{"503 generic", apierrors.NewGenericServerResponse(503, "POST", gr, "p", "", 0, true), dispatch.Retry},
+		{"504 generic", apierrors.NewGenericServerResponse(504, "DELETE", gr, "p", "", 0, true), dispatch.Retry},
+		{"connection refused", urlErr(opErr(syscall.ECONNREFUSED)), dispatch.Retry},
+		{"connection reset", urlErr(&net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}), dispatch.Retry},
+		{"EOF", urlErr(io.EOF), dispatch.Retry},
+		{"unexpected EOF", urlErr(io.ErrUnexpectedEOF), dispatch.Retry},
+		{"broken connection", urlErr(errors.New("http: can't write HTTP request on broken connection")), dispatch.Retry},
+		{"closed connection", urlErr(errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: use of closed network connection")), dispatch.Retry},
+		{"http2 GOAWAY", urlErr(errors.New("http2: server sent GOAWAY and closed the connection; LastStreamID=1")), dispatch.Retry},
+		{"http2 connection lost", urlErr(errors.New("http2: client connection lost")), dispatch.Retry},
+		{"net timeout", urlErr(timeoutErr{}), dispatch.Retry},
+		{"attempt deadline", fmt.Errorf("patch: %w", context.DeadlineExceeded), dispatch.Retry},
+
+		// Recompute: the call was built from a view the server refused.
+		{"Conflict", apierrors.NewConflict(gr, "p", cause), dispatch.Recompute},
+		{"already assigned", apierrors.NewConflict(gr, "p", errors.New(`pod p is already assigned to node "n1"`)), dispatch.Recompute},
+		{"409 generic PATCH", apierrors.NewGenericServerResponse(409, "PATCH", gr, "p", "", 0, true), dispatch.Recompute},
+		{"409 generic POST (AlreadyExists)", apierrors.NewGenericServerResponse(409, "POST", gr, "p", "", 0, true), dispatch.Recompute},
+		{"AlreadyExists", apierrors.NewAlreadyExists(gr, "p"), dispatch.Recompute},
+
+		// Permanent: retrying cannot help.
+		{"Unauthorized", apierrors.NewUnauthorized("who are you"), dispatch.Permanent},
+		{"Forbidden", apierrors.NewForbidden(gr, "p", cause), dispatch.Permanent},
+		{"Invalid", apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "p", field.ErrorList{field.Required(field.NewPath("spec"), "")}), dispatch.Permanent},
+		{"BadRequest", apierrors.NewBadRequest("bad"), dispatch.Permanent},
+		{"MethodNotSupported", apierrors.NewMethodNotSupported(gr, "patch"), dispatch.Permanent},
+		{"RequestEntityTooLarge", apierrors.NewRequestEntityTooLargeError("big"), dispatch.Permanent},
+		{"NotFound", apierrors.NewNotFound(gr, "p"), dispatch.Permanent},
+		{"Gone", apierrors.NewGone("gone"), dispatch.Permanent},
+		{"ResourceExpired", apierrors.NewResourceExpired("expired"), dispatch.Permanent},
+		{"404 generic", apierrors.NewGenericServerResponse(404, "PATCH", gr, "p", "", 0, true), dispatch.Permanent},
+		{"unknown error", errors.New("something else"), dispatch.Permanent},
+		{"canceled", context.Canceled, dispatch.Permanent},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, Classify(c.err), "bare")
+			assert.Equal(t, c.want, Classify(fmt.Errorf("kube: bind: %w", c.err)), "wrapped with %%w")
+			assert.Equal(t, c.want, Classify(withDelay(c.err)), "as exec returns it")
+		})
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestWithDelay: an API error that asks for a delay comes out of exec in a
+// form the dispatcher's backoff honours (RetryAfter) and that every
+// apierrors test and errors.Is still sees through.
+func TestWithDelay(t *testing.T) {
+	gr := schema.GroupResource{Resource: "pods"}
+	cases := []struct {
+		name string
+		err  error
+		want time.Duration
+	}{
+		{"429 with Retry-After", apierrors.NewTooManyRequests("slow down", 3), 3 * time.Second},
+		{"ServerTimeout", apierrors.NewServerTimeout(gr, "patch", 2), 2 * time.Second},
+		{"503 with Retry-After from a header", apierrors.NewGenericServerResponse(503, "PATCH", gr, "p", "", 5, true), 5 * time.Second},
+		{"wrapped", fmt.Errorf("x: %w", apierrors.NewTooManyRequests("slow down", 1)), time.Second},
+		{"429 without a delay", apierrors.NewTooManyRequestsError("slow down"), 0},
+		{"ServerTimeout without a delay", apierrors.NewServerTimeout(gr, "patch", 0), 0},
+		{"not an API error", io.EOF, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := withDelay(c.err)
+			assert.ErrorIs(t, got, c.err)
+			assert.Equal(t, c.err.Error(), got.Error())
+			var hint interface{ RetryAfter() time.Duration }
+			if c.want == 0 {
+				assert.Same(t, c.err, got, "no delay: the error is returned as it is")
+				return
+			}
+			if assert.ErrorAs(t, got, &hint) {
+				assert.Equal(t, c.want, hint.RetryAfter())
+			}
+			assert.Equal(t, apierrors.IsTooManyRequests(c.err), apierrors.IsTooManyRequests(got))
+			s, ok := apierrors.SuggestsClientDelay(got)
+			assert.True(t, ok)
+			assert.Equal(t, c.want, time.Duration(s)*time.Second)
+		})
+	}
+	assert.NoError(t, withDelay(nil))
+}

@@ -1,0 +1,287 @@
+package kube
+
+import (
+	"testing"
+	"testing/synctest"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TestCoalescing is the merge / skip / overwrite / successor table of the
+// three calls through a real dispatcher and the fake API server: what each
+// submission's ticket says, which requests reach the server for the pod,
+// and what the pod looks like at the end. Each call is built from the pod
+// as the server has it at that moment, as a scheduler builds it from its
+// informer. Calls are either all pending (the only worker is held by
+// another pod) or the first is in flight (held at the server) and the rest
+// arrive behind it. The first rows are upstream's call_queue_test.go
+// cases.
+func TestCoalescing(t *testing.T) {
+	sched := func(p *v1.Pod) Call {
+		return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes are available")}})
+	}
+	schedAnyway := func(p *v1.Pod) Call {
+		return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes are available")}, Unconditional: true})
+	}
+	nominate := func(node string) func(p *v1.Pod) Call {
+		return func(p *v1.Pod) Call { return PatchStatus(p, StatusPatch{NominatedNodeName: ptr(node)}) }
+	}
+	bind := func(node string) func(p *v1.Pod) Call { return func(p *v1.Pod) Call { return Bind(p, node) } }
+	del := func(p *v1.Pod) Call {
+		return Delete(p, &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler})
+	}
+	scheduledFalse := func(p *v1.Pod) bool {
+		c := findCondition(&p.Status, v1.PodScheduled)
+		return c != nil && c.Status == v1.ConditionFalse
+	}
+	const (
+		ok      = dispatch.Succeeded
+		skipped = dispatch.Skipped
+	)
+	cases := []struct {
+		name     string
+		inFlight bool // the first call is in flight when the others arrive
+		calls    []func(*v1.Pod) Call
+		// skippedAtOnce lists the submissions that end Skipped before
+		// anything runs (a less relevant call onto a pending one).
+		skippedAtOnce []int
+		want          []dispatch.State
+		requests      []string
+		// between, if set, runs once every call is submitted, before any
+		// is let through.
+		between func(api *fakeAPI)
+		check   func(t *testing.T, p *v1.Pod)
+	}{
+		{
+			name: "more relevant call overwrites", calls: []func(*v1.Pod) Call{sched, bind("n1")},
+			want: []dispatch.State{ok, ok}, requests: []string{"create/binding"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.Equal(t, "n1", p.Spec.NodeName)
+				assert.False(t, scheduledFalse(p), "the overwritten patch never ran")
+			},
+		},
+		{
+			name: "less relevant call is skipped at once", calls: []func(*v1.Pod) Call{bind("n1"), sched},
+			skippedAtOnce: []int{1}, want: []dispatch.State{ok, skipped}, requests: []string{"create/binding"},
+			check: func(t *testing.T, p *v1.Pod) { assert.False(t, scheduledFalse(p)) },
+		},
+		{
+			name: "same type merges into one write", calls: []func(*v1.Pod) Call{sched, nominate("n2")},
+			want: []dispatch.State{ok, ok}, requests: []string{"patch/status"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.True(t, scheduledFalse(p))
+				assert.Equal(t, "n2", p.Status.NominatedNodeName)
+			},
+		},
+		{
+			name: "a merge that leaves nothing to change is skipped", calls: []func(*v1.Pod) Call{nominate("n2"), nominate("")},
+			want: []dispatch.State{skipped, skipped}, requests: nil,
+			check: func(t *testing.T, p *v1.Pod) { assert.Empty(t, p.Status.NominatedNodeName) },
+		},
+		{
+			name: "a patch that changes nothing is never sent", calls: []func(*v1.Pod) Call{nominate("")},
+			want: []dispatch.State{skipped}, requests: nil,
+		},
+		{
+			name: "deletion overwrites a pending binding", calls: []func(*v1.Pod) Call{bind("n1"), del},
+			want: []dispatch.State{ok, ok}, requests: []string{"patch/status", "delete/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Nil(t, p, "deleted") },
+		},
+		{
+			name: "deletion overwrites a pending status patch", calls: []func(*v1.Pod) Call{sched, del},
+			want: []dispatch.State{ok, ok}, requests: []string{"patch/status", "delete/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Nil(t, p) },
+		},
+		{
+			name: "binding onto a pending deletion is skipped", calls: []func(*v1.Pod) Call{del, bind("n1")},
+			skippedAtOnce: []int{1}, want: []dispatch.State{ok, skipped}, requests: []string{"patch/status", "delete/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Nil(t, p) },
+		},
+		{
+			name: "status patch onto a pending deletion is skipped", calls: []func(*v1.Pod) Call{del, sched, nominate("n1")},
+			skippedAtOnce: []int{1, 2}, want: []dispatch.State{ok, skipped, skipped}, requests: []string{"patch/status", "delete/"},
+		},
+		{
+			name: "newer binding replaces a pending one", calls: []func(*v1.Pod) Call{bind("n1"), bind("n2")},
+			want: []dispatch.State{ok, ok}, requests: []string{"create/binding"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n2", p.Spec.NodeName) },
+		},
+		{
+			name: "three patches, one write", calls: []func(*v1.Pod) Call{nominate("n1"), sched, nominate("n3")},
+			want: []dispatch.State{ok, ok, ok}, requests: []string{"patch/status"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.True(t, scheduledFalse(p))
+				assert.Equal(t, "n3", p.Status.NominatedNodeName)
+			},
+		},
+
+		// In flight: the call on the wire is never merged with; a new call
+		// waits behind it as the successor (kubernetes#135180), and the
+		// successor coalesces as a pending call does.
+		{
+			name: "a binding waits behind an in-flight status patch", inFlight: true, calls: []func(*v1.Pod) Call{sched, bind("n1")},
+			want: []dispatch.State{ok, ok}, requests: []string{"patch/status", "create/binding"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n1", p.Spec.NodeName) },
+		},
+		{
+			name: "successors coalesce behind an in-flight patch", inFlight: true, calls: []func(*v1.Pod) Call{sched, nominate("n1"), nominate("n2")},
+			want: []dispatch.State{ok, ok, ok}, requests: []string{"patch/status", "patch/status"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n2", p.Status.NominatedNodeName) },
+		},
+		{
+			name: "a deletion waits behind an in-flight binding", inFlight: true, calls: []func(*v1.Pod) Call{bind("n1"), del},
+			want: []dispatch.State{ok, ok}, requests: []string{"create/binding", "patch/status", "delete/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Nil(t, p) },
+		},
+		{
+			// kubernetes#139602: a PodScheduled=False built before the bind
+			// landed is stale once it has: the binding's success drops it
+			// from its successor, which is left with nothing to write.
+			name: "a stale PodScheduled=False behind an in-flight binding never lands", inFlight: true,
+			calls: []func(*v1.Pod) Call{bind("n1"), schedAnyway},
+			want:  []dispatch.State{ok, skipped}, requests: []string{"create/binding"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.Equal(t, "n1", p.Spec.NodeName)
+				assert.False(t, scheduledFalse(p), "bound pods never say PodScheduled=False")
+			},
+		},
+		{
+			name: "a duplicate binding behind an in-flight one is moot once it lands", inFlight: true,
+			calls: []func(*v1.Pod) Call{bind("n1"), bind("n1")},
+			want:  []dispatch.State{ok, skipped}, requests: []string{"create/binding"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n1", p.Spec.NodeName) },
+		},
+		{
+			// A binding to another node behind it is refused by the server,
+			// and fails once the pod is read back on the first node.
+			name: "a binding to another node behind an in-flight one fails", inFlight: true,
+			calls: []func(*v1.Pod) Call{bind("n1"), bind("n2")},
+			want:  []dispatch.State{ok, dispatch.Failed}, requests: []string{"create/binding", "create/binding", "get/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n1", p.Spec.NodeName) },
+		},
+		{
+			// The same race with a bind the dispatcher did not make (another
+			// scheduler, an earlier attempt): the patch carries the pod's
+			// old resourceVersion, the server refuses it, the pod is read
+			// back bound, and the stale condition is dropped.
+			name:  "a pod bound behind the dispatcher's back refuses the stale patch",
+			calls: []func(*v1.Pod) Call{sched}, between: bindBehindTheBack,
+			want: []dispatch.State{skipped}, requests: []string{"patch/status", "get/"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.Equal(t, "elsewhere", p.Spec.NodeName)
+				assert.False(t, scheduledFalse(p))
+			},
+		},
+		{
+			// What the precondition prevents: the same patch sent
+			// Unconditional lands on the bound pod.
+			name:  "without the precondition the stale condition lands",
+			calls: []func(*v1.Pod) Call{schedAnyway}, between: bindBehindTheBack,
+			want: []dispatch.State{ok}, requests: []string{"patch/status"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.Equal(t, "elsewhere", p.Spec.NodeName)
+				assert.True(t, scheduledFalse(p), "the race kubernetes#139602 fixed")
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI(newPod("p"), newPod("blocker"))
+				d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+				var release func()
+				if c.inFlight {
+					kind := map[CallType]string{PodStatusPatch: "patch/status", PodBinding: "create/binding", PodDeletion: "patch/status"}
+					release = api.hold(kind[c.calls[0](api.pod("p")).Type()], "p")
+				} else {
+					release = api.hold("patch/status", "blocker")
+					submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
+				}
+				synctest.Wait()
+				tickets := make([]*dispatch.Ticket[types.UID, Call], len(c.calls))
+				for i, mk := range c.calls {
+					tickets[i] = submit(t, d, mk(api.pod("p")))
+					if i == 0 {
+						synctest.Wait() // in flight, if it can be
+					}
+				}
+				synctest.Wait()
+				for i, tk := range tickets {
+					r, done := tk.Result()
+					if assert.Equal(t, contains(c.skippedAtOnce, i), done, "submission %d ended before anything ran", i) && done {
+						assert.Equal(t, dispatch.Skipped, r.State)
+						assert.Zero(t, r.Attempts)
+					}
+				}
+				if c.between != nil {
+					c.between(api)
+				}
+				release()
+				for i, tk := range tickets {
+					assert.Equal(t, c.want[i], outcome(t, tk).State, "submission %d", i)
+				}
+				var got []string
+				for _, r := range api.requests() {
+					if r.Name == "p" {
+						got = append(got, r.kind())
+					}
+				}
+				assert.Equal(t, c.requests, got, "requests for the pod")
+				if c.check != nil {
+					c.check(t, api.pod("p"))
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// bindBehindTheBack binds pod p on the server without a request through
+// the dispatcher.
+func bindBehindTheBack(api *fakeAPI) {
+	api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "elsewhere" })
+}
+
+func contains(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSkippedSubmissionDoesNotRaisePriority: a status patch skipped onto a
+// pending binding neither joins it nor lends it its priority or deadline;
+// the binding runs as it was.
+func TestSkippedSubmissionDoesNotRaisePriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"), newPod("q"), newPod("blocker"))
+		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+		release := api.hold("patch/status", "blocker")
+		submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
+		synctest.Wait()
+		bq := submit(t, d, Bind(api.pod("q"), "n1"))
+		bp, err := d.Submit(t.Context(), Bind(api.pod("p"), "n1"), dispatch.SubmitOptions{Priority: 1})
+		require.NoError(t, err)
+		sk, err := d.Submit(t.Context(), PatchStatus(api.pod("p"), StatusPatch{NominatedNodeName: ptr("n1")}), dispatch.SubmitOptions{Priority: 100})
+		require.NoError(t, err)
+		assert.Equal(t, dispatch.Skipped, outcome(t, sk).State)
+		release()
+		outcome(t, bq)
+		outcome(t, bp)
+		var order []string
+		for _, r := range api.requests() {
+			if r.Verb == "create" {
+				order = append(order, r.Name)
+			}
+		}
+		assert.Equal(t, []string{"q", "p"}, order, "p's binding kept its priority 1 < q's 10")
+		s := closeD(t, d)
+		assert.Equal(t, 1, int(s.Outcomes[dispatch.Skipped]))
+	})
+}

@@ -1,0 +1,167 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/coalescer/dispatch"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// calls runs kube calls against one pods API: the dispatcher's exec and
+// before-retry hook.
+type calls struct {
+	pods podAPI
+	// amend is the dispatcher's Amend, set once New has returned and
+	// before any call runs: what a write taught about the pod is passed on
+	// to the call waiting behind it.
+	amend func(types.UID, func(Call) (Call, error)) (bool, error)
+}
+
+// errKeep makes an Amend leave the pending call as it is.
+var errKeep = errors.New("kube: pending call kept")
+
+// exec performs one attempt of c. An error the server sent with a delay
+// (Retry-After) comes back wrapped so that the dispatcher's backoff honours
+// it.
+//
+// A write that lands tells the pod's successor (the call submitted while
+// this one was in flight) what it needs to know: after a status patch sent
+// with its resourceVersion precondition, the pod is exactly the patch's
+// response, so a successor built from the same view is rebased onto it —
+// instead of being refused by the server and read back; after a binding,
+// a successor status patch's PodScheduled=False and nomination are stale
+// and dropped, and a successor binding to the same node is moot.
+func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
+	if err := c.Err(); err != nil {
+		return err
+	}
+	if uid != c.uid {
+		return fmt.Errorf("%w: %s submitted under key %q, not its pod's UID %q", ErrInvalidCall, c, uid, c.uid)
+	}
+	switch c.typ {
+	case PodStatusPatch:
+		pod, err := a.patch(ctx, &c)
+		if err == nil && pod != nil && c.rv != "" && !c.unconditional {
+			b := baselineOf(pod)
+			a.successor(uid, func(next Call) (Call, error) {
+				if next.rv != c.rv {
+					return next, errKeep // built from another view: let the server judge it
+				}
+				return next.rebase(b), nil
+			})
+		}
+		return withDelay(err)
+	case PodBinding:
+		err := a.pods.bind(ctx, &v1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, UID: c.uid},
+			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
+		})
+		if err == nil {
+			a.successor(uid, func(next Call) (Call, error) { return next.boundTo(c.node), nil })
+		}
+		return withDelay(err)
+	default:
+		return withDelay(a.delete(ctx, &c))
+	}
+}
+
+// successor rewrites the pending call of uid with f, if there is one.
+func (a *calls) successor(uid types.UID, f func(Call) (Call, error)) {
+	if a.amend != nil {
+		_, _ = a.amend(uid, f) // errKeep, or nothing pending: nothing to do
+	}
+}
+
+// patch sends the status patch c, and returns the pod as the server
+// answered, or nil if there was nothing to send.
+func (a *calls) patch(ctx context.Context, c *Call) (*v1.Pod, error) {
+	body, err := c.statusPatch(metav1.Now())
+	if err != nil || body == nil {
+		return nil, err
+	}
+	return a.pods.patchStatus(ctx, c.namespace, c.name, body)
+}
+
+// delete patches the deletion's condition, if any, then deletes the pod
+// with its UID as a precondition. A pod that is gone — NotFound, or a
+// conflict on the UID precondition (the name now holds a newer pod) — is
+// deleted as far as this call is concerned.
+func (a *calls) delete(ctx context.Context, c *Call) error {
+	body, err := c.disruptionPatch(metav1.Now())
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		if _, err := a.pods.patchStatus(ctx, c.namespace, c.name, body); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		}
+	}
+	err = a.pods.delete(ctx, c.namespace, c.name, c.uid)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+// beforeRetry is the Config.BeforeRetry of kube calls: before a call runs
+// again, it finds out what the earlier attempt did, so that no write
+// happens twice and none is made from a view the server refused.
+//
+//   - A binding reads the pod: bound to the call's node, the earlier attempt
+//     took effect (its response was lost, or this is the 409 "already
+//     assigned" it caused) and the call ends Succeeded without binding
+//     again; bound to another node, or replaced by a pod with another UID,
+//     or gone, it ends Failed; still unbound, it binds again.
+//   - A status patch refused with a conflict (its resourceVersion
+//     precondition failed) is rebuilt against the pod as read now; if the
+//     pod is bound meanwhile, a PodScheduled=False or a nomination is
+//     dropped as stale, and a patch left with nothing to change ends
+//     Skipped. Other status-patch retries resend the same patch.
+//   - A deletion reads the pod: gone, or replaced, it ends Succeeded;
+//     otherwise it runs again against the pod as read now (a condition that
+//     landed is not patched twice).
+//
+// If the read itself fails with an error worth retrying, the call runs
+// again as it was: the next attempt will tell. The call's attempt limit
+// bounds the loop.
+func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr error) (Call, bool, error) {
+	if c.Err() != nil || (c.typ == PodStatusPatch && !apierrors.IsConflict(lastErr)) {
+		return c, false, nil
+	}
+	pod, err := a.pods.get(ctx, c.namespace, c.name)
+	switch {
+	case err == nil && pod.UID != uid:
+		if c.typ == PodDeletion {
+			return c, true, nil
+		}
+		return c, false, fmt.Errorf("kube: %s: the pod was replaced (UID %s, not %s): %w", c, pod.UID, uid, lastErr)
+	case apierrors.IsNotFound(err):
+		if c.typ == PodDeletion {
+			return c, true, nil
+		}
+		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
+	case err != nil:
+		if Classify(err) == dispatch.Retry {
+			return c, false, nil
+		}
+		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
+	}
+	if c.typ == PodBinding {
+		switch pod.Spec.NodeName {
+		case c.node:
+			return c, true, nil
+		case "":
+		default:
+			return c, false, fmt.Errorf("kube: %s: the pod is bound to node %s: %w", c, pod.Spec.NodeName, lastErr)
+		}
+	}
+	return c.rebase(baselineOf(pod)), false, nil
+}

@@ -1,0 +1,123 @@
+package kube
+
+import (
+	"slices"
+
+	"github.com/coalescer/dispatch"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// merge is the Config.Merge of kube calls: how a submission coalesces into
+// the pod's pending call. Relevance decides between types, as in
+// kube-scheduler: a more relevant incoming call replaces the pending one; a
+// less relevant one is moot (SkipIncoming: it ends Skipped at once, without
+// waiting for the pending call). Within a type, status patches combine —
+// what the newer one sets wins, what it leaves out is kept — and bindings
+// and deletions are replaced by the newer one (a deletion keeps the older
+// one's condition if the newer has none).
+//
+// It runs under the dispatcher's lock: it only assigns fields, and
+// allocates only when two patches' conditions combine.
+func merge(pending, incoming Call) (Call, error) {
+	if err := incoming.Err(); err != nil {
+		return pending, err // refused: the pending call stays as it was
+	}
+	if pending.Err() != nil {
+		return incoming, nil
+	}
+	switch rp, ri := pending.typ.relevance(), incoming.typ.relevance(); {
+	case ri < rp:
+		return pending, dispatch.SkipIncoming
+	case ri > rp:
+		return incoming, nil
+	}
+	switch incoming.typ {
+	case PodStatusPatch:
+		return mergeStatus(pending, incoming), nil
+	case PodDeletion:
+		if incoming.disruption == nil {
+			incoming.disruption = pending.disruption
+		}
+	}
+	return incoming, nil
+}
+
+// mergeStatus combines two status patches: incoming's baseline (the newer
+// view of the pod) and the fields it sets, plus those of pending it does
+// not set.
+func mergeStatus(pending, incoming Call) Call {
+	out := incoming
+	if !incoming.setNNN && pending.setNNN {
+		out.nnn, out.setNNN = pending.nnn, true
+	}
+	for _, cond := range pending.conds {
+		if !slices.ContainsFunc(incoming.conds, func(c v1.PodCondition) bool { return c.Type == cond.Type }) {
+			// A clipped slice: append copies, so incoming's conditions,
+			// which other calls may share, are never written.
+			out.conds = append(slices.Clip(out.conds), cond)
+		}
+	}
+	return out
+}
+
+// noOp is the Config.NoOp of kube calls: a status patch that changes
+// nothing in its baseline, and a binding whose baseline already shows the
+// pod on its node, are not sent. A deletion always runs. An invalid call
+// runs, so that exec reports why it is invalid.
+func noOp(_ types.UID, c Call) bool {
+	if c.Err() != nil {
+		return false
+	}
+	switch c.typ {
+	case PodStatusPatch:
+		return !c.statusChanges()
+	case PodBinding:
+		return c.nodeName == c.node
+	}
+	return false
+}
+
+// label is the Config.Label of kube calls: the call type.
+func label(_ types.UID, c Call) string {
+	if c.Err() != nil {
+		return "invalid"
+	}
+	return string(c.typ)
+}
+
+// project returns pod as it will look once c lands: with a status patch's
+// fields or a deletion's condition set, or a binding's node. It returns
+// pod itself if c changes nothing in it, and a changed copy otherwise;
+// pod is never written.
+func (c *Call) project(pod *v1.Pod) *v1.Pod {
+	now := metav1.Now()
+	switch c.typ {
+	case PodStatusPatch:
+		status, changed := applyConditions(&pod.Status, c.conds, now)
+		if c.setNNN && status.NominatedNodeName != c.nnn {
+			status.NominatedNodeName, changed = c.nnn, true
+		}
+		if changed {
+			out := pod.DeepCopy()
+			out.Status = *status
+			return out
+		}
+	case PodBinding:
+		if pod.Spec.NodeName != c.node {
+			out := pod.DeepCopy()
+			out.Spec.NodeName = c.node
+			return out
+		}
+	case PodDeletion:
+		if c.disruption != nil {
+			if status, changed := applyConditions(&pod.Status, []v1.PodCondition{*c.disruption}, now); changed {
+				out := pod.DeepCopy()
+				out.Status = *status
+				return out
+			}
+		}
+	}
+	return pod
+}

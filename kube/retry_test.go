@@ -1,0 +1,268 @@
+package kube
+
+import (
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// retryLog records the observer's retry events.
+type retryLog struct {
+	dispatch.NopObserver
+	mu      sync.Mutex
+	retries []retryEvent
+}
+
+type retryEvent struct {
+	Label string
+	Delay time.Duration
+	Err   error
+}
+
+func (l *retryLog) OnRetry(e dispatch.Event, _ int, delay time.Duration, err error) {
+	l.mu.Lock()
+	l.retries = append(l.retries, retryEvent{e.Label, delay, err})
+	l.mu.Unlock()
+}
+
+func (l *retryLog) get() []retryEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]retryEvent(nil), l.retries...)
+}
+
+// failFirst answers the first request of kind with err; apply says whether
+// the server carries it out all the same (a lost response).
+func failFirst(kind string, err error, apply bool) fault {
+	return func(r request) (bool, error) {
+		if r.kind() == kind && r.N == 1 {
+			return apply, err
+		}
+		return true, nil
+	}
+}
+
+func connReset() error {
+	return &url.Error{Op: "Post", URL: "https://apiserver/api/v1/namespaces/default/pods/p/binding",
+		Err: &net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}}
+}
+
+// TestErrorPaths runs each classification path through the dispatcher: an
+// error on the first request of a call, what the dispatcher makes of it
+// (outcome, executions, the requests that reach the server), and the pod
+// left on the server. Retries use the default policy (3 attempts).
+func TestErrorPaths(t *testing.T) {
+	gr := podsResource
+	condition := &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}
+	patch := func(p *v1.Pod) Call {
+		return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}})
+	}
+	bind := func(p *v1.Pod) Call { return Bind(p, "n1") }
+	del := func(p *v1.Pod) Call { return Delete(p, nil) }
+	preempt := func(p *v1.Pod) Call { return Delete(p, condition) }
+	cases := []struct {
+		name     string
+		call     func(*v1.Pod) Call
+		noPod    bool               // the pod does not exist on the server
+		after    func(api *fakeAPI) // changes the server once the call is built
+		fault    fault
+		state    dispatch.State
+		attempts int
+		reason   dispatch.GiveUp // for Failed
+		requests []string
+		check    func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call])
+	}{
+		// Retry.
+		{name: "patch: 500 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewInternalError(errors.New("etcd")), false),
+			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
+		{name: "patch: 503 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewServiceUnavailable("down"), false),
+			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
+		{name: "patch: 504 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewTimeoutError("slow", 0), false),
+			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
+		{
+			// The patch landed but its response was lost: the resend carries
+			// the old resourceVersion, is refused, and the pod read back
+			// shows there is nothing left to do.
+			name: "patch: a lost response ends Skipped on the resend", call: patch, fault: failFirst("patch/status", connReset(), true),
+			state: dispatch.Skipped, attempts: 2, requests: []string{"patch/status", "patch/status", "get/"},
+			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+				assert.Equal(t, "0/3 nodes", findCondition(&api.pod("p").Status, v1.PodScheduled).Message)
+			},
+		},
+		{name: "patch: every attempt fails", call: patch, fault: func(r request) (bool, error) { return false, apierrors.NewServiceUnavailable("down") },
+			state: dispatch.Failed, attempts: 3, reason: dispatch.GiveUpAttempts, requests: []string{"patch/status", "patch/status", "patch/status"}},
+
+		// Recompute.
+		{
+			name: "patch: a conflict is rebuilt from the pod read back", call: patch,
+			fault: failFirst("patch/status", apierrors.NewConflict(gr, "p", errors.New("modified")), false),
+			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "get/", "patch/status"},
+		},
+		{
+			name: "patch: a conflict on a pod that is gone", call: patch,
+			fault: func(r request) (bool, error) {
+				switch r.kind() {
+				case "patch/status":
+					return false, apierrors.NewConflict(gr, "p", errors.New("modified"))
+				case "get/":
+					return false, apierrors.NewNotFound(gr, "p")
+				}
+				return true, nil
+			},
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"patch/status", "get/"},
+			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
+				assert.True(t, apierrors.IsNotFound(r.Err))
+			},
+		},
+		{
+			name: "bind: a lost response is found bound and ends Succeeded without binding again", call: bind,
+			fault: failFirst("create/binding", connReset(), true),
+			state: dispatch.Succeeded, attempts: 1, requests: []string{"create/binding", "get/"},
+		},
+		{
+			// The read after the lost response fails too, so the binding is
+			// sent again: the server answers 409 "already assigned", and the
+			// pod read back shows the first attempt took effect.
+			name: "bind: retried after a success it could not see, meets 409, ends Succeeded", call: bind,
+			fault: func(r request) (bool, error) {
+				switch {
+				case r.kind() == "create/binding" && r.N == 1:
+					return true, apierrors.NewServiceUnavailable("response lost")
+				case r.kind() == "get/" && r.N == 1:
+					return false, apierrors.NewServiceUnavailable("still down")
+				}
+				return true, nil
+			},
+			state: dispatch.Succeeded, attempts: 2, requests: []string{"create/binding", "get/", "create/binding", "get/"},
+			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) { assert.NoError(t, r.Err) },
+		},
+		{
+			name: "bind: already assigned to another node ends Failed", call: bind,
+			after: func(api *fakeAPI) { api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "n2" }) },
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"create/binding", "get/"},
+			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
+				assert.True(t, apierrors.IsConflict(r.Err), "the server's answer is kept in the chain")
+				assert.ErrorContains(t, r.Err, "bound to node n2")
+			},
+		},
+
+		// Permanent.
+		{name: "patch: NotFound, the pod is gone", call: patch, noPod: true,
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
+		{name: "bind: NotFound, the pod is gone", call: bind, noPod: true,
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
+		{name: "patch: Forbidden", call: patch, fault: failFirst("patch/status", apierrors.NewForbidden(gr, "p", errors.New("rbac")), false),
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
+		{name: "bind: Invalid", call: bind, fault: failFirst("create/binding", apierrors.NewBadRequest("no such node"), false),
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
+
+		// Deletion: gone is done.
+		{name: "delete: NotFound is success", call: del, noPod: true,
+			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/"}},
+		{name: "preempt: NotFound on the condition patch is success, and nothing is deleted", call: preempt, noPod: true,
+			state: dispatch.Succeeded, attempts: 1, requests: []string{"patch/status"}},
+		{
+			name: "delete: a pod replaced under the same name is not deleted", call: del,
+			after: func(api *fakeAPI) {
+				newer := newPod("p")
+				newer.UID = "uid-newer"
+				api.add(newer)
+			},
+			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/"},
+			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+				require.NotNil(t, api.pod("p"), "the newer pod stays")
+				assert.Equal(t, types.UID("uid-newer"), api.pod("p").UID)
+			},
+		},
+		{
+			name: "preempt: a failed deletion is retried without patching the condition twice", call: preempt,
+			fault: failFirst("delete/", apierrors.NewServiceUnavailable("down"), false),
+			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "delete/", "get/", "delete/"},
+			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) { assert.Nil(t, api.pod("p")) },
+		},
+		{
+			name: "delete: lost response, the pod read back is gone", call: del,
+			fault: failFirst("delete/", connReset(), true),
+			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/", "get/"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				pod := newPod("p")
+				api := newFakeAPI()
+				if !c.noPod {
+					pod = api.add(pod)
+				}
+				d := newTestDispatcher(t, api, Options{})
+				call := c.call(pod)
+				if c.after != nil {
+					c.after(api)
+				}
+				api.setFault(c.fault)
+				r := outcome(t, submit(t, d, call))
+				assert.Equal(t, c.state, r.State, "%v", r.Err)
+				assert.Equal(t, c.attempts, r.Attempts)
+				if c.state == dispatch.Failed {
+					var re *dispatch.RetryError
+					if assert.ErrorAs(t, r.Err, &re) {
+						assert.Equal(t, c.reason, re.Reason)
+					}
+				}
+				var kinds []string
+				for _, q := range api.requests() {
+					kinds = append(kinds, q.kind())
+				}
+				assert.Equal(t, c.requests, kinds)
+				if c.check != nil {
+					c.check(t, api, r)
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestRetryAfterReachesTheBackoff: a 429 with Retry-After: 2 makes the
+// dispatcher wait exactly 2s before the next attempt — the server's delay,
+// not the default backoff — and the wait holds no worker: another pod's
+// binding runs meanwhile on the only worker.
+func TestRetryAfterReachesTheBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"), newPod("q"))
+		obs := &retryLog{}
+		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1, Observer: obs}})
+		api.setFault(failFirst("patch/status", apierrors.NewTooManyRequests("slow down", 2), false))
+		start := time.Now()
+		tp := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{NominatedNodeName: ptr("n1")}))
+		synctest.Wait()
+		tq := submit(t, d, Bind(api.pod("q"), "n1"))
+		rq := outcome(t, tq)
+		assert.Equal(t, dispatch.Succeeded, rq.State)
+		assert.Equal(t, start, time.Now(), "the binding ran at once: the patch's wait held no worker")
+		rp := outcome(t, tp)
+		assert.Equal(t, dispatch.Succeeded, rp.State)
+		assert.Equal(t, 2, rp.Attempts)
+		reqs := api.requests()
+		require.Len(t, reqs, 3)
+		assert.Equal(t, 2*time.Second, reqs[2].At.Sub(reqs[0].At), "second patch exactly Retry-After later")
+		ev := obs.get()
+		require.Len(t, ev, 1)
+		assert.Equal(t, retryEvent{Label: "pod_status_patch", Delay: 2 * time.Second, Err: ev[0].Err}, ev[0])
+		assert.True(t, apierrors.IsTooManyRequests(ev[0].Err))
+		closeD(t, d)
+	})
+}

@@ -1,0 +1,205 @@
+package kube
+
+import (
+	"testing"
+	"testing/synctest"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// syncFixture is a dispatcher whose only worker is held by another pod, so
+// that calls for pod p stay pending until release.
+type syncFixture struct {
+	api     *fakeAPI
+	d       *Dispatcher
+	release func()
+}
+
+func newSyncFixture(t *testing.T) *syncFixture {
+	api := newFakeAPI(newPod("p"), newPod("blocker"))
+	d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+	release := api.hold("patch/status", "blocker")
+	submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
+	synctest.Wait()
+	return &syncFixture{api, d, release}
+}
+
+// update changes pod p on the server as another writer would, and returns
+// the pod as an informer would then deliver it.
+func (f *syncFixture) update(change func(p *v1.Pod)) *v1.Pod {
+	return f.api.change("p", change)
+}
+
+func (f *syncFixture) requestsFor(name string) []string {
+	var out []string
+	for _, r := range f.api.requests() {
+		if r.Name == name {
+			out = append(out, r.kind())
+		}
+	}
+	return out
+}
+
+// TestSyncObject: SyncObject shows a pod as it will be once its pending
+// call lands, and makes the pod the call's new baseline — which can make
+// the call moot (Skipped at once) or spare it a conflict with the server.
+func TestSyncObject(t *testing.T) {
+	sched := unschedulable("0/3 nodes are available")
+
+	t.Run("nothing pending: the pod itself", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			pod := f.api.pod("p")
+			got, err := f.d.SyncObject(pod)
+			require.NoError(t, err)
+			assert.Same(t, pod, got)
+			f.release()
+		})
+	})
+
+	t.Run("pending status patch: projected, input untouched, still pending", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			tk := submit(t, f.d, PatchStatus(f.api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{sched}, NominatedNodeName: ptr("n2")}))
+			pod := f.api.pod("p")
+			got, err := f.d.SyncObject(pod)
+			require.NoError(t, err)
+			assert.NotSame(t, pod, got)
+			assert.Empty(t, pod.Status.Conditions, "the input is never written")
+			c := findCondition(&got.Status, v1.PodScheduled)
+			require.NotNil(t, c)
+			assert.Equal(t, sched.Message, c.Message)
+			assert.False(t, c.LastTransitionTime.IsZero())
+			assert.Equal(t, "n2", got.Status.NominatedNodeName)
+			assert.True(t, f.d.Pending(pod.UID))
+			f.release()
+			assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+			assert.Equal(t, "n2", f.api.pod("p").Status.NominatedNodeName)
+		})
+	})
+
+	t.Run("the newer view makes the pending patch moot: Skipped at once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			tk := submit(t, f.d, PatchStatus(f.api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{sched}}))
+			seen := f.update(func(p *v1.Pod) { p.Status.Conditions = []v1.PodCondition{sched} }) // another writer got there first
+			got, err := f.d.SyncObject(seen)
+			require.NoError(t, err)
+			assert.Same(t, seen, got, "nothing left to project")
+			r, done := tk.Result()
+			require.True(t, done, "ended without waiting for a worker")
+			assert.Equal(t, dispatch.Skipped, r.State)
+			assert.False(t, f.d.Pending(seen.UID))
+			f.release()
+			assert.Empty(t, f.requestsFor("p"), "never sent")
+		})
+	})
+
+	t.Run("the newer resourceVersion spares the patch a conflict", func(t *testing.T) {
+		for _, synced := range []bool{false, true} {
+			synctest.Test(t, func(t *testing.T) {
+				f := newSyncFixture(t)
+				tk := submit(t, f.d, PatchStatus(f.api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{sched}}))
+				seen := f.update(func(p *v1.Pod) { p.Labels = map[string]string{"app": "x"} })
+				if synced {
+					_, err := f.d.SyncObject(seen)
+					require.NoError(t, err)
+				}
+				f.release()
+				assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+				if synced {
+					assert.Equal(t, []string{"patch/status"}, f.requestsFor("p"))
+				} else {
+					assert.Equal(t, []string{"patch/status", "get/", "patch/status"}, f.requestsFor("p"), "refused, read back, resent")
+				}
+			})
+		}
+	})
+
+	t.Run("a bound pod makes a pending PodScheduled=False stale", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			tk := submit(t, f.d, PatchStatus(f.api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{sched}, NominatedNodeName: ptr("n2")}))
+			seen := f.update(func(p *v1.Pod) { p.Spec.NodeName = "n1" })
+			got, err := f.d.SyncObject(seen)
+			require.NoError(t, err)
+			assert.Nil(t, findCondition(&got.Status, v1.PodScheduled))
+			assert.Empty(t, got.Status.NominatedNodeName)
+			assert.Equal(t, dispatch.Skipped, outcome(t, tk).State)
+			f.release()
+			assert.Empty(t, f.requestsFor("p"))
+		})
+	})
+
+	t.Run("pending binding: projected onto its node; moot once the pod is there", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			tk := submit(t, f.d, Bind(f.api.pod("p"), "n1"))
+			got, err := f.d.SyncObject(f.api.pod("p"))
+			require.NoError(t, err)
+			assert.Equal(t, "n1", got.Spec.NodeName)
+			_, done := tk.Result()
+			assert.False(t, done)
+
+			seen := f.update(func(p *v1.Pod) { p.Spec.NodeName = "n1" }) // an earlier attempt's bind, seen late
+			got, err = f.d.SyncObject(seen)
+			require.NoError(t, err)
+			assert.Same(t, seen, got)
+			assert.Equal(t, dispatch.Skipped, outcome(t, tk).State)
+			f.release()
+			assert.Empty(t, f.requestsFor("p"))
+		})
+	})
+
+	t.Run("pending deletion: its condition is projected", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			cond := v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}
+			tk := submit(t, f.d, Delete(f.api.pod("p"), &cond))
+			got, err := f.d.SyncObject(f.api.pod("p"))
+			require.NoError(t, err)
+			assert.NotNil(t, findCondition(&got.Status, v1.DisruptionTarget))
+			f.release()
+			assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+		})
+	})
+
+	t.Run("in flight: never rewritten; its successor is", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			api := newFakeAPI(newPod("p"))
+			d := newTestDispatcher(t, api, Options{})
+			release := api.hold("create/binding", "p")
+			bind := submit(t, d, Bind(api.pod("p"), "n1"))
+			synctest.Wait()
+			pod := api.pod("p")
+			got, err := d.SyncObject(pod)
+			require.NoError(t, err)
+			assert.Same(t, pod, got, "a call in flight may be taking effect: not projected")
+
+			patch := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{{Type: "example.com/Ready", Status: v1.ConditionTrue}}}))
+			got, err = d.SyncObject(pod)
+			require.NoError(t, err)
+			assert.NotNil(t, findCondition(&got.Status, "example.com/Ready"), "the successor is pending: projected")
+			release()
+			assert.Equal(t, dispatch.Succeeded, outcome(t, bind).State)
+			assert.Equal(t, dispatch.Succeeded, outcome(t, patch).State)
+		})
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			_, err := f.d.SyncObject(nil)
+			assert.ErrorContains(t, err, "pod is nil")
+			noUID := &v1.Pod{}
+			got, err := f.d.SyncObject(noUID)
+			require.NoError(t, err)
+			assert.Same(t, noUID, got)
+			f.release()
+		})
+	})
+}
