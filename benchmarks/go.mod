@@ -6,6 +6,7 @@ replace github.com/coalescer/dispatch => ../
 
 require (
 	github.com/coalescer/dispatch v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
 	k8s.io/client-go v0.37.2
 	sigs.k8s.io/controller-runtime v0.25.2
 )
