@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"testing"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -135,4 +136,36 @@ func (a *fakeAPI) recovery(qps float64, span time.Duration) time.Duration {
 		return 0
 	}
 	return oks[len(oks)-1] - end
+}
+
+// TestFakeAPIWindows checks the windowed figures on hand-made timelines.
+func TestFakeAPIWindows(t *testing.T) {
+	ms := time.Millisecond
+	every := func(from, to, step time.Duration) (ts []time.Duration) {
+		for t := from; t < to; t += step {
+			ts = append(ts, t)
+		}
+		return ts
+	}
+	a := &fakeAPI{throttle: window{from: 1000 * ms, to: 3000 * ms}}
+	a.arrivals = every(0, 5000*ms, 10*ms)
+	if n := a.requestsIn(a.throttle); n != 200 {
+		t.Errorf("requestsIn = %d, want 200", n)
+	}
+	// Successes at 100 qps, except none in the window and a slow restart:
+	// 20 qps for 400 ms after it, then 100 qps again.
+	a.oks = slices.Concat(every(0, 1000*ms, 10*ms), every(3000*ms, 3400*ms, 50*ms), every(3400*ms, 5000*ms, 10*ms))
+	if got := a.recovery(100, 500*ms); got < 300*ms || got > 400*ms {
+		t.Errorf("recovery = %v, want 300ms..400ms", got)
+	}
+	// Full rate at once.
+	a.oks = every(3000*ms, 5000*ms, 10*ms)
+	if got := a.recovery(100, 500*ms); got != 0 {
+		t.Errorf("recovery = %v, want 0", got)
+	}
+	// The backlog runs out before the rate recovers.
+	a.oks = every(3000*ms, 3400*ms, 50*ms)
+	if got := a.recovery(100, 500*ms); got != 350*ms {
+		t.Errorf("recovery = %v, want 350ms (the last success)", got)
+	}
 }
