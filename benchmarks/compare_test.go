@@ -5,8 +5,11 @@
 // module's go.mod.
 //
 //	cd benchmarks
-//	GOWORK=off go test -run '^$' -bench . -benchmem -count 6 > compare.txt
+//	GOWORK=off go test -run '^$' -bench Compare -benchmem -count 6 > compare.txt
 //	benchstat -col /impl compare.txt
+//
+// It also holds BenchmarkStorm (storm_test.go), a scenario that runs in real
+// time for minutes: -bench Compare leaves it out.
 package benchmarks
 
 import (

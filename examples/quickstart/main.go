@@ -16,6 +16,10 @@
 //
 //	go run ./examples/quickstart
 //	go run ./examples/quickstart -pods 1000 -latency 50ms -workers 8 # FIFO binds expire
+//	go run ./examples/quickstart -svg docs/quickstart.svg            # and draw it
+//
+// With -svg FILE it also writes a picture of both runs to FILE: each bind's
+// latency at the moment it was submitted, and the queue depth over time.
 package main
 
 import (
@@ -46,7 +50,11 @@ type config struct {
 	duration    time.Duration // how long the hot loop runs
 	drain       time.Duration // how long Close may drain the backlog
 	compare     bool          // also run the FIFO baseline
+	svg         string        // write the picture here; "": no picture
 }
+
+// sampleEvery is how often a run records the queue depth for the picture.
+const sampleEvery = 5 * time.Millisecond
 
 func main() {
 	var c config
@@ -61,6 +69,7 @@ func main() {
 	flag.DurationVar(&c.duration, "duration", time.Second, "how long the hot loop runs")
 	flag.DurationVar(&c.drain, "drain", 5*time.Second, "how long Close may drain the backlog before ending the rest as Closed")
 	flag.BoolVar(&c.compare, "compare", true, "also run the same workload with every call at priority 0 (FIFO)")
+	flag.StringVar(&c.svg, "svg", "", "also write an SVG picture of bind latency and queue depth over time to `FILE`")
 	flag.Parse()
 	if err := c.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
@@ -78,6 +87,13 @@ func main() {
 		reports = append(reports, run(c, true))
 	}
 	printReports(reports, c.latency)
+	if c.svg != "" {
+		if err := saveSVG(c.svg, reports, c.duration, c.latency); err != nil {
+			fmt.Fprintln(os.Stderr, "quickstart:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("\nWrote %s.\n", c.svg)
+	}
 	for _, r := range reports {
 		if r.broken != "" {
 			fmt.Fprintln(os.Stderr, "quickstart:", r.name+":", r.broken)
@@ -178,6 +194,9 @@ type report struct {
 	apiCalls            [2]int64
 	updates             int64
 	bindLatency         []time.Duration        // Submit → outcome, per bind; guarded by mu
+	bindPoints          []bindPoint            // the same, with when and how it ended, for the picture; guarded by mu
+	depthSamples        []depthSample          // queue depth over time (-svg only)
+	start               time.Time              // when the hot loop started
 	bindStates          map[dispatch.State]int // guarded by mu
 	patchWait, bindWait []time.Duration        // enqueue → first execution, per call; guarded by mu
 	loopTime, loopMax   time.Duration          // Post and Submit in the loop: total, slowest
@@ -229,6 +248,11 @@ func run(c config, fifo bool) *report {
 	var binders sync.WaitGroup
 	tick := time.NewTicker(time.Millisecond)
 	start := time.Now()
+	r.start = start
+	stopSampling := func() {}
+	if c.svg != "" {
+		stopSampling = r.sampleDepth(d)
+	}
 	lastBind, lastDelete := start, start
 	attempt, nbind := 0, 0
 	for now := range tick.C {
@@ -277,6 +301,7 @@ func run(c config, fifo bool) *report {
 	r.closeErr = d.Close(ctx)
 	cancel()
 	r.closeTook = time.Since(t0)
+	stopSampling()
 
 	r.stats = d.Stats()
 	r.apiCalls = [2]int64{api.calls[statusPatch].Load(), api.calls[bind].Load()}
@@ -304,11 +329,51 @@ func (r *report) bind(d *dispatch.Dispatcher[string, call], binders *sync.WaitGr
 		defer cancel()
 		<-t.Done()
 		res, _ := t.Result()
+		took := time.Since(t0)
 		r.mu.Lock()
-		r.bindLatency = append(r.bindLatency, time.Since(t0))
+		r.bindLatency = append(r.bindLatency, took)
 		r.bindStates[res.State]++
+		r.bindPoints = append(r.bindPoints, bindPoint{at: t0.Sub(r.start), latency: took, ok: res.State.OK()})
 		r.mu.Unlock()
 	})
+}
+
+// sampleDepth records the queue depth every sampleEvery, for the picture,
+// until the function it returns is called; that function waits for the
+// sampler to stop and records one last sample.
+func (r *report) sampleDepth(d *dispatch.Dispatcher[string, call]) (stop func()) {
+	done := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		tick := time.NewTicker(sampleEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				r.depthSamples = append(r.depthSamples, depthSample{at: time.Since(r.start), depth: queueDepth(d.Stats())})
+			}
+		}
+	})
+	return func() {
+		close(done)
+		sampler.Wait()
+		r.depthSamples = append(r.depthSamples, depthSample{at: time.Since(r.start), depth: queueDepth(d.Stats())})
+	}
+}
+
+// saveSVG writes the picture of rs to the file name.
+func saveSVG(name string, rs []*report, loop, apiLatency time.Duration) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := writeSVG(f, rs, loop, apiLatency); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // loopCall records the cost of one Post or Submit made by the hot loop.
