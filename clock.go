@@ -35,6 +35,10 @@ func (d *Dispatcher[K, T]) clock() {
 		if d.fallback != nil {
 			d.checkFallback(now, &ob)
 		}
+		if d.startAt != 0 && now >= d.startAt {
+			d.startAt = 0
+			d.wakeWorker() // a token is due, or a hold has ended
+		}
 		if b := d.breaker; b != nil && b.state == BreakerOpen {
 			if now >= b.openUntil {
 				d.wakeWorker() // to probe

@@ -64,6 +64,13 @@ type Dispatcher[K comparable, T any] struct {
 	timer   *time.Timer // the one timer: delay index and deadlines
 	timerAt int64       // when it is armed for; maxTime if not
 
+	tokens      tokens    // the rate limiter's, taken before a call is chosen
+	fetchCond   sync.Cond // the token fetcher waits here
+	startAt     int64     // a worker should look again then (a token, a hold); 0: none
+	adaptive    *adaptive // nil: concurrency fixed at Workers
+	lowRunning  int       // worker executions below the reservation's priority
+	labelTimes  map[string]*labelTimes
+
 	retryBudget window.Window // Total: first attempts; Marked: retries
 	breaker     *breaker      // nil: no circuit breaker
 	fallback    *fallbackState
@@ -113,6 +120,11 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		mode:        set.Mode,
 		tenants:     map[string]*tenant[K, T]{},
 		owned:       map[uint64]int{},
+		tokens:      newTokens(set.RateLimit),
+		labelTimes:  map[string]*labelTimes{},
+	}
+	if set.Adaptive != nil {
+		d.adaptive = newAdaptive(set.Adaptive, set.Workers)
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}
@@ -130,6 +142,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 	d.base, d.baseCancel = context.WithCancelCause(context.Background())
 	d.cond.L = &d.mu
 	d.notifyCond.L = &d.mu
+	d.fetchCond.L = &d.mu
 	return d, nil
 }
 

@@ -206,6 +206,7 @@ var (
 	errDroppedCapacity  = fmt.Errorf("%w: capacity: evicted for a better call", ErrDropped)
 	errDroppedQuota     = fmt.Errorf("%w: quota: evicted for a better call of the same tenant", ErrDropped)
 	errFallbackCanceled = fmt.Errorf("%w: %w", ErrCanceled, ErrFallback)
+	errUnfinishable     = fmt.Errorf("%w: not started: its deadline was closer than its label's usual execution time", ErrExpired)
 )
 
 // canceledErr wraps cause, if any, so that it matches ErrCanceled and cause.

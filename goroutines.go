@@ -21,6 +21,7 @@ const (
 	roleWorker   role = iota // runs ready calls
 	roleClock                // expires deadlines, ends backoffs, checks the fallback policy
 	roleNotifier             // runs the hooks and observer events of what the clock ends
+	roleFetcher              // waits for tokens of a limiter that can only be waited on
 )
 
 // start launches the goroutines. It runs once, on the first submission: a
@@ -34,6 +35,9 @@ func (d *Dispatcher[K, T]) start() {
 	}
 	d.spawn(roleClock)
 	d.spawn(roleNotifier)
+	if d.tokens.needsFetcher() {
+		d.spawn(roleFetcher)
+	}
 	if d.fallback != nil {
 		d.fallback.next = d.now() + d.fallback.calls.Step()
 		d.armTimer(d.fallback.next)
@@ -67,6 +71,8 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 			d.clock()
 		case roleNotifier:
 			d.notifier()
+		case roleFetcher:
+			d.fetcher()
 		}
 		returned = true
 	}()
@@ -199,6 +205,7 @@ func (d *Dispatcher[K, T]) stop() {
 		close(d.stopCh)
 		d.cond.Broadcast()
 		d.notifyCond.Broadcast()
+		d.fetchCond.Broadcast()
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)

@@ -100,6 +100,7 @@ type call[K comparable, T any] struct {
 	// execution's result is then reported Stale, never as success.
 	orphan   bool
 	probe    bool         // admitted by a half-open breaker
+	low      bool         // running on a worker below the reservation's priority
 	endState State        // why it was orphaned
 	prio     int          // effective priority: max over live waiters
 	enq      int64        // effective enqueue time: min over live waiters

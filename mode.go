@@ -199,6 +199,11 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		wait := time.Duration(-1) // until something changes
 		switch c.state {
 		case csReady:
+			if d.unfinishable(c, now) {
+				d.q.remove(c)
+				d.expireUnfinishable(c, now, ob)
+				continue
+			}
 			if probe, ok := d.breakerAdmits(now, ob); ok {
 				d.q.remove(c)
 				c.probe = probe

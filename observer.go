@@ -41,6 +41,9 @@ type Observer interface {
 	OnModeChange(from, to Mode, reason SwitchReason)
 	// OnBreakerChange: the circuit breaker changed state.
 	OnBreakerChange(from, to BreakerState)
+	// OnLimitChange: the adaptive concurrency limit (Config.Adaptive)
+	// changed.
+	OnLimitChange(from, to int)
 }
 
 // NopObserver implements every Observer method as a no-op. Embed it in an
@@ -55,3 +58,4 @@ func (NopObserver) OnDrop(Event, Bound)                        {}
 func (NopObserver) OnFinish(Event, Outcome)                    {}
 func (NopObserver) OnModeChange(Mode, Mode, SwitchReason)      {}
 func (NopObserver) OnBreakerChange(BreakerState, BreakerState) {}
+func (NopObserver) OnLimitChange(int, int)                     {}

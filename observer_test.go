@@ -49,6 +49,7 @@ func (o *countingObserver) OnModeChange(from, to Mode, reason SwitchReason) {
 func (o *countingObserver) OnBreakerChange(from, to BreakerState) {
 	o.add("breaker:"+to.String(), Event{})
 }
+func (o *countingObserver) OnLimitChange(from, to int) { o.add("limit", Event{}) }
 
 // TestObserverSeesEveryEventOnce drives every kind of event — submissions,
 // a coalesced one, a refusal, a capacity drop, a retry, a failure, a breaker

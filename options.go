@@ -36,8 +36,21 @@ type Config[K comparable, T any] struct {
 	// goroutines, started on first use. 0 means DefaultWorkers.
 	Workers int
 	// RateLimit, if set, bounds the rate of executions (API QPS). Each
-	// execution takes one token; a coalesced submission costs none.
+	// execution takes one token, before its call is chosen (see
+	// RateLimiter); a coalesced submission costs none. A limiter that can
+	// never grant a token is an error from New.
 	RateLimit RateLimiter
+	// Reserve keeps workers free for urgent calls, so that a bind finds a
+	// worker whatever low-priority work is doing to the rest. The zero
+	// value reserves none.
+	Reserve Reservation
+	// Adaptive, if set, adapts the number of concurrent executions between
+	// a floor and Workers to what the API server says. nil means Workers
+	// run whenever there is work.
+	Adaptive *AdaptivePolicy
+	// StartCheck keeps calls that cannot finish by their deadline from
+	// starting. The zero value turns it on with conservative defaults.
+	StartCheck StartCheck
 
 	// Capacity bounds the number of tracked keys (keys with a call queued
 	// or in flight). A submission for a new key beyond it evicts the worst
@@ -243,6 +256,27 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		}
 		s.Breaker = &b
 	}
+	switch {
+	case c.Reserve.Workers < 0:
+		return s, fieldErr("Reserve.Workers", c.Reserve.Workers, "must not be negative")
+	case c.Reserve.Workers >= s.Workers:
+		return s, fieldErr("Reserve.Workers", c.Reserve.Workers, fmt.Sprintf("must be less than Workers (%d)", s.Workers))
+	}
+	if c.RateLimit != nil {
+		if err := checkLimiter(c.RateLimit); err != nil {
+			return s, err
+		}
+	}
+	if c.Adaptive != nil {
+		a, err := c.Adaptive.withDefaults(s.Workers)
+		if err != nil {
+			return s, err
+		}
+		s.Adaptive = &a
+	}
+	if s.StartCheck, err = c.StartCheck.withDefaults(); err != nil {
+		return s, err
+	}
 	if c.Fallback != nil {
 		f, err := c.Fallback.withDefaults()
 		if err != nil {
@@ -259,6 +293,99 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		}
 	}
 	return s, nil
+}
+
+// Reservation keeps Workers of the dispatcher's workers for calls whose
+// effective priority (their priority, raised by aging) is at least
+// MinPriority: other calls may hold at most the rest, and at least one. It
+// applies to what workers run, on top of tenant caps; inline (Sync)
+// executions are their callers' own. Stats reports it.
+type Reservation struct {
+	// Workers is the number of workers kept; 0 keeps none. It must be less
+	// than Config.Workers.
+	Workers int
+	// MinPriority is the effective priority a call needs to use a kept
+	// worker.
+	MinPriority int
+}
+
+// AdaptivePolicy adapts the number of concurrent executions to the API
+// server (Config.Adaptive), in the spirit of TCP Vegas and gradient
+// limiters: the limit grows by one for every limit's worth of healthy
+// executions, and shrinks when the server shows strain — by 10% when
+// latency rises past Tolerance times its baseline, by a quarter on a
+// timeout, by half on an answer that carries a Retry-After hint (429, 503).
+// Such an answer also holds every new execution until the time the server
+// asked for, not only the call that got it. Decreases happen at most once
+// per baseline round trip, so one burst of failures counts once. Stats and
+// the observer (OnLimitChange) show the limit. The zero value of each field
+// means its default.
+type AdaptivePolicy struct {
+	// MinWorkers is the floor of the limit (default 1).
+	MinWorkers int
+	// Tolerance is how many times its baseline an execution's latency may
+	// be before it counts as strain (default 2). The baseline is a low
+	// quantile of recent latencies.
+	Tolerance float64
+	// Window is the span the baseline latency is taken over (default 30s).
+	Window time.Duration
+}
+
+func (p AdaptivePolicy) withDefaults(workers int) (AdaptivePolicy, error) {
+	switch {
+	case p.MinWorkers < 0:
+		return p, fieldErr("Adaptive.MinWorkers", p.MinWorkers, "must not be negative")
+	case p.MinWorkers > workers:
+		return p, fieldErr("Adaptive.MinWorkers", p.MinWorkers, fmt.Sprintf("must not exceed Workers (%d)", workers))
+	case p.Tolerance < 0 || math.IsNaN(p.Tolerance) || (p.Tolerance > 0 && p.Tolerance < 1):
+		return p, fieldErr("Adaptive.Tolerance", p.Tolerance, "must be at least 1")
+	case p.Window < 0:
+		return p, fieldErr("Adaptive.Window", p.Window, "must not be negative")
+	}
+	if p.MinWorkers == 0 {
+		p.MinWorkers = 1
+	}
+	if p.Tolerance == 0 {
+		p.Tolerance = 2
+	}
+	if p.Window == 0 {
+		p.Window = 30 * time.Second
+	}
+	return p, nil
+}
+
+// StartCheck keeps a call from starting when its waiters' latest deadline
+// is closer than a conservative estimate of its execution time: a low
+// quantile of the recent execution times of calls with its label
+// (Config.Label). Such a call could only end Expired, so its waiters end
+// Expired at once (Stats.Unfinishable counts it) and the worker and token
+// go to work that can still succeed. The zero value turns the check on.
+type StartCheck struct {
+	// Disabled turns the check off: every call is started.
+	Disabled bool
+	// Quantile is the quantile of recent execution times taken as the
+	// estimate (default 0.1: nine executions in ten took longer). Its
+	// histogram bucket's lower bound is used, so the estimate errs short.
+	Quantile float64
+	// MinSamples is how many recent executions of the label it needs
+	// before it judges (default 20).
+	MinSamples int
+}
+
+func (c StartCheck) withDefaults() (StartCheck, error) {
+	switch {
+	case c.Quantile < 0 || c.Quantile > 1 || math.IsNaN(c.Quantile):
+		return c, fieldErr("StartCheck.Quantile", c.Quantile, "must be in [0, 1]")
+	case c.MinSamples < 0:
+		return c, fieldErr("StartCheck.MinSamples", c.MinSamples, "must not be negative")
+	}
+	if c.Quantile == 0 {
+		c.Quantile = 0.1
+	}
+	if c.MinSamples == 0 {
+		c.MinSamples = 20
+	}
+	return c, nil
 }
 
 // fieldErr is the error for a Config field out of range.

@@ -15,6 +15,7 @@ type counters struct {
 	staleExecutions uint64
 	retries         uint64
 	alreadyDone     uint64
+	unfinishable    uint64
 	refused         [numBounds]uint64 // backpressure refusals by bound
 	shed            [numBounds]uint64 // calls shed by bound
 	outcomes        StateCounts       // per submission
@@ -77,6 +78,18 @@ type Stats struct {
 	// AlreadyDone counts calls the before-retry hook found had taken effect,
 	// so that they were not executed again.
 	AlreadyDone uint64
+	// Unfinishable counts calls not started because their waiters'
+	// deadline was closer than their label's usual execution time
+	// (Config.StartCheck); their waiters ended Expired.
+	Unfinishable uint64
+	// Concurrency is the number of worker executions allowed now:
+	// Config.Workers, or the adaptive limit (Config.Adaptive).
+	Concurrency int
+	// Reserved is the number of workers kept for urgent calls
+	// (Config.Reserve), and BelowReserve the number of worker executions
+	// running below the reservation's priority, which may be at most
+	// Concurrency − Reserved (and at least one).
+	Reserved, BelowReserve int
 	// Breaker is the circuit breaker's state.
 	Breaker BreakerState
 	// Backpressure counts submissions refused with ErrBackpressure, by the
@@ -160,6 +173,10 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		StaleExecutions: d.totals.staleExecutions,
 		Retries:         d.totals.retries,
 		AlreadyDone:     d.totals.alreadyDone,
+		Unfinishable:    d.totals.unfinishable,
+		Concurrency:     d.concurrency(),
+		Reserved:        d.cfg.Reserve.Workers,
+		BelowReserve:    d.lowRunning,
 		Outcomes:        d.totals.outcomes,
 		Calls:           d.totals.calls,
 	}

@@ -49,22 +49,78 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 	d.deliver(&ob)
 }
 
-// next pops the best ready call, if the circuit breaker lets one start.
+// next pops the call a worker runs now, if any may start: under the
+// concurrency limit, outside a server's hold, within tenant caps and the
+// reservation, with a rate-limiter token, and past the circuit breaker — in
+// that order, so that the token goes to the best call at the moment it is
+// granted. A call that can no longer finish by its deadline is expired on
+// the way (StartCheck), and the next one considered.
 func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
-	if d.q.nready == 0 {
-		return nil
+	for d.q.nready > 0 {
+		if d.workerRunning >= d.concurrency() {
+			return nil
+		}
+		if a := d.adaptive; a != nil && now < a.hold {
+			d.lookAgainAt(a.hold)
+			return nil
+		}
+		ten := d.q.pick(now)
+		if ten == nil {
+			return nil // every tenant with ready calls is at its in-flight cap
+		}
+		e, _ := ten.ready.Min()
+		c := e.c
+		if d.unfinishable(c, now) {
+			d.q.popFrom(ten)
+			d.expireUnfinishable(c, now, ob)
+			continue
+		}
+		low := d.cfg.Reserve.Workers > 0 && !d.urgent(c, now)
+		if low && d.lowRunning >= d.lowLimit() {
+			// The rest of the workers are kept for urgent calls; aging
+			// makes this one urgent in time.
+			d.lookAgainAt(d.urgentAt(c))
+			return nil
+		}
+		if ok, at := d.tokens.ready(now, d.wall); !ok {
+			d.lookAgainAt(at)
+			return nil
+		}
+		probe, ok := d.breakerAdmits(now, ob)
+		if !ok {
+			return nil
+		}
+		d.tokens.spend()
+		d.q.popFrom(ten)
+		c.probe, c.low = probe, low
+		return c
 	}
-	ten := d.q.pick(now)
-	if ten == nil {
-		return nil // every tenant with ready calls is at its in-flight cap
+	return nil
+}
+
+// lookAgainAt has the clock wake a worker at at (maxTime: never; the token
+// fetcher wakes one).
+func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
+	if at == maxTime {
+		d.fetchCond.Signal() // the fetcher waits for the limiter's next token
+		return
 	}
-	probe, ok := d.breakerAdmits(now, ob)
-	if !ok {
-		return nil
+	if d.startAt == 0 || at < d.startAt {
+		d.startAt = at
 	}
-	c := d.q.popFrom(ten)
-	c.probe = probe
-	return c
+	d.armTimer(at)
+}
+
+// wall converts the dispatcher's clock to wall-clock time (with its
+// monotonic reading), for the rate limiter.
+func (d *Dispatcher[K, T]) wall(now int64) time.Time { return d.epoch.Add(time.Duration(now)) }
+
+// expireUnfinishable ends call c, taken from the ready index, whose
+// waiters' deadline is closer than its label's usual execution time.
+func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outbox[K, T]) {
+	d.totals.unfinishable++
+	d.settleAll(c, Expired, errUnfinishable, now, onTime, ob)
+	d.finish(c, Expired, errUnfinishable, now, ob)
 }
 
 // breakerAdmits reports whether the circuit breaker lets an execution start
@@ -132,6 +188,10 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 	d.mu.Lock()
 	if rn.onWorker {
 		d.workerRunning--
+		if c.low {
+			d.lowRunning--
+			c.low = false
+		}
 	} else {
 		d.disown(rn.id)
 	}
@@ -147,6 +207,7 @@ type attempt[K comparable, T any] struct {
 	val     T
 	lastErr error // the previous attempt's error, if this is a retry
 	stop    context.CancelFunc
+	inline  bool          // run by a Sync-mode caller, not a worker
 	ev      Event         // for the observer, if any
 	n       int           // attempt number
 	wait    time.Duration // queue wait
@@ -172,7 +233,11 @@ type attempt[K comparable, T any] struct {
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
 	if rn.onWorker {
 		d.workerRunning++
+		if c.low {
+			d.lowRunning++
+		}
 	} else {
+		c.low = false // inline executions are their callers' own
 		d.owned[rn.id]++ // Close waits for this execution
 	}
 	c.runner = rn.id
@@ -206,7 +271,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	if c.idem != "" {
 		ctx = context.WithValue(ctx, idemKey{}, c.idem)
 	}
-	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: l.key, val: c.val, lastErr: c.lastErr}
+	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: l.key, val: c.val, lastErr: c.lastErr, inline: !rn.onWorker}
 	if d.cfg.Observer != nil {
 		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
 	}
@@ -270,11 +335,14 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 			return
 		}
 	}
-	if l := d.cfg.RateLimit; l != nil {
-		if err := l.Wait(a.ctx); err != nil {
+	if l := d.cfg.RateLimit; l != nil && a.inline {
+		// A worker took its token before choosing the call; an inline
+		// caller waits for one here, under the call's own context (not
+		// AttemptTimeout's, which bounds one execution). It fails only when
+		// that context ends, which ends the call.
+		if err := l.Wait(a.callCtx); err != nil {
 			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
-			a.callDone = a.callCtx.Err() != nil
-			a.class = Retry
+			a.callDone = true
 			return
 		}
 	}
@@ -321,10 +389,12 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	}
 	if a.ran {
 		d.execTime.Observe(now, a.runTime)
+		d.observeExec(c, now, a.runTime)
 		c.attempts++
 		d.totals.executions++
 	}
 	d.breakerRecord(c, a, now, ob)
+	d.adapt(a, now, ob)
 	c.state = csEnded
 	switch {
 	case c.orphan:

@@ -12,6 +12,7 @@ func (o *Observer) Describe(ch chan<- *prometheus.Desc) {
 	}
 	for _, d := range []*prometheus.Desc{
 		o.pending, o.queued, o.inFlight, o.keys, o.mode, o.breaker, o.tenantQueued, o.tenantInFlight,
+		o.limit, o.reserved, o.belowReserve,
 	} {
 		ch <- d
 	}
@@ -52,6 +53,9 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	gauge(o.keys, s.Keys)
 	gauge(o.mode, int(s.Mode))
 	gauge(o.breaker, int(s.Breaker))
+	gauge(o.limit, s.Concurrency)
+	gauge(o.reserved, s.Reserved)
+	gauge(o.belowReserve, s.BelowReserve)
 
 	queued := make(map[string][2]int, len(s.Tenants))
 	o.tenants.each(func(t string) { queued[t] = [2]int{} })

@@ -66,6 +66,9 @@
 //	breaker_transitions_total{from,to}                           counter
 //	mode                                                         gauge: 0 async, 1 sync
 //	mode_changes_total{to,reason}                                counter
+//	concurrency_limit                                            gauge: workers, or the adaptive limit
+//	concurrency_limit_changes_total{direction}                   counter: up, down
+//	reserved_workers, below_reserve_in_flight_calls              gauges: Config.Reserve
 //
 // result is the terminal state in lower case (succeeded, skipped, failed,
 // canceled, expired, dropped, stale, closed). The rejection reason is the

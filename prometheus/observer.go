@@ -68,18 +68,20 @@ type Options struct {
 type Observer struct {
 	stats atomic.Pointer[func() dispatch.Stats]
 
-	callTypes, tenants           *bounded
-	finished                     *prometheus.CounterVec
-	duration                     *prometheus.HistogramVec
-	attempts                     *prometheus.CounterVec
-	queueWait                    *prometheus.HistogramVec
-	submissions, coalesced       *prometheus.CounterVec
-	rejected, dropped, retries   *prometheus.CounterVec
-	breakerChanges, modeChanges  *prometheus.CounterVec
-	events                       []prometheus.Collector // the vecs above, for Describe and Collect
-	pending, queued, inFlight    *prometheus.Desc
-	keys, mode, breaker          *prometheus.Desc
-	tenantQueued, tenantInFlight *prometheus.Desc
+	callTypes, tenants            *bounded
+	finished                      *prometheus.CounterVec
+	duration                      *prometheus.HistogramVec
+	attempts                      *prometheus.CounterVec
+	queueWait                     *prometheus.HistogramVec
+	submissions, coalesced        *prometheus.CounterVec
+	rejected, dropped, retries    *prometheus.CounterVec
+	breakerChanges, modeChanges   *prometheus.CounterVec
+	limitChanges                  *prometheus.CounterVec
+	events                        []prometheus.Collector // the vecs above, for Describe and Collect
+	pending, queued, inFlight     *prometheus.Desc
+	keys, mode, breaker           *prometheus.Desc
+	limit, reserved, belowReserve *prometheus.Desc
+	tenantQueued, tenantInFlight  *prometheus.Desc
 }
 
 var _ dispatch.Observer = (*Observer)(nil)
@@ -183,6 +185,10 @@ func NewObserver(opts Options) (*Observer, error) {
 		"Mode switches, by mode entered (async, sync) and reason (manual, cool-down, backlog, failure-ratio, queue-wait, breaker-open).",
 		"to", "reason")
 
+	o.limitChanges = counter("concurrency_limit_changes_total",
+		"Changes of the adaptive concurrency limit, by direction (up, down).",
+		"direction")
+
 	o.pending = gauge("pending_async_api_calls",
 		"Calls queued or in flight, by call type.", "call_type")
 	o.queued = gauge("queued_calls",
@@ -192,6 +198,9 @@ func NewObserver(opts Options) (*Observer, error) {
 	o.keys = gauge("tracked_keys", "Keys with a call queued or in flight: the quantity the capacity bounds.")
 	o.mode = gauge("mode", "The dispatcher's mode: 0 async, 1 sync.")
 	o.breaker = gauge("breaker_state", "The circuit breaker's state: 0 closed, 1 open, 2 half-open.")
+	o.limit = gauge("concurrency_limit", "Worker executions allowed now: the worker count, or the adaptive limit.")
+	o.reserved = gauge("reserved_workers", "Workers kept for urgent calls (Config.Reserve).")
+	o.belowReserve = gauge("below_reserve_in_flight_calls", "Worker executions running below the reservation's priority.")
 	o.tenantQueued = gauge("tenant_queued_calls", "Calls waiting to run, by tenant.", "tenant")
 	o.tenantInFlight = gauge("tenant_in_flight_calls", "Calls executing, by tenant.", "tenant")
 
@@ -282,6 +291,15 @@ func (o *Observer) OnFinish(e dispatch.Event, f dispatch.Outcome) {
 // OnModeChange counts a mode switch, by the mode entered and the reason.
 func (o *Observer) OnModeChange(from, to dispatch.Mode, why dispatch.SwitchReason) {
 	o.modeChanges.WithLabelValues(modeValue(to), switchReason(why)).Inc()
+}
+
+// OnLimitChange counts a change of the adaptive concurrency limit.
+func (o *Observer) OnLimitChange(from, to int) {
+	dir := "up"
+	if to < from {
+		dir = "down"
+	}
+	o.limitChanges.WithLabelValues(dir).Inc()
 }
 
 // OnBreakerChange counts a circuit breaker transition.

@@ -296,3 +296,19 @@ func TestTwoObserversOneRegistry(t *testing.T) {
 	assert.Equal(t, 1.0, value(t, reg, "dispatch_submissions_total", "dispatcher", "patches"))
 	lint(t, reg)
 }
+
+// TestLimitMetrics: adaptive limit changes are counted by direction, and
+// the limit and the reservation are gauges read from Stats.
+func TestLimitMetrics(t *testing.T) {
+	obs, reg := newTestObserver(t, Options{})
+	obs.OnLimitChange(8, 4)
+	obs.OnLimitChange(4, 2)
+	obs.OnLimitChange(2, 3)
+	obs.SetStats(func() dispatch.Stats { return dispatch.Stats{Concurrency: 3, Reserved: 1, BelowReserve: 2} })
+	assert.Equal(t, 2.0, value(t, reg, "dispatch_concurrency_limit_changes_total", "direction", "down"))
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_concurrency_limit_changes_total", "direction", "up"))
+	assert.Equal(t, 3.0, value(t, reg, "dispatch_concurrency_limit"))
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_reserved_workers"))
+	assert.Equal(t, 2.0, value(t, reg, "dispatch_below_reserve_in_flight_calls"))
+	lint(t, reg)
+}

@@ -1,0 +1,399 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+)
+
+// Issue 12: priority holds where the scarce resource is handed out — the
+// rate limiter's token, a worker, the server's capacity — and a call that
+// cannot finish in time is not started.
+
+// startLog records when each key's execution started.
+type startLog struct {
+	mu sync.Mutex
+	at map[string]time.Time
+	n  int // executions running now
+	hi int // the most that ran at once
+}
+
+func newStartLog() *startLog { return &startLog{at: map[string]time.Time{}} }
+
+// exec records the start and takes d to return.
+func (s *startLog) exec(d time.Duration) ExecFunc[string, int] {
+	return func(ctx context.Context, k string, _ int) error {
+		s.mu.Lock()
+		s.at[k] = time.Now()
+		s.n++
+		s.hi = max(s.hi, s.n)
+		s.mu.Unlock()
+		time.Sleep(d)
+		s.mu.Lock()
+		s.n--
+		s.mu.Unlock()
+		return nil
+	}
+}
+
+func (s *startLog) startOf(k string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.at[k]
+	return t, ok
+}
+
+// tryLimiter is shaped like client-go's flowcontrol.RateLimiter: TryAccept,
+// QPS and Wait, here over a rate.Limiter.
+type tryLimiter struct{ l *rate.Limiter }
+
+func (t tryLimiter) TryAccept() bool                { return t.l.Allow() }
+func (t tryLimiter) QPS() float32                   { return float32(t.l.Limit()) }
+func (t tryLimiter) Wait(ctx context.Context) error { return t.l.Wait(ctx) }
+
+// waitLimiter offers only Wait: the dispatcher's fetcher goroutine waits on
+// it.
+type waitLimiter struct{ l *rate.Limiter }
+
+func (w waitLimiter) Wait(ctx context.Context) error { return w.l.Wait(ctx) }
+
+// TestTokenFirst: with a rate limit, a worker takes its token before it
+// chooses the call, so a high-priority call that arrives while a backlog of
+// low-priority calls waits for tokens runs on the very next token — however
+// many workers there are — and no worker sits on a call waiting for a
+// token. Each shape of limiter is handled.
+func TestTokenFirst(t *testing.T) {
+	limiters := map[string]func() RateLimiter{
+		"rate.Limiter":       func() RateLimiter { return rate.NewLimiter(10, 1) },
+		"TryAccept (client)": func() RateLimiter { return tryLimiter{rate.NewLimiter(10, 1)} },
+		"Wait only":          func() RateLimiter { return waitLimiter{rate.NewLimiter(10, 1)} },
+	}
+	for name, limiter := range limiters {
+		for _, workers := range []int{2, 16} {
+			t.Run(fmt.Sprintf("%s/workers=%d", name, workers), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					log := newStartLog()
+					d := newD(t, log.exec(time.Millisecond), Config[string, int]{
+						Workers:   workers,
+						RateLimit: limiter(),
+					})
+					for i := range 20 {
+						require.NoError(t, d.Post(fmt.Sprint("low", i), 1, SubmitOptions{}))
+					}
+					time.Sleep(250 * time.Millisecond) // a few tokens spent
+					synctest.Wait()
+					s := d.Stats()
+					assert.LessOrEqual(t, s.InFlight, 1, "no worker holds a call waiting for a token")
+					submitted := time.Now()
+					bind := submit(t, d, "bind", 1, prio(10))
+					<-bind.Done()
+					start, ok := log.startOf("bind")
+					require.True(t, ok)
+					assert.LessOrEqual(t, start.Sub(submitted), 100*time.Millisecond, "the next token (10/s) goes to the bind")
+					for i := range 20 {
+						if st, ok := log.startOf(fmt.Sprint("low", i)); ok && st.After(submitted) {
+							assert.False(t, st.Before(start), "low%d took a token before the bind", i)
+						}
+					}
+					closeD(t, d)
+				})
+			})
+		}
+	}
+}
+
+// TestRateLimiterRefusals (issue 10, item 2): a limiter that can never
+// grant a token is an error from New; a slow token rate does not fail calls
+// under AttemptTimeout (meant for one execution), nor spend the retry
+// budget; and with the retry budget off, nothing retries without limit.
+func TestRateLimiterRefusals(t *testing.T) {
+	for _, l := range []RateLimiter{rate.NewLimiter(0, 0), rate.NewLimiter(5, 0), tryLimiter{rate.NewLimiter(0, 1)}} {
+		_, err := New(nopExec, Config[string, int]{RateLimit: l})
+		assert.ErrorContains(t, err, "Config.RateLimit", "%T", l)
+	}
+	_, err := New(nopExec, Config[string, int]{RateLimit: rate.NewLimiter(rate.Inf, 0)})
+	assert.NoError(t, err, "an infinite rate needs no burst")
+
+	for _, mode := range []Mode{Async, Sync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				runs := 0
+				d := newD(t, func(context.Context, string, int) error { runs++; return nil }, Config[string, int]{
+					Mode:      mode,
+					Workers:   2,
+					RateLimit: rate.NewLimiter(2, 1), // a token every 500ms
+					Retry:     RetryPolicy{AttemptTimeout: 10 * time.Millisecond, BudgetRatio: inf},
+				})
+				var tks []*Ticket[string, int]
+				var mu sync.Mutex
+				var wg sync.WaitGroup
+				for i := range 6 {
+					wg.Go(func() {
+						tk := submit(t, d, fmt.Sprint(i), 1, prio(0))
+						mu.Lock()
+						tks = append(tks, tk)
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+				waitAll(tks...)
+				assert.Equal(t, map[State]int{Succeeded: 6}, tally(t, tks...))
+				assert.Equal(t, 6, runs)
+				s := closeD(t, d)
+				assert.Zero(t, s.Retries)
+			})
+		})
+	}
+}
+
+var inf = math.Inf(1)
+
+// TestReservation: low-priority work may hold at most Workers −
+// Reserve.Workers workers, so an urgent call finds a free worker at once
+// even when the limit is workers, not tokens; Stats reports it; and aging
+// lifts a waiting low-priority call to urgency.
+func TestReservation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := newStartLog()
+		d := newD(t, log.exec(100*time.Millisecond), Config[string, int]{
+			Workers: 4,
+			Reserve: Reservation{Workers: 1, MinPriority: 10},
+			Aging:   time.Hour, // no call ages into urgency in this test
+		})
+		for i := range 40 {
+			require.NoError(t, d.Post(fmt.Sprint("low", i), 1, SubmitOptions{}))
+		}
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		s := d.Stats()
+		assert.Equal(t, 3, s.InFlight, "low work holds 3 of the 4 workers")
+		assert.Equal(t, 1, s.Reserved)
+		assert.Equal(t, 3, s.BelowReserve)
+		submitted := time.Now()
+		bind := submit(t, d, "bind", 1, prio(10))
+		synctest.Wait()
+		start, ok := log.startOf("bind")
+		require.True(t, ok, "the bind started on the kept worker")
+		assert.Equal(t, submitted, start)
+		<-bind.Done()
+		assert.LessOrEqual(t, log.hi, 4)
+		closeD(t, d)
+	})
+	t.Run("aging lifts", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			log := newStartLog()
+			d := newD(t, log.exec(10*time.Second), Config[string, int]{
+				Workers: 2,
+				Reserve: Reservation{Workers: 1, MinPriority: 2},
+				Aging:   time.Second,
+			})
+			for i := range 3 {
+				require.NoError(t, d.Post(fmt.Sprint("low", i), 0, SubmitOptions{}))
+			}
+			synctest.Wait()
+			assert.Equal(t, 1, d.Stats().InFlight, "one low call; the other worker is kept")
+			// After 2 aging intervals the waiting low calls reach priority
+			// 2 and may use the kept worker.
+			time.Sleep(2*time.Second + time.Millisecond)
+			synctest.Wait()
+			assert.Equal(t, 2, d.Stats().InFlight)
+			closeD(t, d)
+		})
+	})
+}
+
+// throttleAPI answers 429 with a Retry-After hint while throttled, and
+// counts requests.
+type throttleAPI struct {
+	mu        sync.Mutex
+	throttled bool
+	requests  int
+	latency   time.Duration
+}
+
+type retryAfterErr struct{ d time.Duration }
+
+func (e retryAfterErr) Error() string              { return "429 too many requests" }
+func (e retryAfterErr) RetryAfter() time.Duration { return e.d }
+
+func (a *throttleAPI) exec(ctx context.Context, _ string, _ int) error {
+	a.mu.Lock()
+	a.requests++
+	throttled := a.throttled
+	a.mu.Unlock()
+	time.Sleep(a.latency)
+	if throttled {
+		return retryAfterErr{time.Second}
+	}
+	return nil
+}
+
+func (a *throttleAPI) set(throttled bool) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.throttled = throttled
+	n := a.requests
+	a.requests = 0
+	return n
+}
+
+// limitLog records the observer's OnLimitChange calls.
+type limitLog struct {
+	NopObserver
+	mu      sync.Mutex
+	changes int
+	last    int
+}
+
+func (l *limitLog) OnLimitChange(from, to int) {
+	l.mu.Lock()
+	l.changes++
+	l.last = to
+	l.mu.Unlock()
+}
+
+// TestAdaptiveThrottle: a server's Retry-After holds every new execution,
+// not only the call that got it, and halves the concurrency limit; the
+// limit grows back once the server is healthy. Against a fixed dispatcher
+// the throttled window sees far fewer requests.
+func TestAdaptiveThrottle(t *testing.T) {
+	run := func(adaptiveOn bool) (during int, s Stats, obs *limitLog) {
+		synctest.Test(t, func(t *testing.T) {
+			api := &throttleAPI{latency: 10 * time.Millisecond}
+			obs = &limitLog{}
+			cfg := Config[string, int]{
+				Workers:  8,
+				Retry:    RetryPolicy{MaxAttempts: 100, BudgetRatio: inf},
+				Observer: obs,
+			}
+			if adaptiveOn {
+				cfg.Adaptive = &AdaptivePolicy{}
+			}
+			d := newD(t, api.exec, cfg)
+			stop := make(chan struct{})
+			var feed sync.WaitGroup
+			feed.Go(func() { // 400 calls a second
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(2500 * time.Microsecond):
+					}
+					_ = d.Post(fmt.Sprint(i), 1, SubmitOptions{})
+				}
+			})
+			time.Sleep(time.Second)
+			api.set(true)
+			time.Sleep(2 * time.Second)
+			during = api.set(false)
+			time.Sleep(2 * time.Second)
+			close(stop)
+			feed.Wait()
+			s = d.Stats()
+			closeD(t, d)
+		})
+		return during, s, obs
+	}
+	fixed, fs, _ := run(false)
+	adaptive, as, obs := run(true)
+	t.Logf("requests during the 2s throttle: fixed %d, adaptive %d; limit after recovery %d", fixed, adaptive, as.Concurrency)
+	assert.Less(t, adaptive, fixed/2, "adaptive sends under half the requests while throttled")
+	assert.Equal(t, 8, fs.Concurrency)
+	assert.Equal(t, 8, as.Concurrency, "recovered to the full limit")
+	assert.Positive(t, obs.changes)
+	assert.Equal(t, 8, obs.last)
+}
+
+// TestAdaptiveLatency: latency past Tolerance × baseline lowers the limit,
+// to no less than MinWorkers.
+func TestAdaptiveLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		latency := 10 * time.Millisecond
+		d := newD(t, func(context.Context, string, int) error {
+			mu.Lock()
+			l := latency
+			mu.Unlock()
+			time.Sleep(l)
+			return nil
+		}, Config[string, int]{Workers: 8, Adaptive: &AdaptivePolicy{MinWorkers: 2}})
+		post := func(n int, prefix string) {
+			var tks []*Ticket[string, int]
+			for i := range n {
+				tks = append(tks, submit(t, d, fmt.Sprint(prefix, i), 1, prio(0)))
+			}
+			waitAll(tks...)
+		}
+		post(100, "fast")
+		assert.Equal(t, 8, d.Stats().Concurrency)
+		mu.Lock()
+		latency = 100 * time.Millisecond // ten times the baseline
+		mu.Unlock()
+		post(200, "slow")
+		assert.Equal(t, 2, d.Stats().Concurrency, "down to the floor")
+		closeD(t, d)
+	})
+}
+
+// TestStartCheck: a call whose deadline is closer than its label's usual
+// execution time is not started: its waiters end Expired at once, with an
+// error saying why, and the worker goes to the next call. Disabled, the
+// call runs (and expires while running).
+func TestStartCheck(t *testing.T) {
+	for _, disabled := range []bool{false, true} {
+		t.Run(fmt.Sprintf("disabled=%v", disabled), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				log := newStartLog()
+				d := newD(t, log.exec(100*time.Millisecond), Config[string, int]{
+					Workers:    1,
+					Label:      func(string, int) string { return "patch" },
+					StartCheck: StartCheck{Disabled: disabled},
+				})
+				var warm []*Ticket[string, int]
+				for i := range 20 {
+					warm = append(warm, submit(t, d, fmt.Sprint("warm", i), 1, prio(0)))
+				}
+				waitAll(warm...)
+				tk, err := d.Submit(context.Background(), "late", 1, SubmitOptions{Deadline: time.Now().Add(50 * time.Millisecond)})
+				require.NoError(t, err)
+				<-tk.Done()
+				r := outcome(t, tk)
+				assert.Equal(t, Expired, r.State)
+				_, ran := log.startOf("late")
+				s := closeD(t, d)
+				if disabled {
+					assert.True(t, ran)
+					assert.Zero(t, s.Unfinishable)
+					return
+				}
+				assert.False(t, ran, "not started")
+				assert.ErrorContains(t, r.Err, "not started")
+				assert.Equal(t, uint64(1), s.Unfinishable)
+				assert.Zero(t, r.Attempts)
+			})
+		})
+	}
+}
+
+// TestIssue12Validation: the new settings' bad values are errors from New.
+func TestIssue12Validation(t *testing.T) {
+	for name, cfg := range map[string]Config[string, int]{
+		"Reserve.Workers":       {Workers: 4, Reserve: Reservation{Workers: 4}},
+		"Adaptive.MinWorkers":   {Workers: 4, Adaptive: &AdaptivePolicy{MinWorkers: 5}},
+		"Adaptive.Tolerance":    {Adaptive: &AdaptivePolicy{Tolerance: 0.5}},
+		"StartCheck.Quantile":   {StartCheck: StartCheck{Quantile: 2}},
+		"StartCheck.MinSamples": {StartCheck: StartCheck{MinSamples: -1}},
+	} {
+		_, err := New(nopExec, cfg)
+		assert.ErrorContains(t, err, "Config."+name, name)
+	}
+}
+
