@@ -64,12 +64,12 @@ type Dispatcher[K comparable, T any] struct {
 	timer   *time.Timer // the one timer: delay index and deadlines
 	timerAt int64       // when it is armed for; maxTime if not
 
-	tokens      tokens    // the rate limiter's, taken before a call is chosen
-	fetchCond   sync.Cond // the token fetcher waits here
-	startAt     int64     // a worker should look again then (a token, a hold); 0: none
-	adaptive    *adaptive // nil: concurrency fixed at Workers
-	lowRunning  int       // worker executions below the reservation's priority
-	labelTimes  map[string]*labelTimes
+	tokens     tokens    // the rate limiter's, taken before a call is chosen
+	fetchCond  sync.Cond // the token fetcher waits here
+	startAt    int64     // a worker should look again then (a token, a hold); 0: none
+	adaptive   *adaptive // nil: concurrency fixed at Workers
+	lowRunning int       // worker executions below the reservation's priority
+	labelTimes map[string]*labelTimes
 
 	retryBudget window.Window // Total: first attempts; Marked: retries
 	breaker     *breaker      // nil: no circuit breaker

@@ -221,7 +221,7 @@ type throttleAPI struct {
 
 type retryAfterErr struct{ d time.Duration }
 
-func (e retryAfterErr) Error() string              { return "429 too many requests" }
+func (e retryAfterErr) Error() string             { return "429 too many requests" }
 func (e retryAfterErr) RetryAfter() time.Duration { return e.d }
 
 func (a *throttleAPI) exec(ctx context.Context, _ string, _ int) error {
@@ -396,4 +396,3 @@ func TestIssue12Validation(t *testing.T) {
 		assert.ErrorContains(t, err, "Config."+name, name)
 	}
 }
-

@@ -237,7 +237,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 			d.lowRunning++
 		}
 	} else {
-		c.low = false // inline executions are their callers' own
+		c.low = false    // inline executions are their callers' own
 		d.owned[rn.id]++ // Close waits for this execution
 	}
 	c.runner = rn.id
