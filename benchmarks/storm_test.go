@@ -135,24 +135,25 @@ func stormVariants() []variant {
 		}},
 		{name: "coalesce", workers: []int{8}, sc: coalesce},
 
-		// TODO(#12): variant=reserved, once the core can reserve workers
-		// for urgent work: the dispatcher-limit scenario (limit), workers 8
-		// and 16, with the reservation in cfg (low priority may hold at most
-		// W−2 workers, say). Target: bind p99 ≤ 2 × (latency + 1/qps) =
-		// 60 ms at both worker counts, patch p99 and drain no worse than
-		// fifo's.
+		// Urgent work keeps two workers whatever the patches do, so a bind
+		// finds one even when the limit is workers, not tokens.
+		{name: "reserved", workers: []int{8, 16}, sc: limit, cfg: dispatch.Config[string, call]{
+			Reserve: dispatch.Reservation{Workers: 2, MinPriority: dropin.bindPriority},
+		}},
+		// Concurrency that follows the server.
+		{name: "adaptive", workers: []int{8, 16}, sc: limit, cfg: dispatch.Config[string, call]{
+			Adaptive: &dispatch.AdaptivePolicy{},
+		}},
 
-		// TODO(#12): variant=adaptive, once the core has adaptive
-		// concurrency: limit, workers 8 and 16, with the adaptive limiter
-		// in cfg. Same targets as reserved.
-
-		// The 429 scenario in fixed mode: the figures adaptive concurrency
-		// must beat. TODO(#12): add variant=throttle-adaptive, the same
-		// scenario with the adaptive limiter in cfg. Target: fewer than half
-		// of this variant's requests-during-throttle, and recovery-ms
-		// under 2000.
+		// The 429 scenario, in fixed and in adaptive mode: adaptive must
+		// send fewer than half the requests into the 429 window and be back
+		// to the bucket's rate within 2 s of its end.
 		{name: "throttle", workers: []int{8}, sc: throttled, cfg: dispatch.Config[string, call]{
 			Retry: patientRetries,
+		}},
+		{name: "throttle-adaptive", workers: []int{8}, sc: throttled, cfg: dispatch.Config[string, call]{
+			Retry:    patientRetries,
+			Adaptive: &dispatch.AdaptivePolicy{},
 		}},
 	}
 }
@@ -447,6 +448,7 @@ func abs(n int) int {
 // faster than the token bucket allows. It logs the figures, which on the fake
 // clock show the policy's effect without scheduling noise.
 func TestStormScenario(t *testing.T) {
+	results := map[string]metrics{} // by variant/workers
 	for _, v := range stormVariants() {
 		for _, w := range v.workers {
 			t.Run(fmt.Sprintf("variant=%s/workers=%d", v.name, w), func(t *testing.T) {
@@ -455,6 +457,7 @@ func TestStormScenario(t *testing.T) {
 					cfg.Workers = w
 					m := run(t, v.sc, cfg)
 					t.Log(m)
+					results[fmt.Sprintf("%s/%d", v.name, w)] = m
 
 					sc := v.sc
 					if m.lost != 0 {
@@ -486,5 +489,34 @@ func TestStormScenario(t *testing.T) {
 				})
 			})
 		}
+	}
+	t.Run("targets", func(t *testing.T) { checkStormTargets(t, results) })
+}
+
+// checkStormTargets checks issue 12's targets on the fake clock, where the
+// figures are the policy's alone: with the limit on the dispatcher's side,
+// no tenant cap and no reservation, bind p99 ≤ 2 × (latency + one token
+// interval) at 8 and at 16 workers, and the storm no slower than FIFO's;
+// adaptive concurrency sends under half the requests of fixed mode into a
+// 429 window and is back to the bucket's rate within 2 s of its end.
+func checkStormTargets(t *testing.T, r map[string]metrics) {
+	sc := theStorm()
+	bound := 2 * (sc.latency + time.Duration(float64(time.Second)/sc.qps))
+	fifo := r["fifo/8"]
+	for _, k := range []string{"dispatcher-limit/8", "dispatcher-limit/16", "reserved/8", "reserved/16", "adaptive/8", "adaptive/16"} {
+		m := r[k]
+		if m.bindP99 > bound {
+			t.Errorf("%s: bind p99 %v > %v", k, m.bindP99, bound)
+		}
+		if m.patchP99 > fifo.patchP99 || m.patchDrain > fifo.patchDrain {
+			t.Errorf("%s: patch p99 %v, drain %v: slower than fifo's %v, %v", k, m.patchP99, m.patchDrain, fifo.patchP99, fifo.patchDrain)
+		}
+	}
+	fixed, adaptive := r["throttle/8"], r["throttle-adaptive/8"]
+	if 2*adaptive.duringThrottle >= fixed.duringThrottle {
+		t.Errorf("requests during the 429 window: adaptive %d, fixed %d: want under half", adaptive.duringThrottle, fixed.duringThrottle)
+	}
+	if adaptive.throttleRecovery > 2*time.Second {
+		t.Errorf("adaptive recovery %v > 2s", adaptive.throttleRecovery)
 	}
 }
