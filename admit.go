@@ -74,6 +74,9 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 			c.droppable = false
 			d.q.unshed(c)
 		}
+		if o.Priority > c.prio && (ten != c.ten || label != c.label) {
+			d.adopt(c, ten, label)
+		}
 		d.join(c, t, o.Priority, now, deadline)
 		d.totals.coalesced++
 		return true, nil

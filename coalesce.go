@@ -82,6 +82,37 @@ func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 	d.q.removeDeadline(w)
 }
 
+// adopt gives queued call c the tenant and label of a submission that
+// raises its priority: a merged call is counted, capped and labelled as
+// its most urgent submission — a binding that replaces a pending status
+// patch runs as a binding. The caller then joins the submission.
+func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string) {
+	if d.labels != nil && label != c.label {
+		d.labels[c.label]--
+		if d.labels[c.label] == 0 {
+			delete(d.labels, c.label)
+		}
+		d.labels[label]++
+	}
+	c.label = label
+	if ten == c.ten {
+		return
+	}
+	old, state := c.ten, c.state
+	d.q.remove(c) // from the old tenant's indexes
+	old.queued--
+	c.ten = ten
+	ten.queued++
+	d.keep(ten)
+	switch state {
+	case csReady:
+		d.q.push(c)
+	case csDelayed:
+		d.q.delay(c, c.notBefore)
+	}
+	d.forgetIdle(old)
+}
+
 // reprioritize re-derives c's effective priority and enqueue time after a
 // waiter left: a call's priority falls again when the waiter that raised it
 // goes. It scans the remaining waiters, which is O(waiters of c).

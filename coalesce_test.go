@@ -751,3 +751,44 @@ func TestMergeSkipIncoming(t *testing.T) {
 		})
 	})
 }
+
+// TestMergeAdoptsUrgentTenantAndLabel: a submission that raises a pending
+// call's priority also gives it its tenant and label, so that a binding
+// which replaces a pending status patch is capped, counted and labelled as
+// a binding.
+func TestMergeAdoptsUrgentTenantAndLabel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, string]()
+		obs := &finishHook{}
+		var mu sync.Mutex
+		var seen []Event
+		obs.f = func(e Event, _ Outcome) {
+			mu.Lock()
+			seen = append(seen, e)
+			mu.Unlock()
+		}
+		d, _, release := holdWorker(t, f.exec, Config[string, string]{
+			Label:    func(_ string, v string) string { return v },
+			Merge:    func(p, in string) (string, error) { return in, nil },
+			Observer: obs,
+			Tenants:  map[string]TenantConfig{"patches": {}, "binds": {}},
+		})
+		require.NoError(t, d.Post("pod", "patch", SubmitOptions{Tenant: "patches"}))
+		s := d.Stats()
+		assert.Equal(t, 1, s.Tenants["patches"].Queued)
+		bind := submit(t, d, "pod", "bind", SubmitOptions{Tenant: "binds", Priority: 10})
+		s = d.Stats()
+		assert.Equal(t, 0, s.Tenants["patches"].Queued)
+		assert.Equal(t, 1, s.Tenants["binds"].Queued)
+		assert.Equal(t, map[string]int{"bind": 1, "": 1}, s.Labels)
+		// A lower-priority submission joins without changing either.
+		require.NoError(t, d.Post("pod", "bind", SubmitOptions{Tenant: "patches"}))
+		assert.Equal(t, 1, d.Stats().Tenants["binds"].Queued)
+		release()
+		waitAll(bind)
+		mu.Lock()
+		assert.Contains(t, seen, Event{Label: "bind", Tenant: "binds"})
+		mu.Unlock()
+		closeD(t, d)
+	})
+}

@@ -106,7 +106,9 @@ type Config[K comparable, T any] struct {
 	// Label names a call for the Observer and Stats.Labels, e.g. by call
 	// type ("bind", "status-patch"). Its results must come from a small
 	// fixed set, since each becomes a metric label value. It runs on the
-	// submitting goroutine, outside the lock, once per submission.
+	// submitting goroutine, outside the lock, once per submission. A call
+	// carries the label of its most urgent submission: one that raises a
+	// pending call's priority brings its label (and tenant) along.
 	Label func(key K, call T) string
 	// OnDone is the completion hook: it fires once per finished call — the
 	// "re-evaluate this object" event — with the call's result: its
@@ -172,7 +174,10 @@ type SubmitOptions struct {
 	// execution context carries the latest deadline of its live waiters.
 	Deadline time.Time
 	// Tenant names who submits (a plugin, a call type) for quotas and
-	// fairness.
+	// fairness. A call belongs to the tenant of its most urgent
+	// submission: one that raises a pending call's priority moves the call
+	// to its own tenant (without a quota check: the work was already
+	// admitted).
 	Tenant string
 	// Generation fences stale work for the key (for example the scheduling
 	// attempt). A newer generation supersedes older ones: their pending call

@@ -35,8 +35,10 @@ type Options struct {
 	// Config is passed to dispatch.New, with the preset's settings added:
 	// Merge, NoOp, Label and BeforeRetry are the preset's and must be left
 	// nil; Classify, if nil, is Classify; RateLimit, if nil, is a
-	// *rate.Limiter of QPS and Burst; Tenants gets a PodStatusPatch tenant
-	// with the in-flight cap below unless it names one. Everything else —
+	// *rate.Limiter of QPS and Burst; Reserve, if zero, keeps
+	// ReservedWorkers workers for bindings and deletions; Tenants gets a
+	// PodStatusPatch tenant with the in-flight cap below, if one is asked
+	// for and Tenants does not name one. Everything else —
 	// Workers, Capacity, Retry, Breaker, Mode, Fallback, Observer, OnDone,
 	// … — is used as given.
 	Config dispatch.Config[types.UID, Call]
@@ -53,10 +55,18 @@ type Options struct {
 	// submission whose SubmitOptions.Priority is 0 gets its type's.
 	Priorities map[CallType]int
 
-	// StatusPatchMaxInFlight caps how many workers status patches may hold
-	// at once, so that a storm of them never leaves a binding without a
-	// worker (kubernetes#135900). 0 means a quarter of the workers, at
-	// least 1; a negative value means no cap.
+	// ReservedWorkers is how many workers are kept for bindings and
+	// deletions (Config.Reserve, at the lower of their priorities), so that
+	// a storm of status patches never leaves a binding without a worker
+	// (kubernetes#135900), whether the limit is tokens, connections or the
+	// server's latency. 0 means a quarter of the workers, at least 1 (none
+	// with a single worker); a negative value keeps none. Ignored if
+	// Config.Reserve is set.
+	ReservedWorkers int
+	// StatusPatchMaxInFlight, if positive, caps how many workers status
+	// patches may hold at once (their tenant's MaxInFlight). The
+	// reservation makes it unnecessary for bindings' sake; it remains a way
+	// to bound the patches' share of the server. 0 means no cap.
 	StatusPatchMaxInFlight int
 }
 
@@ -72,7 +82,8 @@ type Dispatcher struct {
 
 // NewDispatcher returns a Dispatcher that runs kube calls with client,
 // configured by o: the classifier, merge and no-op rules, SyncObject,
-// labels, priorities, the status-patch in-flight cap and the QPS limit.
+// labels, priorities, the workers kept for bindings and deletions, and the
+// QPS limit.
 // Bad options are reported here, naming the field.
 func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) {
 	if client == nil {
@@ -109,6 +120,8 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		return cfg, nil, optErr("QPS", fmt.Sprintf("%v is not a rate", o.QPS))
 	case o.Burst < 0:
 		return cfg, nil, optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))
+	case o.StatusPatchMaxInFlight < 0:
+		return cfg, nil, optErr("StatusPatchMaxInFlight", fmt.Sprintf("%d must not be negative", o.StatusPatchMaxInFlight))
 	}
 	prio := map[CallType]int{
 		PodStatusPatch: DefaultStatusPatchPriority,
@@ -135,20 +148,23 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		}
 		cfg.RateLimit = rate.NewLimiter(rate.Limit(qps), burst)
 	}
-	if _, named := cfg.Tenants[string(PodStatusPatch)]; !named && o.StatusPatchMaxInFlight >= 0 {
-		capped := o.StatusPatchMaxInFlight
-		if capped == 0 {
-			workers := cfg.Workers
-			if workers == 0 {
-				workers = dispatch.DefaultWorkers
-			}
-			capped = max(1, workers/4)
+	workers := cfg.Workers
+	if workers == 0 {
+		workers = dispatch.DefaultWorkers
+	}
+	if cfg.Reserve == (dispatch.Reservation{}) && o.ReservedWorkers >= 0 && workers > 1 {
+		kept := o.ReservedWorkers
+		if kept == 0 {
+			kept = max(1, workers/4)
 		}
+		cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: min(prio[PodBinding], prio[PodDeletion])}
+	}
+	if _, named := cfg.Tenants[string(PodStatusPatch)]; !named && o.StatusPatchMaxInFlight > 0 {
 		tenants := maps.Clone(cfg.Tenants)
 		if tenants == nil {
 			tenants = make(map[string]dispatch.TenantConfig, 1)
 		}
-		tenants[string(PodStatusPatch)] = dispatch.TenantConfig{MaxInFlight: capped}
+		tenants[string(PodStatusPatch)] = dispatch.TenantConfig{MaxInFlight: o.StatusPatchMaxInFlight}
 		cfg.Tenants = tenants
 	}
 	return cfg, prio, nil
@@ -183,11 +199,9 @@ func (d *Dispatcher) options(c Call, o dispatch.SubmitOptions) dispatch.SubmitOp
 // status patch folds into a pending status patch. While the pod's call is
 // in flight, c waits behind it.
 //
-// A call that replaces a pending one runs at its own, higher priority, but
-// the core keeps a coalesced call in the tenant and under the label of its
-// first submission: a binding that replaced a pending status patch counts
-// against the status-patch in-flight cap, and is reported under the
-// pod_status_patch label.
+// A call that replaces a pending one runs at its own, higher priority, in
+// its own tenant and under its own label: a binding that replaced a
+// pending status patch runs, and is counted, as a binding.
 func (d *Dispatcher) Submit(ctx context.Context, c Call, o dispatch.SubmitOptions) (*dispatch.Ticket[types.UID, Call], error) {
 	if err := c.Err(); err != nil {
 		return nil, err

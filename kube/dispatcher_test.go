@@ -59,19 +59,30 @@ func TestPresetConfig(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, rate.Limit(DefaultQPS), lim.Limit())
 		assert.Equal(t, DefaultBurst, lim.Burst())
-		assert.Equal(t, map[string]dispatch.TenantConfig{"pod_status_patch": {MaxInFlight: dispatch.DefaultWorkers / 4}}, cfg.Tenants)
+		assert.Empty(t, cfg.Tenants, "no status-patch cap unless asked for")
+		assert.Equal(t, dispatch.Reservation{Workers: dispatch.DefaultWorkers / 4, MinPriority: DefaultDeletionPriority}, cfg.Reserve,
+			"a quarter of the workers kept for deletions and bindings")
 		assert.Equal(t, map[CallType]int{PodBinding: 10, PodDeletion: 5, PodStatusPatch: 0}, prio)
 		assert.NotNil(t, cfg.Merge)
 		assert.NotNil(t, cfg.NoOp)
 		assert.NotNil(t, cfg.Label)
 		assert.Equal(t, dispatch.Recompute, cfg.Classify(errConflict()), "Classify")
 	})
-	t.Run("the cap follows the workers", func(t *testing.T) {
-		for workers, want := range map[int]int{1: 1, 3: 1, 8: 2, 64: 16} {
+	t.Run("the reservation follows the workers", func(t *testing.T) {
+		for workers, want := range map[int]int{1: 0, 3: 1, 8: 2, 64: 16} {
 			cfg, _, err := Options{Config: dispatch.Config[types.UID, Call]{Workers: workers}}.config()
 			require.NoError(t, err)
-			assert.Equal(t, want, cfg.Tenants["pod_status_patch"].MaxInFlight, "workers %d", workers)
+			assert.Equal(t, want, cfg.Reserve.Workers, "workers %d", workers)
+			_, err = dispatch.New(func(context.Context, types.UID, Call) error { return nil }, cfg)
+			require.NoError(t, err, "workers %d: the core accepts it", workers)
 		}
+		cfg, _, err := Options{ReservedWorkers: 5}.config()
+		require.NoError(t, err)
+		assert.Equal(t, 5, cfg.Reserve.Workers)
+		user := dispatch.Reservation{Workers: 1, MinPriority: 100}
+		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Reserve: user}}.config()
+		require.NoError(t, err)
+		assert.Equal(t, user, cfg.Reserve, "the user's reservation is kept")
 	})
 	t.Run("user settings are kept", func(t *testing.T) {
 		userLimit := rate.NewLimiter(7, 1)
@@ -96,11 +107,12 @@ func TestPresetConfig(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, dispatch.TenantConfig{MaxQueued: 9}, cfg.Tenants["pod_status_patch"], "a tenant the user names is theirs")
 	})
-	t.Run("no limit, no cap", func(t *testing.T) {
-		cfg, _, err := Options{QPS: -1, StatusPatchMaxInFlight: -1}.config()
+	t.Run("no limit, no reservation", func(t *testing.T) {
+		cfg, _, err := Options{QPS: -1, ReservedWorkers: -1}.config()
 		require.NoError(t, err)
 		assert.Nil(t, cfg.RateLimit)
 		assert.Empty(t, cfg.Tenants)
+		assert.Zero(t, cfg.Reserve)
 	})
 }
 
@@ -188,8 +200,9 @@ func TestPassThrough(t *testing.T) {
 			{Label: "pod_binding", Tenant: "pod_binding"}:           1,
 			{Label: "pod_deletion", Tenant: "preemption"}:           1,
 		}, obs.finished)
-		// Configured tenants stay in Stats; others only while they have calls.
-		assert.Equal(t, uint64(1), s.Tenants["pod_status_patch"].Admitted)
+		// Tenants the Config does not name are in Stats only while they
+		// have calls.
+		assert.NotContains(t, s.Tenants, "pod_status_patch")
 		assert.NotContains(t, s.Tenants, "preemption")
 	})
 }

@@ -62,12 +62,12 @@
 //
 // NewDispatcher wires all of this into a dispatch.Dispatcher, with defaults
 // for a scheduler: bindings run before deletions before status patches
-// (priorities 10, 5, 0); each call type is its own tenant, and status
-// patches may hold at most a quarter of the workers, so a storm of them
+// (priorities 10, 5, 0); each call type is its own tenant; a quarter of the
+// workers is kept for bindings and deletions, so a storm of status patches
 // never leaves a binding without a worker (kubernetes#135900); and the API
 // rate (50 qps, burst 100: kube-scheduler's client defaults) is limited by
-// the dispatcher, after calls are ordered by priority — give the clientset
-// no limit of its own (RESTConfig). Options.Config passes any other
+// the dispatcher, which hands each token to the best call waiting when it
+// is granted — give the clientset no limit of its own (RESTConfig). Options.Config passes any other
 // dispatch setting through: workers, capacity, retry policy, circuit
 // breaker, fallback, observer, completion hook. ModeOf and SetEnabled map a
 // feature gate to the dispatcher's mode: off is Sync, each write made inline

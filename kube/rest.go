@@ -14,12 +14,10 @@ import "k8s.io/client-go/rest"
 // behind the patch of every worker that holds one — the priority order is
 // lost where the scarce resource is handed out (kubernetes#135900). Two
 // limits in series also make the rate the lower of the two, and the
-// bucket's waits are invisible to the dispatcher's figures. Today the
-// dispatcher too takes its token once a worker has chosen the call, so the
-// preset also caps the workers status patches may hold (a binding then
-// waits for at most that many patches' tokens); the dispatcher will take
-// the token before choosing the call (issue 12), which only a limit of its
-// own can do.
+// bucket's waits are invisible to the dispatcher's figures. The dispatcher
+// takes its token before it chooses the call, so the best call at the
+// moment a token is granted runs: a binding waits for one token, not for
+// the storm. Only a limit of its own can do that.
 //
 // Build the clientset for the dispatcher alone, so that the rest of the
 // program (informers, events) keeps its own limit:
