@@ -139,7 +139,7 @@ var fzAgings = [4]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time.
 func fzDecodeConfig(r *fzReader) fzConfig {
 	a, b, c := r.next(), r.next(), r.next()
 	cfg := fzConfig{
-		merge:       int(a % 3),
+		merge:       int(a & 3),
 		honour:      a&0x04 != 0,
 		noop:        a&0x08 != 0,
 		before:      a&0x10 != 0,
