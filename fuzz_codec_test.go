@@ -46,23 +46,24 @@ func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
 		}
 		return 0
 	}
-	a := byte(cfg.merge) | bit(cfg.honour, 2) | bit(cfg.noop, 3) | bit(cfg.before, 4) | bit(cfg.drainClose, 5) |
-		byte(slices.Index(fzAgings[:], cfg.aging))<<6
-	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2
-	if cfg.capacity == 64 {
-		b = 0x80 | byte(cfg.maxWaiters)<<2
-	}
-	c := byte(cfg.maxAttempts-1) | bit(cfg.breaker, 2) | bit(cfg.brRefuse, 4)
-	if cfg.breaker {
-		c |= byte(cfg.brFailures-1) << 3
-	}
-	out := []byte{a, b, c}
 	must := func(i int, what string) byte {
 		if i < 0 {
 			panic("fzEncode: no encoding for " + what)
 		}
 		return byte(i)
 	}
+	ai := must(slices.Index(fzAgings[:], cfg.aging), "aging")
+	a := byte(cfg.merge) | bit(cfg.honour, 2) | bit(cfg.noop, 3) | bit(cfg.before, 4) | bit(cfg.drainClose, 5) |
+		(ai&3)<<6
+	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2
+	if cfg.capacity == 64 {
+		b = 0x80 | byte(cfg.maxWaiters)<<2
+	}
+	c := byte(cfg.maxAttempts-1) | bit(cfg.breaker, 2) | bit(cfg.brRefuse, 4) | (ai>>2)<<5
+	if cfg.breaker {
+		c |= byte(cfg.brFailures-1) << 3
+	}
+	out := []byte{a, b, c}
 	for _, op := range ops {
 		out = append(out, must(slices.Index(fzKindOf[:], op.kind), "kind"))
 		switch op.kind {
@@ -134,7 +135,14 @@ func (c fzConfig) String() string {
 	return s
 }
 
-var fzAgings = [4]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time.Second}
+// fzAgings are the aging intervals, 0 meaning strict priority. From 5s up,
+// priority × aging overflows int64 for priorities Kubernetes uses
+// (2 000 000 000 × 5s ≈ 1e19), and math.MaxInt64 makes the product of any
+// large priority and the aging need all of 127 bits.
+var fzAgings = [16]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time.Second,
+	5 * time.Second, 10 * time.Second, time.Hour, time.Nanosecond,
+	2 * time.Second, 7 * time.Millisecond, 24 * time.Hour, time.Microsecond,
+	5 * time.Second, 10 * time.Second, time.Hour, math.MaxInt64}
 
 func fzDecodeConfig(r *fzReader) fzConfig {
 	a, b, c := r.next(), r.next(), r.next()
@@ -144,7 +152,7 @@ func fzDecodeConfig(r *fzReader) fzConfig {
 		noop:        a&0x08 != 0,
 		before:      a&0x10 != 0,
 		drainClose:  a&0x20 != 0,
-		aging:       fzAgings[a>>6],
+		aging:       fzAgings[int(a>>6)|int(c>>5&3)<<2],
 		capacity:    1 + int(b%4),
 		maxAttempts: 1 + int(c&3)%3,
 		breaker:     c&0x04 != 0,
@@ -201,7 +209,25 @@ const (
 	fzCtxDone
 )
 
-var fzPrios = [16]int{0, 0, 0, 0, 1, 1, 2, 3, 5, -1, -3, 10, 1000, math.MaxInt, math.MinInt, math.MaxInt - 1}
+// fzPrios are the priorities a submission can have. The first sixteen are
+// small, so that aging lifts one over another within a test; the rest reach
+// across the whole int range: the extremes, Kubernetes' priority classes
+// (system-cluster-critical 2 000 000 000, system-node-critical
+// 2 000 001 000), and pairs that straddle the point where priority × aging
+// leaves int64 for one of the agings (⌊MaxInt64 / aging⌋ and one more), where
+// a saturating order would make them tie.
+var fzPrios = [64]int{
+	0, 0, 0, 0, 1, 1, 2, 3, 5, -1, -3, 10, 1000, math.MaxInt, math.MinInt, math.MaxInt - 1,
+	2000000000, 2000001000, 1000000000, -2000000000, 2000000000, 2000001000, 2000000001, 1999999999,
+	math.MaxInt, math.MinInt, math.MaxInt - 1, math.MinInt + 1, math.MaxInt32, math.MinInt32, 1 << 40, -(1 << 40),
+	1 << 62, -(1 << 62), math.MaxInt / 2, math.MinInt / 2,
+	1844674407, 1844674408, -1844674407, -1844674408, // MaxInt64 / 5s
+	922337203, 922337204, // MaxInt64 / 10s
+	2562047, 2562048, // MaxInt64 / 1h
+	9223372036, 9223372037, // MaxInt64 / 1s
+	9223372036854, 9223372036855, -9223372036855, // MaxInt64 / 1ms
+	0, 1, -1, 2, 3, -2, 4, 7, 100, -100, 1000000, -1000000, 2000000999, 3000000000, -3000000000,
+}
 
 var fzOffsets = [8]time.Duration{-time.Millisecond, 0, 500 * time.Microsecond, time.Millisecond,
 	2 * time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond, 2 * time.Second}
@@ -231,7 +257,7 @@ func fzDecodeOp(r *fzReader) fzOp {
 	case fzSubmit, fzPost:
 		k, g, dl := r.next(), r.next(), r.next()
 		op.key = int(k % fzKeys)
-		op.prio = fzPrios[(k>>2)&15]
+		op.prio = fzPrios[k>>2]
 		op.gen = uint64(g&3) % 3
 		op.idem = [3]string{"", "x", "y"}[((g>>2)&3)%3]
 		op.drop = g&0x80 != 0

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
 	"slices"
 
@@ -154,19 +153,13 @@ func (m *fzModel) maxWaiters() int {
 
 func (m *fzModel) noop(v int64) bool { return m.cfg.noop && v%5 == 0 }
 
-// vt is enqueue time − priority×aging, saturated to int64, computed with
-// big integers so that it shares nothing with the implementation's
-// saturating arithmetic.
-func (m *fzModel) vt(prio int, enq int64) int64 {
+// vt is the virtual time enqueue − priority×aging, exactly: with big
+// integers, so that it shares nothing with the implementation's 128-bit
+// arithmetic, and nothing saturates — every pair of int priorities orders
+// by priority at every aging (issue 10, item 3).
+func (m *fzModel) vt(prio int, enq int64) *big.Int {
 	v := new(big.Int).Mul(big.NewInt(int64(prio)), big.NewInt(int64(m.cfg.aging)))
-	v.Sub(big.NewInt(enq), v)
-	switch {
-	case v.Cmp(big.NewInt(math.MaxInt64)) > 0:
-		return math.MaxInt64
-	case v.Cmp(big.NewInt(math.MinInt64)) < 0:
-		return math.MinInt64
-	}
-	return v.Int64()
+	return v.Sub(big.NewInt(enq), v)
 }
 
 // before reports whether a runs before b in the ready order.
@@ -180,9 +173,8 @@ func (m *fzModel) before(aPrio int, aEnq int64, aSeq uint64, bPrio int, bEnq int
 		}
 		return aSeq < bSeq
 	}
-	va, vb := m.vt(aPrio, aEnq), m.vt(bPrio, bEnq)
-	if va != vb {
-		return va < vb
+	if c := m.vt(aPrio, aEnq).Cmp(m.vt(bPrio, bEnq)); c != 0 {
+		return c < 0
 	}
 	return aSeq < bSeq
 }

@@ -58,9 +58,11 @@ const (
 // The model covers: per-key one in-flight and one pending call, successors,
 // coalescing (replace, sum, or a sum that refuses some values via
 // Config.Merge), idempotency-key conflicts, priority with aging as virtual
-// time (enqueue − priority×aging, saturating) then FIFO, strict priority
-// when aging is 0, re-derivation of a call's priority and enqueue time when
-// a waiter leaves, generations (stale rejection, supersession), deadlines
+// time (enqueue − priority×aging, computed exactly with math/big, so that
+// higher priority runs first for every pair of int priorities at every
+// aging) then FIFO, strict priority when aging is 0, re-derivation of a
+// call's priority and enqueue time when a waiter leaves, generations (stale
+// rejection, supersession), deadlines
 // from SubmitOptions and from the Submit context (the fire-and-forget
 // aggregate with its shared latest deadline), the execution context's
 // deadline, Ticket.Cancel, context cancellation with a cause, Cancel(key,
@@ -84,14 +86,21 @@ const (
 // work are checked before anything is evicted: a refused submission
 // changes nothing.
 //
+// Priorities and agings reach the extremes (see fzPrios and fzAgings):
+// ±MaxInt, MinInt, Kubernetes' 2 000 000 000 and 2 000 001 000, pairs that
+// straddle MaxInt64 / aging, and agings of 5s, 10s, an hour, a day and
+// MaxInt64 ns, so that priority × aging overflows int64.
+//
 // It leaves out, on purpose: more than one worker (ordering would no longer
 // be deterministic), jittered backoff and the retry budget (random or
 // windowed; the budget is disabled), the breaker's failure-ratio rule (it
 // is set to +Inf), the rate limiter, tenants (every call is in the default
-// tenant; quotas, in-flight caps and weights are tenant_test.go's), Sync
-// mode, SetMode and the fallback policy (mode_test.go's), Amend, a merge
-// that returns SkipIncoming, labels and the observer, and QueueWait/RunTime
-// values (only checked to be non-negative).
+// tenant; quotas, in-flight caps and weights are tenant_test.go's), the
+// start check (disabled: it judges by a quantile of recent execution times;
+// limits_test.go has its tests), Sync mode, SetMode and the fallback policy
+// (mode_test.go's), Amend, a merge that returns SkipIncoming, labels and
+// the observer, and QueueWait/RunTime values (only checked to be
+// non-negative).
 //
 // The seeds (fzSeeds, and the inputs under testdata/fuzz/FuzzQueueModel
 // that fuzzing once found) run as ordinary subtests under go test;
@@ -206,4 +215,40 @@ var fzSeeds = [][]byte{
 	fzEncode(fzConfig{merge: 2, capacity: 4, maxAttempts: 3},
 		fzSubmitOp(0, 0), fzSubmitOp(1, 0), fzSubmitOp(0, 0), fzFinishOp(fzRetry),
 		fzOp{kind: fzTicketCancel, idx: 0}, fzFinishOp(fzOK), fzFinishOp(fzOK)),
+
+	// Priorities at the extremes, with aging (issue 10, item 3): higher
+	// runs first for every pair of int priorities at every aging, where
+	// priority × aging leaves int64. Each submits the lower priority first,
+	// so that a tie (arrival order) would run it first.
+	//
+	// Kubernetes' system-cluster-critical and system-node-critical at 5s.
+	fzEncode(fzConfig{aging: 5 * time.Second, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(1, 2000000000), fzSubmitOp(2, 2000001000),
+		fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// 1e9 against 2e9 at 10s, and one level (10s of waiting) against 1.5s
+	// of waiting.
+	fzEncode(fzConfig{aging: 10 * time.Second, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(1, 1000000000), fzSubmitOp(2, 2000000000),
+		fzAdvanceOp(1500*time.Millisecond), fzSubmitOp(3, 2000000001),
+		fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// The pair that straddles MaxInt64 / 5s, and the extremes at an hour.
+	fzEncode(fzConfig{aging: 5 * time.Second, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(1, 1844674407), fzSubmitOp(2, 1844674408), fzSubmitOp(3, -1844674408),
+		fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	fzEncode(fzConfig{aging: time.Hour, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(1, math.MaxInt-1), fzSubmitOp(2, math.MaxInt), fzSubmitOp(3, math.MinInt),
+		fzSubmitOp(3, math.MinInt+1), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// The longest aging there is: every product needs 127 bits.
+	fzEncode(fzConfig{aging: math.MaxInt64, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(1, math.MinInt), fzSubmitOp(2, math.MinInt+1), fzSubmitOp(3, math.MaxInt-1),
+		fzAdvanceOp(1500*time.Millisecond), fzSubmitOp(1, math.MaxInt),
+		fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// Shedding compares extremes exactly too: a droppable
+	// system-cluster-critical call is evicted for a system-node-critical
+	// newcomer, and a system-cluster-critical newcomer is refused when the
+	// droppable call is system-node-critical.
+	fzEncode(fzConfig{aging: 5 * time.Second, capacity: 2, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzWith(fzPostOp(1, 2000000000), fzDrop()), fzSubmitOp(2, 2000001000),
+		fzFinishOp(fzOK), fzWith(fzPostOp(3, 2000001000), fzDrop()), fzSubmitOp(1, 2000000000),
+		fzFinishOp(fzOK), fzFinishOp(fzOK)),
 }
