@@ -55,9 +55,9 @@ func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
 	ai := must(slices.Index(fzAgings[:], cfg.aging), "aging")
 	a := byte(cfg.merge) | bit(cfg.honour, 2) | bit(cfg.noop, 3) | bit(cfg.before, 4) | bit(cfg.drainClose, 5) |
 		(ai&3)<<6
-	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2
+	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5)
 	if cfg.capacity == 64 {
-		b = 0x80 | byte(cfg.maxWaiters)<<2
+		b = 0x80 | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5)
 	}
 	c := byte(cfg.maxAttempts-1) | bit(cfg.breaker, 2) | bit(cfg.brRefuse, 4) | (ai>>2)<<5
 	if cfg.breaker {
@@ -112,7 +112,10 @@ func (r *fzReader) next() byte {
 }
 
 type fzConfig struct {
-	merge       int // 0 replace, 1 sum, 2 sum that refuses incoming multiples of 3
+	// merge: 0 replace, 1 sum, 2 sum that refuses incoming multiples of 3,
+	// 3 sum that refuses incoming multiples of 3 and skips (SkipIncoming)
+	// incoming multiples of 4, see fzMerge.
+	merge       int
 	honour      bool
 	noop        bool // values divisible by 5 are no-ops
 	before      bool // Config.BeforeRetry
@@ -124,11 +127,12 @@ type fzConfig struct {
 	breaker     bool // Config.Breaker: consecutive-failure rule only, one probe
 	brFailures  int  // BreakerPolicy.ConsecutiveFailures
 	brRefuse    bool // BreakerPolicy.RefuseDroppable
+	labels      bool // Config.Label: fzLabel of the submitted value
 }
 
 func (c fzConfig) String() string {
-	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v capacity=%d maxWaiters=%d maxAttempts=%d",
-		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.capacity, c.maxWaiters, c.maxAttempts)
+	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v capacity=%d maxWaiters=%d maxAttempts=%d labels=%v",
+		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.capacity, c.maxWaiters, c.maxAttempts, c.labels)
 	if c.breaker {
 		s += fmt.Sprintf(" breaker(failures=%d refuseDroppable=%v)", c.brFailures, c.brRefuse)
 	}
@@ -153,6 +157,7 @@ func fzDecodeConfig(r *fzReader) fzConfig {
 		before:      a&0x10 != 0,
 		drainClose:  a&0x20 != 0,
 		aging:       fzAgings[int(a>>6)|int(c>>5&3)<<2],
+		labels:      b&0x20 != 0,
 		capacity:    1 + int(b%4),
 		maxAttempts: 1 + int(c&3)%3,
 		breaker:     c&0x04 != 0,

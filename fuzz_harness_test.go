@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"reflect"
@@ -107,16 +108,12 @@ func fzRun(t *testing.T, data []byte) {
 			RefuseDroppable:     cfg.brRefuse,
 		}
 	}
-	switch cfg.merge {
-	case 1:
-		dc.Merge = func(p, in int64) (int64, error) { return p + in, nil }
-	case 2:
-		dc.Merge = func(p, in int64) (int64, error) {
-			if in%3 == 0 {
-				return 0, errFuzzMerge
-			}
-			return p + in, nil
-		}
+	if cfg.merge != 0 {
+		mode := cfg.merge
+		dc.Merge = func(p, in int64) (int64, error) { return fzMerge(mode, p, in) }
+	}
+	if cfg.labels {
+		dc.Label = func(_ int, v int64) string { return fzLabel(v) }
 	}
 	if cfg.noop {
 		dc.NoOp = func(_ int, v int64) bool { return v%5 == 0 }
@@ -144,9 +141,27 @@ func fzRun(t *testing.T, data []byte) {
 	}
 	h.finalize()
 	if os.Getenv("DISPATCH_FUZZ_TRACE") != "" {
-		t.Logf("ops:\n  %s", strings.Join(h.trace, "\n  "))
+		t.Logf("ops:\n  %s\nhooks: %v", strings.Join(h.trace, "\n  "), h.m.hooks)
 	}
 }
+
+// fzMerge is the merge function of merge mode 1 (sum), 2 (sum that refuses
+// incoming multiples of 3) and 3 (mode 2, but incoming multiples of 4 are
+// moot: SkipIncoming, wrapped for multiples of 8).
+func fzMerge(mode int, p, in int64) (int64, error) {
+	switch {
+	case mode == 3 && in%8 == 0:
+		return 0, fmt.Errorf("fuzz: %d is moot: %w", in, dispatch.SkipIncoming)
+	case mode == 3 && in%4 == 0:
+		return 0, dispatch.SkipIncoming
+	case mode >= 2 && in%3 == 0:
+		return 0, errFuzzMerge
+	}
+	return p + in, nil
+}
+
+// fzLabel is the label of a submission of value v, with labels on.
+func fzLabel(v int64) string { return [...]string{"L0", "L1", "L2"}[v%3] }
 
 func (h *fzHarness) exec(ctx context.Context, key int, val int64) error {
 	e := &fzExec{key: key, val: val, release: make(chan int, 1)}
@@ -545,6 +560,9 @@ func (h *fzHarness) check(step string) {
 	}
 	if m.running != nil {
 		ws.InFlight = 1
+	}
+	if want := m.labels(); !maps.Equal(s.Labels, want) || (s.Labels == nil) != (want == nil) {
+		h.fail("%s: Stats.Labels %v, model says %v", step, s.Labels, want)
 	}
 	// The per-reason and per-tenant maps are checked by the tenant and
 	// shedding tests; the model tracks the totals.

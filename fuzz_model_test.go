@@ -51,7 +51,8 @@ type fmCall struct {
 	retrying  bool // a previous attempt failed and is to be retried
 	orphan    bool
 	endState  dispatch.State
-	probe     bool // started by a half-open breaker
+	probe     bool   // started by a half-open breaker
+	label     string // Config.Label's, with labels on
 }
 
 func (c *fmCall) live() int { return len(c.tickets) + c.nff }
@@ -152,6 +153,27 @@ func (m *fzModel) maxWaiters() int {
 }
 
 func (m *fzModel) noop(v int64) bool { return m.cfg.noop && v%5 == 0 }
+
+// label is the label a submission of value v gives its call.
+func (m *fzModel) label(v int64) string {
+	if !m.cfg.labels {
+		return ""
+	}
+	return fzLabel(v)
+}
+
+// labels counts the live calls by label, as Stats.Labels does; nil without
+// labels.
+func (m *fzModel) labels() map[string]int {
+	if !m.cfg.labels {
+		return nil
+	}
+	n := map[string]int{}
+	for _, c := range m.liveCalls() {
+		n[c.label]++
+	}
+	return n
+}
 
 // vt is the virtual time enqueue − priority×aging, exactly: with big
 // integers, so that it shares nothing with the implementation's 128-bit
@@ -280,10 +302,25 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		}
 	}
 	if c := s.next; c != nil {
-		if !m.coalesce(c, val, op.idem) {
+		switch m.coalesce(c, val, op.idem) {
+		case fmRefused:
 			return dispatch.ErrMergeRejected
+		case fmSkipped:
+			// The pending call makes this submission moot: it ends
+			// Skipped at once, alone, and the pending call is left as it
+			// was (no waiter, priority, deadline or label of this one).
+			m.coalesced++
+			m.outcomes[dispatch.Skipped]++
+			if mt != nil {
+				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.Skipped, val, 1, 0, "nil"
+			}
+			return nil
 		}
 		c.droppable = c.droppable && op.drop
+		// A submission that raises the call's priority brings its label.
+		if op.prio > c.prio {
+			c.label = m.label(val)
+		}
 		m.join(c, mt, op.prio, deadline)
 		m.coalesced++
 		return nil
@@ -317,22 +354,34 @@ func (m *fzModel) victim(prio int) *fmCall {
 func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp) *fmCall {
 	m.calls++
 	m.seq++
-	c := &fmCall{slot: s, val: val, gen: op.gen, seq: m.seq, idem: op.idem, droppable: op.drop, where: fmSucc}
+	c := &fmCall{slot: s, val: val, gen: op.gen, seq: m.seq, idem: op.idem, droppable: op.drop, where: fmSucc, label: m.label(val)}
 	s.next = c
 	return c
 }
 
-// coalesce merges val into c, or reports false and leaves c as it was.
-func (m *fzModel) coalesce(c *fmCall, val int64, idem string) bool {
+// What coalescing a value into a call did.
+const (
+	fmMerged  = iota
+	fmRefused // idempotency keys differ, or the merge function refused
+	fmSkipped // the merge function returned SkipIncoming
+)
+
+// coalesce merges val into c, or reports why not and leaves c as it was.
+func (m *fzModel) coalesce(c *fmCall, val int64, idem string) int {
 	if idem != "" && c.idem != "" && idem != c.idem {
-		return false
+		return fmRefused
 	}
 	switch m.cfg.merge {
 	case 1:
 		val += c.val
+	case 3:
+		if val%4 == 0 {
+			return fmSkipped
+		}
+		fallthrough
 	case 2:
 		if val%3 == 0 {
-			return false
+			return fmRefused
 		}
 		val += c.val
 	}
@@ -340,7 +389,7 @@ func (m *fzModel) coalesce(c *fmCall, val int64, idem string) bool {
 	if c.idem == "" {
 		c.idem = idem
 	}
-	return true
+	return fmMerged
 }
 
 func (m *fzModel) join(c *fmCall, mt *fmTicket, prio int, deadline int64) {
@@ -784,10 +833,21 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 	c.retrying = true
 	c.where = fmSucc
 	if n := s.next; n != nil {
-		if m.coalesce(c, n.val, n.idem) {
+		switch m.coalesce(c, n.val, n.idem) {
+		case fmMerged:
 			m.absorb(c, n)
 			s.run, s.next = nil, c
+		case fmSkipped:
+			// The retry makes its successor moot: the successor ends
+			// Skipped for every waiter, and its completion hook fires.
+			m.settleAll(n, dispatch.Skipped, "nil", nil, false)
+			n.where = fmEnded
+			m.calls--
+			m.hook(n, dispatch.Skipped, "nil")
+			s.run, s.next = nil, c
 		}
+		// Refused: the retry stays the key's running call, and its
+		// successor waits behind it.
 	} else {
 		s.run, s.next = nil, c
 	}

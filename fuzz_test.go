@@ -56,20 +56,24 @@ const (
 //     return, and when and with what Close returns.
 //
 // The model covers: per-key one in-flight and one pending call, successors,
-// coalescing (replace, sum, or a sum that refuses some values via
-// Config.Merge), idempotency-key conflicts, priority with aging as virtual
-// time (enqueue − priority×aging, computed exactly with math/big, so that
-// higher priority runs first for every pair of int priorities at every
-// aging) then FIFO, strict priority when aging is 0, re-derivation of a
-// call's priority and enqueue time when a waiter leaves, generations (stale
-// rejection, supersession), deadlines
+// coalescing (replace, sum, or a sum that refuses some values or finds them
+// moot via Config.Merge: a submission the merge skips with SkipIncoming
+// ends Skipped at once, alone, and leaves the pending call as it was),
+// idempotency-key conflicts, priority with aging as virtual time (enqueue −
+// priority×aging, computed exactly with math/big, so that higher priority
+// runs first for every pair of int priorities at every aging) then FIFO,
+// strict priority when aging is 0, re-derivation of a call's priority and
+// enqueue time when a waiter leaves, labels (Config.Label; a submission
+// that raises a pending call's priority brings its label; Stats.Labels),
+// generations (stale rejection, supersession), deadlines
 // from SubmitOptions and from the Submit context (the fire-and-forget
 // aggregate with its shared latest deadline), the execution context's
 // deadline, Ticket.Cancel, context cancellation with a cause, Cancel(key,
 // cause), capacity and waiter bounds, shedding of droppable pending calls,
 // the no-op test, the completion hook, retries (Retry, Permanent, Recompute,
 // panics; exponential backoff without jitter in the delay index; attempt
-// limit; the deadline bound; a successor absorbed into a retry), the
+// limit; the deadline bound; a successor absorbed into a retry, or skipped
+// when the merge finds it moot), the
 // before-retry hook (rebuild, already done, failure), the circuit breaker
 // (consecutive retryable failures trip it, a cool-down, one half-open probe,
 // refusal of droppable new keys while open), stale executions (exec that
@@ -95,17 +99,19 @@ const (
 // be deterministic), jittered backoff and the retry budget (random or
 // windowed; the budget is disabled), the breaker's failure-ratio rule (it
 // is set to +Inf), the rate limiter, tenants (every call is in the default
-// tenant; quotas, in-flight caps and weights are tenant_test.go's), the
-// start check (disabled: it judges by a quantile of recent execution times;
-// limits_test.go has its tests), Sync mode, SetMode and the fallback policy
-// (mode_test.go's), Amend, a merge that returns SkipIncoming, labels and
-// the observer, and QueueWait/RunTime values (only checked to be
-// non-negative).
+// tenant, so the rule that a more urgent submission moves a call to its
+// tenant is TestMergeAdoptsUrgentTenantAndLabel's, and quotas, in-flight
+// caps and weights are tenant_test.go's: the pick across tenants would need
+// the stride scheduler modelled), the start check (disabled: it judges by
+// a quantile of recent execution times; limits_test.go has its tests), Sync
+// mode, SetMode and the fallback policy (mode_test.go's), Amend, the
+// observer, and QueueWait/RunTime values (only checked to be non-negative).
 //
 // The seeds (fzSeeds, and the inputs under testdata/fuzz/FuzzQueueModel
 // that fuzzing once found) run as ordinary subtests under go test;
 // go test -run '^$' -fuzz FuzzQueueModel . looks for new ones.
-// DISPATCH_FUZZ_TRACE=1 logs every input's operations.
+// DISPATCH_FUZZ_TRACE=1 logs every input's operations and the completion
+// hook's results.
 func FuzzQueueModel(f *testing.F) {
 	for _, s := range fzSeeds {
 		f.Add(s)
@@ -251,4 +257,24 @@ var fzSeeds = [][]byte{
 		fzSubmitOp(0, 0), fzWith(fzPostOp(1, 2000000000), fzDrop()), fzSubmitOp(2, 2000001000),
 		fzFinishOp(fzOK), fzWith(fzPostOp(3, 2000001000), fzDrop()), fzSubmitOp(1, 2000000000),
 		fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// A merge that finds the incoming call moot (SkipIncoming, plain and
+	// wrapped): the submission ends Skipped at once and the pending call
+	// keeps its value, priority, deadline and label; a refusal (3) in
+	// between.
+	fzEncode(fzConfig{merge: 3, labels: true, aging: time.Millisecond, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(0, 0), fzPostOp(0, 0), fzWith(fzSubmitOp(0, 5), fzDeadline(time.Millisecond)),
+		fzSubmitOp(1, 0), fzSubmitOp(2, 0), fzPostOp(3, 0), fzWith(fzPostOp(0, 10), fzDeadline(500*time.Microsecond)),
+		fzAdvanceOp(time.Millisecond), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// A retry whose successor is moot: the successor ends Skipped (hook
+	// too), the retry runs alone.
+	// (Values are op index + 1: the successor is 5 + 7 = 12.)
+	fzEncode(fzConfig{merge: 3, capacity: 4, maxAttempts: 3},
+		fzSubmitOp(0, 0), fzSubmitOp(1, 0), fzPostOp(2, 0), fzSubmitOp(3, 0), fzSubmitOp(0, 0), fzPostOp(1, 0),
+		fzPostOp(0, 0), fzFinishOp(fzRetry), fzAdvanceOp(time.Millisecond),
+		fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+	// Labels: a submission that raises a pending call's priority brings its
+	// label; one that does not, or leaves, changes nothing.
+	fzEncode(fzConfig{merge: 1, labels: true, capacity: 4, maxAttempts: 1},
+		fzSubmitOp(0, 0), fzSubmitOp(1, 0), fzSubmitOp(1, 5), fzSubmitOp(1, 5), fzPostOp(1, 10),
+		fzOp{kind: fzTicketCancel, idx: 2}, fzSubmitOp(1, 1), fzFinishOp(fzOK), fzFinishOp(fzOK)),
 }
