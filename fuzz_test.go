@@ -2,7 +2,9 @@ package dispatch_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"runtime/debug"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -111,15 +113,27 @@ const (
 // that fuzzing once found) run as ordinary subtests under go test;
 // go test -run '^$' -fuzz FuzzQueueModel . looks for new ones.
 // DISPATCH_FUZZ_TRACE=1 logs every input's operations and the completion
-// hook's results.
+// hook's results. An input that runs for fzHang of real time is a hang:
+// the process panics with every goroutine's stack, so that neither go test
+// nor the fuzzer waits forever (inside the bubble, a deadlock fails the
+// input on its own; this catches a livelock, which virtual time cannot).
 func FuzzQueueModel(f *testing.F) {
 	for _, s := range fzSeeds {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		watchdog := time.AfterFunc(fzHang, func() {
+			debug.SetTraceback("all")
+			panic(fmt.Sprintf("FuzzQueueModel: input %q still running after %v", data, fzHang))
+		})
+		defer watchdog.Stop()
 		synctest.Test(t, func(t *testing.T) { fzRun(t, data) })
 	})
 }
+
+// fzHang is how long one input may run, in real time. Inputs take
+// milliseconds, even under the race detector.
+const fzHang = time.Minute
 
 // fzSeeds are hand-written cases, encoded with fzEncode (the inverse of the
 // decoder) so that they read as what they do.
