@@ -17,7 +17,9 @@ import (
 // when the call loses every waiter, is superseded by a newer generation, or
 // the dispatcher is closed, and carries the latest deadline of the call's
 // waiters; exec must honour it. The call value is as merged from every
-// submission that coalesced into it.
+// submission that coalesced into it. exec may call the Dispatcher; a panic,
+// or runtime.Goexit, ends the call Failed with a *PanicError, never retried
+// (package documentation, "Callbacks").
 type ExecFunc[K comparable, T any] func(ctx context.Context, key K, call T) error
 
 // Dispatcher runs calls asynchronously: per key at most one running and one

@@ -7,23 +7,28 @@
 // # Mental model
 //
 // Calls are submitted under a key K (an object UID, say). Per key there is
-// at most one call in flight and at most one pending call:
+// at most one call running and at most one pending:
 //
 //   - Coalesce by key. A submission for a key whose call is pending is merged
-//     into it by the merge function (Config.Merge): combined, kept, overwritten,
-//     or refused. Every submission merged into a call shares its one outcome.
-//     A submission for a key whose call is in flight becomes the pending
-//     successor; it runs after the in-flight call, keeping its place in line.
+//     into it by Config.Merge: combined, kept, overwritten, skipped as moot
+//     (SkipIncoming), or refused. Every submission merged into a call shares
+//     its one outcome. A submission for a key whose call is running becomes
+//     the pending successor; it runs after the running call, keeping its
+//     place in line.
 //   - Run by priority. Ready calls wait in a B-tree ordered by effective
 //     priority with aging, then arrival: virtual time = enqueue time −
-//     priority × aging, so a call gains one priority level per aging interval
-//     and a low-priority call cannot starve. A merged call runs at the
-//     highest priority and earliest enqueue time of its live waiters.
+//     priority × aging, exact in 128 bits, so a call gains one priority level
+//     per aging interval and a low-priority call cannot starve. A merged call
+//     runs at the highest priority and earliest enqueue time of its live
+//     waiters, in the tenant and under the label of the most urgent.
 //   - Bound everything. Tracked keys and live tickets are capped
 //     (Config.Capacity, Config.MaxWaiters); beyond the cap a submission is
-//     refused at once with ErrBackpressure instead of growing memory. A fixed
-//     pool of workers (Config.Workers) and an optional rate limiter bound the
-//     API load.
+//     refused at once with ErrBackpressure instead of growing memory. A
+//     fixed pool of workers (Config.Workers), optionally adaptive
+//     (Config.Adaptive), and a rate limiter (Config.RateLimit) bound the API
+//     load; a worker takes its token before it chooses the call, and some
+//     workers can be kept for urgent calls (Config.Reserve), so priority
+//     holds where the token and the worker are handed out.
 //   - Deliver outcomes exactly once. Every accepted submission ends in one
 //     State — Succeeded, Skipped, Failed, Canceled, Expired, Dropped, Stale
 //     or Closed — told once, outside every lock, after the dispatcher's own
@@ -37,12 +42,13 @@
 // then arrival; without aging, by priority, then arrival. Across tenants, the
 // worker compares each tenant's best call by its effective level at that
 // moment — its priority plus one per aging interval it has waited,
-// floor((now − virtual time) / aging) — and takes the highest. Among tenants
+// floor((now − enqueue) / aging) — and takes the highest. Among tenants
 // whose best calls are at the same level, it takes the tenant with the lowest
 // stride pass; each pick advances a tenant's pass by 2³²/weight, so tenants
 // with backlogs at one level share the workers in proportion to their
 // weights. A tenant at its in-flight cap (TenantConfig.MaxInFlight) is passed
-// over.
+// over; a call below the reservation's priority waits if the unreserved
+// workers are busy.
 //
 // Aging bounds starvation: a call of priority p runs before any call of
 // priority q > p that arrives more than (q−p) × aging after it. Behind a
@@ -53,11 +59,13 @@
 // starve.
 //
 // Each submission is a waiter with its own deadline and context. When the
-// last waiter of a call leaves, a pending call is removed and an in-flight
+// last waiter of a call leaves, a pending call is removed and a running
 // call's context is cancelled. Generations (SubmitOptions.Generation) fence
 // stale work: a newer generation supersedes older ones for its key, and an
 // execution that returns after its call was cancelled, superseded or expired
-// is reported Stale — kept for audit, never delivered as success.
+// is reported Stale — kept for audit, never delivered as success. A call
+// whose deadline is closer than its label's usual execution time is not
+// started at all (Config.StartCheck).
 //
 // # Example
 //
@@ -76,26 +84,61 @@
 // # Failure, overload and rollback
 //
 // A classifier (Config.Classify) judges each failed execution Retry,
-// Permanent or Recompute; retries wait out an exponential backoff in the
-// queue, never in a worker, bounded by attempts, the call's deadline and a
-// retry budget, and a circuit breaker (Config.Breaker) stops executions after
-// sustained failures. When full, a new key evicts the worst droppable queued
-// call if it is better, or is refused with ErrBackpressure; tenants get
-// quotas and in-flight caps (Config.Tenants). Sync mode (Config.Mode, SetMode) runs
+// Permanent or Recompute; retries wait out an exponential backoff (or the
+// server's Retry-After) in the queue, never in a worker, bounded by
+// attempts, the call's deadline, a retry budget and the tenant's quota, and
+// a circuit breaker (Config.Breaker) stops executions after sustained
+// failures. When full, a new key evicts the worst droppable queued call if
+// it is better, or is refused with ErrBackpressure; tenants get quotas and
+// in-flight caps (Config.Tenants). Sync mode (Config.Mode, SetMode) runs
 // each submission inline in its caller through the same machinery — the
-// feature gate's off position — and a fallback policy (Config.Fallback) switches
-// to it by itself when backlog, queue wait, failures or the breaker cross a
-// threshold. Stats gives a consistent snapshot; an Observer (Config.Observer)
-// receives every event outside the lock, for metrics.
+// feature gate's off position — and a fallback policy (Config.Fallback)
+// switches to it by itself when backlog, queue wait, failures or the breaker
+// cross a threshold. Stats gives a consistent snapshot; an Observer
+// (Config.Observer) receives every event outside the lock, for metrics.
+//
+// # Callbacks: what user code may do
+//
+// The dispatcher calls user code: exec, and Config's Merge, NoOp, Label,
+// OnDone, Classify, BeforeRetry and Observer, and Amend's function. One rule
+// covers all of it: whatever a callback does, no outcome is lost, no key is
+// wedged, the process is not killed, and Close returns.
+//
+//   - Panic. Contained. In exec, NoOp, BeforeRetry or Classify, the call
+//     ends Failed with a *PanicError naming the callback, and is never
+//     retried: exec may have done half its side effect. In Merge, the
+//     incoming submission is refused (ErrMergeRejected wrapping the
+//     *PanicError); in Amend's function, Amend returns it. In OnDone, an
+//     Observer method or Label, which have nowhere to report to, the panic
+//     is counted (Stats.CallbackPanics, LastCallbackPanic) and the call goes
+//     on, unlabelled for Label.
+//   - Exit its goroutine (runtime.Goexit, as t.FailNow does). Only that
+//     goroutine ends. What the callback interrupted is finished on the way
+//     out — the attempt ends Failed with a *PanicError of Value ErrGoexit,
+//     the lock is released, what was to be told is told — and a worker that
+//     exits is replaced.
+//   - Block. It holds up only the goroutine running it: a worker (one
+//     execution fewer), a submitter, a caller of Cancel or Close. The clock
+//     that drives deadlines and backoffs runs no user code, so a blocked
+//     hook or observer never makes a deadline late. Close waits for running
+//     executions; an exec that ignores its context holds Close up.
+//   - Call back into the Dispatcher. Any method may be called from any
+//     callback, except from Merge and Amend's function, which run under the
+//     dispatcher's lock and must not call it (they would deadlock). A call
+//     that would have to wait for the very goroutine making it returns
+//     ErrReentrant instead of hanging: Close and SetMode's drain (which take
+//     effect, and return at once), and a Sync-mode submission for the key
+//     whose call this goroutine is executing (refused).
 //
 // # Cost and concurrency
 //
 // A Dispatcher is safe for concurrent use. Submit and Post take one lock,
-// read the clock once, and do a map lookup and at most one B-tree insert or
-// re-key: O(log n) in the number of queued calls. They start no goroutine and
-// create no timer or context. Post allocates nothing when it coalesces, and
-// nothing for a new key either once released keys have left slots to reuse;
-// Submit allocates its Ticket (a Done channel only if one is asked for). One
-// timer goroutine serves every deadline and backoff. Workers start on first
-// use, and Close waits for all of them.
+// read the clock at most once, and do a map lookup and at most one B-tree
+// insert or re-key: O(log n) in the number of queued calls. They start no
+// goroutine and create no timer or context. Post allocates nothing when it
+// coalesces, and nothing for a new key either once released keys have left
+// lanes to reuse; Submit allocates its Ticket (a Done channel only if one is
+// asked for). One timer goroutine serves every deadline, backoff and
+// rate-limit token. Workers start on first use, and Close waits for all of
+// them.
 package dispatch

@@ -92,6 +92,9 @@ func SwitchReasons() []SwitchReason {
 // way and returns ctx's error. Calls in flight always run to their end.
 // Switching back to Async resumes the workers. Every submission sees one
 // mode or the other, so a switch never loses a call or runs one twice.
+// Called from a callback on one of the dispatcher's goroutines, SetMode
+// switches but does not wait for the drain, which may need that very
+// goroutine: it returns ErrReentrant.
 func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if m > Sync {
 		return fmt.Errorf("dispatch: SetMode(%d): unknown mode", m)

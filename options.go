@@ -95,34 +95,40 @@ type Config[K comparable, T any] struct {
 	//
 	// Merge runs under the dispatcher's lock, so that a merge and the
 	// start of the call it merges into cannot interleave: it must be
-	// fast, and must not block or call the Dispatcher.
+	// fast, and must not block or call the Dispatcher. A panic refuses the
+	// incoming submission (package documentation, "Callbacks").
 	Merge func(pending, incoming T) (T, error)
 	// NoOp finds calls that would change nothing. It runs in the worker
 	// just before each execution, outside every lock; when it reports
 	// true, the call is not executed and ends Skipped, which counts as
-	// success. Amend also asks it about the call it rewrote. nil means
-	// every call runs.
+	// success. Amend also asks it about the call it rewrote. A panic ends
+	// the call Failed. nil means every call runs.
 	NoOp func(key K, call T) bool
 	// Label names a call for the Observer and Stats.Labels, e.g. by call
 	// type ("bind", "status-patch"). Its results must come from a small
 	// fixed set, since each becomes a metric label value. It runs on the
 	// submitting goroutine, outside the lock, once per submission. A call
 	// carries the label of its most urgent submission: one that raises a
-	// pending call's priority brings its label (and tenant) along.
+	// pending call's priority brings its label (and tenant) along. A panic
+	// is counted and leaves the call unlabelled.
 	Label func(key K, call T) string
 	// OnDone is the completion hook: it fires once per finished call — the
 	// "re-evaluate this object" event — with the call's result: its
 	// waiters' common state (or Stale for an execution that finished after
 	// its call lost every waiter), attempts and timings. It runs outside
-	// every lock, after the waiters have been told, on whichever goroutine
-	// ended the call.
+	// every lock, after the waiters have been told, on the goroutine that
+	// ended the call (a worker, a submitter, a caller of Cancel or Close),
+	// or, for calls the clock ended, on a notifier goroutine of the
+	// dispatcher's. It may call the Dispatcher; a panic is counted
+	// (package documentation, "Callbacks").
 	OnDone func(Result[K, T])
 
 	// Classify judges the error of a failed execution: Retry, Permanent or
 	// Recompute. It runs in the worker, outside every lock. An error from
 	// a call whose own context ended (its waiters left, it was superseded,
-	// the dispatcher closed) is never classified or retried. nil means
-	// DefaultClassifier.
+	// the dispatcher closed) is never classified or retried. A panic ends
+	// the call Failed with a *PanicError wrapping the error being judged.
+	// nil means DefaultClassifier.
 	Classify func(error) Class
 	// Retry bounds retries; its zero fields mean their defaults.
 	Retry RetryPolicy
@@ -140,8 +146,8 @@ type Config[K comparable, T any] struct {
 	//   - err != nil: the call ends Failed with a *RetryError whose Reason
 	//     is GiveUpBeforeRetry.
 	//
-	// nil means retries run the call as it is, and a Recompute failure
-	// ends Failed.
+	// A panic ends the call Failed. nil means retries run the call as it
+	// is, and a Recompute failure ends Failed.
 	BeforeRetry func(ctx context.Context, key K, call T, lastErr error) (next T, done bool, err error)
 	// Breaker, if set, enables a circuit breaker: after sustained
 	// retryable failures it stops executions for a cool-down, then lets
@@ -157,7 +163,9 @@ type Config[K comparable, T any] struct {
 	// Fallback, if set, switches the dispatcher to Sync by itself when the
 	// async path is doing harm. nil means only SetMode switches.
 	Fallback *FallbackPolicy
-	// Observer, if set, receives the dispatcher's events, for metrics.
+	// Observer, if set, receives the dispatcher's events, for metrics. Its
+	// methods may call the Dispatcher; a panic is counted (package
+	// documentation, "Callbacks").
 	Observer Observer
 }
 

@@ -8,8 +8,9 @@
 //
 // The storm coalesces per pod (Config.Merge folds a pod's pending patches into
 // one API call), so the API sees far fewer calls than the loop submits. And
-// because binds outrank patches, a bind waits for a free worker, not for the
-// storm: its latency stays near one API round trip. With -compare (the
+// because binds outrank patches, and one worker is kept for them, a bind
+// waits for neither the storm nor a free worker: its latency stays near one
+// API round trip. With -compare (the
 // default) the same workload is run again with every call at priority 0 —
 // the FIFO-with-coalescing order of kube-scheduler's APIDispatcher, where a
 // bind queues behind every pending patch (kubernetes/kubernetes#135900).
@@ -213,10 +214,18 @@ func run(c config, fifo bool) *report {
 		r.name, bindPriority = "FIFO", 0
 	}
 	api := &fakeAPI{latency: c.latency, errRate: c.errRate}
+	// With priorities, one worker is kept for binds: however the storm
+	// fills the others, a bind finds a free worker at once. (Upstream's
+	// FIFO dispatcher has nothing of the kind.)
+	var reserve dispatch.Reservation
+	if !fifo && c.workers > 1 {
+		reserve = dispatch.Reservation{Workers: 1, MinPriority: bindPriority}
+	}
 
 	d, err := dispatch.New(api.exec,
 		dispatch.Config[string, call]{
 			Workers: c.workers,
+			Reserve: reserve,
 			Merge:   mergeStatus,
 			// The completion hook is where a scheduler would requeue the pod
 			// for re-evaluation; here it records how long each call queued.

@@ -1,0 +1,276 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EtcdBinaryEnv names the environment variable that, when set, is the path
+// of the etcd binary to run; otherwise "etcd" is looked up in $PATH.
+const EtcdBinaryEnv = "ETCD_BIN"
+
+// etcdStartTimeout bounds how long etcd may take to answer /health.
+const etcdStartTimeout = 30 * time.Second
+
+// etcdStopTimeout bounds how long etcd may take to exit after SIGTERM before
+// it is killed.
+const etcdStopTimeout = 10 * time.Second
+
+// Etcd is an etcd server running as a child process of the test binary, on
+// free loopback ports, with a data directory of its own.
+type Etcd struct {
+	// URL is the client URL, http://127.0.0.1:PORT.
+	URL string
+	// DataDir is the data directory, removed when the test ends.
+	DataDir string
+	// Version is what `etcd --version` printed first, such as
+	// "etcd Version: 3.4.23".
+	Version string
+
+	cmd    *exec.Cmd
+	done   chan struct{} // closed once the process has exited
+	output *syncBuffer   // the process's stdout and stderr
+}
+
+// EtcdBinary returns the path of the etcd binary: $ETCD_BIN when set, else
+// "etcd" found in $PATH. The error tells how to install one.
+func EtcdBinary() (string, error) {
+	if p := os.Getenv(EtcdBinaryEnv); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("$%s=%q: %w", EtcdBinaryEnv, p, err)
+		}
+		return p, nil
+	}
+	p, err := exec.LookPath("etcd")
+	if err != nil {
+		return "", fmt.Errorf("no etcd binary: set $%s or put etcd in $PATH "+
+			"(on Debian: apt-get install etcd-server, which installs /usr/bin/etcd; "+
+			".ci/run does this): %w", EtcdBinaryEnv, err)
+	}
+	return p, nil
+}
+
+// StartEtcd starts etcd for the test and stops it, removing its data, when
+// the test ends. It fails the test if no etcd binary is found (see
+// [EtcdBinary]) or etcd does not become healthy within 30 seconds.
+func StartEtcd(t testing.TB) *Etcd {
+	t.Helper()
+	bin, err := EtcdBinary()
+	if err != nil {
+		t.Fatalf("etcd: %v", err)
+	}
+	version := etcdVersion(bin)
+	// etcd warns unless its data directory is private.
+	dataDir := filepath.Join(t.TempDir(), "etcd")
+	if err := os.Mkdir(dataDir, 0o700); err != nil {
+		t.Fatalf("etcd: %v", err)
+	}
+
+	// The ports are free when picked but are closed again before etcd binds
+	// them, so another process may take one in between: retry a few times
+	// when etcd exits at start.
+	const attempts = 5
+	for i := 1; ; i++ {
+		e, err := startEtcdOnce(t, bin, dataDir)
+		if err == nil {
+			e.Version = version
+			return e
+		}
+		if i == attempts {
+			t.Fatalf("etcd: %v", err)
+		}
+		t.Logf("etcd: attempt %d: %v; retrying on other ports", i, err)
+		if err := os.RemoveAll(dataDir); err != nil {
+			t.Fatalf("etcd: %v", err)
+		}
+		if err := os.Mkdir(dataDir, 0o700); err != nil {
+			t.Fatalf("etcd: %v", err)
+		}
+	}
+}
+
+func startEtcdOnce(t testing.TB, bin, dataDir string) (*Etcd, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	e := &Etcd{
+		URL:     clientURL,
+		DataDir: dataDir,
+		done:    make(chan struct{}),
+		output:  &syncBuffer{},
+	}
+	e.cmd = exec.Command(bin,
+		"--name=dispatch-test",
+		"--data-dir="+dataDir,
+		"--listen-client-urls="+clientURL,
+		"--advertise-client-urls="+clientURL,
+		"--listen-peer-urls="+peerURL,
+		"--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=dispatch-test="+peerURL,
+		"--initial-cluster-state=new",
+		"--logger=zap",
+		"--log-level=warn",
+	)
+	e.cmd.Stdout = e.output
+	e.cmd.Stderr = e.output
+	// etcd is reaped on Linux when the test binary dies (a timeout panic, a
+	// kill): see setDeathSignal.
+	setDeathSignal(e.cmd)
+
+	// The parent-death signal belongs to the thread that forked, so start
+	// and wait from one goroutine that holds its thread until etcd exits.
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := e.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = e.cmd.Wait() // the exit status is in ProcessState
+		close(e.done)
+	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+
+	if err := e.waitHealthy(etcdStartTimeout); err != nil {
+		e.stop()
+		return nil, fmt.Errorf("%w\netcd output:\n%s", err, e.output.String())
+	}
+	t.Cleanup(func() {
+		e.stop()
+		if t.Failed() {
+			t.Logf("etcd output:\n%s", e.output.String())
+		}
+	})
+	return e, nil
+}
+
+// waitHealthy polls /health until etcd reports healthy, etcd exits or the
+// timeout passes.
+func (e *Etcd) waitHealthy(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"health":"true"`)) {
+				return nil
+			}
+			err = fmt.Errorf("/health: %s: %s", resp.Status, bytes.TrimSpace(body))
+		}
+		last = err
+		select {
+		case <-e.done:
+			return fmt.Errorf("etcd exited at start: %v", e.cmd.ProcessState)
+		case <-ctx.Done():
+			return fmt.Errorf("etcd not healthy after %v: %v", timeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// stop ends etcd: SIGTERM, then SIGKILL if it has not exited in time. It
+// returns once the process has exited.
+func (e *Etcd) stop() {
+	select {
+	case <-e.done:
+		return
+	default:
+	}
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	timer := time.NewTimer(etcdStopTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.done:
+	case <-timer.C:
+		_ = e.cmd.Process.Kill()
+		<-e.done
+	}
+}
+
+// Output returns what etcd has printed so far.
+func (e *Etcd) Output() string { return e.output.String() }
+
+// etcdVersion returns the first line `etcd --version` prints, or the error.
+func etcdVersion(bin string) string {
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("unknown (%v)", err)
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	return first
+}
+
+// freePorts returns n distinct loopback TCP ports that were free a moment ago.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var listeners []net.Listener
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use, capped so that a
+// chatty process cannot fill memory: past the cap, output is dropped.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+const syncBufferCap = 1 << 20
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := syncBufferCap - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
