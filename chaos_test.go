@@ -68,8 +68,12 @@ type chaosParams struct {
 	maxBacklog  int
 	fbWindow    time.Duration
 	returnAfter time.Duration
-	// flap lets callbacks switch back to Async as well as to Sync.
+	// flap lets callbacks switch back to Async and Close the dispatcher;
+	// without it they only switch to Sync (the fallback run).
 	flap bool
+	// quiesce is the tenant-capped fallback run: no Close until every
+	// submitter is done and the dispatcher has drained by itself.
+	quiesce bool
 }
 
 // TestChaosSoak is a seeded random workload: many goroutines submit and post
@@ -104,8 +108,15 @@ type chaosParams struct {
 // Three cases that known core bugs fail are left out unless
 // DISPATCH_CHAOS_KNOWN_BUGS is set: see chaosKnownBugs.
 //
-// It runs twice: in a testing/synctest bubble (virtual time, so the sleeps
-// cost nothing) and in real time.
+// It runs three times: in a testing/synctest bubble (virtual time, so the
+// sleeps cost nothing), in real time, and as the tenant-capped fallback
+// (virtual time). There a burst of calls of the capped tenant trips the
+// fallback to Sync while they are queued, submitters go on inline (the
+// capped tenant's among them, which ignore the cap and hold it), and once
+// they are done everything must finish without Close's help; then the
+// tail replays issue 10's item 1 exactly (a worker that found the tenant
+// capped by an inline call went idle, and nothing woke it when that call
+// ended), on the same dispatcher.
 //
 // Every call value is the list of ids of the submissions merged into it, so
 // the test can tell where each submission went. It asserts that:
@@ -178,7 +189,14 @@ func TestChaosSoak(t *testing.T) {
 		rate: 50000, burst: 50, cooldown: time.Millisecond,
 		maxBacklog: 100, fbWindow: 10 * time.Millisecond, returnAfter: 20 * time.Millisecond, flap: true,
 	}
-	for _, p := range []*chaosParams{&virtual, &real} {
+	fallback := chaosParams{
+		keys: 150, hotKeys: 10, sideKeys: 10, submitters: 12, ops: 400, workers: 4,
+		capacity: 200, maxWaiters: 400,
+		step: 300 * time.Microsecond, execMax: 2 * time.Millisecond, deadlineMax: 20 * time.Millisecond,
+		rate: 20000, burst: 20, cooldown: 5 * time.Millisecond,
+		maxBacklog: 30, fbWindow: 10 * time.Millisecond, quiesce: true,
+	}
+	for _, p := range []*chaosParams{&virtual, &real, &fallback} {
 		if testing.Short() {
 			p.keys, p.hotKeys, p.submitters = min(p.keys, 80), min(p.hotKeys, 8), min(p.submitters, 6)
 			p.capacity, p.maxWaiters = min(p.capacity, 80), min(p.maxWaiters, 160)
@@ -194,6 +212,10 @@ func TestChaosSoak(t *testing.T) {
 	})
 	t.Run("real", func(t *testing.T) {
 		newChaos(t, seed, real, false).run()
+	})
+	t.Run("fallback", func(t *testing.T) {
+		defer chaosWatchdog("TestChaosSoak/fallback", 2*time.Minute)()
+		synctest.Test(t, func(t *testing.T) { newChaos(t, seed, fallback, true).run() })
 	})
 }
 
@@ -324,8 +346,8 @@ type chaos struct {
 func newChaos(t *testing.T, seed uint64, p chaosParams, virtual bool) *chaos {
 	return &chaos{
 		t: t, p: p, seed: seed, virtual: virtual,
-		gens:      make([]atomic.Uint64, p.keys+p.sideKeys),
-		running:   make([]atomic.Int32, p.keys+p.sideKeys),
+		gens:      make([]atomic.Uint64, p.keys+p.sideKeys+chaosTailKeys),
+		running:   make([]atomic.Int32, p.keys+p.sideKeys+chaosTailKeys),
 		cbClose:   make(chan string, 1),
 		gs:        map[uint64]*chaosG{},
 		accepted:  map[uint64]bool{},
@@ -493,7 +515,7 @@ func (c *chaos) notAgain(key int, ids []uint64, where Callback) {
 
 func (c *chaos) run() {
 	t, p := c.t, c.p
-	c.testG()
+	me := c.testG()
 	heap0 := chaosHeap()
 	d, err := New(c.exec, Config[int, []uint64]{
 		Workers:    p.workers,
@@ -523,14 +545,24 @@ func (c *chaos) run() {
 	c.start = time.Now()
 
 	var subs, aux sync.WaitGroup
+	if p.quiesce {
+		// A burst of the capped tenant's calls: one runs, the rest queue,
+		// and the backlog trips the fallback to Sync while they wait.
+		r := rand.New(rand.NewPCG(c.seed, 1<<33))
+		for key := range min(2*p.maxBacklog, p.keys) {
+			c.post(me, r, key, SubmitOptions{Tenant: "capped", Generation: c.gens[key].Load()}, false)
+		}
+	}
 	for g := range p.submitters {
 		subs.Go(func() { c.submitter(g) })
 	}
 	closeDone := make(chan struct{})
-	aux.Go(func() {
-		defer close(closeDone)
-		c.closer()
-	})
+	if !p.quiesce {
+		aux.Go(func() {
+			defer close(closeDone)
+			c.closer()
+		})
+	}
 	aux.Go(func() { // monitor
 		c.testG()
 		for {
@@ -545,6 +577,10 @@ func (c *chaos) run() {
 	waited := make(chan struct{})
 	go func() {
 		subs.Wait()
+		if p.quiesce {
+			c.quiesce()
+			close(closeDone)
+		}
 		aux.Wait()
 		close(waited)
 	}()
@@ -645,6 +681,98 @@ func (c *chaos) closer() {
 		c.errorf("right after Close returned: %+v", s)
 	}
 	c.checkStats(s, "after Close")
+}
+
+// quiesce is the end of the tenant-capped fallback run: the submitters are
+// done, and with the dispatcher in Sync mode only its workers, draining the
+// calls queued before the switch, move anything. Everything must finish
+// without Close's help, then Close must drain at once.
+func (c *chaos) quiesce() {
+	c.testG()
+	d := c.d
+	s := d.Stats()
+	if s.Mode != Sync || s.FallbackReason == "" || c.switchCount(SwitchBacklog) == 0 {
+		c.errorf("the fallback did not switch to Sync on backlog, so the run tested nothing: mode %v, reason %q", s.Mode, s.FallbackReason)
+	}
+	start := time.Now()
+	for s.Live != 0 || s.Keys != 0 {
+		if time.Since(start) > 5*time.Second {
+			c.errorf("stranded: %v after the last submission, nothing more finishes: %+v", time.Since(start), s)
+			break
+		}
+		time.Sleep(c.p.execMax)
+		s = d.Stats()
+	}
+	c.t.Logf("drained %v after the last submission, in %v mode (%s)", time.Since(start), s.Mode, s.FallbackReason)
+	c.tail()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c.closing.Store(true)
+	if err := d.Close(ctx); err != nil {
+		c.errorf("Close after the drain: %v", err)
+	}
+	s = d.Stats()
+	if s.Live != 0 || s.Keys != 0 || s.InFlight != 0 || s.Tickets != 0 {
+		c.errorf("right after Close returned: %+v", s)
+	}
+	c.checkStats(s, "after Close")
+}
+
+// chaosTailKeys are the keys of the fallback run's tail, after the side
+// keys. Their callbacks behave, so that nothing but the dispatcher's own
+// bookkeeping wakes a worker during the tail.
+const chaosTailKeys = 64
+
+func (c *chaos) isTail(key int) bool { return key >= c.p.keys+c.p.sideKeys }
+
+// tail replays issue 10's item 1 on the fallback run's dispatcher, with
+// whatever state the chaos left in it. Back in Async, a burst of the
+// capped tenant's calls (2ms each) trips the fallback again: one runs on a
+// worker, the rest wait. Then the test's goroutine submits one more call
+// of the tenant, which runs inline (5ms), ignoring the cap but holding it.
+// The worker whose call ends meanwhile finds the tenant at its cap and
+// goes idle; when the inline call ends, something must wake it, or the
+// burst stays queued with idle workers, and never drains.
+func (c *chaos) tail() {
+	d, p := c.d, c.p
+	me := c.current() // the quiesce goroutine
+	if err := d.SetMode(context.Background(), Async); err != nil {
+		c.errorf("tail: SetMode(Async): %v", err)
+		return
+	}
+	backlogs := c.switchCount(SwitchBacklog)
+	r := rand.New(rand.NewPCG(c.seed, 1<<34))
+	first := p.keys + p.sideKeys
+	for i := range min(2*p.maxBacklog, chaosTailKeys-1) {
+		key := first + 1 + i
+		c.post(me, r, key, SubmitOptions{Tenant: "capped", Generation: c.gens[key].Load()}, false)
+	}
+	for start := time.Now(); c.switchCount(SwitchBacklog) == backlogs; time.Sleep(p.fbWindow / 20) {
+		if time.Since(start) > time.Second {
+			c.errorf("tail: the burst did not trip the fallback: %+v", d.Stats())
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tk, err := c.submitWith(me, ctx, cancel, first, SubmitOptions{Tenant: "capped", Generation: c.gens[first].Load()}, false)
+	if err != nil {
+		c.errorf("tail: the inline call was refused: %v", err)
+		return
+	}
+	if r, _ := tk.tk.Result(); r.State != Succeeded {
+		c.errorf("tail: the inline call: %+v", r)
+	}
+	start := time.Now()
+	s := d.Stats()
+	for s.Live != 0 || s.Keys != 0 {
+		if time.Since(start) > 5*time.Second {
+			c.errorf("tail: stranded: the capped tenant's calls queued before the fallback do not run once the inline call that held its cap has ended: %+v", s)
+			return
+		}
+		time.Sleep(p.execMax)
+		s = d.Stats()
+	}
+	c.t.Logf("tail: drained %v after the inline call ended", time.Since(start))
 }
 
 func (c *chaos) switchCount(r SwitchReason) uint64 {
@@ -929,6 +1057,9 @@ func (c *chaos) reenter(r *rand.Rand, key int, where string, leaf, ownOK, anyKey
 // setMode switches the mode from a callback: to Sync, or (with flap) back
 // to Async.
 func (c *chaos) setMode(r *rand.Rand, where string) {
+	if c.p.quiesce && c.switchCount(SwitchBacklog) == 0 {
+		return // the fallback run's switch to Sync is the fallback's
+	}
 	c.inj.setMode.Add(1)
 	m := Sync
 	if c.p.flap && r.IntN(3) != 0 {
@@ -974,6 +1105,15 @@ func (c *chaos) exec(ctx context.Context, key int, ids []uint64) error {
 	defer c.running[key].Add(-1)
 	c.execs.Add(1)
 	c.notAgain(key, ids, CallbackExec)
+	if c.isTail(key) {
+		lat := 2 * time.Millisecond
+		if key == c.p.keys+c.p.sideKeys {
+			lat = 5 * time.Millisecond // the inline call
+		}
+		time.Sleep(lat)
+		c.okAt(ids)
+		return nil
+	}
 	at := c.order.Add(1)
 	r := rand.New(rand.NewPCG(c.seed^ids[0], at))
 	if c.closeReq.Load() {
@@ -1062,6 +1202,7 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 
 func (c *chaos) noop(key int, ids []uint64) bool {
 	switch {
+	case c.isTail(key):
 	case c.chance(30):
 		// Asked by Amend, the call is left to run: only a worker's
 		// no-op test ends it.
@@ -1078,8 +1219,8 @@ func (c *chaos) noop(key int, ids []uint64) bool {
 // chaosLabels are the labels: a small fixed set, as Config.Label asks.
 var chaosLabels = [...]string{"bind", "patch", "delete"}
 
-func (c *chaos) label(_ int, ids []uint64) string {
-	if c.chance(20) {
+func (c *chaos) label(key int, ids []uint64) string {
+	if !c.isTail(key) && c.chance(20) {
 		c.injectPanic(CallbackLabel, true)
 	}
 	return chaosLabels[ids[0]%3]
@@ -1146,6 +1287,7 @@ func (c *chaos) hook(r Result[int, []uint64]) {
 		c.takeClose("the completion hook")
 	}
 	switch {
+	case c.isTail(r.Key):
 	case c.chance(100):
 		c.injectPanic(CallbackOnDone, true)
 	case c.chance(50):
