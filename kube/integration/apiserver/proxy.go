@@ -13,9 +13,11 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -66,6 +68,14 @@ type Request struct {
 	// Dropped is true when the apiserver's answer was withheld from the
 	// client (see [Proxy.DropResponses]).
 	Dropped bool
+	// RetryAfter is the delay the apiserver asked for in a Retry-After
+	// header (with 429 or 503), or 0.
+	RetryAfter time.Duration
+	// Received is when the proxy got the request from the client, and
+	// Answered when the apiserver's answer (or the forwarding error)
+	// reached the proxy: what happened at the server happened between the
+	// two, and a client acts on the answer only after Answered.
+	Received, Answered time.Time
 }
 
 // IsWrite tells whether the request asks for a change: any method but GET,
@@ -79,8 +89,8 @@ func (r Request) IsWrite() bool {
 }
 
 // Match selects requests, for [Proxy.DropResponses] and [Proxy.Count]. It
-// sees the request before it is forwarded: Status, Err and Dropped are
-// zero.
+// sees the request before it is forwarded: Status, Err, Dropped,
+// RetryAfter and Answered are zero.
 type Match func(Request) bool
 
 // MatchBinding matches a POST to pods/binding of the named pod.
@@ -283,6 +293,7 @@ type stateKey struct{}
 
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	st := &requestState{rec: p.describe(r)}
+	st.rec.Received = time.Now()
 	var mode DropMode
 	p.mu.Lock()
 	for i, d := range p.drops {
@@ -329,6 +340,9 @@ func (p *Proxy) recordResponse(resp *http.Response) error {
 	if st, ok := resp.Request.Context().Value(stateKey{}).(*requestState); ok {
 		st.rec.Status = resp.StatusCode
 		st.rec.Dropped = st.drop
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			st.rec.RetryAfter = time.Duration(secs) * time.Second
+		}
 		p.record(st.rec)
 	}
 	return nil
@@ -347,6 +361,7 @@ func (p *Proxy) recordError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (p *Proxy) record(rec Request) {
+	rec.Answered = time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.log = append(p.log, rec)
