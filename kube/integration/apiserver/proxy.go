@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/pem"
@@ -26,11 +27,11 @@ import (
 
 // Proxy is a TLS-terminating HTTP reverse proxy on loopback, between clients
 // and the apiserver. It serves HTTP/2 and HTTP/1.1 with its own certificate,
-// forwards every request (credentials included) to the apiserver, records
-// each one with the status the apiserver answered, and, when armed with
-// [Proxy.DropResponses], lets the apiserver process a matching request and
-// then withholds the response from the client, which sees a transport error
-// while the write did happen.
+// forwards every request (credentials included, its body read in full
+// first) to the apiserver, records each one with the status the apiserver
+// answered, and, when armed with [Proxy.DropResponses], lets the apiserver
+// process a matching request and then withholds the response from the
+// client, which sees a transport error while the write did happen.
 //
 // It terminates TLS, rather than relaying TCP, so that it can see methods
 // and paths: the apiserver's certificate stays between the proxy and the
@@ -294,6 +295,21 @@ type stateKey struct{}
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	st := &requestState{rec: p.describe(r)}
 	st.rec.Received = time.Now()
+	// Have the whole body before forwarding anything. The apiserver may
+	// answer before it reads the body (a 429 from its inflight limit), and
+	// client-go's HTTP/2 transport stops sending a body once it sees an
+	// answer above 299, without ending its stream: a body streamed through
+	// would leave httputil.ReverseProxy waiting for the rest of it, unable
+	// to end the answer, and the client waiting for that end — for ever.
+	if r.Body != nil && r.Body != http.NoBody {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			st.rec.Err = "reading the request body: " + err.Error()
+			p.record(st.rec)
+			return // the client went away
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
 	var mode DropMode
 	p.mu.Lock()
 	for i, d := range p.drops {
