@@ -3,9 +3,11 @@ package kube
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"golang.org/x/net/http2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 )
@@ -16,8 +18,10 @@ import (
 //   - Retry: 429 TooManyRequests, ServerTimeout, Timeout (504),
 //     ServiceUnavailable (503), InternalError and any other 5xx; connection
 //     refused or reset, a connection closed mid-request (EOF, unexpected
-//     EOF, a broken or closed connection, an HTTP/2 GOAWAY), net.Error
-//     timeouts, and the attempt's own deadline.
+//     EOF, a broken or closed connection, an HTTP/2 GOAWAY), an HTTP/2
+//     stream reset before the answer came (RST_STREAM: a proxy or load
+//     balancer dropping one request), net.Error timeouts, and the
+//     attempt's own deadline.
 //   - Recompute: 409 — Conflict, and AlreadyExists, which is how client-go
 //     reads a bare 409 to a POST. The call is rebuilt from a fresh read
 //     before it runs again (see the calls' documentation).
@@ -53,10 +57,25 @@ func Classify(err error) dispatch.Class {
 	case utilnet.IsConnectionRefused(err),
 		utilnet.IsConnectionReset(err),
 		utilnet.IsProbableEOF(err),
-		utilnet.IsHTTP2ConnectionLost(err):
+		utilnet.IsHTTP2ConnectionLost(err),
+		isStreamReset(err):
 		return dispatch.Retry
 	}
 	return dispatch.DefaultClassifier(err)
+}
+
+// isStreamReset reports whether err is an HTTP/2 stream reset: the one
+// request failed and its connection lives on, so none of utilnet's
+// connection tests see it. Like a connection lost mid-request it leaves
+// the write's effect unknown, which every call resolves before it writes
+// again: a binding reads the pod back, a status patch carries its
+// resourceVersion, a deletion its UID. client-go's transports use
+// golang.org/x/net/http2, whose error is typed; net/http's own HTTP/2
+// (a rest.Config.Transport of the caller's) has an unexported copy of the
+// type, known by its message.
+func isStreamReset(err error) bool {
+	var se http2.StreamError
+	return errors.As(err, &se) || strings.Contains(err.Error(), "stream error: stream ID ")
 }
 
 // delayedError is an API error that carries the server's requested delay,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
+	"golang.org/x/net/http2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -54,6 +55,12 @@ func TestClassify(t *testing.T) {
 		{"closed connection", urlErr(errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: use of closed network connection")), dispatch.Retry},
 		{"http2 GOAWAY", urlErr(errors.New("http2: server sent GOAWAY and closed the connection; LastStreamID=1")), dispatch.Retry},
 		{"http2 connection lost", urlErr(errors.New("http2: client connection lost")), dispatch.Retry},
+		// What a proxy's RST_STREAM gives client-go (x/net/http2), seen
+		// against kube-apiserver in kube/integration's lost-response
+		// scenario, and what net/http's own HTTP/2 gives.
+		{"http2 stream reset", urlErr(http2.StreamError{StreamID: 5, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}), dispatch.Retry},
+		{"http2 stream refused", urlErr(http2.StreamError{StreamID: 7, Code: http2.ErrCodeRefusedStream}), dispatch.Retry},
+		{"http2 stream reset, net/http's HTTP/2", urlErr(errors.New("stream error: stream ID 5; INTERNAL_ERROR; received from peer")), dispatch.Retry},
 		{"net timeout", urlErr(timeoutErr{}), dispatch.Retry},
 		{"attempt deadline", fmt.Errorf("patch: %w", context.DeadlineExceeded), dispatch.Retry},
 

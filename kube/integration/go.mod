@@ -3,6 +3,9 @@ module github.com/coalescer/dispatch/kube/integration
 go 1.26.0
 
 require (
+	github.com/coalescer/dispatch v0.0.0-00010101000000-000000000000
+	github.com/coalescer/dispatch/kube v0.0.0-00010101000000-000000000000
+	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/net v0.57.0
 	k8s.io/api v0.37.2
@@ -49,6 +52,7 @@ require (
 	github.com/go-openapi/swag/typeutils v0.27.1 // indirect
 	github.com/go-openapi/swag/yamlutils v0.27.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
+	github.com/google/btree v1.1.3 // indirect
 	github.com/google/cel-go v0.29.2 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
@@ -96,7 +100,7 @@ require (
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.1 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
-	go.yaml.in/yaml/v3 v3.0.4 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
@@ -104,7 +108,7 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/term v0.45.0 // indirect
 	golang.org/x/text v0.40.0 // indirect
-	golang.org/x/time v0.15.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 	golang.org/x/tools v0.47.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260526163538-3dc84a4a5aaa // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
@@ -145,9 +149,11 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-// The local tree, for when this module starts importing the core library
-// and the sibling kube/ module.
-replace github.com/coalescer/dispatch => ../..
+// The local tree: the core library and the sibling kube/ module.
+replace (
+	github.com/coalescer/dispatch => ../..
+	github.com/coalescer/dispatch/kube => ../
+)
 
 // k8s.io/kubernetes requires each of its staging repositories at v0.0.0 and
 // points them at its own staging/ tree with replace directives, which do not

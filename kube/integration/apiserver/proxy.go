@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/pem"
@@ -13,9 +14,11 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -24,11 +27,11 @@ import (
 
 // Proxy is a TLS-terminating HTTP reverse proxy on loopback, between clients
 // and the apiserver. It serves HTTP/2 and HTTP/1.1 with its own certificate,
-// forwards every request (credentials included) to the apiserver, records
-// each one with the status the apiserver answered, and, when armed with
-// [Proxy.DropResponses], lets the apiserver process a matching request and
-// then withholds the response from the client, which sees a transport error
-// while the write did happen.
+// forwards every request (credentials included, its body read in full
+// first) to the apiserver, records each one with the status the apiserver
+// answered, and, when armed with [Proxy.DropResponses], lets the apiserver
+// process a matching request and then withholds the response from the
+// client, which sees a transport error while the write did happen.
 //
 // It terminates TLS, rather than relaying TCP, so that it can see methods
 // and paths: the apiserver's certificate stays between the proxy and the
@@ -66,6 +69,14 @@ type Request struct {
 	// Dropped is true when the apiserver's answer was withheld from the
 	// client (see [Proxy.DropResponses]).
 	Dropped bool
+	// RetryAfter is the delay the apiserver asked for in a Retry-After
+	// header (with 429 or 503), or 0.
+	RetryAfter time.Duration
+	// Received is when the proxy got the request from the client, and
+	// Answered when the apiserver's answer (or the forwarding error)
+	// reached the proxy: what happened at the server happened between the
+	// two, and a client acts on the answer only after Answered.
+	Received, Answered time.Time
 }
 
 // IsWrite tells whether the request asks for a change: any method but GET,
@@ -79,8 +90,8 @@ func (r Request) IsWrite() bool {
 }
 
 // Match selects requests, for [Proxy.DropResponses] and [Proxy.Count]. It
-// sees the request before it is forwarded: Status, Err and Dropped are
-// zero.
+// sees the request before it is forwarded: Status, Err, Dropped,
+// RetryAfter and Answered are zero.
 type Match func(Request) bool
 
 // MatchBinding matches a POST to pods/binding of the named pod.
@@ -283,6 +294,22 @@ type stateKey struct{}
 
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	st := &requestState{rec: p.describe(r)}
+	st.rec.Received = time.Now()
+	// Have the whole body before forwarding anything. The apiserver may
+	// answer before it reads the body (a 429 from its inflight limit), and
+	// client-go's HTTP/2 transport stops sending a body once it sees an
+	// answer above 299, without ending its stream: a body streamed through
+	// would leave httputil.ReverseProxy waiting for the rest of it, unable
+	// to end the answer, and the client waiting for that end — for ever.
+	if r.Body != nil && r.Body != http.NoBody {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			st.rec.Err = "reading the request body: " + err.Error()
+			p.record(st.rec)
+			return // the client went away
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
 	var mode DropMode
 	p.mu.Lock()
 	for i, d := range p.drops {
@@ -329,6 +356,9 @@ func (p *Proxy) recordResponse(resp *http.Response) error {
 	if st, ok := resp.Request.Context().Value(stateKey{}).(*requestState); ok {
 		st.rec.Status = resp.StatusCode
 		st.rec.Dropped = st.drop
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			st.rec.RetryAfter = time.Duration(secs) * time.Second
+		}
 		p.record(st.rec)
 	}
 	return nil
@@ -347,6 +377,7 @@ func (p *Proxy) recordError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (p *Proxy) record(rec Request) {
+	rec.Answered = time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.log = append(p.log, rec)
