@@ -311,7 +311,6 @@ type chaos struct {
 	nextID  atomic.Uint64
 	gens    []atomic.Uint64
 	running []atomic.Int32
-	closing atomic.Bool
 	errs    atomic.Int32 // violations reported, to cap the noise
 
 	submitted, rejected, execs atomic.Uint64
@@ -339,7 +338,7 @@ type chaos struct {
 	keyCancels []chaosKeyCancel
 	tickets    []*chaosTicket
 	cancels    []context.CancelFunc
-	panicked   map[uint64]Callback // ids of a call ended by a panic, and whose
+	panicked   map[uint64]Callback // id → the callback whose panic (or Goexit) ended its call
 	skippedIn  map[uint64]bool     // ids the merge found moot on arrival
 }
 
@@ -430,8 +429,9 @@ func (c *chaos) mayExit() bool {
 	return g == nil || (!g.test && g.frames == 0)
 }
 
-// onWorker reports whether an execution runs on a worker: not inline, in a
-// Sync-mode submission of the test's or of a callback's.
+// onWorker reports whether an execution runs on a worker rather than
+// inline, in a Sync-mode submission of the test's or of a callback's (whose
+// goroutine is the test's own, or in the middle of a call back in).
 func (c *chaos) onWorker() bool { return c.mayExit() }
 
 // Misbehaviour.
@@ -518,25 +518,23 @@ func (c *chaos) run() {
 	me := c.testG()
 	heap0 := chaosHeap()
 	d, err := New(c.exec, Config[int, []uint64]{
-		Workers:    p.workers,
-		RateLimit:  rate.NewLimiter(p.rate, p.burst),
-		Capacity:   p.capacity,
-		MaxWaiters: p.maxWaiters,
-		Aging:      time.Millisecond,
-		StartCheck: StartCheck{Disabled: !chaosKnownBugs},
-		Tenants:    map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
-		Merge:      c.merge,
-		NoOp:       c.noop,
-		Label:      c.label,
-		OnDone:     c.hook,
-		Classify:   c.classify,
-		BeforeRetry: func(ctx context.Context, key int, ids []uint64, lastErr error) ([]uint64, bool, error) {
-			return c.beforeRetry(ctx, key, ids, lastErr)
-		},
-		Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax},
-		Breaker:  &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
-		Fallback: &FallbackPolicy{MaxBacklog: p.maxBacklog, Window: p.fbWindow, ReturnAfter: p.returnAfter},
-		Observer: chaosObserver{c},
+		Workers:     p.workers,
+		RateLimit:   rate.NewLimiter(p.rate, p.burst),
+		Capacity:    p.capacity,
+		MaxWaiters:  p.maxWaiters,
+		Aging:       time.Millisecond,
+		StartCheck:  StartCheck{Disabled: !chaosKnownBugs},
+		Tenants:     map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
+		Merge:       c.merge,
+		NoOp:        c.noop,
+		Label:       c.label,
+		OnDone:      c.hook,
+		Classify:    c.classify,
+		BeforeRetry: c.beforeRetry,
+		Retry:       RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax},
+		Breaker:     &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
+		Fallback:    &FallbackPolicy{MaxBacklog: p.maxBacklog, Window: p.fbWindow, ReturnAfter: p.returnAfter},
+		Observer:    chaosObserver{c},
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -663,7 +661,6 @@ func (c *chaos) closer() {
 			c.errorf("no callback took the request to Close in 5s")
 		}
 	}
-	c.closing.Store(true)
 	err := c.d.Close(ctx)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		c.errorf("Close: %v", err)
@@ -707,7 +704,6 @@ func (c *chaos) quiesce() {
 	c.tail()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	c.closing.Store(true)
 	if err := d.Close(ctx); err != nil {
 		c.errorf("Close after the drain: %v", err)
 	}
@@ -1203,6 +1199,7 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 func (c *chaos) noop(key int, ids []uint64) bool {
 	switch {
 	case c.isTail(key):
+		return false // the tail's calls all run
 	case c.chance(30):
 		// Asked by Amend, the call is left to run: only a worker's
 		// no-op test ends it.
@@ -1541,8 +1538,8 @@ func (c *chaos) verify() {
 	}
 	t.Logf("%d submissions (%d accepted, %d tickets, %d skipped on arrival), %d hook calls, %d executions, %d retries, %d already done, %d breaker trips; outcomes %v",
 		s.Submitted, len(c.accepted), len(c.tickets), len(c.skippedIn), c.hookCalls, s.Executions, s.Retries, s.AlreadyDone, c.trips.Load(), s.Outcomes)
-	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode; %d contained (Stats.CallbackPanics); mode switches: %v",
-		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), s.CallbackPanics, sw)
+	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode, %d merges found the incoming call moot, %d before-retry hooks found it done; %d contained (Stats.CallbackPanics); mode switches: %v",
+		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), c.inj.skipped.Load(), c.inj.done.Load(), s.CallbackPanics, sw)
 }
 
 // panicsAgree reports whether Stats.CallbackPanics is what was injected
