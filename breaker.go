@@ -37,10 +37,11 @@ func (s BreakerState) String() string {
 type breaker struct {
 	p         *BreakerPolicy // the Dispatcher's validated copy
 	state     BreakerState
-	consec    int   // retryable failures in a row
-	openUntil int64 // while open: when to go half-open
-	probes    int   // probes in flight while half-open
-	since     int64 // when it last left Closed
+	consec    int      // retryable failures in a row
+	openUntil int64    // while open: when to go half-open
+	probes    int      // probes in flight while half-open
+	probers   []uint64 // the goroutines running probes (Sync-mode reentrancy)
+	since     int64    // when it last left Closed
 	win       window.Window
 	obs       Observer
 }
@@ -75,11 +76,35 @@ func (b *breaker) admits(now int64, ob *notes) bool {
 	return true
 }
 
-// endProbe releases a half-open probe's slot when its execution ends.
-func (b *breaker) endProbe() {
+// startProbe records that goroutine id runs a probe.
+func (b *breaker) startProbe(id uint64) { b.probers = append(b.probers, id) }
+
+// endProbe releases the slot of the probe goroutine id ran, when its
+// execution ends.
+func (b *breaker) endProbe(id uint64) {
 	if b.probes > 0 {
 		b.probes--
 	}
+	for i, p := range b.probers {
+		if p == id {
+			b.probers = append(b.probers[:i], b.probers[i+1:]...)
+			break
+		}
+	}
+}
+
+// probing reports whether goroutine id runs a probe while the breaker holds
+// other executions back: an execution it waited for would wait for it.
+func (b *breaker) probing(id uint64) bool {
+	if b == nil || b.state == BreakerClosed {
+		return false
+	}
+	for _, p := range b.probers {
+		if p == id {
+			return true
+		}
+	}
+	return false
 }
 
 // record counts an execution's end.

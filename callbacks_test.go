@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -420,4 +421,127 @@ var goexits atomic.Int32
 func goexit() {
 	goexits.Add(1)
 	runtime.Goexit()
+}
+
+func TestGoexitInHookCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, nopExec, Config[string, int]{
+			Workers: 1,
+			OnDone:  func(r Result[string, int]) { runtime.Goexit() },
+		})
+		waitFor(t, submit(t, d, "k", 1, prio(0)))
+		s := closeD(t, d)
+		if s.CallbackPanics != 1 || s.LastCallbackPanic == nil {
+			t.Errorf("a hook exited its goroutine: CallbackPanics %d, LastCallbackPanic %v; Stats.CallbackPanics says it counts runtime.Goexit calls", s.CallbackPanics, s.LastCallbackPanic)
+		}
+	})
+}
+
+func TestGoexitInObserverCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, nopExec, Config[string, int]{
+			Workers:  1,
+			Observer: &finishHook{f: func(Event, Outcome) { runtime.Goexit() }},
+		})
+		waitFor(t, submit(t, d, "k", 1, prio(0)))
+		s := closeD(t, d)
+		if s.CallbackPanics != 1 {
+			t.Errorf("an observer exited its goroutine: CallbackPanics %d", s.CallbackPanics)
+		}
+	})
+}
+
+// TestHookGoexitBeforeNextCall: a completion hook that exits its goroutine
+// on a worker that is about to run the next call (the worker tells the
+// previous call's outcome after it has begun the next one) must not wedge
+// that call: run registers its Goexit handler only after that delivery, so
+// the begun attempt is never settled — the key stays in flight, InFlight
+// stays 1 and Close waits forever (synctest reports the deadlock).
+func TestHookGoexitBeforeNextCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, nopExec, Config[string, int]{
+			Workers: 1,
+			OnDone: func(r Result[string, int]) {
+				if r.Key == "a" {
+					runtime.Goexit()
+				}
+			},
+		})
+		a := submit(t, d, "a", 1, prio(1))
+		b := submit(t, d, "b", 1, prio(0)) // ready when a ends: the worker begins it, then tells a's hook
+		waitFor(t, a)
+		synctest.Wait()
+		if s := d.Stats(); s.InFlight != 0 || !isDone(b) {
+			t.Errorf("after a's hook exited the worker: InFlight %d, b done %v, Pending(b) %v", s.InFlight, isDone(b), d.Pending("b"))
+		}
+	})
+}
+
+func isDone[K comparable, T any](tk *Ticket[K, T]) bool {
+	select {
+	case <-tk.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// TestSyncSubmitFromProbe: in Sync mode, exec of the half-open breaker's
+// probe submits for another key. That submission runs inline and waits for
+// the breaker to admit it — but the one probe slot is held by the very
+// execution making it, which waits for it: a deadlock (synctest reports
+// it). The rule for callbacks promises ErrReentrant, or a run, instead of
+// a hang.
+func TestSyncSubmitFromProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var d *Dispatcher[string, int]
+		nested := make(chan error, 1)
+		d = newD(t, func(_ context.Context, k string, _ int) error {
+			switch k {
+			case "fail":
+				return syscall.ECONNRESET
+			case "probe":
+				nested <- d.Post("other", 1, SubmitOptions{})
+			}
+			return nil
+		}, Config[string, int]{
+			Mode:    Sync,
+			Retry:   RetryPolicy{MaxAttempts: 1},
+			Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
+		})
+		submit(t, d, "fail", 1, prio(0)) // opens the breaker
+		time.Sleep(time.Second)          // half-open: the next execution is the probe
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			submit(t, d, "probe", 1, prio(0))
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("the probe's nested submission never ended: %+v", d.Stats())
+		}
+		if err := <-nested; err != nil && !errors.Is(err, ErrReentrant) {
+			t.Errorf("nested Post: %v", err)
+		}
+	})
+}
+
+func TestGoexitInLabelCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, nopExec, Config[string, int]{
+			Workers: 1,
+			Label:   func(string, int) string { runtime.Goexit(); return "" },
+		})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = d.Post("k", 1, SubmitOptions{})
+			t.Error("Post returned after its label function exited the goroutine")
+		}()
+		<-done
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.CallbackPanics, "the label function's Goexit is counted")
+		assert.Zero(t, s.Submitted, "nothing was submitted")
+	})
 }

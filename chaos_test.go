@@ -12,7 +12,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -104,9 +103,6 @@ type chaosParams struct {
 //     their own key or a side key, Pending, Stats, SetMode; and, near the
 //     end, Close, which must return ErrReentrant at once while a later
 //     Close from the test's goroutine returns.
-//
-// Three cases that known core bugs fail are left out unless
-// DISPATCH_CHAOS_KNOWN_BUGS is set: see chaosKnownBugs.
 //
 // It runs three times: in a testing/synctest bubble (virtual time, so the
 // sleeps cost nothing), in real time, and as the tenant-capped fallback
@@ -229,33 +225,6 @@ func chaosWatchdog(name string, limit time.Duration) (stop func()) {
 	})
 	return func() { tm.Stop() }
 }
-
-// chaosKnownBugs puts back what the soak leaves out by default because a
-// known core bug fails it (DISPATCH_CHAOS_KNOWN_BUGS=1; each has a failing
-// test in the report on issue 10):
-//
-//   - The start check (Config.StartCheck; TestSyncUnfinishableKeepsReadyCount).
-//     In Sync mode, a call the start check finds unfinishable is taken out
-//     of the ready index twice: runInline removes it, then
-//     expireUnfinishable's finish removes it again, its state still
-//     csReady. The ready count drops below the truth, so a call queued
-//     before the switch is never picked again (its key wedged, Close
-//     hangs), and with no other ready call of its tenant the second removal
-//     indexes q.active[-1] and panics under the dispatcher's lock.
-//   - runtime.Goexit in the completion hook or an observer method told by a
-//     worker that has begun its next call (TestHookGoexitBeforeNextCall).
-//     run tells the outcomes it collected after begin, before it defers
-//     the handler that settles an interrupted attempt: the begun call is
-//     never settled, its key stays in flight and Close waits forever.
-//   - A submission from a callback while the circuit breaker is not closed
-//     (TestSyncSubmitFromProbe). In Sync mode, exec of the half-open
-//     breaker's probe that submits for another key waits for the breaker
-//     to admit that inline call, while the one probe slot is held by the
-//     very execution that waits: a deadlock, where the rule for callbacks
-//     promises ErrReentrant (or a run) instead of a hang. A callback cannot
-//     tell whether it runs in a probe, so the soak submits from callbacks
-//     only while the breaker is closed (no probe is running then).
-var chaosKnownBugs = os.Getenv("DISPATCH_CHAOS_KNOWN_BUGS") != ""
 
 type chaosTicket struct {
 	id        uint64
@@ -452,9 +421,6 @@ func (c *chaos) injectExit(cb Callback, contained bool, before func()) {
 	if !c.mayExit() {
 		return
 	}
-	if (cb == CallbackOnDone || cb == CallbackObserver) && !chaosKnownBugs && chaosTellingInRun() {
-		return // see chaosKnownBugs
-	}
 	if before != nil {
 		before()
 	}
@@ -470,24 +436,6 @@ func (c *chaos) injectExit(cb Callback, contained bool, before func()) {
 // that executes a call.
 func chaosRunning() bool {
 	return bytes.Contains(debug.Stack(), []byte(".(*Dispatcher[...]).run("))
-}
-
-// chaosTellingInRun reports whether the calling goroutine is telling
-// outcomes from inside Dispatcher.run, before the attempt it has begun has
-// its Goexit handler (see chaosKnownBugs): its stack has deliver called
-// from run.
-func chaosTellingInRun() bool {
-	prev := ""
-	for line := range strings.Lines(string(debug.Stack())) {
-		if strings.HasPrefix(line, "\t") {
-			continue // a file:line
-		}
-		if strings.Contains(line, ".(*Dispatcher[...]).run(") && strings.Contains(prev, ".(*Dispatcher[...]).deliver(") {
-			return true
-		}
-		prev = line
-	}
-	return false
 }
 
 // ended records that the call with ids was ended by a panic (or Goexit) of
@@ -523,7 +471,6 @@ func (c *chaos) run() {
 		Capacity:    p.capacity,
 		MaxWaiters:  p.maxWaiters,
 		Aging:       time.Millisecond,
-		StartCheck:  StartCheck{Disabled: !chaosKnownBugs},
 		Tenants:     map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
 		Merge:       c.merge,
 		NoOp:        c.noop,
@@ -1025,9 +972,11 @@ func (c *chaos) reenter(r *rand.Rand, key int, where string, leaf, ownOK, anyKey
 		target, own = c.p.keys+r.IntN(c.p.sideKeys), false
 	}
 	submitOwn := own || anyKey
-	if !leaf && !chaosKnownBugs && c.d.Stats().Breaker != BreakerClosed {
-		leaf = true // see chaosKnownBugs
-	}
+	// A goroutine that executes a call may be running the circuit
+	// breaker's half-open probe: a Sync-mode submission from it, for any
+	// key, is refused with ErrReentrant (it would wait for the probe).
+	probe := chaosRunning() && c.trips.Load() > 0
+	submitOwn = submitOwn || probe
 	switch x := r.IntN(100); {
 	case x < 25:
 		if !leaf {
@@ -1543,13 +1492,8 @@ func (c *chaos) verify() {
 }
 
 // panicsAgree reports whether Stats.CallbackPanics is what was injected
-// into the callbacks whose failure has nowhere else to go: the completion
-// hook, observer methods, the label function. Their panics are counted.
-// Their Goexits should be too, as Stats.CallbackPanics says, but are not:
-// deliver's and observe's exit paths finish the interrupted work and never
-// call contain (TestGoexitInHookCounted in the report on issue 10). Either
-// count is exact; anything in between, or beyond, is not.
+// into the callbacks whose failure has nowhere else to go — the completion
+// hook, observer methods, the label function — panics and Goexits alike.
 func (c *chaos) panicsAgree(s Stats) bool {
-	panics, exits := c.containedPanics.Load(), c.containedExits.Load()
-	return s.CallbackPanics == panics || s.CallbackPanics == panics+exits
+	return s.CallbackPanics == c.containedPanics.Load()+c.containedExits.Load()
 }

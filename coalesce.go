@@ -178,8 +178,12 @@ func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], ob *outbo
 }
 
 // absorb moves every waiter of the successor n into c (whose value already
-// holds the merge of both) and forgets n, which was never queued.
+// holds the merge of both) and forgets n, which was never queued. If n is
+// the more urgent, c takes its tenant and label, as any merged call does.
 func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
+	if n.prio > c.prio && (n.ten != c.ten || n.label != c.label) {
+		d.adopt(c, n.ten, n.label)
+	}
 	for w := n.tickets; w != nil; {
 		next := w.next
 		w.c = c

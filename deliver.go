@@ -50,7 +50,10 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 	}
 	ob.tickets = ob.tickets[:0]
 	// If a callback ends this goroutine, tell the rest on its way out.
-	rest := func(*PanicError) { d.deliver(ob) }
+	rest := func(pe *PanicError) {
+		d.contain(pe)
+		d.deliver(ob)
+	}
 	for ob.nh < len(ob.hooks) {
 		r := ob.hooks[ob.nh]
 		ob.hooks[ob.nh] = Result[K, T]{}
@@ -105,8 +108,10 @@ func (d *Dispatcher[K, T]) contain(pe *PanicError) {
 	}
 }
 
-// observe runs one observer method outside the lock, contained.
+// observe runs one observer method outside the lock, contained. If it
+// ends the goroutine, it is counted on the way out; the caller's own
+// deferred work finishes what it interrupted.
 func (d *Dispatcher[K, T]) observe(f func()) {
-	_, pe := guard(CallbackObserver, func() error { f(); return nil }, nil)
+	_, pe := guard(CallbackObserver, func() error { f(); return nil }, d.contain)
 	d.contain(pe)
 }

@@ -250,11 +250,15 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	return t, nil
 }
 
-// runsHere reports whether key's call is running on the calling goroutine:
-// a Sync-mode submission for it would wait for itself.
+// runsHere reports whether a Sync-mode submission for key would wait for
+// the calling goroutine: key's call is running on it, or it runs the
+// circuit breaker's half-open probe, which holds every other execution
+// back until it ends.
 func (d *Dispatcher[K, T]) runsHere(key K) bool {
 	l := d.lanes[key]
-	return l != nil && l.running != nil && l.running.state == csRunning && l.running.runner == goid.ID()
+	id := goid.ID()
+	return l != nil && l.running != nil && l.running.state == csRunning && l.running.runner == id ||
+		d.breaker.probing(id)
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
@@ -336,14 +340,16 @@ func (d *Dispatcher[K, T]) ctxDone(t *Ticket[K, T], ctx context.Context) {
 	d.leave(t, Canceled, canceledErr(context.Cause(ctx)))
 }
 
-// labelOf runs Config.Label, if set. It runs outside the lock. A panic in
-// it is contained and counted, and the call goes unlabelled.
+// labelOf runs Config.Label, if set. It runs outside the lock, before
+// anything is admitted. A panic in it is contained and counted, and the
+// call goes unlabelled; a runtime.Goexit is counted, and ends the
+// submitting goroutine with nothing submitted.
 func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
 	if d.cfg.Label == nil {
 		return ""
 	}
 	var label string
-	_, pe := guard(CallbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, nil)
+	_, pe := guard(CallbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.contain)
 	d.contain(pe)
 	return label
 }

@@ -114,9 +114,11 @@
 //     on, unlabelled for Label.
 //   - Exit its goroutine (runtime.Goexit, as t.FailNow does). Only that
 //     goroutine ends. What the callback interrupted is finished on the way
-//     out — the attempt ends Failed with a *PanicError of Value ErrGoexit,
-//     the lock is released, what was to be told is told — and a worker that
-//     exits is replaced.
+//     out — an attempt it was part of ends Failed with a *PanicError of
+//     Value ErrGoexit, a call its worker had taken but not yet started goes
+//     back to the queue untouched, the lock is released, what was to be
+//     told is told — and a worker that exits is replaced. In OnDone, an
+//     Observer method or Label the exit is counted like a panic.
 //   - Block. It holds up only the goroutine running it: a worker (one
 //     execution fewer), a submitter, a caller of Cancel or Close. The clock
 //     that drives deadlines and backoffs runs no user code, so a blocked
@@ -128,7 +130,8 @@
 //     that would have to wait for the very goroutine making it returns
 //     ErrReentrant instead of hanging: Close and SetMode's drain (which take
 //     effect, and return at once), and a Sync-mode submission for the key
-//     whose call this goroutine is executing (refused).
+//     whose call this goroutine is executing, or for any key from the
+//     circuit breaker's half-open probe (refused).
 //
 // # Cost and concurrency
 //

@@ -191,9 +191,10 @@ var ErrGoexit = errors.New("dispatch: callback exited its goroutine (runtime.Goe
 
 // ErrReentrant reports a call made from a callback that would have to wait
 // for the goroutine running that very callback: a Sync-mode Submit or Post
-// for the key whose call this goroutine is executing (refused; nothing was
-// enqueued), or the wait of Close or SetMode, which take effect but return
-// at once instead of waiting for themselves.
+// for the key whose call this goroutine is executing, or any Sync-mode
+// submission from the execution of the circuit breaker's half-open probe
+// (refused; nothing was enqueued); or the wait of Close or SetMode, which
+// take effect but return at once instead of waiting for themselves.
 var ErrReentrant = errors.New("dispatch: called from a callback; cannot wait for its own goroutine")
 
 // Preallocated rejection errors for the hot paths: a refusal there must not

@@ -860,6 +860,10 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 }
 
 func (m *fzModel) absorb(c, n *fmCall) {
+	// A more urgent successor brings its label, as a submission does.
+	if n.prio > c.prio {
+		c.label = n.label
+	}
 	for _, t := range n.tickets {
 		t.call = c
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -125,8 +126,8 @@ func TestRateLimiterRefusals(t *testing.T) {
 	for _, mode := range []Mode{Async, Sync} {
 		t.Run(mode.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				runs := 0
-				d := newD(t, func(context.Context, string, int) error { runs++; return nil }, Config[string, int]{
+				var runs atomic.Int32 // sync-mode execs run on the submitting goroutines
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
 					Mode:      mode,
 					Workers:   2,
 					RateLimit: rate.NewLimiter(2, 1), // a token every 500ms
@@ -146,7 +147,7 @@ func TestRateLimiterRefusals(t *testing.T) {
 				wg.Wait()
 				waitAll(tks...)
 				assert.Equal(t, map[State]int{Succeeded: 6}, tally(t, tks...))
-				assert.Equal(t, 6, runs)
+				assert.Equal(t, int32(6), runs.Load())
 				s := closeD(t, d)
 				assert.Zero(t, s.Retries)
 			})
@@ -395,4 +396,46 @@ func TestIssue12Validation(t *testing.T) {
 		_, err := New(nopExec, cfg)
 		assert.ErrorContains(t, err, "Config."+name, name)
 	}
+}
+
+// TestSyncUnfinishableKeepsReadyCount: in Sync mode, a submission whose
+// call the start check finds unfinishable ends Expired, and the ready
+// count stays true. (With no other ready call of its tenant, the same
+// path panics under the dispatcher's lock: index out of range [-1].)
+func TestSyncUnfinishableKeepsReadyCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		d := newD(t, func(_ context.Context, k string, _ int) error {
+			if k == "hold" {
+				<-gate
+			}
+			time.Sleep(100 * time.Millisecond)
+			return nil
+		}, Config[string, int]{Workers: 1})
+		var warm []*Ticket[string, int]
+		for i := range 20 { // samples for the start check's estimate: 100ms
+			warm = append(warm, submit(t, d, fmt.Sprint("warm", i), 1, prio(0)))
+		}
+		waitAll(warm...)
+		hold := submit(t, d, "hold", 1, prio(0)) // the worker waits at the gate
+		queued := submit(t, d, "queued", 1, prio(0))
+		synctest.Wait()
+		go func() { _ = d.SetMode(context.Background(), Sync) }() // drains "queued" later
+		synctest.Wait()
+		late, err := d.Submit(context.Background(), "late", 1, SubmitOptions{Deadline: time.Now().Add(50 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, _ := late.Result(); r.State != Expired {
+			t.Errorf("late: %v, want Expired (unfinishable)", r.State)
+		}
+		if s := d.Stats(); s.Ready != 1 || s.Unfinishable != 1 {
+			t.Errorf("Stats.Ready %d (want 1: %q), Unfinishable %d", s.Ready, "queued", s.Unfinishable)
+		}
+		close(gate)
+		waitAll(hold, queued)
+		if s := d.Stats(); s.Ready != 0 {
+			t.Errorf("Stats.Ready %d with nothing queued", s.Ready)
+		}
+	})
 }

@@ -203,8 +203,7 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		switch c.state {
 		case csReady:
 			if d.unfinishable(c, now) {
-				d.q.remove(c)
-				d.expireUnfinishable(c, now, ob)
+				d.expireUnfinishable(c, now, ob) // finish takes it out of the ready index
 				continue
 			}
 			if probe, ok := d.breakerAdmits(now, ob); ok {

@@ -166,7 +166,8 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 	return true
 }
 
-// requeue sends c back to the queue to run again at notBefore. The retry
+// requeue sends c back to the queue to run again at notBefore: a retry,
+// or a call whose worker exited before its attempt began. The retry
 // holds no worker: it waits in the delay index. While it waits it is the
 // key's pending call, so new submissions coalesce into it and keep its
 // backoff. A successor that arrived during the attempt is coalesced into it
@@ -174,7 +175,6 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // retry stays the lane's running call and the successor waits behind it.
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
 	l := c.lane
-	d.totals.retries++
 	c.ten.queued++
 	c.lastErr = lastErr
 	c.state = csBehind

@@ -477,3 +477,42 @@ func TestCancelledCallNeverRetried(t *testing.T) {
 		assert.Equal(t, uint64(1), st.StaleExecutions)
 	})
 }
+
+// TestRetryAbsorbsUrgentTenantAndLabel: a call carries the tenant and label
+// of its most urgent submission. A retry that absorbs a more urgent
+// successor (a bind arriving while a patch's attempt fails) runs at the
+// bind's priority but stays the patch's: label "patch", tenant "patches".
+func TestRetryAbsorbsUrgentTenantAndLabel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		first := true
+		d := newD(t, func(context.Context, string, int) error {
+			<-gate
+			if first {
+				first = false
+				return syscall.ECONNRESET
+			}
+			return nil
+		}, Config[string, int]{
+			Workers: 1, Retry: noJitter(3),
+			Merge: func(p, in int) (int, error) { return p + in, nil },
+			Label: func(_ string, v int) string {
+				if v >= 10 {
+					return "bind"
+				}
+				return "patch"
+			},
+			Tenants: map[string]TenantConfig{"binds": {}, "patches": {}},
+		})
+		a := submit(t, d, "k", 1, SubmitOptions{Tenant: "patches"})
+		synctest.Wait()
+		b := submit(t, d, "k", 10, SubmitOptions{Priority: 10, Tenant: "binds"}) // the successor
+		gate <- struct{}{}                                                       // a fails: its retry absorbs b
+		synctest.Wait()
+		s := d.Stats()
+		assert.Equal(t, map[string]int{"bind": 1}, s.Labels)
+		assert.Equal(t, 1, s.Tenants["binds"].Queued)
+		close(gate)
+		waitAll(a, b)
+	})
+}

@@ -149,26 +149,33 @@ type runner struct {
 
 // run executes one attempt of c, which the caller has taken from the
 // queue: it releases the lock for user code and the waiters' delivery, and
-// returns with the lock held and the attempt's end recorded. If a callback
-// ends the goroutine (runtime.Goexit) during the attempt, the attempt ends
-// Failed with a *PanicError on the way out, so that no outcome is lost and
-// the key is not wedged.
+// returns with the lock held and the attempt's end recorded.
+//
+// If a callback ends the goroutine (runtime.Goexit), the attempt is ended
+// on the way out, so that no outcome is lost and the key is not wedged:
+// while earlier outcomes are told (ob, before any of c's own user code
+// runs), c goes back to the queue untouched — the hook that exited was not
+// c's; during c's attempt, the attempt ends Failed with a *PanicError.
 func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn runner) {
 	a := d.begin(c, now, rn)
 	d.mu.Unlock()
-	d.deliver(ob)
 	ended := false
 	defer func() {
 		if ended {
 			return
 		}
-		a.panicked = true
-		a.err = &PanicError{Callback: a.site, Value: ErrGoexit, Stack: debug.Stack()}
-		a.ran = a.ran || a.site == CallbackExec
+		if a.site == "" {
+			a.abandoned = true
+		} else {
+			a.panicked = true
+			a.err = &PanicError{Callback: a.site, Value: ErrGoexit, Stack: debug.Stack()}
+			a.ran = a.ran || a.site == CallbackExec
+		}
 		d.settleAttempt(c, &a, ob, rn)
 		d.mu.Unlock()
 		d.deliver(ob)
 	}()
+	d.deliver(ob)
 	if obs := d.cfg.Observer; obs != nil {
 		a.site = CallbackObserver
 		d.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
@@ -213,17 +220,18 @@ type attempt[K comparable, T any] struct {
 	wait    time.Duration // queue wait
 
 	// Results.
-	site     Callback // the user code running, or last run
-	err      error
-	panicked bool // err is a *PanicError the dispatcher recovered: never retried
-	class    Class
-	ran      bool // exec was called
-	skipped  bool // the no-op test said so
-	done     bool // the before-retry hook found the earlier attempt took effect
-	rebuilt  bool // the before-retry hook returned the value to run
-	hookErr  error
-	callDone bool // the call's own context ended (deadline, cancel, Close)
-	runTime  time.Duration
+	site      Callback // the user code of this call running, or last run; "" before any
+	abandoned bool     // the goroutine ended before any of it ran: no attempt was made
+	err       error
+	panicked  bool // err is a *PanicError the dispatcher recovered: never retried
+	class     Class
+	ran       bool // exec was called
+	skipped   bool // the no-op test said so
+	done      bool // the before-retry hook found the earlier attempt took effect
+	rebuilt   bool // the before-retry hook returned the value to run
+	hookErr   error
+	callDone  bool // the call's own context ended (deadline, cancel, Close)
+	runTime   time.Duration
 }
 
 // begin marks c running and derives its execution context: cancelled when
@@ -241,6 +249,9 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		d.owned[rn.id]++ // Close waits for this execution
 	}
 	c.runner = rn.id
+	if c.probe {
+		d.breaker.startProbe(rn.id)
+	}
 	l := c.lane
 	l.running = c
 	if l.pending == c {
@@ -254,9 +265,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		if d.fallback != nil {
 			d.fallback.waited(now, wait)
 		}
-	}
-	if c.attempts == 0 && c.lastErr == nil {
-		d.retryBudget.At(now).Total++
+		d.retryBudget.At(now).Total++ // a first attempt
 	}
 	d.running++
 	c.ten.queued--
@@ -404,6 +413,10 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 			d.totals.staleExecutions++
 		}
 		d.finish(c, st, staleErr(st, a.err), now, ob)
+	case a.abandoned:
+		// Not an attempt: c waits again, in its old place in the order.
+		d.requeue(c, c.lastErr, now, now, ob)
+		d.kick()
 	case a.hookErr != nil:
 		d.conclude(c, a, Failed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, ob)
 	case a.done:
@@ -420,6 +433,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 				e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
 				ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
 			}
+			d.totals.retries++
 			d.requeue(c, a.err, notBefore, now, ob)
 			d.kick()
 			return
@@ -467,7 +481,7 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 		}
 	}
 	if c.probe {
-		b.endProbe()
+		b.endProbe(c.runner)
 		c.probe = false
 	}
 	b.record(now, v, &ob.notes)
