@@ -7,6 +7,9 @@
 // storm, lost responses, stale patches, pods deleted under queued calls,
 // server throttling — asserting on what reached the server.
 //
-// They need an etcd binary ($ETCD_BIN or etcd in $PATH; .ci/run installs
-// Debian's etcd-server) and fail without one.
+// They run etcd from $ETCD_BIN, else etcd in $PATH, else one the apiserver
+// package builds from the module kube/integration/etcdbin with the go
+// command, once per machine into the user's cache directory (about a
+// minute on a cold Go build cache): with only Go installed they still run.
+// They fail, with an explanation, if none of the three gives an etcd.
 package integration

@@ -12,9 +12,17 @@
 // loopback superuser, never throttled nor recorded). Everything stops when the
 // test ends, through t.Cleanup.
 //
-// etcd comes from the etcd binary found through $ETCD_BIN or $PATH (Debian's
-// etcd-server package installs /usr/bin/etcd). Without one, the test fails
-// with an explanation: these tests are meant to run in CI, not to be skipped.
+// etcd is the binary named by $ETCD_BIN, else etcd in $PATH (Debian's
+// etcd-server package installs /usr/bin/etcd), else one built with the go
+// command from the module kube/integration/etcdbin, whose go.mod pins an
+// etcd server release of the 3.7 line, the one Kubernetes 1.37 is tested
+// with: so the tests need nothing but Go. That build runs once per machine,
+// into dispatch-etcd/ under [os.UserCacheDir] (~/.cache on Linux), outside the
+// workspace (GOWORK=off), and takes about a minute on two cores with a cold
+// Go build cache; later test runs reuse the binary, and test binaries
+// started at once share one build through a file lock. If the build fails
+// too, the test fails with an explanation: these tests are meant to run in
+// CI, not to be skipped.
 //
 // Linking kube-apiserver makes a test binary large and slow to build, above
 // all with -race: keep every test that starts a server in as few packages as

@@ -20,7 +20,8 @@ import (
 )
 
 // EtcdBinaryEnv names the environment variable that, when set, is the path
-// of the etcd binary to run; otherwise "etcd" is looked up in $PATH.
+// of the etcd binary to run; otherwise "etcd" is looked up in $PATH, and
+// failing that [EtcdBinary] builds one with the go command.
 const EtcdBinaryEnv = "ETCD_BIN"
 
 // etcdStartTimeout bounds how long etcd may take to answer /health.
@@ -47,29 +48,38 @@ type Etcd struct {
 }
 
 // EtcdBinary returns the path of the etcd binary: $ETCD_BIN when set, else
-// "etcd" found in $PATH. The error tells how to install one.
-func EtcdBinary() (string, error) {
+// "etcd" found in $PATH, else etcd built from the source checkout's
+// kube/integration/etcdbin module (see [buildEtcd]): built once per machine
+// into the user's cache directory, so that the tests need nothing but Go.
+// The error tells how to provide one.
+func EtcdBinary(t testing.TB) (string, error) {
+	t.Helper()
 	if p := os.Getenv(EtcdBinaryEnv); p != "" {
 		if _, err := os.Stat(p); err != nil {
 			return "", fmt.Errorf("$%s=%q: %w", EtcdBinaryEnv, p, err)
 		}
 		return p, nil
 	}
-	p, err := exec.LookPath("etcd")
+	if p, err := exec.LookPath("etcd"); err == nil {
+		return p, nil
+	}
+	p, err := builtEtcd(t)
 	if err != nil {
-		return "", fmt.Errorf("no etcd binary: set $%s or put etcd in $PATH "+
-			"(on Debian: apt-get install etcd-server, which installs /usr/bin/etcd; "+
-			".ci/run does this): %w", EtcdBinaryEnv, err)
+		return "", fmt.Errorf("no etcd binary: $%s is unset, there is no etcd in $PATH, "+
+			"and building one with Go failed (set $%s or put etcd in $PATH instead; "+
+			"on Debian: apt-get install etcd-server, which installs /usr/bin/etcd): %w",
+			EtcdBinaryEnv, EtcdBinaryEnv, err)
 	}
 	return p, nil
 }
 
 // StartEtcd starts etcd for the test and stops it, removing its data, when
-// the test ends. It fails the test if no etcd binary is found (see
-// [EtcdBinary]) or etcd does not become healthy within 30 seconds.
+// the test ends. It fails the test if no etcd binary is found or can be
+// built (see [EtcdBinary]) or etcd does not become healthy within 30
+// seconds.
 func StartEtcd(t testing.TB) *Etcd {
 	t.Helper()
-	bin, err := EtcdBinary()
+	bin, err := EtcdBinary(t)
 	if err != nil {
 		t.Fatalf("etcd: %v", err)
 	}
