@@ -545,3 +545,66 @@ func TestGoexitInLabelCounted(t *testing.T) {
 		assert.Zero(t, s.Submitted, "nothing was submitted")
 	})
 }
+
+// exitOn is an observer whose OnSubmit or OnRetry ends its goroutine.
+type exitOn struct {
+	NopObserver
+	submit bool
+}
+
+func (o exitOn) OnSubmit(Event, bool) {
+	if o.submit {
+		runtime.Goexit()
+	}
+}
+
+func (o exitOn) OnRetry(Event, int, time.Duration, error) {
+	if !o.submit {
+		runtime.Goexit()
+	}
+}
+
+// TestSyncObserverGoexitOnTheCaller: in Sync mode the caller runs its call
+// inline, and tells the observer on its way: of the submission just before
+// the call's first attempt (after the call is taken to run), of the retry
+// while it waits out the backoff. The observer exits the caller's goroutine
+// there. The call still runs to the end (a worker takes it: the attempt
+// that had not begun goes back to the queue, the retry waits there), its
+// outcome reaches the hook, and Close returns with nothing left live.
+func TestSyncObserverGoexitOnTheCaller(t *testing.T) {
+	for _, onSubmit := range []bool{true, false} {
+		name := map[bool]string{true: "OnSubmit", false: "OnRetry"}[onSubmit]
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var runs atomic.Int32
+				done := make(chan Result[string, int], 1)
+				d := newD(t, func(context.Context, string, int) error {
+					if runs.Add(1) == 1 {
+						return syscall.ECONNRESET
+					}
+					return nil
+				}, Config[string, int]{
+					Mode:     Sync,
+					Workers:  1,
+					Retry:    noJitter(3),
+					Observer: exitOn{submit: onSubmit},
+					OnDone:   func(r Result[string, int]) { done <- r },
+				})
+				exited := make(chan struct{})
+				go func() {
+					defer close(exited)
+					_, _ = d.Submit(context.Background(), "k", 1, SubmitOptions{})
+					t.Error("Submit returned after the observer exited its goroutine")
+				}()
+				<-exited
+				r := <-done
+				assert.Equal(t, Succeeded, r.State)
+				assert.Equal(t, 2, r.Attempts)
+				assert.Equal(t, int32(2), runs.Load())
+				s := closeD(t, d)
+				assert.Zero(t, s.Live)
+				assert.Equal(t, uint64(1), s.CallbackPanics)
+			})
+		})
+	}
+}

@@ -225,9 +225,11 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		t.state = tsDone
 	}
 	if err == nil && d.mode == Sync {
-		if d.cfg.Observer != nil {
-			so := o // a copy, so that o itself stays on the stack in every Submit
-			ob.notes = append(ob.notes, func() { d.observeSubmit(label, &so, coalesced, nil) })
+		if obs := d.cfg.Observer; obs != nil {
+			// Told by deliver, which contains it: not through observe,
+			// whose own containment would count a Goexit twice.
+			e := Event{Label: label, Tenant: o.Tenant}
+			ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
 		}
 		d.runInline(t, &ob) // releases the lock
 		d.deliver(&ob)
