@@ -8,8 +8,9 @@
 // server throttling — asserting on what reached the server.
 //
 // They run etcd from $ETCD_BIN, else etcd in $PATH, else one the apiserver
-// package builds from the module kube/integration/etcdbin with the go
-// command, once per machine into the user's cache directory (about a
-// minute on a cold Go build cache): with only Go installed they still run.
+// package builds with the go command from its test data (the module
+// apiserver/testdata/etcd), once per machine into the user's cache
+// directory (about a minute on a cold Go build cache): with only Go
+// installed they still run.
 // They fail, with an explanation, if none of the three gives an etcd.
 package integration

@@ -14,8 +14,8 @@
 //
 // etcd is the binary named by $ETCD_BIN, else etcd in $PATH (Debian's
 // etcd-server package installs /usr/bin/etcd), else one built with the go
-// command from the module kube/integration/etcdbin, whose go.mod pins an
-// etcd server release of the 3.7 line, the one Kubernetes 1.37 is tested
+// command from this package's test data, the module testdata/etcd, whose
+// go.mod pins an etcd server release of the 3.7 line, the one Kubernetes 1.37 is tested
 // with: so the tests need nothing but Go. That build runs once per machine,
 // into dispatch-etcd/ under [os.UserCacheDir] (~/.cache on Linux), outside the
 // workspace (GOWORK=off), and takes about a minute on two cores with a cold

@@ -48,9 +48,9 @@ type Etcd struct {
 }
 
 // EtcdBinary returns the path of the etcd binary: $ETCD_BIN when set, else
-// "etcd" found in $PATH, else etcd built from the source checkout's
-// kube/integration/etcdbin module (see [buildEtcd]): built once per machine
-// into the user's cache directory, so that the tests need nothing but Go.
+// "etcd" found in $PATH, else etcd built from this package's test data,
+// the module testdata/etcd (see [buildEtcd]): built once per machine into
+// the user's cache directory, so that the tests need nothing but Go.
 // The error tells how to provide one.
 func EtcdBinary(t testing.TB) (string, error) {
 	t.Helper()

@@ -37,10 +37,10 @@ func TestStartEtcd(t *testing.T) {
 	}
 }
 
-// TestEtcdSourceKey: the etcdbin module pins an etcd server release, which
+// TestEtcdSourceKey: the testdata/etcd module pins an etcd server release, which
 // names the directory its build is cached in.
 func TestEtcdSourceKey(t *testing.T) {
-	version, hash, err := etcdSourceKey("../etcdbin")
+	version, hash, err := etcdSourceKey("testdata/etcd")
 	if err != nil {
 		t.Fatal(err)
 	}

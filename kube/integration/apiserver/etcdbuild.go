@@ -17,8 +17,8 @@ import (
 	"time"
 )
 
-// etcdModule is the module, required by kube/integration/etcdbin's go.mod,
-// whose version names the etcd that [buildEtcd] builds.
+// etcdModule is the module, required by testdata/etcd/go.mod, whose
+// version names the etcd that [buildEtcd] builds.
 const etcdModule = "go.etcd.io/etcd/server/v3"
 
 // etcdBuild memoizes [buildEtcd] for the test binary: its first caller
@@ -43,8 +43,8 @@ func builtEtcd(t testing.TB) (string, error) {
 	return etcdBuild.path, etcdBuild.err
 }
 
-// buildEtcd builds the module kube/integration/etcdbin — etcd's own main
-// package at the release its go.mod pins — with the go command, outside the
+// buildEtcd builds the module in testdata/etcd — etcd's own main package
+// at the release its go.mod pins — with the go command, outside the
 // workspace (GOWORK=off), into the user's cache directory:
 // dispatch-etcd/VERSION-HASH/etcd under [os.UserCacheDir], where HASH
 // covers the module's go.mod, go.sum and main.go. A binary already there is
@@ -62,9 +62,9 @@ func buildEtcd(t testing.TB) (string, error) {
 	t.Helper()
 	_, self, _, ok := runtime.Caller(0)
 	if !ok {
-		return "", errors.New("cannot locate the etcdbin module: runtime.Caller failed")
+		return "", errors.New("cannot locate the etcd build module: runtime.Caller failed")
 	}
-	src := filepath.Join(filepath.Dir(self), "..", "etcdbin")
+	src := filepath.Join(filepath.Dir(self), "testdata", "etcd")
 	version, hash, err := etcdSourceKey(src)
 	if err != nil {
 		return "", err
@@ -137,7 +137,7 @@ func etcdSourceKey(src string) (version, hash string, err error) {
 	for _, name := range []string{"go.mod", "go.sum", "main.go"} {
 		b, err := os.ReadFile(filepath.Join(src, name))
 		if err != nil {
-			return "", "", fmt.Errorf("etcdbin module (its source is needed to build etcd): %w", err)
+			return "", "", fmt.Errorf("testdata/etcd module (its source is needed to build etcd): %w", err)
 		}
 		fmt.Fprintf(h, "%s %d\n", name, len(b))
 		h.Write(b)

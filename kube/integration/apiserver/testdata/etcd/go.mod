@@ -1,4 +1,4 @@
-module github.com/coalescer/dispatch/kube/integration/etcdbin
+module github.com/coalescer/dispatch/kube/integration/apiserver/testdata/etcd
 
 go 1.26.0
 
