@@ -93,6 +93,12 @@ func (b *breaker) endProbe(id uint64) {
 	}
 }
 
+// probeRunning reports whether a probe runs while the breaker holds other
+// executions back.
+func (b *breaker) probeRunning() bool {
+	return b != nil && b.state != BreakerClosed && len(b.probers) > 0
+}
+
 // probing reports whether goroutine id runs a probe while the breaker holds
 // other executions back: an execution it waited for would wait for it.
 func (b *breaker) probing(id uint64) bool {

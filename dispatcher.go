@@ -258,9 +258,12 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 // back until it ends.
 func (d *Dispatcher[K, T]) runsHere(key K) bool {
 	l := d.lanes[key]
+	keyRuns := l != nil && l.running != nil && l.running.state == csRunning
+	if !keyRuns && !d.breaker.probeRunning() {
+		return false // the usual case, without reading the goroutine id
+	}
 	id := goid.ID()
-	return l != nil && l.running != nil && l.running.state == csRunning && l.running.runner == id ||
-		d.breaker.probing(id)
+	return keyRuns && l.running.runner == id || d.breaker.probing(id)
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no

@@ -1,6 +1,6 @@
 // Package goid tells which goroutine is running. The dispatcher uses it on
 // cold paths only — Close, SetMode, a Sync-mode submission that would wait
-// for its own key — to refuse a call that would wait for the very goroutine
+// for its own key or the breaker's probe — to refuse a call that would wait for the very goroutine
 // making it, instead of hanging.
 package goid
 
