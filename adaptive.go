@@ -155,6 +155,7 @@ func (d *Dispatcher[K, T]) urgentAt(c *call[K, T]) int64 {
 // StartCheck estimate taken from them, refreshed at most every
 // estimateEvery.
 type labelTimes struct {
+	label  string
 	recent hist.Recent
 	est    time.Duration // 0: not enough samples
 	at     int64         // when est was taken
@@ -173,14 +174,18 @@ func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duratio
 	if d.cfg.StartCheck.Disabled {
 		return
 	}
-	lt := d.labelTimes[c.label]
+	lt := d.lastTimes
+	if lt == nil || lt.label != c.label { // one label, the usual case: no map lookup
+		lt = d.labelTimes[c.label]
+	}
 	if lt == nil {
 		if len(d.labelTimes) >= maxLabelTimes {
 			return
 		}
-		lt = &labelTimes{recent: hist.NewRecent(LatencyWindow)}
+		lt = &labelTimes{label: c.label, recent: hist.NewRecent(LatencyWindow)}
 		d.labelTimes[c.label] = lt
 	}
+	d.lastTimes = lt
 	lt.recent.Observe(now, rt)
 }
 

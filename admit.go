@@ -46,10 +46,9 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	if supersede {
 		l.gen = o.Generation
 		d.endLane(l, Stale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
-		if d.lanes[key] != l {
+		if !l.tracked {
 			// The lane held only a queued call, and went with it.
 			l = d.newLane(key, o.Generation)
-			d.lanes[key] = l
 		}
 	}
 	if c := l.pending; c != nil {
@@ -131,7 +130,6 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, val T, o *SubmitOptions, now, dead
 		d.start()
 	}
 	l := d.newLane(key, o.Generation)
-	d.lanes[key] = l
 	c := d.newCall(l, val, o, ten, label)
 	d.join(c, t, o.Priority, now, deadline)
 	d.q.push(c)

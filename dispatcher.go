@@ -49,6 +49,7 @@ type Dispatcher[K comparable, T any] struct {
 	cond          sync.Cond // idle workers wait here for ready calls
 	lanes         map[K]*lane[K, T]
 	freeLanes     []*lane[K, T] // released lanes for reuse, at most maxFreeLanes
+	laneSlab      []lane[K, T]  // lanes not yet used, from the last slab (newLane)
 	q             queue[K, T]
 	seq           uint64
 	liveTickets   int
@@ -72,6 +73,7 @@ type Dispatcher[K comparable, T any] struct {
 	adaptive   *adaptive // nil: concurrency fixed at Workers
 	lowRunning int       // worker executions below the reservation's priority
 	labelTimes map[string]*labelTimes
+	lastTimes  *labelTimes // the label observeExec saw last
 
 	retryBudget window.Window // Total: first attempts; Marked: retries
 	breaker     *breaker      // nil: no circuit breaker

@@ -1,9 +1,6 @@
 package dispatch
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
 // This file is a call's lifecycle: the per-key lane, the calls in it, their
 // waiters, and every move between states. Everything here runs under the
@@ -61,11 +58,12 @@ const (
 )
 
 // lane is the state of one key. The first call lives inside the lane, so
-// tracking a new key costs at most one allocation (none when a released lane
-// is reused).
+// tracking a new key costs at most an eighth of an allocation (laneSlab),
+// none when a released lane is reused.
 type lane[K comparable, T any] struct {
 	key     K
 	gen     uint64 // newest generation seen for the key
+	tracked bool   // d.lanes maps key to this lane
 	running *call[K, T]
 	pending *call[K, T]
 	first   call[K, T]
@@ -123,7 +121,7 @@ type call[K comparable, T any] struct {
 	attempts   int
 	firstStart int64 // -1 until the first execution
 	runTime    time.Duration
-	cancel     context.CancelCauseFunc
+	ctx        *execCtx // its running attempt's context
 	lastErr    error // set while the call waits to be retried
 }
 
@@ -241,7 +239,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 	case csRunning:
 		if !c.orphan {
 			c.orphan, c.endState = true, st
-			c.cancel(err)
+			c.ctx.cancel(err)
 		}
 		return
 	case csEnded: // its attempt has already left the tenant's counts
@@ -310,28 +308,42 @@ func (d *Dispatcher[K, T]) untrack(c *call[K, T]) {
 // and values (a lane is about 300 bytes, more for a large K or T).
 const maxFreeLanes = 4096
 
-// newLane returns a lane for key, reused from the free list if it can be.
+// newLane returns a lane for key, tracked under it: reused from the free
+// list if it can be, else carved from the current slab.
 func (d *Dispatcher[K, T]) newLane(key K, gen uint64) *lane[K, T] {
-	n := len(d.freeLanes)
-	if n == 0 {
-		return &lane[K, T]{key: key, gen: gen}
+	var l *lane[K, T]
+	if n := len(d.freeLanes); n > 0 {
+		l = d.freeLanes[n-1]
+		d.freeLanes[n-1] = nil
+		d.freeLanes = d.freeLanes[:n-1]
+	} else {
+		if len(d.laneSlab) == 0 {
+			d.laneSlab = make([]lane[K, T], laneSlab)
+		}
+		l = &d.laneSlab[0]
+		d.laneSlab = d.laneSlab[1:]
 	}
-	l := d.freeLanes[n-1]
-	d.freeLanes[n-1] = nil
-	d.freeLanes = d.freeLanes[:n-1]
-	l.key, l.gen = key, gen
+	l.key, l.gen, l.tracked = key, gen, true
+	d.lanes[key] = l
 	return l
 }
+
+// laneSlab is how many lanes one allocation makes when the free list is
+// empty: new keys then cost an eighth of an allocation each. A slab's
+// memory is freed when none of its lanes is in use or on the free list,
+// so a few long-lived keys can hold up to 8× their own lanes' memory.
+const laneSlab = 8
 
 // release forgets l's key if l has no call left, and keeps l for reuse.
 // Nothing refers to a released lane or its calls by then: every waiter has
 // been settled, every index has let go of its calls, and no execution runs
 // one.
 func (d *Dispatcher[K, T]) release(l *lane[K, T]) {
-	if l.running != nil || l.pending != nil || d.lanes[l.key] != l {
+	if l.running != nil || l.pending != nil || !l.tracked {
 		return
 	}
-	delete(d.lanes, l.key)
+	delete(d.lanes, l.key) // the one map operation of a release
+	l.tracked = false
 	if len(d.freeLanes) < maxFreeLanes {
 		*l = lane[K, T]{} // let go of the key, the value and the tenant
 		d.freeLanes = append(d.freeLanes, l)

@@ -21,11 +21,14 @@ func (d *Dispatcher[K, T]) wakeWorker() {
 // lock itself, and holds it except while it tells waiters and while user
 // code (exec, the no-op test, the before-retry hook, the classifier) runs.
 func (d *Dispatcher[K, T]) worker(id uint64) {
-	rn := runner{id: id, onWorker: true}
+	rn := runner{id: id, onWorker: true, spare: new(ctxSpare)}
 	var ob outbox[K, T]
 	d.mu.Lock()
+	// One clock reading serves an iteration: the end of the execution the
+	// worker just ran, or a new one after it waited or told outcomes.
+	// Decisions are then at most the time it took to retake the lock late.
+	now := d.now()
 	for !d.stopped {
-		now := d.now()
 		// Anything past its deadline is expired here too, not only by the
 		// clock, so a worker never starts a call nobody is waiting for.
 		d.expireDue(now, &ob)
@@ -36,14 +39,16 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 				d.mu.Unlock()
 				d.deliver(&ob)
 				d.mu.Lock()
+				now = d.now()
 				continue
 			}
 			d.idleWorkers++
 			d.cond.Wait()
 			d.idleWorkers--
+			now = d.now()
 			continue
 		}
-		d.run(c, now, &ob, rn)
+		now = d.run(c, now, &ob, rn)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
@@ -145,6 +150,7 @@ func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok
 type runner struct {
 	id       uint64
 	onWorker bool
+	spare    *ctxSpare // a worker's reusable execution context; nil inline
 }
 
 // run executes one attempt of c, which the caller has taken from the
@@ -156,7 +162,9 @@ type runner struct {
 // while earlier outcomes are told (ob, before any of c's own user code
 // runs), c goes back to the queue untouched — the hook that exited was not
 // c's; during c's attempt, the attempt ends Failed with a *PanicError.
-func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn runner) {
+//
+// It returns the clock reading its attempt ended at.
+func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn runner) int64 {
 	a := d.begin(c, now, rn)
 	d.mu.Unlock()
 	ended := false
@@ -182,16 +190,17 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 	}
 	d.execute(&a)
 	ended = true
-	d.settleAttempt(c, &a, ob, rn)
+	return d.settleAttempt(c, &a, ob, rn)
 }
 
 // settleAttempt releases the attempt's contexts and records its end. It is
-// called without the lock, and returns with it held.
-func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn runner) {
+// called without the lock, and returns with it held, and the clock reading
+// the attempt ended at.
+func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn runner) int64 {
 	if a.stop != nil {
 		a.stop()
 	}
-	c.cancel(nil)
+	c.ctx.cancel(nil)
 	d.mu.Lock()
 	if rn.onWorker {
 		d.workerRunning--
@@ -202,13 +211,18 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 	} else {
 		d.disown(rn.id)
 	}
-	d.endAttempt(c, a, ob)
+	c.ctx = nil
+	if a.end == 0 {
+		a.end = d.now()
+	}
+	d.endAttempt(c, a, ob, a.end)
+	return a.end
 }
 
 // attempt is what an execution needs outside the lock, and what it brings
 // back.
 type attempt[K comparable, T any] struct {
-	callCtx context.Context // the call's context: waiters, deadline, Close
+	callCtx *execCtx        // the call's context: waiters, deadline, Close
 	ctx     context.Context // this attempt's: callCtx plus AttemptTimeout
 	key     K
 	val     T
@@ -232,12 +246,13 @@ type attempt[K comparable, T any] struct {
 	hookErr   error
 	callDone  bool // the call's own context ended (deadline, cancel, Close)
 	runTime   time.Duration
+	end       int64 // the clock when exec returned; 0 if it did not run
 }
 
-// begin marks c running and derives its execution context: cancelled when
-// c loses its waiters or the dispatcher closes, with the latest deadline of
-// c's live waiters (none if any waiter has none), carrying the idempotency
-// key.
+// begin marks c running and gives it its execution context (execctx.go):
+// cancelled when c loses its waiters (among them, when their deadlines
+// pass) or the dispatcher closes, reporting the latest deadline of c's live
+// waiters (none if any waiter has none), carrying the idempotency key.
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
 	if rn.onWorker {
 		d.workerRunning++
@@ -270,16 +285,17 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	d.running++
 	c.ten.queued--
 	c.ten.inflight++
-	ctx, cancel := context.WithCancelCause(d.base)
-	c.cancel = cancel
-	if dl := c.execDeadline(); dl != 0 {
-		var stop context.CancelFunc
-		ctx, stop = context.WithDeadline(ctx, d.epoch.Add(time.Duration(dl)))
-		c.cancel = func(cause error) { cancel(cause); stop() }
+	var ctx *execCtx
+	if dl := c.execDeadline(); dl == 0 && c.idem == "" {
+		ctx = rn.spare.take()
+	} else {
+		// Never reused: a holder could read what it carries.
+		ctx = &execCtx{idem: c.idem}
+		if dl != 0 {
+			ctx.deadline = d.epoch.Add(time.Duration(dl))
+		}
 	}
-	if c.idem != "" {
-		ctx = context.WithValue(ctx, idemKey{}, c.idem)
-	}
+	c.ctx = ctx
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: l.key, val: c.val, lastErr: c.lastErr, inline: !rn.onWorker}
 	if d.cfg.Observer != nil {
 		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
@@ -356,9 +372,10 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		}
 	}
 	a.site = CallbackExec
-	start := time.Now()
+	start := d.now()
 	err, pe := guard(CallbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
-	a.runTime = time.Since(start)
+	a.end = d.now()
+	a.runTime = time.Duration(a.end - start)
 	a.ran = true
 	a.err = err
 	switch {
@@ -378,13 +395,12 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 	}
 }
 
-// endAttempt records the end of an attempt of c. A call orphaned meanwhile
+// endAttempt records the end, at now, of an attempt of c. A call orphaned meanwhile
 // (cancelled, superseded, expired, closed) finishes Stale if exec ran — the
 // side effect may have happened, but nobody is told it succeeded. A
 // retryable failure sends the call back to the queue (requeue); otherwise
 // its waiters are told and it finishes.
-func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T]) {
-	now := d.now()
+func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], now int64) {
 	d.running--
 	c.ten.inflight--
 	if d.q.nready > 0 {

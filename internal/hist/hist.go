@@ -114,7 +114,11 @@ func (h *Hist) QuantileAtLeast(q float64) time.Duration {
 // that one is from an older round.
 type Recent struct {
 	width int64
-	parts [Parts]struct {
+	// cur is the part that now fell in last, and curStart its start: an
+	// observation in the same part, the usual case, skips the divisions.
+	cur      int
+	curStart int64
+	parts    [Parts]struct {
 		start int64
 		h     Hist
 	}
@@ -130,12 +134,14 @@ func NewRecent(span time.Duration) Recent {
 
 // Observe counts d at time now (ns on any monotonic clock; now ≥ 0).
 func (r *Recent) Observe(now int64, d time.Duration) {
-	start := now - now%r.width
-	p := &r.parts[(now/r.width)%Parts]
-	if p.start != start {
-		p.start, p.h = start, Hist{}
+	if now-r.curStart >= r.width || now < r.curStart || r.curStart == 0 {
+		start := now - now%r.width
+		r.cur, r.curStart = int((now/r.width)%Parts), start
+		if p := &r.parts[r.cur]; p.start != start {
+			p.start, p.h = start, Hist{}
+		}
 	}
-	p.h.Observe(d)
+	r.parts[r.cur].h.Observe(d)
 }
 
 // Sum returns the observations still inside the window at now.

@@ -19,8 +19,12 @@ type Counts struct {
 
 // Window sums Counts over its span.
 type Window struct {
-	width   int64 // ns per bucket
-	buckets [Buckets]bucket
+	width int64 // ns per bucket
+	// cur is the bucket now fell in last, and curStart its start: a count
+	// in the same bucket, the usual case, skips the divisions.
+	cur      int
+	curStart int64
+	buckets  [Buckets]bucket
 }
 
 type bucket struct {
@@ -37,12 +41,14 @@ func New(span time.Duration) Window {
 // cleared first if it is from an older round. now is ns on any monotonic
 // clock, ≥ 0.
 func (w *Window) At(now int64) *Counts {
-	start := now - now%w.width
-	b := &w.buckets[(now/w.width)%Buckets]
-	if b.start != start {
-		*b = bucket{start: start}
+	if now-w.curStart >= w.width || now < w.curStart || w.curStart == 0 {
+		start := now - now%w.width
+		w.cur, w.curStart = int((now/w.width)%Buckets), start
+		if b := &w.buckets[w.cur]; b.start != start {
+			*b = bucket{start: start}
+		}
 	}
-	return &b.Counts
+	return &w.buckets[w.cur].Counts
 }
 
 // Sum totals the buckets still inside the window at now.
