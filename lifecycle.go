@@ -113,16 +113,18 @@ type call[K comparable, T any] struct {
 	seq       uint64 // arrival order: FIFO among equals
 	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
 	ten       *tenant[K, T]
-	label     string   // Config.Label's label, for the observer and Stats.Labels
-	order     orderKey // its place in the ready order (queue.go)
-	notBefore int64    // its place in the delay index
+	label     string         // Config.Label's label, for the observer and Stats.Labels
+	order     orderKey       // its place in the ready order (queue.go)
+	run       *fifoRun[K, T] // the FIFO run holding it, if ready in one (ready.go)
+	runPos    int            // its position in that run
+	notBefore int64          // its place in the delay index
 	tickets   *waiter[K, T]
 
 	attempts   int
 	firstStart int64 // -1 until the first execution
 	runTime    time.Duration
 	ctx        *execCtx // its running attempt's context
-	lastErr    error // set while the call waits to be retried
+	lastErr    error    // set while the call waits to be retried
 }
 
 func (c *call[K, T]) live() int { return c.nTickets + c.nPosts }

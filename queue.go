@@ -10,9 +10,9 @@ import (
 // scheduling order across tenants. It is a plain data structure: the
 // Dispatcher's lock guards it, and it never calls user code.
 //
-//   - ready: calls that may run now, one B-tree per tenant (tenant.ready),
-//     each in ready order: effective priority with aging, then arrival. A
-//     worker takes the best of the tenants' best (pick).
+//   - ready: calls that may run now, one index per tenant (tenant.ready,
+//     ready.go), each in ready order: effective priority with aging, then
+//     arrival. A worker takes the best of the tenants' best (pick).
 //   - delayed: calls that may not run before a time (retry backoff), by that
 //     time. The clock moves them to ready when it comes.
 //   - deadlines: waiters with a deadline, by deadline. The clock expires them.
@@ -157,7 +157,7 @@ func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unshed(c)
 	c.order = q.orderOf(c.prio, c.enq)
 	t := c.ten
-	t.ready.ReplaceOrInsert(c.entry())
+	t.ready.insert(c)
 	q.nready++
 	if t.active < 0 {
 		q.activate(t)
@@ -181,7 +181,7 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {
 	case csReady:
 		t := c.ten
-		t.ready.Delete(c.entry())
+		t.ready.delete(c)
 		q.nready--
 		if t.ready.Len() == 0 {
 			q.deactivate(t)
@@ -249,9 +249,9 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	inShed := c.inShed
 	q.unshed(c)
 	if c.state == csReady {
-		c.ten.ready.Delete(c.entry())
+		c.ten.ready.delete(c)
 		c.order = order
-		c.ten.ready.ReplaceOrInsert(c.entry())
+		c.ten.ready.insert(c)
 	} else {
 		c.order = order
 	}
@@ -347,8 +347,7 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 		if t.capped() {
 			continue
 		}
-		h, _ := t.ready.Min()
-		lvl := q.level(h.c, now)
+		lvl := q.level(t.ready.min().c, now)
 		if best == nil || bestLvl.less(lvl) || (lvl == bestLvl && t.pass < best.pass) {
 			best, bestLvl = t, lvl
 		}
@@ -359,8 +358,7 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 // popFrom removes and returns t's best ready call, charging t one stride.
 // The caller starts it (begin).
 func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
-	e, _ := t.ready.DeleteMin()
-	c := e.c
+	c := t.ready.popMin()
 	q.nready--
 	if t.ready.Len() == 0 {
 		q.deactivate(t)

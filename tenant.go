@@ -21,14 +21,14 @@ type TenantStats struct {
 const strideBase = 1 << 32
 
 // tenant is one tenant's share of the queue, guarded by the Dispatcher's
-// lock. Each tenant keeps its ready calls in its own B-tree in ready order;
+// lock. Each tenant keeps its ready calls in its own index in ready order;
 // the queue picks among the tenants' best calls (queue.pick).
 type tenant[K comparable, T any] struct {
 	name       string
 	cfg        TenantConfig
 	configured bool // named in Config.Tenants (or the tenant of no name): kept while idle
 	stride     uint64
-	ready      *btree.BTreeG[entry[K, T]]
+	ready      readyIndex[K, T]
 	shed       *btree.BTreeG[entry[K, T]] // own evictable calls, if MaxQueued > 0
 	queued     int
 	inflight   int
@@ -43,7 +43,7 @@ func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T]
 		name:   name,
 		cfg:    cfg,
 		stride: strideBase / uint64(w),
-		ready:  btree.NewG(btreeDegree, readyLess[K, T]),
+		ready:  newReadyIndex[K, T](),
 		active: -1,
 	}
 	if cfg.MaxQueued > 0 {

@@ -73,8 +73,7 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 		if ten == nil {
 			return nil // every tenant with ready calls is at its in-flight cap
 		}
-		e, _ := ten.ready.Min()
-		c := e.c
+		c := ten.ready.min().c
 		if d.unfinishable(c, now) {
 			d.q.popFrom(ten)
 			d.expireUnfinishable(c, now, ob)
