@@ -7,20 +7,21 @@ import "fmt"
 // dispatcher as it was: every refusal and every victim is decided before
 // anything changes.
 
-// admit places a submission, or returns why it cannot. t is nil for a
+// admit places a submission, or returns why it cannot. h is key's hash
+// (laneTable.hash, taken before the lock). t is nil for a
 // fire-and-forget submission. now is the clock reading, or 0 to have admit
 // read it only if it needs it. coalesced reports that the submission joined
 // (or was skipped by) an existing pending call.
-func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) (coalesced bool, err error) {
+func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) (coalesced bool, err error) {
 	if d.closing {
 		return false, ErrClosed
 	}
-	l := d.lanes[key]
+	l := d.lanes.get(key, h)
 	if now == 0 {
 		now = d.admitTime(l, t, o, deadline)
 	}
 	if l == nil {
-		return false, d.admitNewKey(key, val, o, now, deadline, t, ten, label, ob)
+		return false, d.admitNewKey(key, h, val, o, now, deadline, t, ten, label, ob)
 	}
 	if o.Generation < l.gen {
 		return false, errRejectStale // before any bound: it would never be accepted
@@ -48,7 +49,7 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 		d.endLane(l, Stale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
-			l = d.newLane(key, o.Generation)
+			l = d.newLane(key, h, o.Generation)
 		}
 	}
 	if c := l.pending; c != nil {
@@ -91,13 +92,13 @@ func (d *Dispatcher[K, T]) admit(key K, val T, o *SubmitOptions, now, deadline i
 	if l.running == nil {
 		// A newer generation just removed the key's only call.
 		d.q.push(c)
-		d.wakeWorkerAsync()
+		d.wakeWorkerAsync(ob)
 	}
 	return false, nil
 }
 
 // admitNewKey places a submission for a key without a lane.
-func (d *Dispatcher[K, T]) admitNewKey(key K, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) error {
+func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) error {
 	if t != nil && d.liveTickets >= d.cfg.MaxWaiters {
 		return d.refuse(BoundWaiters)
 	}
@@ -109,7 +110,7 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, val T, o *SubmitOptions, now, dead
 		}
 	}
 	// A quota victim is alone in its lane, so evicting it frees a key.
-	if quotaVictim == nil && len(d.lanes) >= d.cfg.Capacity {
+	if quotaVictim == nil && d.lanes.Len() >= d.cfg.Capacity {
 		if capVictim = worst(d.q.shed, order, d.seq+1, nil); capVictim == nil {
 			return d.refuse(BoundCapacity)
 		}
@@ -129,19 +130,21 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, val T, o *SubmitOptions, now, dead
 	if !d.started {
 		d.start()
 	}
-	l := d.newLane(key, o.Generation)
+	l := d.newLane(key, h, o.Generation)
 	c := d.newCall(l, val, o, ten, label)
 	d.join(c, t, o.Priority, now, deadline)
 	d.q.push(c)
-	d.wakeWorkerAsync()
+	d.wakeWorkerAsync(ob)
 	return nil
 }
 
-// wakeWorkerAsync wakes a worker for a call that just became ready, unless
-// inline (Sync mode) callers run calls now.
-func (d *Dispatcher[K, T]) wakeWorkerAsync() {
-	if d.mode == Async {
-		d.wakeWorker()
+// wakeWorkerAsync has deliver wake an idle worker for a call that just
+// became ready, unless inline (Sync mode) callers run calls now. The wake
+// comes after the lock is released, so that the worker it wakes does not
+// find the lock still held by the submitter.
+func (d *Dispatcher[K, T]) wakeWorkerAsync(ob *outbox[K, T]) {
+	if d.mode == Async && d.idleWorkers > 0 {
+		ob.wake = true
 	}
 }
 
@@ -164,7 +167,7 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 // refuse counts and returns a backpressure refusal.
 func (d *Dispatcher[K, T]) refuse(b Bound) error {
 	d.totals.refused[b.index()]++
-	return &BackpressureError{Bound: b, Depth: len(d.lanes)}
+	return &BackpressureError{Bound: b, Depth: d.lanes.Len()}
 }
 
 // newCall makes the pending call of l.

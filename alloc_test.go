@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -72,5 +73,62 @@ func TestHotPathAllocs(t *testing.T) {
 	assert.Equal(t, 1.0, sub, "Submit of a new key: its Ticket only")
 
 	close(release)
+	closeD(t, d)
+}
+
+// TestWorkerPathAllocs pins what a call costs end to end, the worker's side
+// included: with released lanes to reuse, Post of a new key and its
+// execution allocate nothing — the worker reuses its execution context —
+// and Submit allocates its Ticket only. An exec that watches its context
+// gets a fresh one, and its Done channel.
+func TestWorkerPathAllocs(t *testing.T) {
+	ran := make(chan struct{}, 1)
+	watch := false
+	exec := func(ctx context.Context, _ int, _ int) error {
+		if watch {
+			select {
+			case <-ctx.Done():
+			default:
+			}
+		}
+		ran <- struct{}{}
+		return nil
+	}
+	const runs = 1000
+	d := newD(t, exec, Config[int, int]{Workers: 1, Capacity: 10 * runs})
+	k := 0
+	settle := func() {
+		// Warm up: lanes released to the free list, the worker's context.
+		for range 2 * runs {
+			require.NoError(t, d.Post(k, 0, SubmitOptions{}))
+			k++
+			<-ran
+		}
+		require.Eventually(t, func() bool { return d.Stats().Keys == 0 }, 5*time.Second, time.Millisecond)
+	}
+	settle()
+	post := testing.AllocsPerRun(runs, func() {
+		_ = d.Post(k, 0, SubmitOptions{Priority: 3})
+		k++
+		<-ran
+	})
+	assert.Zero(t, post, "Post of a new key, and its execution")
+
+	settle()
+	sub := testing.AllocsPerRun(runs, func() {
+		_, _ = d.Submit(bg, k, 0, SubmitOptions{Priority: 3})
+		k++
+		<-ran
+	})
+	assert.Equal(t, 1.0, sub, "Submit of a new key, and its execution: its Ticket only")
+
+	settle()
+	watch = true
+	watched := testing.AllocsPerRun(runs, func() {
+		_ = d.Post(k, 0, SubmitOptions{Priority: 3})
+		k++
+		<-ran
+	})
+	assert.Equal(t, 2.0, watched, "an exec that watches ctx.Done(): its context and channel")
 	closeD(t, d)
 }

@@ -229,7 +229,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 // rewritten: it may be taking effect already.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
 	d.mu.Lock()
-	l := d.lanes[key]
+	l := d.lanes.lookup(key)
 	if l == nil || l.pending == nil {
 		d.mu.Unlock()
 		return false, nil
@@ -257,7 +257,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if l := d.lanes[key]; l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
+	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
 		c := l.pending
 		now := d.now()
 		d.settleAll(c, Skipped, nil, now, onTime, &ob)

@@ -26,6 +26,7 @@ type outbox[K comparable, T any] struct {
 	hooks   []Result[K, T]
 	notes   notes
 	nh, nn  int
+	wake    bool // an idle worker is to be woken (wakeWorkerAsync)
 }
 
 // notes are observer events to run once the lock is released.
@@ -36,11 +37,16 @@ func (ob *outbox[K, T]) empty() bool {
 	return len(ob.tickets) == 0 && len(ob.hooks) == 0 && len(ob.notes) == 0
 }
 
-// deliver tells everything in ob, in order: tickets (which runs no user
-// code), then hooks, then observer events; a panic in a hook or an observer
+// deliver wakes a worker if ob says so, and tells everything in ob, in
+// order: tickets (which runs no user code), then hooks, then observer
+// events; a panic in a hook or an observer
 // method is contained and counted. It must be called without the lock, and
 // leaves ob empty for reuse.
 func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
+	if ob.wake {
+		ob.wake = false
+		d.cond.Signal()
+	}
 	for i, t := range ob.tickets {
 		if t.stop != nil {
 			t.stop()

@@ -47,7 +47,7 @@ type Dispatcher[K comparable, T any] struct {
 
 	mu            sync.Mutex
 	cond          sync.Cond // idle workers wait here for ready calls
-	lanes         map[K]*lane[K, T]
+	lanes         laneTable[K, T]
 	freeLanes     []*lane[K, T] // released lanes for reuse, at most maxFreeLanes
 	laneSlab      []lane[K, T]  // lanes not yet used, from the last slab (newLane)
 	q             queue[K, T]
@@ -115,7 +115,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		epoch:       time.Now().Add(-epochOffset),
 		drained:     make(chan struct{}),
 		stopCh:      make(chan struct{}),
-		lanes:       make(map[K]*lane[K, T]),
+		lanes:       newLaneTable[K, T](),
 		q:           newQueue[K, T](set.aging),
 		timerAt:     maxTime,
 		retryBudget: window.New(set.Retry.BudgetWindow),
@@ -206,6 +206,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		// context package, and the callback takes this waiter out.
 		t.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
 	}
+	h := d.lanes.hash(key) // outside the lock
 	var ob outbox[K, T]
 	d.mu.Lock()
 	now := d.now()
@@ -220,7 +221,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	case d.mode == Sync && d.runsHere(key):
 		err = ErrReentrant
 	default:
-		coalesced, err = d.admit(key, call, &o, now, deadline, t, ten, label, &ob)
+		coalesced, err = d.admit(key, h, call, &o, now, deadline, t, ten, label, &ob)
 	}
 	d.count(ten, err)
 	if err != nil {
@@ -259,7 +260,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 // circuit breaker's half-open probe, which holds every other execution
 // back until it ends.
 func (d *Dispatcher[K, T]) runsHere(key K) bool {
-	l := d.lanes[key]
+	l := d.lanes.lookup(key)
 	keyRuns := l != nil && l.running != nil && l.running.state == csRunning
 	if !keyRuns && !d.breaker.probeRunning() {
 		return false // the usual case, without reading the goroutine id
@@ -282,6 +283,7 @@ func (d *Dispatcher[K, T]) runsHere(key K) bool {
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.at(o.Deadline)
 	label := d.labelOf(key, call)
+	h := d.lanes.hash(key) // outside the lock
 	var ob outbox[K, T]
 	d.mu.Lock()
 	if d.mode == Sync {
@@ -298,7 +300,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		}
 	}
 	if err == nil {
-		coalesced, err = d.admit(key, call, &o, now, deadline, nil, ten, label, &ob)
+		coalesced, err = d.admit(key, h, call, &o, now, deadline, nil, ten, label, &ob)
 	}
 	d.count(ten, err)
 	d.mu.Unlock()
@@ -318,7 +320,7 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 	var ob outbox[K, T]
 	d.mu.Lock()
 	found := false
-	if l := d.lanes[key]; l != nil {
+	if l := d.lanes.lookup(key); l != nil {
 		found = d.endLane(l, Canceled, err, d.now(), withRunning, &ob)
 	}
 	d.mu.Unlock()
@@ -333,7 +335,7 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 // prerequisite) checks this.
 func (d *Dispatcher[K, T]) Pending(key K) bool {
 	d.mu.Lock()
-	_, ok := d.lanes[key]
+	ok := d.lanes.lookup(key) != nil
 	d.mu.Unlock()
 	return ok
 }

@@ -736,7 +736,7 @@ func TestLaneReuse(t *testing.T) {
 		v := 42
 		tk := submit(t, d, "new", &v, SubmitOptions{Generation: 1})
 		d.mu.Lock()
-		assert.Same(t, reused, d.lanes["new"])
+		assert.Same(t, reused, d.lanes.lookup("new"))
 		assert.Len(t, d.freeLanes, maxFreeLanes-1)
 		d.mu.Unlock()
 		release()

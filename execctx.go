@@ -24,7 +24,7 @@ import (
 // done's fast path and seen, which are atomic.
 type execCtx struct {
 	mu   sync.Mutex
-	done atomic.Pointer[chan struct{}] // made by the first Done; closedCh if cancelled first
+	done atomic.Value // chan struct{}: made by the first Done; closedCh if cancelled first
 	// seen is set by any method: someone holds the context, so it is never
 	// reused for another execution.
 	seen     atomic.Bool
@@ -50,6 +50,10 @@ var closedCh = func() chan struct{} {
 	return ch
 }()
 
+// noCh is what a reused context's done holds until a Done call makes its
+// channel (an atomic.Value cannot go back to holding nothing).
+var noCh chan struct{}
+
 var _ context.Context = (*execCtx)(nil)
 
 // reusable reports whether ctx may serve another execution: nobody ever
@@ -63,7 +67,7 @@ func (ctx *execCtx) reusable() bool {
 func (ctx *execCtx) reset() {
 	ctx.mu.Lock()
 	ctx.err, ctx.cause, ctx.causeCtx = nil, nil, nil
-	ctx.done.Store(nil)
+	ctx.done.Store(noCh)
 	ctx.mu.Unlock()
 }
 
@@ -83,16 +87,16 @@ func (ctx *execCtx) Deadline() (time.Time, bool) {
 // Done returns a channel closed when the execution is cancelled.
 func (ctx *execCtx) Done() <-chan struct{} {
 	ctx.look()
-	if ch := ctx.done.Load(); ch != nil {
-		return *ch
+	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
+		return ch
 	}
 	ctx.mu.Lock()
 	defer ctx.mu.Unlock()
-	if ch := ctx.done.Load(); ch != nil {
-		return *ch
+	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
+		return ch
 	}
 	ch := make(chan struct{})
-	ctx.done.Store(&ch)
+	ctx.done.Store(ch)
 	return ch
 }
 
@@ -169,10 +173,10 @@ func (ctx *execCtx) cancel(cause error) {
 		cancel(cause)
 		ctx.cause, ctx.causeCtx = cause, cc
 	}
-	if ch := ctx.done.Load(); ch != nil {
-		close(*ch)
+	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
+		close(ch)
 	} else {
-		ctx.done.Store(&closedCh)
+		ctx.done.Store(closedCh)
 	}
 	afters := ctx.afters
 	ctx.afters = nil

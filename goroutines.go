@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/goid"
@@ -182,7 +183,7 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 func (d *Dispatcher[K, T]) beginClosing() {
 	if !d.closing {
 		d.closing = true
-		if len(d.lanes) == 0 && !d.drainedClosed {
+		if d.lanes.Len() == 0 && !d.drainedClosed {
 			d.drainedClosed = true
 			close(d.drained)
 		}
@@ -198,7 +199,7 @@ func (d *Dispatcher[K, T]) stop() {
 	if !d.stopped {
 		d.stopped = true
 		now := d.now()
-		for _, l := range d.lanes {
+		for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
 			d.endLane(l, Closed, ErrClosed, now, withRunning, &ob)
 		}
 		d.baseCancel(ErrClosed)

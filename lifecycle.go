@@ -63,6 +63,7 @@ const (
 type lane[K comparable, T any] struct {
 	key     K
 	gen     uint64 // newest generation seen for the key
+	hash    uint64 // key's hash, for d.lanes
 	tracked bool   // d.lanes maps key to this lane
 	running *call[K, T]
 	pending *call[K, T]
@@ -312,7 +313,7 @@ const maxFreeLanes = 4096
 
 // newLane returns a lane for key, tracked under it: reused from the free
 // list if it can be, else carved from the current slab.
-func (d *Dispatcher[K, T]) newLane(key K, gen uint64) *lane[K, T] {
+func (d *Dispatcher[K, T]) newLane(key K, h uint64, gen uint64) *lane[K, T] {
 	var l *lane[K, T]
 	if n := len(d.freeLanes); n > 0 {
 		l = d.freeLanes[n-1]
@@ -325,8 +326,8 @@ func (d *Dispatcher[K, T]) newLane(key K, gen uint64) *lane[K, T] {
 		l = &d.laneSlab[0]
 		d.laneSlab = d.laneSlab[1:]
 	}
-	l.key, l.gen, l.tracked = key, gen, true
-	d.lanes[key] = l
+	l.key, l.hash, l.gen, l.tracked = key, h, gen, true
+	d.lanes.put(l)
 	return l
 }
 
@@ -344,13 +345,13 @@ func (d *Dispatcher[K, T]) release(l *lane[K, T]) {
 	if l.running != nil || l.pending != nil || !l.tracked {
 		return
 	}
-	delete(d.lanes, l.key) // the one map operation of a release
+	d.lanes.del(l) // no hashing: the lane keeps its key's hash
 	l.tracked = false
 	if len(d.freeLanes) < maxFreeLanes {
 		*l = lane[K, T]{} // let go of the key, the value and the tenant
 		d.freeLanes = append(d.freeLanes, l)
 	}
-	if d.closing && len(d.lanes) == 0 && !d.drainedClosed {
+	if d.closing && d.lanes.Len() == 0 && !d.drainedClosed {
 		d.drainedClosed = true
 		close(d.drained)
 	}

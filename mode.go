@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/goid"
@@ -178,7 +179,7 @@ func (d *Dispatcher[K, T]) asyncBacklog() int {
 // its key's in-flight call) with Canceled and ErrFallback. Calls in flight
 // are left to finish.
 func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
-	for _, l := range d.lanes {
+	for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
 		d.endLane(l, Canceled, errFallbackCanceled, now, queuedOnly, ob)
 	}
 }

@@ -157,7 +157,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	defer d.mu.Unlock()
 	now := d.now()
 	s := Stats{
-		Keys:            len(d.lanes),
+		Keys:            d.lanes.Len(),
 		Ready:           d.q.nready,
 		QueueWait:       quantiles(d.queueWait.Sum(now)),
 		ExecTime:        quantiles(d.execTime.Sum(now)),

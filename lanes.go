@@ -1,0 +1,111 @@
+package dispatch
+
+import (
+	"hash/maphash"
+	"iter"
+)
+
+// laneTable maps keys to their lanes. It is a hash table of its own, not a
+// Go map, for one reason: the key's hash is computed by the submitter
+// before it takes the lock (hash), and kept in the lane, so that neither
+// the lookup and insertion of a submission nor the deletion of a release
+// hashes a key under the dispatcher's lock. It uses linear probing with
+// backward-shift deletion (no tombstones), at most 3/4 full. Guarded by the
+// dispatcher's lock, except hash, which needs none.
+type laneTable[K comparable, T any] struct {
+	seed  maphash.Seed
+	slots []*lane[K, T] // a power of two of them; nil: empty
+	n     int
+}
+
+const minLaneSlots = 16
+
+func newLaneTable[K comparable, T any]() laneTable[K, T] {
+	return laneTable[K, T]{seed: maphash.MakeSeed(), slots: make([]*lane[K, T], minLaneSlots)}
+}
+
+// hash returns key's hash. It needs no lock.
+func (t *laneTable[K, T]) hash(key K) uint64 { return maphash.Comparable(t.seed, key) }
+
+// Len returns the number of keys.
+func (t *laneTable[K, T]) Len() int { return t.n }
+
+// get returns key's lane, or nil; h is hash(key).
+func (t *laneTable[K, T]) get(key K, h uint64) *lane[K, T] {
+	mask := uint64(len(t.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		l := t.slots[i]
+		if l == nil {
+			return nil
+		}
+		if l.hash == h && l.key == key {
+			return l
+		}
+	}
+}
+
+// lookup is get for a caller that has not hashed the key.
+func (t *laneTable[K, T]) lookup(key K) *lane[K, T] { return t.get(key, t.hash(key)) }
+
+// put adds l, whose key is not in the table, under l.hash.
+func (t *laneTable[K, T]) put(l *lane[K, T]) {
+	if (t.n+1)*4 > len(t.slots)*3 {
+		t.grow()
+	}
+	t.place(l)
+	t.n++
+}
+
+func (t *laneTable[K, T]) place(l *lane[K, T]) {
+	mask := uint64(len(t.slots) - 1)
+	i := l.hash & mask
+	for t.slots[i] != nil {
+		i = (i + 1) & mask
+	}
+	t.slots[i] = l
+}
+
+func (t *laneTable[K, T]) grow() {
+	old := t.slots
+	t.slots = make([]*lane[K, T], 2*len(old))
+	for _, l := range old {
+		if l != nil {
+			t.place(l)
+		}
+	}
+}
+
+// del removes l, which is in the table. The entries after it in its probe
+// sequence move back, so that every entry stays reachable from its home
+// slot without passing an empty one.
+func (t *laneTable[K, T]) del(l *lane[K, T]) {
+	mask := uint64(len(t.slots) - 1)
+	i := l.hash & mask
+	for t.slots[i] != l {
+		i = (i + 1) & mask
+	}
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		m := t.slots[j]
+		if m == nil {
+			break
+		}
+		// m may fill the hole at i if its home slot is not in (i, j].
+		if home := m.hash & mask; (j-home)&mask >= (j-i)&mask {
+			t.slots[i] = m
+			i = j
+		}
+	}
+	t.slots[i] = nil
+	t.n--
+}
+
+// all yields every lane. The table must not change during the iteration.
+func (t *laneTable[K, T]) all() iter.Seq[*lane[K, T]] {
+	return func(yield func(*lane[K, T]) bool) {
+		for _, l := range t.slots {
+			if l != nil && !yield(l) {
+				return
+			}
+		}
+	}
+}

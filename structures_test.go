@@ -1,0 +1,101 @@
+package dispatch
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestLaneTable checks the lane table against a Go map under random
+// insertions and deletions, through growth and backward-shift deletion,
+// with a deliberately poor hash so that probe sequences collide.
+func TestLaneTable(t *testing.T) {
+	for _, badHash := range []bool{false, true} {
+		r := rand.New(rand.NewPCG(7, uint64(len(t.Name()))))
+		tab := newLaneTable[int, int]()
+		hash := func(k int) uint64 {
+			if badHash {
+				return uint64(k % 7) // long clusters
+			}
+			return tab.hash(k)
+		}
+		ref := map[int]*lane[int, int]{}
+		for range 20_000 {
+			k := r.IntN(600)
+			h := hash(k)
+			if l := ref[k]; l != nil {
+				require.Same(t, l, tab.get(k, h))
+				tab.del(l)
+				delete(ref, k)
+			} else {
+				require.Nil(t, tab.get(k, h))
+				l := &lane[int, int]{key: k, hash: h}
+				tab.put(l)
+				ref[k] = l
+			}
+			require.Equal(t, len(ref), tab.Len())
+		}
+		for k, l := range ref {
+			require.Same(t, l, tab.get(k, hash(k)))
+		}
+		n := 0
+		for range tab.all() {
+			n++
+		}
+		require.Equal(t, len(ref), n)
+	}
+}
+
+// TestReadyIndex checks the ready index — FIFO runs and the B-tree behind
+// them — against a sorted slice: calls inserted in and out of order, more
+// priorities than it has runs, removed from the middle and from the front.
+func TestReadyIndex(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	ri := newReadyIndex[int, int]()
+	var ref []*call[int, int]
+	var seq uint64
+	now := int64(0)
+	sorted := func() {
+		slices.SortFunc(ref, func(a, b *call[int, int]) int {
+			switch {
+			case readyLess(a.entry(), b.entry()):
+				return -1
+			case readyLess(b.entry(), a.entry()):
+				return 1
+			}
+			return 0
+		})
+	}
+	for i := range 50_000 {
+		switch op := r.IntN(10); {
+		case op < 5 || len(ref) == 0: // insert
+			now += int64(r.IntN(3))
+			prio := r.IntN(3 * maxRuns)
+			enq := now
+			if r.IntN(5) == 0 {
+				enq -= int64(r.IntN(1000)) // a retry or a successor: out of order
+			}
+			seq++
+			c := &call[int, int]{prio: prio, enq: enq, seq: seq, order: virtualTime(enq, int64(prio), 10)}
+			ri.insert(c)
+			ref = append(ref, c)
+		case op < 8: // pop the best
+			sorted()
+			require.Same(t, ref[0], ri.min().c, "op %d", i)
+			require.Same(t, ref[0], ri.popMin(), "op %d", i)
+			ref = ref[1:]
+		default: // remove one anywhere
+			j := r.IntN(len(ref))
+			ri.delete(ref[j])
+			ref = slices.Delete(ref, j, j+1)
+		}
+		require.Equal(t, len(ref), ri.Len())
+	}
+	sorted()
+	for _, c := range ref {
+		require.Same(t, c, ri.popMin())
+	}
+	require.Zero(t, ri.Len())
+}
