@@ -20,7 +20,7 @@ func TestExecContextCancelCause(t *testing.T) {
 		cause := errors.New("node deleted")
 		type seen struct {
 			err, cause, childCause error
-			afterRan, stopped       bool
+			afterRan, stopped      bool
 		}
 		got := make(chan seen, 1)
 		exec := func(ctx context.Context, _ string, _ int) error {
