@@ -23,6 +23,9 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 		}
 		c.tickets = w
 		c.nTickets++
+		if deadline == 0 {
+			c.nForever++
+		}
 		d.liveTickets++
 		t.state = tsLive
 		if deadline != 0 {
@@ -78,6 +81,9 @@ func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 	}
 	w.prev, w.next, w.c = nil, nil, nil
 	c.nTickets--
+	if w.deadline == 0 {
+		c.nForever--
+	}
 	d.liveTickets--
 	d.q.removeDeadline(w)
 }
@@ -195,6 +201,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 		w = next
 	}
 	c.nTickets += n.nTickets
+	c.nForever += n.nForever
 	if n.nPosts > 0 {
 		d.q.removeDeadline(&n.posts)
 		d.addPosts(c, n.nPosts, n.posts.prio, n.posts.enq, n.posts.deadline, n.postsForever)
@@ -202,7 +209,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	c.joined += n.joined
 	c.droppable = c.droppable && n.droppable
 	d.totals.coalesced += uint64(n.joined)
-	n.tickets, n.nTickets, n.nPosts = nil, 0, 0
+	n.tickets, n.nTickets, n.nForever, n.nPosts = nil, 0, 0, 0
 	n.ten.queued--
 	d.forgetIdle(n.ten)
 	d.untrack(n)

@@ -14,14 +14,21 @@ import (
 // dispatcher's lock, except hash, which needs none.
 type laneTable[K comparable, T any] struct {
 	seed  maphash.Seed
-	slots []*lane[K, T] // a power of two of them; nil: empty
+	slots []laneSlot[K, T] // a power of two of them
 	n     int
+}
+
+// laneSlot is one slot: a lane and its key's hash, kept here too so that a
+// probe compares hashes without reading the lanes it passes.
+type laneSlot[K comparable, T any] struct {
+	h uint64
+	l *lane[K, T] // nil: empty
 }
 
 const minLaneSlots = 16
 
 func newLaneTable[K comparable, T any]() laneTable[K, T] {
-	return laneTable[K, T]{seed: maphash.MakeSeed(), slots: make([]*lane[K, T], minLaneSlots)}
+	return laneTable[K, T]{seed: maphash.MakeSeed(), slots: make([]laneSlot[K, T], minLaneSlots)}
 }
 
 // hash returns key's hash. It needs no lock.
@@ -34,12 +41,12 @@ func (t *laneTable[K, T]) Len() int { return t.n }
 func (t *laneTable[K, T]) get(key K, h uint64) *lane[K, T] {
 	mask := uint64(len(t.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
-		l := t.slots[i]
-		if l == nil {
+		s := &t.slots[i]
+		if s.l == nil {
 			return nil
 		}
-		if l.hash == h && l.key == key {
-			return l
+		if s.h == h && s.l.key == key {
+			return s.l
 		}
 	}
 }
@@ -59,18 +66,18 @@ func (t *laneTable[K, T]) put(l *lane[K, T]) {
 func (t *laneTable[K, T]) place(l *lane[K, T]) {
 	mask := uint64(len(t.slots) - 1)
 	i := l.hash & mask
-	for t.slots[i] != nil {
+	for t.slots[i].l != nil {
 		i = (i + 1) & mask
 	}
-	t.slots[i] = l
+	t.slots[i] = laneSlot[K, T]{l.hash, l}
 }
 
 func (t *laneTable[K, T]) grow() {
 	old := t.slots
-	t.slots = make([]*lane[K, T], 2*len(old))
-	for _, l := range old {
-		if l != nil {
-			t.place(l)
+	t.slots = make([]laneSlot[K, T], 2*len(old))
+	for _, s := range old {
+		if s.l != nil {
+			t.place(s.l)
 		}
 	}
 }
@@ -81,29 +88,29 @@ func (t *laneTable[K, T]) grow() {
 func (t *laneTable[K, T]) del(l *lane[K, T]) {
 	mask := uint64(len(t.slots) - 1)
 	i := l.hash & mask
-	for t.slots[i] != l {
+	for t.slots[i].l != l {
 		i = (i + 1) & mask
 	}
 	for j := (i + 1) & mask; ; j = (j + 1) & mask {
 		m := t.slots[j]
-		if m == nil {
+		if m.l == nil {
 			break
 		}
 		// m may fill the hole at i if its home slot is not in (i, j].
-		if home := m.hash & mask; (j-home)&mask >= (j-i)&mask {
+		if home := m.h & mask; (j-home)&mask >= (j-i)&mask {
 			t.slots[i] = m
 			i = j
 		}
 	}
-	t.slots[i] = nil
+	t.slots[i] = laneSlot[K, T]{}
 	t.n--
 }
 
 // all yields every lane. The table must not change during the iteration.
 func (t *laneTable[K, T]) all() iter.Seq[*lane[K, T]] {
 	return func(yield func(*lane[K, T]) bool) {
-		for _, l := range t.slots {
-			if l != nil && !yield(l) {
+		for _, s := range t.slots {
+			if s.l != nil && !yield(s.l) {
 				return
 			}
 		}

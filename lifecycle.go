@@ -104,6 +104,7 @@ type call[K comparable, T any] struct {
 	prio     int          // effective priority: max over live waiters
 	enq      int64        // effective enqueue time: min over live waiters
 	nTickets int          // tickets in the list
+	nForever int          // tickets in the list without a deadline
 	nPosts   int          // fire-and-forget submissions
 	joined   int          // submissions served, for Result.Waiters
 	posts    waiter[K, T] // every fire-and-forget submission, as one waiter

@@ -308,6 +308,9 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 // execDeadline is the latest deadline among c's live waiters, or 0 if any
 // of them has none.
 func (c *call[K, T]) execDeadline() int64 {
+	if c.nForever > 0 {
+		return 0 // without walking the tickets, whose memory is cold
+	}
 	var dl int64
 	if c.nPosts > 0 {
 		if c.postsForever {
