@@ -206,10 +206,10 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		// context package, and the callback takes this waiter out.
 		t.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
 	}
-	h := d.lanes.hash(key) // outside the lock
+	h := d.lanes.hash(key) // outside the lock, as is the clock
+	now := d.now()
 	var ob outbox[K, T]
 	d.mu.Lock()
-	now := d.now()
 	ten := d.tenantFor(o.Tenant)
 	var err error
 	coalesced := false

@@ -172,18 +172,34 @@ func (d *Dispatcher[K, T]) settle(t *Ticket[K, T], c *call[K, T], st State, err 
 }
 
 // settleAll settles every waiter of c with st (see lateness). It reports
-// whether any waiter got st.
+// whether any waiter got st. The tickets leave c together: the result is
+// built once, and the list is dropped rather than unlinked ticket by
+// ticket, since coalesced calls may hold many.
 func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int64, late lateness, ob *outbox[K, T]) bool {
 	served := false
-	for c.tickets != nil {
-		w := c.tickets
-		if late == expireLate && w.deadline != 0 && w.deadline <= now {
-			d.settle(w.t, c, Expired, ErrExpired, now, ob)
-			continue
-		}
-		served = true
-		d.settle(w.t, c, st, err, now, ob)
+	var res Result[K, T]
+	if c.tickets != nil {
+		res = d.result(c, st, err, now)
 	}
+	for w := c.tickets; w != nil; {
+		next := w.next
+		t := w.t
+		w.prev, w.next, w.c = nil, nil, nil
+		d.q.removeDeadline(w)
+		if late == expireLate && w.deadline != 0 && w.deadline <= now {
+			t.res = d.result(c, Expired, ErrExpired, now)
+			d.totals.outcomes[Expired]++
+		} else {
+			served = true
+			t.res = res
+			d.totals.outcomes[st]++
+		}
+		t.state = tsDone
+		ob.tickets = append(ob.tickets, t)
+		w = next
+	}
+	d.liveTickets -= c.nTickets
+	c.tickets, c.nTickets, c.nForever = nil, 0, 0
 	if c.nPosts > 0 {
 		pst := st
 		if late == expireLate && !c.postsForever && c.posts.deadline <= now {
