@@ -20,6 +20,19 @@ import (
 // submission that coalesced into it. exec may call the Dispatcher; a panic,
 // or runtime.Goexit, ends the call Failed with a *PanicError, never retried
 // (package documentation, "Callbacks").
+//
+// ctx is the dispatcher's own context type, cancelled by the dispatcher
+// itself: context.Cause reports why (ErrCanceled with Cancel's cause,
+// ErrStale, ErrClosed...), Err is context.DeadlineExceeded once the
+// waiters' deadline has passed, and contexts derived from it need no
+// goroutine. It ends when exec returns. So that an execution costs no
+// allocation, a worker reuses the context of its previous execution if
+// nobody looked at it (called none of its methods) and it carried no
+// deadline or idempotency key. Work exec starts that outlives it must
+// therefore not take ctx untouched: such work could first look at it
+// after it began serving the worker's next call, and see it live until
+// that call ends. Looking at ctx once before exec returns (ctx.Err() will
+// do) keeps it exec's alone.
 type ExecFunc[K comparable, T any] func(ctx context.Context, key K, call T) error
 
 // Dispatcher runs calls asynchronously: per key at most one running and one

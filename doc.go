@@ -135,13 +135,20 @@
 //
 // # Cost and concurrency
 //
-// A Dispatcher is safe for concurrent use. Submit and Post take one lock,
-// read the clock at most once, and do a map lookup and at most one B-tree
-// insert or re-key: O(log n) in the number of queued calls. They start no
-// goroutine and create no timer or context. Post allocates nothing when it
-// coalesces, and nothing for a new key either once released keys have left
-// lanes to reuse; Submit allocates its Ticket (a Done channel only if one is
-// asked for). One timer goroutine serves every deadline, backoff and
-// rate-limit token. Workers start on first use, and Close waits for all of
-// them.
+// A Dispatcher is safe for concurrent use. Submit and Post hash the key
+// before they take the one lock, read the clock at most once, and do a
+// table lookup and an append to their priority's FIFO run — or, for a call
+// out of order, at most one B-tree insert or re-key: O(log n) in the number
+// of queued calls. They start no goroutine and create no timer or context.
+// Post allocates nothing when it coalesces, and nothing for a new key
+// either once released keys have left lanes to reuse; Submit allocates its
+// Ticket (a Done channel only if one is asked for).
+//
+// A worker takes the lock once per call: the end of one attempt and the
+// start of the next share it. It reads the clock twice per call, around
+// exec, and allocates nothing in the steady state: the execution context
+// is the dispatcher's own and is reused (see ExecFunc), and a key's release
+// costs one table deletion without hashing. One timer goroutine serves
+// every deadline, backoff and rate-limit token. Workers start on first use,
+// and Close waits for all of them.
 package dispatch
