@@ -8,8 +8,10 @@
 //	GOWORK=off go test -run '^$' -bench Compare -benchmem -count 6 > compare.txt
 //	benchstat -col /impl compare.txt
 //
-// It also holds BenchmarkStorm (storm_test.go), a scenario that runs in real
-// time for minutes: -bench Compare leaves it out.
+// It also holds BenchmarkEndToEnd (e2e_test.go), whole runs from the first
+// add until drained, side by side with the same queues; and BenchmarkStorm
+// (storm_test.go), a scenario that runs in real time for minutes. -bench
+// Compare leaves both out.
 package benchmarks
 
 import (

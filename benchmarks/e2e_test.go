@@ -1,14 +1,14 @@
 package benchmarks
 
-// BenchmarkThroughput measures whole runs, end to end: keys are added, 4
+// BenchmarkEndToEnd measures whole runs, end to end: keys are added, 4
 // workers execute a no-op for each, and the clock stops when the queue is
 // drained and its workers have returned. Where BenchmarkCompare times the
 // caller's side of an add, this times what an add costs the process: the
 // caller, the queue's bookkeeping, the workers and the garbage collector.
 //
 //	cd benchmarks
-//	go test -run '^$' -bench Throughput -count 6 . > throughput.txt
-//	benchstat -col /impl throughput.txt
+//	go test -run '^$' -bench EndToEnd -count 6 . > e2e.txt
+//	benchstat -col /impl e2e.txt
 //
 // Every implementation gets the same pre-built keys and priorities (10
 // levels). One iteration is one run of runAdds adds; the runMetrics are per
@@ -281,9 +281,9 @@ func newE2EPriorityQueue(s *runState) e2e {
 	}
 }
 
-// BenchmarkThroughput runs each workload against each implementation; see
+// BenchmarkEndToEnd runs each workload against each implementation; see
 // the top of this file.
-func BenchmarkThroughput(b *testing.B) {
+func BenchmarkEndToEnd(b *testing.B) {
 	for _, spec := range workloadSpecs {
 		b.Run("workload="+spec.name, func(b *testing.B) {
 			// Built here, so that only one workload's keys are on the heap
@@ -414,10 +414,10 @@ func produce(s *runState, q e2e) {
 	wg.Wait()
 }
 
-// TestThroughputHarness checks the harness's accounting on a small run:
+// TestEndToEndHarness checks the harness's accounting on a small run:
 // every unique add executes exactly once, duplicates execute at most once
 // per add, and every run drains.
-func TestThroughputHarness(t *testing.T) {
+func TestEndToEndHarness(t *testing.T) {
 	for _, spec := range workloadSpecs {
 		w := spec.build(testAdds)
 		if w.paced {
