@@ -13,8 +13,15 @@ import (
 // change that makes the caller's hot loop allocate fails here and not only
 // in a benchmark nobody reran: Post onto a pending key allocates nothing;
 // with released slots to reuse, Post of a new key allocates nothing and
-// Submit of a new key only its Ticket.
+// Submit of a new key only its Ticket — on the caller's side, and end to
+// end, the worker's execution included.
 func TestHotPathAllocs(t *testing.T) {
+	t.Run("submit", testSubmitPathAllocs)
+	t.Run("worker", testWorkerPathAllocs)
+}
+
+// testSubmitPathAllocs pins the caller's side alone, with a backlog.
+func testSubmitPathAllocs(t *testing.T) {
 	release, started := make(chan struct{}), make(chan struct{}, 1)
 	exec := func(ctx context.Context, _ int, _ int) error {
 		select {
@@ -76,12 +83,12 @@ func TestHotPathAllocs(t *testing.T) {
 	closeD(t, d)
 }
 
-// TestWorkerPathAllocs pins what a call costs end to end, the worker's side
+// testWorkerPathAllocs pins what a call costs end to end, the worker's side
 // included: with released lanes to reuse, Post of a new key and its
 // execution allocate nothing — the worker reuses its execution context —
 // and Submit allocates its Ticket only. An exec that watches its context
 // gets a fresh one, and its Done channel.
-func TestWorkerPathAllocs(t *testing.T) {
+func testWorkerPathAllocs(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	watch := false
 	exec := func(ctx context.Context, _ int, _ int) error {
