@@ -16,7 +16,10 @@ import "github.com/google/btree"
 // minimum and the runs' heads.
 //
 // A call taken out of a run anywhere but its head leaves a hole (an entry
-// without its call) that the head skips when it gets there.
+// without its call) that the head skips when it gets there. When holes
+// outnumber the calls — a call that waits long at the head while the ones
+// behind it come and go — the run is compacted, so that its memory stays
+// proportional to its calls.
 
 // maxRuns bounds a tenant's FIFO runs: one per priority, for the first
 // maxRuns priorities its ready calls have at once. The best call is found
@@ -40,6 +43,7 @@ type fifoRun[K comparable, T any] struct {
 	head  int
 	base  int // the position of items[0]: positions survive compaction
 	live  int
+	holes int // in items[head:]
 }
 
 func newReadyIndex[K comparable, T any]() readyIndex[K, T] {
@@ -136,11 +140,26 @@ func (f *fifoRun[K, T]) push(c *call[K, T], e entry[K, T]) {
 	if f.live == 0 && f.head > 0 {
 		// Empty: start over at the front, keeping the memory.
 		f.base += len(f.items)
-		f.items, f.head = f.items[:0], 0
+		f.items, f.head, f.holes = f.items[:0], 0, 0
 	}
 	c.run, c.runPos = f, f.base+len(f.items)
 	f.items = append(f.items, e)
 	f.live++
+}
+
+// squeeze moves the run's calls to the front of items, in order, dropping
+// the holes; their positions change, so each call is told its new one.
+func (f *fifoRun[K, T]) squeeze() {
+	n := 0
+	for _, e := range f.items[f.head:] {
+		if e.c != nil {
+			f.items[n] = e
+			e.c.runPos = f.base + n
+			n++
+		}
+	}
+	clear(f.items[n:])
+	f.items, f.head, f.holes = f.items[:n], 0, 0
 }
 
 // remove takes c out of the run: at the head, the head moves past it and
@@ -151,15 +170,20 @@ func (f *fifoRun[K, T]) remove(c *call[K, T]) {
 	c.run = nil
 	f.live--
 	if i != f.head {
+		if f.holes++; f.holes >= 64 && f.holes > f.live {
+			f.squeeze()
+		}
 		return
 	}
 	for f.head < len(f.items) && f.items[f.head].c == nil {
 		f.head++
+		f.holes--
 	}
+	f.holes++ // the loop counted the removed call's own entry too
 	switch {
 	case f.live == 0:
 		f.base += len(f.items)
-		f.items, f.head = f.items[:0], 0
+		f.items, f.head, f.holes = f.items[:0], 0, 0
 		if cap(f.items) > 4096 {
 			f.items = nil // a burst's backlog is not kept
 		}
