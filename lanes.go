@@ -14,6 +14,7 @@ import (
 // dispatcher's lock, except hash, which needs none.
 type laneTable[K comparable, T any] struct {
 	seed  maphash.Seed
+	salt  uint64 // from seed, for integer keys
 	slots []laneSlot[K, T] // a power of two of them
 	n     int
 }
@@ -28,11 +29,39 @@ type laneSlot[K comparable, T any] struct {
 const minLaneSlots = 16
 
 func newLaneTable[K comparable, T any]() laneTable[K, T] {
-	return laneTable[K, T]{seed: maphash.MakeSeed(), slots: make([]laneSlot[K, T], minLaneSlots)}
+	seed := maphash.MakeSeed()
+	return laneTable[K, T]{seed: seed, salt: maphash.String(seed, "salt"), slots: make([]laneSlot[K, T], minLaneSlots)}
 }
 
-// hash returns key's hash. It needs no lock.
-func (t *laneTable[K, T]) hash(key K) uint64 { return maphash.Comparable(t.seed, key) }
+// hash returns key's hash. It needs no lock. Strings and integers, the
+// usual keys, are hashed directly; other types through maphash.Comparable,
+// which reaches the runtime's hasher for K through an indirect call.
+func (t *laneTable[K, T]) hash(key K) uint64 {
+	switch k := any(key).(type) {
+	case string:
+		return maphash.String(t.seed, k)
+	case int:
+		return t.mix(uint64(k))
+	case int64:
+		return t.mix(uint64(k))
+	case uint64:
+		return t.mix(k)
+	case int32:
+		return t.mix(uint64(k))
+	case uint32:
+		return t.mix(uint64(k))
+	}
+	return maphash.Comparable(t.seed, key)
+}
+
+// mix is SplitMix64's finalizer over v and the table's salt: every bit of
+// v reaches every bit of the hash, as linear probing needs.
+func (t *laneTable[K, T]) mix(v uint64) uint64 {
+	v ^= t.salt
+	v = (v ^ v>>30) * 0xbf58476d1ce4e5b9
+	v = (v ^ v>>27) * 0x94d049bb133111eb
+	return v ^ v>>31
+}
 
 // Len returns the number of keys.
 func (t *laneTable[K, T]) Len() int { return t.n }
