@@ -14,7 +14,7 @@ import (
 // dispatcher's lock, except hash, which needs none.
 type laneTable[K comparable, T any] struct {
 	seed  maphash.Seed
-	salt  uint64 // from seed, for integer keys
+	salt  uint64           // from seed, for integer keys
 	slots []laneSlot[K, T] // a power of two of them
 	n     int
 }
