@@ -156,7 +156,7 @@ func (d *Dispatcher[K, T]) urgentAt(c *call[K, T]) int64 {
 // estimateEvery.
 type labelTimes struct {
 	label  string
-	recent hist.Recent
+	recent *hist.Recent // without Config.Label, the dispatcher's execTime
 	est    time.Duration // 0: not enough samples
 	at     int64         // when est was taken
 }
@@ -171,8 +171,8 @@ const (
 
 // observeExec records an execution time for c's label.
 func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duration) {
-	if d.cfg.StartCheck.Disabled {
-		return
+	if d.cfg.StartCheck.Disabled || d.cfg.Label == nil {
+		return // without labels, execTime holds the same times (New)
 	}
 	lt := d.lastTimes
 	if lt == nil || lt.label != c.label { // one label, the usual case: no map lookup
@@ -182,7 +182,8 @@ func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duratio
 		if len(d.labelTimes) >= maxLabelTimes {
 			return
 		}
-		lt = &labelTimes{label: c.label, recent: hist.NewRecent(LatencyWindow)}
+		r := hist.NewRecent(LatencyWindow)
+		lt = &labelTimes{label: c.label, recent: &r}
 		d.labelTimes[c.label] = lt
 	}
 	d.lastTimes = lt

@@ -347,17 +347,24 @@ func TestAdaptiveLatency(t *testing.T) {
 // TestStartCheck: a call whose deadline is closer than its label's usual
 // execution time is not started: its waiters end Expired at once, with an
 // error saying why, and the worker goes to the next call. Disabled, the
-// call runs (and expires while running).
+// call runs (and expires while running). Without Config.Label every call
+// has one label, whose times are the dispatcher's execution times.
 func TestStartCheck(t *testing.T) {
-	for _, disabled := range []bool{false, true} {
-		t.Run(fmt.Sprintf("disabled=%v", disabled), func(t *testing.T) {
+	for _, c := range []struct {
+		disabled, labelled bool
+	}{{false, true}, {true, true}, {false, false}, {true, false}} {
+		disabled := c.disabled
+		t.Run(fmt.Sprintf("disabled=%v/labelled=%v", c.disabled, c.labelled), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				log := newStartLog()
-				d := newD(t, log.exec(100*time.Millisecond), Config[string, int]{
+				cfg := Config[string, int]{
 					Workers:    1,
-					Label:      func(string, int) string { return "patch" },
 					StartCheck: StartCheck{Disabled: disabled},
-				})
+				}
+				if c.labelled {
+					cfg.Label = func(string, int) string { return "patch" }
+				}
+				d := newD(t, log.exec(100*time.Millisecond), cfg)
 				var warm []*Ticket[string, int]
 				for i := range 20 {
 					warm = append(warm, submit(t, d, fmt.Sprint("warm", i), 1, prio(0)))
