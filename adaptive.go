@@ -156,7 +156,7 @@ func (d *Dispatcher[K, T]) urgentAt(c *call[K, T]) int64 {
 // estimateEvery.
 type labelTimes struct {
 	label  string
-	recent *hist.Recent // without Config.Label, the dispatcher's execTime
+	recent *hist.Recent  // without Config.Label, the dispatcher's execTime
 	est    time.Duration // 0: not enough samples
 	at     int64         // when est was taken
 }
