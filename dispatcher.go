@@ -52,7 +52,7 @@ type Dispatcher[K comparable, T any] struct {
 	cfg   settings[K, T] // validated, defaults filled in; never changes
 	epoch time.Time      // clock origin: times are int64 ns since epoch
 
-	base       context.Context // parent of every execution context
+	base       context.Context // the token fetcher's: cancelled by Close (executions have their own, execctx.go)
 	baseCancel context.CancelCauseFunc
 	drained    chan struct{} // closed when Close finds nothing left to run
 	stopCh     chan struct{} // closed when Close ends the rest

@@ -165,9 +165,14 @@ const (
 // caller then finishes c if it has no waiter left, or reprioritizes it.
 func (d *Dispatcher[K, T]) settle(t *Ticket[K, T], c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	d.detach(t)
-	t.res = d.result(c, st, err, now)
+	d.told(t, d.result(c, st, err, now), ob)
+}
+
+// told records ticket t's outcome res, taken off its call, for ob to tell.
+func (d *Dispatcher[K, T]) told(t *Ticket[K, T], res Result[K, T], ob *outbox[K, T]) {
+	t.res = res
 	t.state = tsDone
-	d.totals.outcomes[st]++
+	d.totals.outcomes[res.State]++
 	ob.tickets = append(ob.tickets, t)
 }
 
@@ -187,15 +192,11 @@ func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int
 		w.prev, w.next, w.c = nil, nil, nil
 		d.q.removeDeadline(w)
 		if late == expireLate && w.deadline != 0 && w.deadline <= now {
-			t.res = d.result(c, Expired, ErrExpired, now)
-			d.totals.outcomes[Expired]++
+			d.told(t, d.result(c, Expired, ErrExpired, now), ob)
 		} else {
 			served = true
-			t.res = res
-			d.totals.outcomes[st]++
+			d.told(t, res, ob)
 		}
-		t.state = tsDone
-		ob.tickets = append(ob.tickets, t)
 		w = next
 	}
 	d.liveTickets -= c.nTickets
