@@ -17,12 +17,7 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 	if t != nil {
 		w := &t.w
 		w.c, w.prio, w.enq, w.deadline = c, prio, now, deadline
-		w.prev, w.next = nil, c.tickets
-		if c.tickets != nil {
-			c.tickets.prev = w
-		}
-		c.tickets = w
-		c.nTickets++
+		d.attach(c, t)
 		if deadline == 0 {
 			c.nForever++
 		}
@@ -67,25 +62,107 @@ func (d *Dispatcher[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline in
 	}
 }
 
-// detach takes ticket t off its call without settling it.
+// attach puts ticket t, which is joining c and has not been returned to
+// its submitter yet, in c's lists. A call's first ticket waits in c.one; a
+// plain ticket rides c's share, which the call makes when shareMin-1
+// plain tickets are already waiting to be visited.
+func (d *Dispatcher[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
+	if c.one == nil && c.more == nil && (c.share == nil || t.watched()) {
+		t.w.idx = -1
+		c.one = t
+		return
+	}
+	tl := d.lists(c)
+	if !t.watched() {
+		if c.share == nil && tl.plain >= shareMin-1 {
+			c.share = new(share[K, T])
+		}
+		if c.share != nil {
+			t.share = c.share // before Submit returns t: see Ticket.share
+			t.w.idx = len(tl.riders)
+			tl.riders = append(tl.riders, t)
+			return
+		}
+	}
+	tl.addVisit(t)
+}
+
+// lists returns c's ticket lists, taking them from the free list (or
+// making them) for c's second ticket; the first moves there from c.one.
+func (d *Dispatcher[K, T]) lists(c *call[K, T]) *ticketLists[K, T] {
+	if c.more != nil {
+		return c.more
+	}
+	tl := popFree(&d.freeLists)
+	if tl == nil {
+		tl = new(ticketLists[K, T])
+	}
+	c.more = tl
+	if t := c.one; t != nil {
+		c.one = nil
+		tl.addVisit(t)
+	}
+	return tl
+}
+
+// addVisit appends t to the tickets visited when the call ends.
+func (tl *ticketLists[K, T]) addVisit(t *Ticket[K, T]) {
+	t.w.idx = len(tl.visit)
+	tl.visit = append(tl.visit, t)
+	if !t.watched() {
+		tl.plain++
+	}
+}
+
+// detach takes ticket t off its call without settling it. A rider leaves
+// its share (own) before its own outcome is recorded (see Ticket.outcome).
 func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 	w := &t.w
 	c := w.c
-	if w.prev != nil {
-		w.prev.next = w.next
-	} else {
-		c.tickets = w.next
+	switch {
+	case w.idx < 0:
+		c.one = nil
+	case t.share != nil:
+		t.own.Store(true)
+		c.more.riders = removeAt(c.more.riders, w.idx)
+	default:
+		c.more.visit = removeAt(c.more.visit, w.idx)
+		if !t.watched() {
+			c.more.plain--
+		}
 	}
-	if w.next != nil {
-		w.next.prev = w.prev
-	}
-	w.prev, w.next, w.c = nil, nil, nil
-	c.nTickets--
+	w.c = nil
 	if w.deadline == 0 {
 		c.nForever--
 	}
 	d.liveTickets--
 	d.q.removeDeadline(w)
+}
+
+// removeAt removes list[i] by moving the last ticket into its place.
+func removeAt[K comparable, T any](list []*Ticket[K, T], i int) []*Ticket[K, T] {
+	last := len(list) - 1
+	if i != last {
+		m := list[last]
+		list[i], m.w.idx = m, i
+	}
+	list[last] = nil
+	return list[:last]
+}
+
+// eachTicket calls f for every live ticket of c.
+func (c *call[K, T]) eachTicket(f func(*Ticket[K, T])) {
+	if c.one != nil {
+		f(c.one)
+	}
+	if tl := c.more; tl != nil {
+		for _, t := range tl.visit {
+			f(t)
+		}
+		for _, t := range tl.riders {
+			f(t)
+		}
+	}
 }
 
 // adopt gives queued call c the tenant and label of a submission that
@@ -130,14 +207,14 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 	if c.nPosts > 0 {
 		prio, enq, seen = c.posts.prio, c.posts.enq, true
 	}
-	for w := c.tickets; w != nil; w = w.next {
+	c.eachTicket(func(t *Ticket[K, T]) {
 		if !seen {
-			prio, enq, seen = w.prio, w.enq, true
-			continue
+			prio, enq, seen = t.w.prio, t.w.enq, true
+			return
 		}
-		prio = max(prio, w.prio)
-		enq = min(enq, w.enq)
-	}
+		prio = max(prio, t.w.prio)
+		enq = min(enq, t.w.enq)
+	})
 	d.q.rekey(c, prio, enq)
 }
 
@@ -190,17 +267,25 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	if n.prio > c.prio && (n.ten != c.ten || n.label != c.label) {
 		d.adopt(c, n.ten, n.label)
 	}
-	for w := n.tickets; w != nil; {
-		next := w.next
-		w.c = c
-		w.prev, w.next = nil, c.tickets
-		if c.tickets != nil {
-			c.tickets.prev = w
+	// n's tickets move to c as they are: a rider keeps its share, which c
+	// now tells (chained after c's own), and the rest are visited.
+	n.eachTicket(func(t *Ticket[K, T]) {
+		t.w.c = c
+		tl := d.lists(c)
+		if t.share != nil {
+			t.w.idx = len(tl.riders)
+			tl.riders = append(tl.riders, t)
+			return
 		}
-		c.tickets = w
-		w = next
+		tl.addVisit(t)
+	})
+	if s := n.share; s != nil {
+		p := &c.share
+		for *p != nil {
+			p = &(*p).next
+		}
+		*p = s
 	}
-	c.nTickets += n.nTickets
 	c.nForever += n.nForever
 	if n.nPosts > 0 {
 		d.q.removeDeadline(&n.posts)
@@ -209,7 +294,8 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	c.joined += n.joined
 	c.droppable = c.droppable && n.droppable
 	d.totals.coalesced += uint64(n.joined)
-	n.tickets, n.nTickets, n.nForever, n.nPosts = nil, 0, 0, 0
+	d.keepLists(n)
+	n.share, n.nForever, n.nPosts = nil, 0, 0
 	n.ten.queued--
 	d.forgetIdle(n.ten)
 	d.untrack(n)

@@ -12,7 +12,7 @@ type ticketState uint8
 
 const (
 	tsNew  ticketState = iota // created, not yet admitted
-	tsLive                    // waiting on a call
+	tsLive                    // waiting on a call, or ended through its share (Ticket.ended)
 	tsDone                    // outcome recorded (or never admitted)
 )
 
@@ -23,6 +23,7 @@ const (
 // path.
 type outbox[K comparable, T any] struct {
 	tickets []*Ticket[K, T]
+	shares  []*share[K, T] // outcomes recorded for their riders, to tell
 	hooks   []Result[K, T]
 	notes   notes
 	nh, nn  int
@@ -34,7 +35,7 @@ type notes []func()
 
 // empty reports whether ob has nothing to tell.
 func (ob *outbox[K, T]) empty() bool {
-	return len(ob.tickets) == 0 && len(ob.hooks) == 0 && len(ob.notes) == 0
+	return len(ob.tickets) == 0 && len(ob.shares) == 0 && len(ob.hooks) == 0 && len(ob.notes) == 0
 }
 
 // deliver wakes a worker if ob says so, and tells everything in ob, in
@@ -55,6 +56,11 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		ob.tickets[i] = nil
 	}
 	ob.tickets = ob.tickets[:0]
+	for i, s := range ob.shares {
+		s.tellAll()
+		ob.shares[i] = nil
+	}
+	ob.shares = ob.shares[:0]
 	// If a callback ends this goroutine, tell the rest on its way out.
 	rest := func(pe *PanicError) {
 		d.contain(pe)

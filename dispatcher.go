@@ -61,8 +61,9 @@ type Dispatcher[K comparable, T any] struct {
 	mu            sync.Mutex
 	cond          sync.Cond // idle workers wait here for ready calls
 	lanes         laneTable[K, T]
-	freeLanes     []*lane[K, T] // released lanes for reuse, at most maxFreeLanes
-	laneSlab      []lane[K, T]  // lanes not yet used, from the last slab (newLane)
+	freeLanes     []*lane[K, T]        // released lanes for reuse, at most maxFreeLanes
+	freeLists     []*ticketLists[K, T] // ended calls' ticket lists for reuse (keepLists)
+	laneSlab      []lane[K, T]         // lanes not yet used, from the last slab (newLane)
 	q             queue[K, T]
 	seq           uint64
 	liveTickets   int

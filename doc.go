@@ -144,6 +144,15 @@
 // either once released keys have left lanes to reuse; Submit allocates its
 // Ticket (a Done channel only if one is asked for).
 //
+// A call's end does not visit every ticket it served: tickets without a
+// deadline or a context to watch share one recorded outcome from a call's
+// fourth on (see Ticket). A hot key's call that gathered ten
+// thousand such waiters ends with one result built and its list of
+// pointers cleared, not with a walk through ten thousand tickets' memory
+// under the lock. Tickets with a deadline or a context are still visited
+// there; the Done channels that riders made are closed after the lock is
+// released.
+//
 // A worker takes the lock once per call: the end of one attempt and the
 // start of the next share it. It reads the clock twice per call, around
 // exec, and allocates nothing in the steady state: the execution context

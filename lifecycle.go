@@ -103,8 +103,7 @@ type call[K comparable, T any] struct {
 	endState State        // why it was orphaned
 	prio     int          // effective priority: max over live waiters
 	enq      int64        // effective enqueue time: min over live waiters
-	nTickets int          // tickets in the list
-	nForever int          // tickets in the list without a deadline
+	nForever int          // tickets without a deadline
 	nPosts   int          // fire-and-forget submissions
 	joined   int          // submissions served, for Result.Waiters
 	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
@@ -120,7 +119,12 @@ type call[K comparable, T any] struct {
 	run       *fifoRun[K, T] // the FIFO run holding it, if ready in one (ready.go)
 	runPos    int            // its position in that run
 	notBefore int64          // its place in the delay index
-	tickets   *waiter[K, T]
+	// The live tickets: the first in one, or all of them in more once a
+	// second joins (a lone ticket needs no lists). share is the outcome
+	// its riders share, with any absorbed calls' chained after it.
+	one   *Ticket[K, T]
+	more  *ticketLists[K, T]
+	share *share[K, T]
 
 	attempts   int
 	firstStart int64 // -1 until the first execution
@@ -129,7 +133,33 @@ type call[K comparable, T any] struct {
 	lastErr    error    // set while the call waits to be retried
 }
 
-func (c *call[K, T]) live() int { return c.nTickets + c.nPosts }
+func (c *call[K, T]) live() int { return c.tickets() + c.nPosts }
+
+// tickets counts c's live tickets.
+func (c *call[K, T]) tickets() int {
+	n := 0
+	if c.one != nil {
+		n = 1
+	}
+	if tl := c.more; tl != nil {
+		n += len(tl.visit) + len(tl.riders)
+	}
+	return n
+}
+
+// ticketLists holds the live tickets of a call that has more than one, in
+// no order; a ticket's w.idx is its position in its list. Lists are kept
+// for reuse when their call ends (keepLists).
+type ticketLists[K comparable, T any] struct {
+	// riders ride a share (Ticket.share): the call's end does not visit
+	// them.
+	riders []*Ticket[K, T]
+	// visit holds the tickets the call's end visits: those with a deadline
+	// or a context watch, and plain ones that joined before the share was
+	// made. plain counts the latter.
+	visit []*Ticket[K, T]
+	plain int
+}
 
 // waiter is one Ticket, or the aggregate of a call's fire-and-forget
 // submissions (t == nil).
@@ -141,11 +171,14 @@ type waiter[K comparable, T any] struct {
 	// ticket it equals deadline. For the posts aggregate it may lag behind a
 	// deadline that later submissions extended; the clock then re-indexes
 	// instead of expiring, which keeps a coalescing Post free of index work.
-	at         int64
-	dseq       uint64
-	c          *call[K, T]
-	t          *Ticket[K, T]
-	prev, next *waiter[K, T]
+	at   int64
+	dseq uint64
+	// c is the call the waiter is on. A ticket that rode its call's share
+	// keeps it after the call ended (nothing visits it to clear it): read
+	// it only while the ticket has not ended.
+	c   *call[K, T]
+	t   *Ticket[K, T]
+	idx int // a ticket's position in its call's list, -1 in call.one
 }
 
 // lateness says whether a waiter whose deadline has passed still gets the
@@ -177,19 +210,26 @@ func (d *Dispatcher[K, T]) told(t *Ticket[K, T], res Result[K, T], ob *outbox[K,
 }
 
 // settleAll settles every waiter of c with st (see lateness). It reports
-// whether any waiter got st. The tickets leave c together: the result is
-// built once, and the list is dropped rather than unlinked ticket by
-// ticket, since coalesced calls may hold many.
+// whether any waiter got st. The result is built once. Riders are not
+// visited: their share records the outcome for them all, so that the work
+// under the lock does not grow with them. Only the other tickets — those
+// with a deadline or a context, and the few plain ones that joined before
+// the share was made — are visited.
 func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int64, late lateness, ob *outbox[K, T]) bool {
 	served := false
+	n := c.tickets()
 	var res Result[K, T]
-	if c.tickets != nil {
+	if n > 0 {
 		res = d.result(c, st, err, now)
 	}
-	for w := c.tickets; w != nil; {
-		next := w.next
-		t := w.t
-		w.prev, w.next, w.c = nil, nil, nil
+	for s := c.share; s != nil; s = s.next {
+		s.res, s.ended = res, true
+		ob.shares = append(ob.shares, s)
+	}
+	c.share = nil
+	visit := func(t *Ticket[K, T]) {
+		w := &t.w
+		w.c = nil
 		d.q.removeDeadline(w)
 		if late == expireLate && w.deadline != 0 && w.deadline <= now {
 			d.told(t, d.result(c, Expired, ErrExpired, now), ob)
@@ -197,10 +237,23 @@ func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int
 			served = true
 			d.told(t, res, ob)
 		}
-		w = next
 	}
-	d.liveTickets -= c.nTickets
-	c.tickets, c.nTickets, c.nForever = nil, 0, 0
+	if c.one != nil {
+		visit(c.one)
+		c.one = nil
+	}
+	if tl := c.more; tl != nil {
+		if len(tl.riders) > 0 {
+			served = true
+			d.totals.outcomes[st] += uint64(len(tl.riders))
+		}
+		for _, t := range tl.visit {
+			visit(t)
+		}
+		d.keepLists(c)
+	}
+	d.liveTickets -= n
+	c.nForever = 0
 	if c.nPosts > 0 {
 		pst := st
 		if late == expireLate && !c.postsForever && c.posts.deadline <= now {
@@ -229,10 +282,10 @@ func (d *Dispatcher[K, T]) settlePosts(c *call[K, T], st State) {
 func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
 	var ob outbox[K, T]
 	d.mu.Lock()
-	switch t.state {
-	case tsNew: // Submit has not admitted it yet; it will see this and refuse
+	switch {
+	case t.state == tsNew: // Submit has not admitted it yet; it will see this and refuse
 		t.state = tsDone
-	case tsLive:
+	case !t.ended():
 		d.leaveLocked(t, st, err, d.now(), &ob)
 	}
 	d.mu.Unlock()
@@ -325,19 +378,64 @@ func (d *Dispatcher[K, T]) untrack(c *call[K, T]) {
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it), so that a dispatcher whose keys come and go allocates
 // nothing per key in the steady state. The bound caps what a burst of
-// finished keys leaves behind at 4096 lanes: about 1.2 MB with small keys
-// and values (a lane is about 300 bytes, more for a large K or T).
+// finished keys leaves behind at 4096 lanes: about 1.7 MB with small keys
+// and values (a lane is 416 bytes with string keys and int values, more
+// for a large K or T).
 const maxFreeLanes = 4096
+
+// maxFreeLists and maxFreeListCap bound the ticket lists kept for reuse:
+// a call that gathers many tickets grows its lists by doubling, and a key
+// that is hot again and again would allocate that growth each time.
+const (
+	maxFreeLists   = 64
+	maxFreeListCap = 4096
+)
+
+// keepLists takes c's ticket lists, cleared, and keeps them for a later
+// call unless enough are kept already; a list grown beyond
+// maxFreeListCap is dropped.
+func (d *Dispatcher[K, T]) keepLists(c *call[K, T]) {
+	tl := c.more
+	if tl == nil {
+		return
+	}
+	c.more = nil
+	if len(d.freeLists) >= maxFreeLists {
+		return
+	}
+	tl.riders = reuse(tl.riders)
+	tl.visit = reuse(tl.visit)
+	tl.plain = 0
+	d.freeLists = append(d.freeLists, tl)
+}
+
+// reuse clears l for reuse, or drops it if it is too large to keep.
+func reuse[K comparable, T any](l []*Ticket[K, T]) []*Ticket[K, T] {
+	if cap(l) > maxFreeListCap {
+		return nil
+	}
+	clear(l)
+	return l[:0]
+}
+
+// popFree takes the last entry off a free list, or returns nil if it is
+// empty.
+func popFree[E any](free *[]*E) *E {
+	n := len(*free)
+	if n == 0 {
+		return nil
+	}
+	e := (*free)[n-1]
+	(*free)[n-1] = nil
+	*free = (*free)[:n-1]
+	return e
+}
 
 // newLane returns a lane for key, tracked under it: reused from the free
 // list if it can be, else carved from the current slab.
 func (d *Dispatcher[K, T]) newLane(key K, h uint64, gen uint64) *lane[K, T] {
-	var l *lane[K, T]
-	if n := len(d.freeLanes); n > 0 {
-		l = d.freeLanes[n-1]
-		d.freeLanes[n-1] = nil
-		d.freeLanes = d.freeLanes[:n-1]
-	} else {
+	l := popFree(&d.freeLanes)
+	if l == nil {
 		if len(d.laneSlab) == 0 {
 			d.laneSlab = make([]lane[K, T], laneSlab)
 		}

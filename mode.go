@@ -192,11 +192,11 @@ func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
 // retry first), the caller waits for it.
 func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 	rn := runner{id: goid.ID()}
-	for t.state != tsDone {
+	for !t.ended() {
 		now := d.now()
 		d.expireDue(now, ob)
 		d.q.promote(now)
-		if t.state == tsDone {
+		if t.ended() {
 			break
 		}
 		c := t.w.c

@@ -318,12 +318,7 @@ func (c *call[K, T]) execDeadline() int64 {
 		}
 		dl = c.posts.deadline
 	}
-	for w := c.tickets; w != nil; w = w.next {
-		if w.deadline == 0 {
-			return 0
-		}
-		dl = max(dl, w.deadline)
-	}
+	c.eachTicket(func(t *Ticket[K, T]) { dl = max(dl, t.w.deadline) }) // none is 0: nForever counts those
 	return dl
 }
 
