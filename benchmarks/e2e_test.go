@@ -164,6 +164,7 @@ var e2eImpls = []struct {
 }{
 	{"dispatch-post", func(s *runState) e2e { return newE2EDispatch(s, false) }},
 	{"dispatch-submit", func(s *runState) e2e { return newE2EDispatch(s, true) }},
+	{"floor-post+ticket", newE2EFloor},
 	{"workqueue", newE2EWorkqueue},
 	{"priorityqueue", newE2EPriorityQueue},
 }
@@ -194,6 +195,24 @@ func newE2EDispatch(s *runState, withTicket bool) e2e {
 		if err := d.Close(context.Background()); err != nil {
 			panic(err)
 		}
+	}}
+}
+
+// newE2EFloor is not a queue but a floor under dispatch-submit: each add
+// is a Post plus the allocation of the Ticket that Submit would return,
+// kept until the run ends. Submit does at least that much; what it costs
+// beyond this row is its own bookkeeping. The ticket lives as long as a
+// gated workload's (seq-*) tickets do; in a live workload a submitted
+// ticket dies with its call, sooner, so there the floor is set high.
+func newE2EFloor(s *runState) e2e {
+	post := newE2EDispatch(s, false)
+	keep := make([]*dispatch.Ticket[string, int], len(s.w.keys))
+	return e2e{add: func(key string, i, prio int) {
+		keep[i] = new(dispatch.Ticket[string, int])
+		post.add(key, i, prio)
+	}, drain: func() {
+		post.drain()
+		clear(keep)
 	}}
 }
 
