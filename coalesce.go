@@ -79,8 +79,7 @@ func (d *Dispatcher[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
 		}
 		if c.share != nil {
 			t.share = c.share // before Submit returns t: see Ticket.share
-			t.w.idx = len(tl.riders)
-			tl.riders = append(tl.riders, t)
+			tl.addRider(t)
 			return
 		}
 	}
@@ -103,6 +102,12 @@ func (d *Dispatcher[K, T]) lists(c *call[K, T]) *ticketLists[K, T] {
 		tl.addVisit(t)
 	}
 	return tl
+}
+
+// addRider appends t, whose share is set, to the call's riders.
+func (tl *ticketLists[K, T]) addRider(t *Ticket[K, T]) {
+	t.w.idx = len(tl.riders)
+	tl.riders = append(tl.riders, t)
 }
 
 // addVisit appends t to the tickets visited when the call ends.
@@ -273,8 +278,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 		t.w.c = c
 		tl := d.lists(c)
 		if t.share != nil {
-			t.w.idx = len(tl.riders)
-			tl.riders = append(tl.riders, t)
+			tl.addRider(t)
 			return
 		}
 		tl.addVisit(t)
