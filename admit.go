@@ -57,8 +57,8 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 			// The merge function ended the submitting goroutine: nothing
 			// was admitted, but what supersede ended is told.
 			d.mu.Unlock()
-			if t != nil && t.stop != nil {
-				t.stop()
+			if t != nil {
+				t.stopWatch()
 			}
 			d.deliver(ob)
 		})

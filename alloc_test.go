@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,8 +14,8 @@ import (
 // change that makes the caller's hot loop allocate fails here and not only
 // in a benchmark nobody reran: Post onto a pending key allocates nothing;
 // with released slots to reuse, Post of a new key allocates nothing and
-// Submit of a new key only its Ticket — on the caller's side, and end to
-// end, the worker's execution included.
+// Submit of a new key only its Ticket on the caller's side, and end to end,
+// the worker's execution included, its Ticket and the Result it reads.
 func TestHotPathAllocs(t *testing.T) {
 	t.Run("submit", testSubmitPathAllocs)
 	t.Run("worker", testWorkerPathAllocs)
@@ -94,8 +95,10 @@ func testSubmitPathAllocs(t *testing.T) {
 // testWorkerPathAllocs pins what a call costs end to end, the worker's side
 // included: with released lanes to reuse, Post of a new key and its
 // execution allocate nothing — the worker reuses its execution context —
-// and Submit allocates its Ticket only. An exec that watches its context
-// gets a fresh one, and its Done channel.
+// and Submit allocates its Ticket and, when the call ends, the Result its
+// ticket reads (one per call end, shared by every ticket told that outcome
+// on time; a ticket's riders share their call's instead). An exec that
+// watches its context gets a fresh one, and its Done channel.
 func testWorkerPathAllocs(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	watch := false
@@ -135,7 +138,7 @@ func testWorkerPathAllocs(t *testing.T) {
 		k++
 		<-ran
 	})
-	assert.Equal(t, 1.0, sub, "Submit of a new key, and its execution: its Ticket only")
+	assert.Equal(t, 2.0, sub, "Submit of a new key, and its execution: its Ticket and its outcome")
 
 	settle()
 	watch = true
@@ -146,4 +149,21 @@ func testWorkerPathAllocs(t *testing.T) {
 	})
 	assert.Equal(t, 2.0, watched, "an exec that watches ctx.Done(): its context and channel")
 	closeD(t, d)
+}
+
+// TestTicketSize pins the sizes the Ticket documentation states: a
+// Ticket's does not depend on K and T, since it holds no copy of its
+// outcome. Allocation size classes round 80 and 144 to themselves.
+func TestTicketSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the documented sizes are for 64-bit platforms")
+	}
+	type big struct {
+		name string
+		blob [512]byte
+	}
+	assert.EqualValues(t, 80, unsafe.Sizeof(Ticket[string, int]{}))
+	assert.EqualValues(t, 80, unsafe.Sizeof(Ticket[big, big]{}))
+	assert.EqualValues(t, 144, unsafe.Sizeof(watchedTicket[string, int]{}))
+	assert.EqualValues(t, 144, unsafe.Sizeof(watchedTicket[big, big]{}))
 }

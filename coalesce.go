@@ -15,16 +15,15 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 	first := c.live() == 0
 	c.joined++
 	if t != nil {
-		w := &t.w
-		w.c, w.prio, w.enq, w.deadline = c, prio, now, deadline
+		t.c, t.prio, t.enq = c, prio, now
 		d.attach(c, t)
 		if deadline == 0 {
 			c.nForever++
 		}
 		d.liveTickets++
 		t.state = tsLive
-		if deadline != 0 {
-			d.q.addDeadline(w, deadline)
+		if deadline != 0 { // then t.x.w.deadline is deadline (newTicket)
+			d.q.addDeadline(&t.x.w, deadline)
 			d.armTimer(deadline)
 		}
 	} else {
@@ -68,7 +67,7 @@ func (d *Dispatcher[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline in
 // plain tickets are already waiting to be visited.
 func (d *Dispatcher[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
 	if c.one == nil && c.more == nil && (c.share == nil || t.watched()) {
-		t.w.idx = -1
+		t.idx = -1
 		c.one = t
 		return
 	}
@@ -106,50 +105,51 @@ func (d *Dispatcher[K, T]) lists(c *call[K, T]) *ticketLists[K, T] {
 
 // addRider appends t, whose share is set, to the call's riders.
 func (tl *ticketLists[K, T]) addRider(t *Ticket[K, T]) {
-	t.w.idx = len(tl.riders)
+	t.idx = int32(len(tl.riders))
 	tl.riders = append(tl.riders, t)
 }
 
 // addVisit appends t to the tickets visited when the call ends.
 func (tl *ticketLists[K, T]) addVisit(t *Ticket[K, T]) {
-	t.w.idx = len(tl.visit)
+	t.idx = int32(len(tl.visit))
 	tl.visit = append(tl.visit, t)
 	if !t.watched() {
 		tl.plain++
 	}
 }
 
-// detach takes ticket t off its call without settling it. A rider leaves
-// its share (own) before its own outcome is recorded (see Ticket.outcome).
+// detach takes ticket t off its call without settling it. A rider's
+// outcome is then its own, recorded in t.r by settle, under the same lock
+// (see Ticket.outcome).
 func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
-	w := &t.w
-	c := w.c
+	c := t.c
 	switch {
-	case w.idx < 0:
+	case t.idx < 0:
 		c.one = nil
 	case t.share != nil:
-		t.own.Store(true)
-		c.more.riders = removeAt(c.more.riders, w.idx)
+		c.more.riders = removeAt(c.more.riders, t.idx)
 	default:
-		c.more.visit = removeAt(c.more.visit, w.idx)
+		c.more.visit = removeAt(c.more.visit, t.idx)
 		if !t.watched() {
 			c.more.plain--
 		}
 	}
-	w.c = nil
-	if w.deadline == 0 {
+	t.c = nil
+	if t.deadline() == 0 {
 		c.nForever--
 	}
 	d.liveTickets--
-	d.q.removeDeadline(w)
+	if t.x != nil {
+		d.q.removeDeadline(&t.x.w)
+	}
 }
 
 // removeAt removes list[i] by moving the last ticket into its place.
-func removeAt[K comparable, T any](list []*Ticket[K, T], i int) []*Ticket[K, T] {
-	last := len(list) - 1
+func removeAt[K comparable, T any](list []*Ticket[K, T], i int32) []*Ticket[K, T] {
+	last := int32(len(list) - 1)
 	if i != last {
 		m := list[last]
-		list[i], m.w.idx = m, i
+		list[i], m.idx = m, i
 	}
 	list[last] = nil
 	return list[:last]
@@ -214,11 +214,11 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 	}
 	c.eachTicket(func(t *Ticket[K, T]) {
 		if !seen {
-			prio, enq, seen = t.w.prio, t.w.enq, true
+			prio, enq, seen = t.prio, t.enq, true
 			return
 		}
-		prio = max(prio, t.w.prio)
-		enq = min(enq, t.w.enq)
+		prio = max(prio, t.prio)
+		enq = min(enq, t.enq)
 	})
 	d.q.rekey(c, prio, enq)
 }
@@ -260,7 +260,7 @@ func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], ob *outbo
 	if t == nil {
 		return
 	}
-	t.res = Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: Skipped, Waiters: 1}}
+	t.r = &Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: Skipped, Waiters: 1}}
 	t.state = tsDone
 	ob.tickets = append(ob.tickets, t)
 }
@@ -275,7 +275,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	// n's tickets move to c as they are: a rider keeps its share, which c
 	// now tells (chained after c's own), and the rest are visited.
 	n.eachTicket(func(t *Ticket[K, T]) {
-		t.w.c = c
+		t.c = c
 		tl := d.lists(c)
 		if t.share != nil {
 			tl.addRider(t)

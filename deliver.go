@@ -28,6 +28,31 @@ type outbox[K comparable, T any] struct {
 	notes   notes
 	nh, nn  int
 	wake    bool // an idle worker is to be woken (wakeWorkerAsync)
+	// spare is a Result made outside the lock (stock) for the next ticket
+	// outcome recorded under it (newResult), so that a worker ending a
+	// call with tickets does not allocate while holding the lock.
+	spare *Result[K, T]
+}
+
+// stock makes ob's spare Result if it has none. A worker calls it before
+// it takes the lock to end an attempt; once made, a spare waits for a call
+// with tickets, so that Post traffic allocates nothing.
+func (ob *outbox[K, T]) stock() {
+	if ob.spare == nil {
+		ob.spare = new(Result[K, T])
+	}
+}
+
+// newResult returns a heap copy of res, in ob's spare if it has one.
+func (ob *outbox[K, T]) newResult(res Result[K, T]) *Result[K, T] {
+	r := ob.spare
+	if r != nil {
+		ob.spare = nil
+	} else {
+		r = new(Result[K, T])
+	}
+	*r = res
+	return r
 }
 
 // notes are observer events to run once the lock is released.
@@ -49,9 +74,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		d.cond.Signal()
 	}
 	for i, t := range ob.tickets {
-		if t.stop != nil {
-			t.stop()
-		}
+		t.stopWatch()
 		t.tell()
 		ob.tickets[i] = nil
 	}

@@ -216,12 +216,11 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		}
 	}
 	label := d.labelOf(key, call)
-	t := &Ticket[K, T]{d: d}
-	t.w.t = t
+	t := newTicket(d, deadline, ctx.Done() != nil)
 	if ctx.Done() != nil {
 		// One callback registration, no goroutine: ctx is watched by the
 		// context package, and the callback takes this waiter out.
-		t.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
+		t.x.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
 	}
 	h := d.lanes.hash(key) // outside the lock, as is the clock
 	now := d.now()
@@ -259,8 +258,8 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		return t, nil
 	}
 	d.mu.Unlock()
-	if err != nil && t.stop != nil {
-		t.stop()
+	if err != nil {
+		t.stopWatch()
 	}
 	// Outcomes first: an observer that panics or exits must not keep the
 	// waiters this submission displaced from hearing.

@@ -142,7 +142,9 @@
 // of queued calls. They start no goroutine and create no timer or context.
 // Post allocates nothing when it coalesces, and nothing for a new key
 // either once released keys have left lanes to reuse; Submit allocates its
-// Ticket (a Done channel only if one is asked for).
+// Ticket (a Done channel only if one is asked for): 80 bytes on a 64-bit
+// platform whatever K and T are, 144 with a deadline or a context to
+// watch. The outcome a ticket reports is not held in it (see Ticket).
 //
 // A call's end does not visit every ticket it served: tickets without a
 // deadline or a context to watch share one recorded outcome from a call's
@@ -150,12 +152,14 @@
 // thousand such waiters ends with one result built and its list of
 // pointers cleared, not with a walk through ten thousand tickets' memory
 // under the lock. Tickets with a deadline or a context are still visited
-// there; the Done channels that riders made are closed after the lock is
-// released.
+// there, and so are a call's first three; every ticket it tells on time
+// shares one Result, which is that call end's one allocation. The Done
+// channels that riders made are closed after the lock is released.
 //
 // A worker takes the lock once per call: the end of one attempt and the
 // start of the next share it. It reads the clock twice per call, around
-// exec, and allocates nothing in the steady state: the execution context
+// exec, and allocates nothing in the steady state beyond the Result of a
+// call with tickets (above): the execution context
 // is the dispatcher's own and is reused (see ExecFunc), and a key's release
 // costs one table deletion without hashing. One timer goroutine serves
 // every deadline, backoff and rate-limit token. Workers start on first use,

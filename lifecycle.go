@@ -148,7 +148,7 @@ func (c *call[K, T]) tickets() int {
 }
 
 // ticketLists holds the live tickets of a call that has more than one, in
-// no order; a ticket's w.idx is its position in its list. Lists are kept
+// no order; a ticket's idx is its position in its list. Lists are kept
 // for reuse when their call ends (keepLists).
 type ticketLists[K comparable, T any] struct {
 	// riders ride a share (Ticket.share): the call's end does not visit
@@ -173,12 +173,8 @@ type waiter[K comparable, T any] struct {
 	// instead of expiring, which keeps a coalescing Post free of index work.
 	at   int64
 	dseq uint64
-	// c is the call the waiter is on. A ticket that rode its call's share
-	// keeps it after the call ended (nothing visits it to clear it): read
-	// it only while the ticket has not ended.
-	c   *call[K, T]
-	t   *Ticket[K, T]
-	idx int // a ticket's position in its call's list, -1 in call.one
+	c    *call[K, T]   // the posts aggregate's call (a ticket's is t.c)
+	t    *Ticket[K, T] // the ticket, or nil for the posts aggregate
 }
 
 // lateness says whether a waiter whose deadline has passed still gets the
@@ -198,14 +194,15 @@ const (
 // caller then finishes c if it has no waiter left, or reprioritizes it.
 func (d *Dispatcher[K, T]) settle(t *Ticket[K, T], c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	d.detach(t)
-	d.told(t, d.result(c, st, err, now), ob)
+	d.told(t, ob.newResult(d.result(c, st, err, now)), ob)
 }
 
-// told records ticket t's outcome res, taken off its call, for ob to tell.
-func (d *Dispatcher[K, T]) told(t *Ticket[K, T], res Result[K, T], ob *outbox[K, T]) {
-	t.res = res
+// told records ticket t's outcome r, taken off its call, for ob to tell. r
+// is not changed afterwards; tickets told the same outcome share it.
+func (d *Dispatcher[K, T]) told(t *Ticket[K, T], r *Result[K, T], ob *outbox[K, T]) {
+	t.r = r
 	t.state = tsDone
-	d.totals.outcomes[res.State]++
+	d.totals.outcomes[r.State]++
 	ob.tickets = append(ob.tickets, t)
 }
 
@@ -222,21 +219,37 @@ func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int
 	if n > 0 {
 		res = d.result(c, st, err, now)
 	}
+	// The visited tickets told res share one copy of it: the share's, if
+	// the call has one, else one made for the first of them (a worker's
+	// was made before it took the lock: outbox.stock). Those that expired
+	// late share another.
+	var onTime, expired *Result[K, T]
 	for s := c.share; s != nil; s = s.next {
 		s.res, s.ended = res, true
 		ob.shares = append(ob.shares, s)
+		if onTime == nil {
+			onTime = &s.res
+		}
 	}
 	c.share = nil
 	visit := func(t *Ticket[K, T]) {
-		w := &t.w
-		w.c = nil
-		d.q.removeDeadline(w)
-		if late == expireLate && w.deadline != 0 && w.deadline <= now {
-			d.told(t, d.result(c, Expired, ErrExpired, now), ob)
-		} else {
-			served = true
-			d.told(t, res, ob)
+		t.c = nil
+		dl := t.deadline()
+		if dl != 0 {
+			d.q.removeDeadline(&t.x.w)
 		}
+		if late == expireLate && dl != 0 && dl <= now {
+			if expired == nil {
+				expired = ob.newResult(d.result(c, Expired, ErrExpired, now))
+			}
+			d.told(t, expired, ob)
+			return
+		}
+		served = true
+		if onTime == nil {
+			onTime = ob.newResult(res)
+		}
+		d.told(t, onTime, ob)
 	}
 	if c.one != nil {
 		visit(c.one)
@@ -293,7 +306,7 @@ func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
 }
 
 func (d *Dispatcher[K, T]) leaveLocked(t *Ticket[K, T], st State, err error, now int64, ob *outbox[K, T]) {
-	c := t.w.c
+	c := t.c
 	d.settle(t, c, st, err, now, ob)
 	if c.live() == 0 {
 		d.finish(c, st, err, now, ob)
@@ -321,6 +334,9 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 		d.q.remove(c)
 		c.ten.queued--
 	}
+	// Its ticket lists, if its tickets left one by one, are empty: keep
+	// them for reuse, as settleAll does.
+	d.keepLists(c)
 	d.report(c, st, err, now, ob)
 	d.forgetIdle(c.ten)
 	l := c.lane

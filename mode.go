@@ -199,7 +199,7 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		if t.ended() {
 			break
 		}
-		c := t.w.c
+		c := t.c
 		wait := time.Duration(-1) // until something changes
 		switch c.state {
 		case csReady:

@@ -17,28 +17,88 @@ import (
 // dispatcher's lock does not grow with the tickets it served. A ticket
 // that leaves on its own (Cancel), and one that the call's end visits (the
 // first three, or one with a deadline to expire or a context to stop
-// watching), has its outcome recorded in the ticket. Either way each
-// ticket hears exactly once, and Result reports an outcome only once Done
-// is closed.
+// watching), is told its outcome on its own. Either way each ticket hears
+// exactly once, and Result reports an outcome only once Done is closed.
+//
+// A Ticket holds no copy of its outcome, so its size does not depend on K
+// and T: 80 bytes on a 64-bit platform, 144 with a deadline or a context
+// to watch. The Result it reports is recorded once per outcome and call
+// end, and shared: by every ticket that end tells on time, and by the
+// riders of the call's share.
 type Ticket[K comparable, T any] struct {
-	w waiter[K, T]
 	d *Dispatcher[K, T]
-	// done holds the Done channel (a chan struct{}). It is made on the first
-	// call to Done, so a caller that never waits on a ticket (it learns
-	// outcomes from the completion hook) does not pay for one; once the
-	// outcome is told, it holds closedDone.
-	done atomic.Value
+	// c is the call the ticket is on. A rider keeps it after the call ended
+	// (nothing visits it to clear it): read it only while the ticket has
+	// not ended. Guarded by d.mu.
+	c *call[K, T]
 	// share is the shared outcome the ticket rides, or nil. It is set when
 	// the ticket joins its call, before Submit returns it, and never
 	// changes: a ticket that joined before its call had a share is visited
 	// instead. So it is read without the lock.
 	share *share[K, T]
-	stop  func() bool // unregisters the context.AfterFunc, if any
-	// own is set, under d.mu, when a rider leaves its share (Cancel): its
-	// outcome is then its own, in res.
-	own   atomic.Bool
+	// r is the ticket's own outcome, recorded under d.mu before it is told:
+	// a visited ticket's (shared with the other tickets its call's end
+	// visited on time), or that of a rider that left its share (Cancel),
+	// which is then its own. A rider that ends with its share never gets
+	// one, so for a rider r != nil says it left; see outcome.
+	r *Result[K, T]
+	// x holds what only a ticket with a deadline or a context to watch
+	// needs; it is nil for a plain ticket, which keeps the ticket small.
+	x *ticketWatch[K, T]
+	// done holds the Done channel (a chan struct{}). It is made on the first
+	// call to Done, so a caller that never waits on a ticket (it learns
+	// outcomes from the completion hook) does not pay for one; once the
+	// outcome is told, it holds closedDone.
+	done atomic.Value
+	prio int   // the submission's priority
+	enq  int64 // when it joined, on the dispatcher's clock
+	// idx is its position in its call's list, -1 in call.one. (2³¹ live
+	// tickets on one call would take 160 GiB.)
+	idx   int32
 	state ticketState // guarded by d.mu
-	res   Result[K, T]
+}
+
+// ticketWatch is the part of a Ticket that only one with a deadline or a
+// context needs. It is allocated with the ticket (watchedTicket).
+type ticketWatch[K comparable, T any] struct {
+	w    waiter[K, T] // its node in the deadline index; w.deadline is 0 if none
+	stop func() bool  // unregisters the context.AfterFunc, if any
+}
+
+// watchedTicket is a Ticket with its ticketWatch, in one allocation.
+type watchedTicket[K comparable, T any] struct {
+	t Ticket[K, T]
+	x ticketWatch[K, T]
+}
+
+// newTicket makes the ticket of a submission to d; deadline (0: none) and
+// watch (its context can end) say whether it needs a ticketWatch. A plain
+// ticket is one small allocation; a watched one, one larger.
+func newTicket[K comparable, T any](d *Dispatcher[K, T], deadline int64, watch bool) *Ticket[K, T] {
+	if deadline == 0 && !watch {
+		return &Ticket[K, T]{d: d}
+	}
+	b := &watchedTicket[K, T]{}
+	t := &b.t
+	t.d, t.x = d, &b.x
+	b.x.w.t, b.x.w.deadline = t, deadline
+	return t
+}
+
+// deadline returns t's deadline on the dispatcher's clock, 0 if none.
+func (t *Ticket[K, T]) deadline() int64 {
+	if t.x == nil {
+		return 0
+	}
+	return t.x.w.deadline
+}
+
+// stopWatch unregisters t's context watch, if it has one. It runs without
+// the lock.
+func (t *Ticket[K, T]) stopWatch() {
+	if t.x != nil && t.x.stop != nil {
+		t.x.stop()
+	}
 }
 
 // share is the outcome of a call, recorded once for every ticket that
@@ -126,20 +186,25 @@ func (t *Ticket[K, T]) Done() <-chan struct{} {
 }
 
 // outcome returns t's outcome once it is known, else nil. A rider's
-// outcome is its share's unless it left the share (own); every other
-// ticket's is in the ticket.
+// outcome is its share's unless it left the share (then r is set); every
+// other ticket's is r.
+//
+// r is read without the lock, and only after an acquire (the Done channel
+// closed, or the share told) that follows every write to it: a rider
+// leaves, and sets r, only before its share ends (leave does nothing to an
+// ended ticket), and its share is told only after it ended.
 func (t *Ticket[K, T]) outcome() *Result[K, T] {
 	s := t.share
 	ch, _ := t.done.Load().(chan struct{})
 	if ch == closedDone {
-		if s != nil && !t.own.Load() {
+		if s != nil && t.r == nil {
 			return &s.res // closed by tellAll, after res was recorded
 		}
-		return &t.res
+		return t.r
 	}
-	// Told through the share. A rider that left set own before the share
-	// could end, so reading own after told sees it.
-	if s != nil && ch == nil && s.told.Load() && !t.own.Load() {
+	// Told through the share, unless t left it first: its own outcome is
+	// then told by closing its channel.
+	if s != nil && ch == nil && s.told.Load() && t.r == nil {
 		return &s.res
 	}
 	// A channel made by a Done racing with the telling is closed by that
@@ -156,7 +221,7 @@ func (t *Ticket[K, T]) ended() bool {
 // watched reports whether t must be visited when its call ends: it has a
 // deadline to take out of the deadline index, or a context to stop
 // watching. Such a ticket never rides a share.
-func (t *Ticket[K, T]) watched() bool { return t.w.deadline != 0 || t.stop != nil }
+func (t *Ticket[K, T]) watched() bool { return t.x != nil }
 
 // tell marks the outcome told and closes the Done channel, if one was made
 // and is not closed yet. The result must be recorded before.

@@ -200,6 +200,9 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 		a.stop()
 	}
 	c.ctx.cancel(nil)
+	if rn.onWorker {
+		ob.stock() // outside the lock: the Result its call's tickets read
+	}
 	d.mu.Lock()
 	if rn.onWorker {
 		d.workerRunning--
@@ -318,7 +321,7 @@ func (c *call[K, T]) execDeadline() int64 {
 		}
 		dl = c.posts.deadline
 	}
-	c.eachTicket(func(t *Ticket[K, T]) { dl = max(dl, t.w.deadline) }) // none is 0: nForever counts those
+	c.eachTicket(func(t *Ticket[K, T]) { dl = max(dl, t.deadline()) }) // none is 0: nForever counts those
 	return dl
 }
 
