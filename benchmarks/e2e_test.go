@@ -164,7 +164,8 @@ var e2eImpls = []struct {
 }{
 	{"dispatch-post", func(s *runState) e2e { return newE2EDispatch(s, false) }},
 	{"dispatch-submit", func(s *runState) e2e { return newE2EDispatch(s, true) }},
-	{"floor-post+ticket", newE2EFloor},
+	{"floor-post+ticket", func(s *runState) e2e { return newE2EFloor(s, true) }},
+	{"floor-post+keep", func(s *runState) e2e { return newE2EFloor(s, false) }},
 	{"workqueue", newE2EWorkqueue},
 	{"priorityqueue", newE2EPriorityQueue},
 }
@@ -200,15 +201,24 @@ func newE2EDispatch(s *runState, withTicket bool) e2e {
 
 // newE2EFloor is not a queue but a floor under dispatch-submit: each add
 // is a Post plus the allocation of the Ticket that Submit would return,
-// kept until the run ends. Submit does at least that much; what it costs
-// beyond this row is its own bookkeeping. The ticket lives as long as a
-// gated workload's (seq-*) tickets do; in a live workload a submitted
-// ticket dies with its call, sooner, so there the floor is set high.
-func newE2EFloor(s *runState) e2e {
+// kept until the run ends (floor-post+ticket). Submit does at least that
+// much; what it costs beyond this row is its own bookkeeping. The ticket
+// lives as long as a gated workload's (seq-*) tickets do; in a live
+// workload a submitted ticket dies with its call, sooner, so there the
+// floor is set high. With alloc false (floor-post+keep) every add keeps
+// the same ticket, allocated once: what the harness's keeping costs
+// without the allocation, so that the two rows' difference is the
+// ticket's own.
+func newE2EFloor(s *runState, alloc bool) e2e {
 	post := newE2EDispatch(s, false)
 	keep := make([]*dispatch.Ticket[string, int], len(s.w.keys))
+	one := new(dispatch.Ticket[string, int])
 	return e2e{add: func(key string, i, prio int) {
-		keep[i] = new(dispatch.Ticket[string, int])
+		if alloc {
+			keep[i] = new(dispatch.Ticket[string, int])
+		} else {
+			keep[i] = one
+		}
 		post.add(key, i, prio)
 	}, drain: func() {
 		post.drain()
