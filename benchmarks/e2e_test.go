@@ -168,6 +168,7 @@ var e2eImpls = []struct {
 	{"floor-post+keep", func(s *runState) e2e { return newE2EFloor(s, false) }},
 	{"workqueue", newE2EWorkqueue},
 	{"priorityqueue", newE2EPriorityQueue},
+	{"apidispatcher", newE2EAPIDispatcher}, // apidispatcher_test.go
 }
 
 func newE2EDispatch(s *runState, withTicket bool) e2e {
