@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -241,4 +242,63 @@ func TestShareRace(t *testing.T) {
 	s := checkConservation(t, d)
 	assert.Equal(t, uint64(n), s.Outcomes.Total())
 	assert.Zero(t, s.Tickets)
+}
+
+// TestDoneAgreesWithResult: a Done channel handed out before the outcome
+// is closed by the time Result reports it, and a waiter that Done wakes
+// finds the outcome. Watchers spin on Result, and waiters block on Done,
+// while a worker tells their tickets — the running call's lone ticket, and
+// its successor's visited tickets and riders — so that they land between
+// the telling's steps whichever order those come in. Run it under -race.
+func TestDoneAgreesWithResult(t *testing.T) {
+	const rounds = 200
+	gates := make([]chan struct{}, rounds) // the call value is its round
+	for i := range gates {
+		gates[i] = make(chan struct{})
+	}
+	d := newD(t, func(_ context.Context, _ string, round int) error { <-gates[round]; return nil },
+		Config[string, int]{Workers: 1})
+	for round := range rounds {
+		var ready, watchers sync.WaitGroup
+		for range 2*shareMin + 1 {
+			tk := submit(t, d, "k", round, SubmitOptions{})
+			ready.Add(1)
+			watchers.Go(func() {
+				done := tk.Done()
+				ready.Done()
+				for {
+					if r, ok := tk.Result(); ok {
+						select {
+						case <-done:
+						default:
+							t.Errorf("round %d: Result is %v, but the Done channel made before is open", round, r.State)
+						}
+						return
+					}
+					runtime.Gosched()
+				}
+			})
+			ready.Add(1)
+			watchers.Go(func() {
+				done := tk.Done()
+				ready.Done()
+				for { // polls, so as to see the channel the moment it closes
+					select {
+					case <-done:
+						if _, ok := tk.Result(); !ok {
+							t.Errorf("round %d: Done is closed, but Result reports no outcome", round)
+						}
+						_, _ = tk.Wait(bg) // returns at once, with the outcome
+						return
+					default:
+						runtime.Gosched()
+					}
+				}
+			})
+		}
+		ready.Wait()
+		close(gates[round]) // the running call, if one started, and what waits behind it
+		watchers.Wait()
+	}
+	closeD(t, d)
 }

@@ -129,6 +129,12 @@ const shareMin = 4
 
 // watchDone registers rider t, whose Done channel was just made, to have it
 // closed when the outcome is told — or closes it now, if it has been.
+//
+// Every ticket has exactly one teller (see tell). A rider that left its
+// share before the share ended (t.r is set) is told by the dispatcher, as
+// any ticket with its own outcome; the share tells only the others. t.r is
+// read here only once the share is sealed, which happens after it ended,
+// and so after any leave: s.mu orders it.
 func (s *share[K, T]) watchDone(t *Ticket[K, T]) {
 	s.mu.Lock()
 	if !s.sealed {
@@ -137,11 +143,14 @@ func (s *share[K, T]) watchDone(t *Ticket[K, T]) {
 		return
 	}
 	s.mu.Unlock()
-	t.tell()
+	if t.r == nil {
+		t.tell()
+	}
 }
 
-// tellAll closes the Done channel of every rider that made one, then marks
-// the outcome told. deliver calls it without d.mu, after ended was set.
+// tellAll closes the Done channel of every rider that made one and did not
+// leave (see watchDone), then marks the outcome told. deliver calls it
+// without d.mu, after ended was set.
 func (s *share[K, T]) tellAll() {
 	s.mu.Lock()
 	s.sealed = true
@@ -149,7 +158,9 @@ func (s *share[K, T]) tellAll() {
 	s.watch = nil
 	s.mu.Unlock()
 	for _, t := range ws {
-		t.tell()
+		if t.r == nil {
+			t.tell()
+		}
 	}
 	s.told.Store(true)
 }
@@ -189,6 +200,11 @@ func (t *Ticket[K, T]) Done() <-chan struct{} {
 // outcome is its share's unless it left the share (then r is set); every
 // other ticket's is r.
 //
+// The outcome is known exactly when the Done channel is closed: done holds
+// closedDone, or the channel Done made, closed (tell closes it before it
+// publishes closedDone). So Result agrees with every Done channel handed
+// out, and a waiter woken by one always finds the outcome.
+//
 // r is read without the lock, and only after an acquire (the Done channel
 // closed, or the share told) that follows every write to it: a rider
 // leaves, and sets r, only before its share ends (leave does nothing to an
@@ -196,7 +212,15 @@ func (t *Ticket[K, T]) Done() <-chan struct{} {
 func (t *Ticket[K, T]) outcome() *Result[K, T] {
 	s := t.share
 	ch, _ := t.done.Load().(chan struct{})
-	if ch == closedDone {
+	closed := ch == closedDone
+	if !closed && ch != nil {
+		select {
+		case <-ch:
+			closed = true // tell is between closing it and publishing closedDone
+		default:
+		}
+	}
+	if closed {
 		if s != nil && t.r == nil {
 			return &s.res // closed by tellAll, after res was recorded
 		}
@@ -223,11 +247,22 @@ func (t *Ticket[K, T]) ended() bool {
 // watching. Such a ticket never rides a share.
 func (t *Ticket[K, T]) watched() bool { return t.x != nil }
 
-// tell marks the outcome told and closes the Done channel, if one was made
-// and is not closed yet. The result must be recorded before.
+// tell marks the outcome told and closes the Done channel, if one was made.
+// The result must be recorded before. It closes the channel first and only
+// then publishes closedDone, so that Result never reports an outcome while
+// a channel that Done handed out is still open; outcome takes the closed
+// channel itself as told, so that a waiter it wakes finds the outcome even
+// before closedDone is published. That order needs one teller per ticket
+// (see watchDone): two would both close the channel. Done only ever
+// replaces nil, so once the channel is made, nobody but the teller changes
+// done.
 func (t *Ticket[K, T]) tell() {
-	if ch, _ := t.done.Swap(closedDone).(chan struct{}); ch != nil && ch != closedDone {
+	if t.done.CompareAndSwap(nil, closedDone) {
+		return // nobody asked for a channel
+	}
+	if ch := t.done.Load().(chan struct{}); ch != closedDone {
 		close(ch)
+		t.done.Store(closedDone)
 	}
 }
 
