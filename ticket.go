@@ -185,11 +185,13 @@ func (t *Ticket[K, T]) Done() <-chan struct{} {
 	}
 	ch := make(chan struct{})
 	if !t.done.CompareAndSwap(nil, ch) {
-		return t.done.Load().(chan struct{}) // told meanwhile: closedDone
+		// Another Done made the channel first, or t was told meanwhile
+		// (closedDone).
+		return t.done.Load().(chan struct{})
 	}
 	// A rider's outcome is told without visiting it: register the channel
-	// with the share. (If t has left the share, its own telling closes the
-	// channel, and whichever comes second finds it closed.)
+	// with the share. (If t has left the share, the dispatcher tells its
+	// own outcome and closes the channel; watchDone leaves it alone.)
 	if t.share != nil {
 		t.share.watchDone(t)
 	}
