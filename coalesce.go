@@ -139,6 +139,11 @@ func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
 		c.nForever--
 	}
 	d.liveTickets--
+	d.unindex(t)
+}
+
+// unindex takes ticket t out of the deadline index, if it is there.
+func (d *Dispatcher[K, T]) unindex(t *Ticket[K, T]) {
 	if t.x != nil {
 		d.q.removeDeadline(&t.x.w)
 	}

@@ -216,8 +216,9 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		}
 	}
 	label := d.labelOf(key, call)
-	t := newTicket(d, deadline, ctx.Done() != nil)
-	if ctx.Done() != nil {
+	watch := ctx.Done() != nil
+	t := newTicket(d, deadline, watch)
+	if watch {
 		// One callback registration, no goroutine: ctx is watched by the
 		// context package, and the callback takes this waiter out.
 		t.x.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })

@@ -234,11 +234,8 @@ func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int
 	c.share = nil
 	visit := func(t *Ticket[K, T]) {
 		t.c = nil
-		dl := t.deadline()
-		if dl != 0 {
-			d.q.removeDeadline(&t.x.w)
-		}
-		if late == expireLate && dl != 0 && dl <= now {
+		d.unindex(t)
+		if dl := t.deadline(); late == expireLate && dl != 0 && dl <= now {
 			if expired == nil {
 				expired = ob.newResult(d.result(c, Expired, ErrExpired, now))
 			}

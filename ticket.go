@@ -143,9 +143,7 @@ func (s *share[K, T]) watchDone(t *Ticket[K, T]) {
 		return
 	}
 	s.mu.Unlock()
-	if t.r == nil {
-		t.tell()
-	}
+	t.tellRider()
 }
 
 // tellAll closes the Done channel of every rider that made one and did not
@@ -158,11 +156,18 @@ func (s *share[K, T]) tellAll() {
 	s.watch = nil
 	s.mu.Unlock()
 	for _, t := range ws {
-		if t.r == nil {
-			t.tell()
-		}
+		t.tellRider()
 	}
 	s.told.Store(true)
+}
+
+// tellRider tells rider t its share's outcome, unless t left the share:
+// the dispatcher then tells it its own, and a ticket has one teller (see
+// tell). Its callers read t.r only once the share is sealed (watchDone).
+func (t *Ticket[K, T]) tellRider() {
+	if t.r == nil {
+		t.tell()
+	}
 }
 
 // closedDone is the Done channel of every ticket whose outcome was told
