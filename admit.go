@@ -17,9 +17,7 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 		return false, ErrClosed
 	}
 	l := d.lanes.get(key, h)
-	if now == 0 {
-		now = d.admitTime(l, t, o, deadline)
-	}
+	now = d.admitTime(l, t, o, now, deadline)
 	if l == nil {
 		return false, d.admitNewKey(key, h, val, o, now, deadline, t, ten, label, ob)
 	}
@@ -148,20 +146,57 @@ func (d *Dispatcher[K, T]) wakeWorkerAsync(ob *outbox[K, T]) {
 	}
 }
 
-// admitTime returns the time admit works with. A fire-and-forget
-// submission without a deadline that coalesces into a call already holding
-// fire-and-forget submissions does not need the clock: its enqueue time
-// matters only if it is earlier than the aggregate's (which is at or
-// before the clock, and at or after the call's), so the aggregate's own
-// enqueue time stands in for it and leaves every minimum as it is. That
-// spares the busiest path — a hot key re-posted — a clock read.
-func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOptions, deadline int64) int64 {
-	if t == nil && deadline == 0 && l != nil && o.Generation == l.gen {
+// admitTime returns the time admit works with: now, if the submitter read
+// the clock before the lock; else a reading taken here, or a time that
+// stands in for one. A fire-and-forget submission without a deadline that
+// coalesces into a call already holding fire-and-forget submissions does
+// not need the clock: its enqueue time matters only if it is earlier than
+// the aggregate's (which is at or before the clock, and at or after the
+// call's), so the aggregate's own enqueue time stands in for it and leaves
+// every minimum as it is. That spares the busiest path — a hot key
+// re-posted — a clock read. For a fire-and-forget submission, admitTime
+// also records whether the clock was needed (learnClock).
+func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOptions, now, deadline int64) int64 {
+	if t != nil {
+		return now // Submit reads the clock before the lock
+	}
+	var standIn int64 // 0: the clock is needed (no time on the clock is 0)
+	if deadline == 0 && l != nil && o.Generation == l.gen {
 		if c := l.pending; c != nil && c.nPosts > 0 {
-			return c.posts.enq
+			standIn = c.posts.enq
 		}
 	}
+	d.learnClock(standIn == 0)
+	switch {
+	case now != 0:
+		return now
+	case standIn != 0:
+		return standIn
+	}
 	return d.now()
+}
+
+// learnClock records whether a Post's admission needed the clock, and
+// keeps preClock, Post's guess before the lock, to what recent Posts
+// needed. clockNeeds rises with each Post that needed the clock and falls
+// with each that did not, between 0 and 3; the guess turns on at 3 and off
+// at 0. So traffic of new keys turns it on after three Posts, a hot key
+// re-posted turns it off after three, and a mix of the two does not flip
+// it with every other Post. A wrong guess costs a clock read outside the
+// lock (on) or one under it (off), never a wrong time.
+func (d *Dispatcher[K, T]) learnClock(needed bool) {
+	switch {
+	case needed && d.clockNeeds < 3:
+		d.clockNeeds++
+	case !needed && d.clockNeeds > 0:
+		d.clockNeeds--
+	}
+	switch guess := d.preClock.Load(); {
+	case d.clockNeeds == 3 && !guess:
+		d.preClock.Store(true)
+	case d.clockNeeds == 0 && guess:
+		d.preClock.Store(false)
+	}
 }
 
 // refuse counts and returns a backpressure refusal.

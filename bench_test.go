@@ -342,6 +342,26 @@ func BenchmarkSubmitCoalesce(b *testing.B) {
 	b.Run("ctx=cancel", run(ctx))
 }
 
+// BenchmarkClock measures one reading of the dispatcher's clock (now), the
+// monotonic clock behind every enqueue, start and end time. A Submit reads
+// it for its ticket's enqueue time; a Post that coalesces into a pending
+// call does not. Its cost depends on the machine's clock source: on a
+// virtual machine it can be a large part of a coalescing submission.
+func BenchmarkClock(b *testing.B) {
+	d, err := New(func(context.Context, int, int) error { return nil }, Config[int, int]{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close(context.Background())
+	var sum int64
+	for b.Loop() {
+		sum += d.now()
+	}
+	if sum == 0 {
+		b.Fatal("no clock reading was taken")
+	}
+}
+
 // BenchmarkThroughput measures the whole path, submit → no-op exec →
 // outcome, per call, with up to 256 calls outstanding. Every call has its own
 // key, so nothing coalesces. op=submit waits on tickets; op=post counts

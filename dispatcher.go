@@ -58,6 +58,14 @@ type Dispatcher[K comparable, T any] struct {
 	stopCh     chan struct{} // closed when Close ends the rest
 	wg         sync.WaitGroup
 
+	// preClock is Post's guess, read without the lock, that admission
+	// will need the clock: if so, Post reads it before taking the lock,
+	// as Submit does, so that the read is not part of the time the lock is
+	// held. clockNeeds, under the lock, is the recent evidence
+	// (learnClock).
+	preClock   atomic.Bool
+	clockNeeds uint8
+
 	mu            sync.Mutex
 	cond          sync.Cond // idle workers wait here for ready calls
 	lanes         laneTable[K, T]
@@ -301,6 +309,14 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.at(o.Deadline)
 	label := d.labelOf(key, call)
 	h := d.lanes.hash(key) // outside the lock
+	// The clock too, when admission will need it: for a deadline, and
+	// when recent Posts needed it (preClock). Otherwise now stays 0 and
+	// admit reads the clock only if it needs it; a Post that coalesces
+	// into a pending key's fire-and-forget submissions does not.
+	var now int64
+	if deadline != 0 || d.preClock.Load() {
+		now = d.now()
+	}
 	var ob outbox[K, T]
 	d.mu.Lock()
 	if d.mode == Sync {
@@ -310,11 +326,8 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	ten := d.tenantFor(o.Tenant)
 	var err error
 	coalesced := false
-	var now int64 // 0: admit reads the clock only if it needs it
-	if deadline != 0 {
-		if now = d.now(); deadline <= now {
-			err = errRejectPast
-		}
+	if deadline != 0 && deadline <= now {
+		err = errRejectPast
 	}
 	if err == nil {
 		coalesced, err = d.admit(key, h, call, &o, now, deadline, nil, ten, label, &ob)

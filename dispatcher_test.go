@@ -707,6 +707,45 @@ func TestTicketDoneConcurrent(t *testing.T) {
 	closeD(t, d)
 }
 
+// TestPostClockGuess: Post reads the clock before taking the lock once
+// recent Posts needed it (new keys), and stops once they did not (a hot
+// key re-posted). The guess only moves the clock read: a call keeps its
+// earliest submission's enqueue time whether or not a coalescing Post read
+// the clock.
+func TestPostClockGuess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var log hookLog[string, int]
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{OnDone: log.add})
+		post := func(key string) { require.NoError(t, d.Post(key, 0, SubmitOptions{})) }
+		post("a")
+		post("b")
+		assert.False(t, d.preClock.Load(), "two new keys are not a pattern yet")
+		post("c")
+		assert.True(t, d.preClock.Load(), "after three new keys Post reads the clock before the lock")
+		post("e") // a new call, on the time read before the lock
+		time.Sleep(time.Second)
+		post("a") // read before the lock, and not needed
+		post("a")
+		assert.True(t, d.preClock.Load(), "two coalescing Posts do not flip the guess")
+		post("a")
+		assert.False(t, d.preClock.Load(), "a hot key re-posted needs no clock")
+		time.Sleep(time.Second)
+		post("a") // no clock at all
+		post("d")
+		release()
+		waits := map[string]time.Duration{}
+		for _, r := range log.all() {
+			if r.Key != holdKey {
+				require.Equal(t, Succeeded, r.State, r.Key)
+				waits[r.Key] = r.QueueWait
+			}
+		}
+		assert.Equal(t, map[string]time.Duration{"a": 2 * time.Second, "b": 2 * time.Second, "c": 2 * time.Second, "e": 2 * time.Second, "d": 0}, waits,
+			"queue wait from each call's first submission")
+		closeD(t, d)
+	})
+}
+
 // TestLaneReuse (internal): released lanes are kept for new keys up to
 // maxFreeLanes, hold nothing of the key that left (no key, value or waiter
 // is kept alive), and a key in a reused lane behaves as in a new one. It

@@ -136,7 +136,10 @@
 // # Cost and concurrency
 //
 // A Dispatcher is safe for concurrent use. Submit and Post hash the key
-// before they take the one lock, read the clock at most once, and do a
+// before they take the one lock, read the clock at most once (Submit
+// before the lock; Post before it too when the Posts just before it
+// needed the clock, as Posts of new keys do, and not at all when it
+// coalesces into a pending key's fire-and-forget submissions), and do a
 // table lookup and an append to their priority's FIFO run — or, for a call
 // out of order, at most one B-tree insert or re-key: O(log n) in the number
 // of queued calls. They start no goroutine and create no timer or context.
