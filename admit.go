@@ -154,8 +154,10 @@ func (d *Dispatcher[K, T]) wakeWorkerAsync(ob *outbox[K, T]) {
 // the aggregate's (which is at or before the clock, and at or after the
 // call's), so the aggregate's own enqueue time stands in for it and leaves
 // every minimum as it is. That spares the busiest path — a hot key
-// re-posted — a clock read. For a fire-and-forget submission, admitTime
-// also records whether the clock was needed (learnClock).
+// re-posted — a clock read. For a fire-and-forget submission without a
+// deadline, admitTime also records whether the clock was needed
+// (learnClock); one with a deadline reads it before the lock regardless,
+// so it says nothing about whether Post's guess pays.
 func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOptions, now, deadline int64) int64 {
 	if t != nil {
 		return now // Submit reads the clock before the lock
@@ -166,7 +168,9 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 			standIn = c.posts.enq
 		}
 	}
-	d.learnClock(standIn == 0)
+	if deadline == 0 {
+		d.learnClock(standIn == 0)
+	}
 	switch {
 	case now != 0:
 		return now
@@ -176,7 +180,8 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 	return d.now()
 }
 
-// learnClock records whether a Post's admission needed the clock, and
+// learnClock records whether the admission of a Post without a deadline
+// needed the clock, and
 // keeps preClock, Post's guess before the lock, to what recent Posts
 // needed. clockNeeds rises with each Post that needed the clock and falls
 // with each that did not, between 0 and 3; the guess turns on at 3 and off
