@@ -127,28 +127,11 @@ func (d *Dispatcher[K, T]) lowLimit() int {
 	return max(d.concurrency()-d.cfg.Reserve.Workers, 1)
 }
 
-// urgent reports whether c may use a reserved worker: its effective
-// priority at now is at least the reservation's.
-func (d *Dispatcher[K, T]) urgent(c *call[K, T], now int64) bool {
-	return !d.q.level(c, now).less(wide(int64(d.cfg.Reserve.MinPriority)))
-}
-
-// urgentAt is when aging lifts c to the reservation's priority: enq +
-// (MinPriority − prio) × aging, or maxTime if never (no aging, or past the
-// clock's range).
-func (d *Dispatcher[K, T]) urgentAt(c *call[K, T]) int64 {
-	if d.q.aging == 0 {
-		return maxTime
-	}
-	gap := wide(int64(d.cfg.Reserve.MinPriority)).add(wide(int64(c.prio)).neg())
-	if gap.hi != 0 || gap.lo > uint64(maxTime)/uint64(d.q.aging) {
-		return maxTime
-	}
-	at := wide(c.enq).add(mulWide(int64(gap.lo), d.q.aging))
-	if at.hi != 0 || at.lo >= uint64(maxTime) {
-		return maxTime
-	}
-	return int64(at.lo)
+// urgent reports whether c may use a reserved worker: its priority is at
+// least the reservation's. Aging never makes a call urgent: the reservation
+// starts a band (Config.validate), and aging stays within bands.
+func (d *Dispatcher[K, T]) urgent(c *call[K, T]) bool {
+	return c.prio >= d.cfg.Reserve.MinPriority
 }
 
 // labelTimes are the recent execution times of one label, and the

@@ -138,7 +138,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		drained:     make(chan struct{}),
 		stopCh:      make(chan struct{}),
 		lanes:       newLaneTable[K, T](),
-		q:           newQueue[K, T](set.aging),
+		q:           newQueue[K, T](set.aging, set.band),
 		timerAt:     maxTime,
 		retryBudget: window.New(set.Retry.BudgetWindow),
 		queueWait:   hist.NewRecent(LatencyWindow),

@@ -61,14 +61,14 @@ func TestNewValidation(t *testing.T) {
 	t.Run("valid", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			d := newD(t, nopExec, Config[string, int]{
-				Workers:        1,
-				Capacity:       1,
-				MaxWaiters:     1,
-				StrictPriority: true,
-				RateLimit:      nil,
-				Merge:          func(p, in int) (int, error) { return in, nil },
-				NoOp:           func(string, int) bool { return false },
-				OnDone:         func(Result[string, int]) {},
+				Workers:    1,
+				Capacity:   1,
+				MaxWaiters: 1,
+				AgingBand:  1,
+				RateLimit:  nil,
+				Merge:      func(p, in int) (int, error) { return in, nil },
+				NoOp:       func(string, int) bool { return false },
+				OnDone:     func(Result[string, int]) {},
 			})
 			tk := submit(t, d, "k", 1, SubmitOptions{})
 			r, err := tk.Wait(bg)

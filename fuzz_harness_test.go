@@ -68,11 +68,11 @@ func fzRun(t *testing.T, data []byte) {
 	h := &fzHarness{t: t, cfg: cfg, m: newFzModel(cfg), closeDone: make(chan error, 1)}
 	h.trace = append(h.trace, "config: "+cfg.String())
 	dc := dispatch.Config[int, int64]{
-		Workers:        1,
-		Capacity:       cfg.capacity,
-		MaxWaiters:     cfg.maxWaiters,
-		Aging:          cfg.aging,
-		StrictPriority: cfg.aging == 0,
+		Workers:    1,
+		Capacity:   cfg.capacity,
+		MaxWaiters: cfg.maxWaiters,
+		Aging:      cfg.aging,
+		AgingBand:  cfg.band,
 		// The model does not predict which calls the start check would
 		// judge unfinishable; that rule has tests of its own.
 		StartCheck: dispatch.StartCheck{Disabled: true},

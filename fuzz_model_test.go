@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"time"
 
 	"github.com/coalescer/dispatch"
 )
@@ -175,27 +176,42 @@ func (m *fzModel) labels() map[string]int {
 	return n
 }
 
-// vt is the virtual time enqueue − priority×aging, exactly: with big
-// integers, so that it shares nothing with the implementation's 128-bit
-// arithmetic, and nothing saturates — every pair of int priorities orders
-// by priority at every aging (issue 10, item 3).
-func (m *fzModel) vt(prio int, enq int64) *big.Int {
-	v := new(big.Int).Mul(big.NewInt(int64(prio)), big.NewInt(int64(m.cfg.aging)))
-	return v.Sub(big.NewInt(enq), v)
+// width is the band width the dispatcher works with: Config.AgingBand,
+// narrowed so that a band spans at most 2⁶² ns of aging, as its docs say.
+func (m *fzModel) width() int64 {
+	return min(int64(m.cfg.band), (1<<62)/m.aging()+1)
 }
 
-// before reports whether a runs before b in the ready order.
-func (m *fzModel) before(aPrio int, aEnq int64, aSeq uint64, bPrio int, bEnq int64, bSeq uint64) bool {
+// aging is the aging interval in ns: Config.Aging, or its default.
+func (m *fzModel) aging() int64 {
 	if m.cfg.aging == 0 {
-		if aPrio != bPrio {
-			return aPrio > bPrio
-		}
-		if aEnq != bEnq {
-			return aEnq < bEnq
-		}
-		return aSeq < bSeq
+		return int64(time.Second)
 	}
-	if c := m.vt(aPrio, aEnq).Cmp(m.vt(bPrio, bEnq)); c != 0 {
+	return int64(m.cfg.aging)
+}
+
+// place is a call's place in the ready order by the contract, with big
+// integers, so that it shares nothing with the implementation: its band
+// floor(prio / width), and its virtual time within the band, enqueue −
+// (prio − band×width)×aging.
+func (m *fzModel) place(prio int, enq int64) (band, vt *big.Int) {
+	w := big.NewInt(m.width())
+	band, off := new(big.Int), new(big.Int)
+	band.DivMod(big.NewInt(int64(prio)), w, off) // Euclidean: off ≥ 0
+	vt = new(big.Int).Mul(off, big.NewInt(m.aging()))
+	return band, vt.Sub(big.NewInt(enq), vt)
+}
+
+// before reports whether a runs before b in the ready order: the higher
+// band first, whatever the ages; within a band the lower virtual time;
+// then arrival.
+func (m *fzModel) before(aPrio int, aEnq int64, aSeq uint64, bPrio int, bEnq int64, bSeq uint64) bool {
+	ab, av := m.place(aPrio, aEnq)
+	bb, bv := m.place(bPrio, bEnq)
+	if c := ab.Cmp(bb); c != 0 {
+		return c > 0
+	}
+	if c := av.Cmp(bv); c != 0 {
 		return c < 0
 	}
 	return aSeq < bSeq

@@ -425,3 +425,12 @@ func noJitter(attempts int) RetryPolicy {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// strictIf is the Config.AgingBand of strict priority if strict, else of
+// the default.
+func strictIf(strict bool) int {
+	if strict {
+		return 1
+	}
+	return 0
+}

@@ -188,24 +188,31 @@ func TestReservation(t *testing.T) {
 		assert.LessOrEqual(t, log.hi, 4)
 		closeD(t, d)
 	})
-	t.Run("aging lifts", func(t *testing.T) {
+	t.Run("aging never lifts into it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			log := newStartLog()
-			d := newD(t, log.exec(10*time.Second), Config[string, int]{
+			d := newD(t, log.exec(10*time.Minute), Config[string, int]{
 				Workers: 2,
-				Reserve: Reservation{Workers: 1, MinPriority: 2},
+				Reserve: Reservation{Workers: 1, MinPriority: 10},
 				Aging:   time.Second,
 			})
-			for i := range 3 {
-				require.NoError(t, d.Post(fmt.Sprint("low", i), 0, SubmitOptions{}))
+			for i := range 10 { // 100 minutes of work for one worker
+				require.NoError(t, d.Post(fmt.Sprint("low", i), 9, SubmitOptions{}))
 			}
 			synctest.Wait()
 			assert.Equal(t, 1, d.Stats().InFlight, "one low call; the other worker is kept")
-			// After 2 aging intervals the waiting low calls reach priority
-			// 2 and may use the kept worker.
-			time.Sleep(2*time.Second + time.Millisecond)
+			// An hour of aging would lift priority 9 far past 10; the
+			// kept worker still waits for an urgent call.
+			time.Sleep(time.Hour)
 			synctest.Wait()
-			assert.Equal(t, 2, d.Stats().InFlight)
+			assert.Equal(t, 1, d.Stats().InFlight)
+			submitted := time.Now()
+			bind := submit(t, d, "bind", 1, prio(10))
+			synctest.Wait()
+			start, ok := log.startOf("bind")
+			require.True(t, ok, "the bind started on the kept worker")
+			assert.Equal(t, submitted, start)
+			bind.Cancel()
 			closeD(t, d)
 		})
 	})

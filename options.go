@@ -21,6 +21,10 @@ const (
 	// DefaultAging is the aging interval when Config.Aging is 0: a waiting
 	// call gains one priority level per second.
 	DefaultAging = time.Second
+	// DefaultAgingBand is the width of a priority band when
+	// Config.AgingBand is 0: priorities ten apart never overtake each
+	// other.
+	DefaultAgingBand = 10
 )
 
 // Config configures a Dispatcher. It carries the Dispatcher's key and call
@@ -66,15 +70,24 @@ type Config[K comparable, T any] struct {
 	// onto one key. Fire-and-forget submissions (Post) hold no ticket and
 	// are not counted. 0 means DefaultWaitersPerKey × Capacity.
 	MaxWaiters int
-	// Aging is how fast waiting calls gain priority: one level per
-	// interval. A call of priority p that waits behind an endless stream
-	// of priority q > p runs within about (q−p+1) × Aging. 0 means
+	// Aging is how fast a waiting call gains priority over the other calls
+	// of its priority band (AgingBand): one level per interval. Within a
+	// band, a call of priority p that waits behind an endless stream of
+	// priority q > p runs within about (q−p+1) × Aging. 0 means
 	// DefaultAging.
 	Aging time.Duration
-	// StrictPriority turns aging off: ready calls run by priority, then
-	// arrival, and nothing else. Under sustained high-priority load,
-	// low-priority calls may then never run.
-	StrictPriority bool
+	// AgingBand groups priorities into bands of this many consecutive
+	// levels — [0, AgingBand), [AgingBand, 2×AgingBand), …, and likewise
+	// below 0 — and aging works only within a band: a call never runs
+	// before a ready call of a higher band, however long it has waited,
+	// and runs whenever no call of a higher band is ready. Give call types
+	// that must never overtake one another priorities in different bands
+	// (a binding at 10, a status patch at 0), and grade calls of one type
+	// within a band. 1 is strict priority: every priority is a band of its
+	// own, and nothing ages. 0 means DefaultAgingBand. A band spans at
+	// most 2⁶² ns of aging ((AgingBand−1) × Aging, 146 years); a wider one
+	// is narrowed to that.
+	AgingBand int
 	// Tenants configures named tenants (SubmitOptions.Tenant): quotas,
 	// in-flight caps and weights. The empty name is the tenant of
 	// submissions that give none.
@@ -220,7 +233,8 @@ func IdempotencyKey(ctx context.Context) string {
 // copy of the configuration a Dispatcher keeps.
 type settings[K comparable, T any] struct {
 	Config[K, T]
-	aging int64 // ns per priority level; 0: strict priority
+	aging int64 // ns per priority level within a band
+	band  int64 // width of a priority band, narrowed to maxBandSpan
 }
 
 // validate checks c and fills in its defaults. Errors name the field.
@@ -235,6 +249,8 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		return s, fieldErr("MaxWaiters", c.MaxWaiters, "must not be negative")
 	case c.Aging < 0:
 		return s, fieldErr("Aging", c.Aging, "must not be negative")
+	case c.AgingBand < 0:
+		return s, fieldErr("AgingBand", c.AgingBand, "must not be negative")
 	case c.Mode > Sync:
 		return s, fieldErr("Mode", c.Mode, "is not a Mode")
 	case c.SwitchPolicy > CancelQueued:
@@ -252,9 +268,11 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 	if s.Aging == 0 {
 		s.Aging = DefaultAging
 	}
-	if !s.StrictPriority {
-		s.aging = int64(s.Aging)
+	if s.AgingBand == 0 {
+		s.AgingBand = DefaultAgingBand
 	}
+	s.aging = int64(s.Aging)
+	s.band = min(int64(s.AgingBand), maxBandSpan/s.aging+1)
 	if s.Classify == nil {
 		s.Classify = DefaultClassifier
 	}
@@ -274,6 +292,9 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		return s, fieldErr("Reserve.Workers", c.Reserve.Workers, "must not be negative")
 	case c.Reserve.Workers >= s.Workers:
 		return s, fieldErr("Reserve.Workers", c.Reserve.Workers, fmt.Sprintf("must be less than Workers (%d)", s.Workers))
+	}
+	if _, off := bandOf(int64(c.Reserve.MinPriority), s.band); c.Reserve.Workers > 0 && off != 0 {
+		return s, fieldErr("Reserve.MinPriority", c.Reserve.MinPriority, fmt.Sprintf("must start a priority band (a multiple of AgingBand, %d)", s.band))
 	}
 	if c.RateLimit != nil {
 		if err := checkLimiter(c.RateLimit); err != nil {
@@ -308,17 +329,19 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 	return s, nil
 }
 
-// Reservation keeps Workers of the dispatcher's workers for calls whose
-// effective priority (their priority, raised by aging) is at least
-// MinPriority: other calls may hold at most the rest, and at least one. It
-// applies to what workers run, on top of tenant caps; inline (Sync)
-// executions are their callers' own. Stats reports it.
+// Reservation keeps Workers of the dispatcher's workers for urgent calls:
+// those whose priority — the highest of their live waiters', never raised
+// by aging — is at least MinPriority. Other calls may hold at most the rest
+// of the workers, and at least one. MinPriority must start a priority band
+// (Config.AgingBand), so that every urgent call runs before every other
+// call, whatever their ages. It applies to what workers run, on top of
+// tenant caps; inline (Sync) executions are their callers' own. Stats
+// reports it.
 type Reservation struct {
 	// Workers is the number of workers kept; 0 keeps none. It must be less
 	// than Config.Workers.
 	Workers int
-	// MinPriority is the effective priority a call needs to use a kept
-	// worker.
+	// MinPriority is the priority a call needs to use a kept worker.
 	MinPriority int
 }
 

@@ -19,8 +19,8 @@ func TestShedding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var hooks []Result[string, int]
 		d, _, release := holdWorker(t, nopExec, Config[string, int]{ // the held call takes one key
-			Capacity:       5,
-			StrictPriority: true,
+			Capacity:  5,
+			AgingBand: 1,
 			OnDone: func(r Result[string, int]) {
 				if r.State == Dropped {
 					hooks = append(hooks, r)

@@ -79,11 +79,11 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			d.expireUnfinishable(c, now, ob)
 			continue
 		}
-		low := d.cfg.Reserve.Workers > 0 && !d.urgent(c, now)
+		low := d.cfg.Reserve.Workers > 0 && !d.urgent(c)
 		if low && d.lowRunning >= d.lowLimit() {
-			// The rest of the workers are kept for urgent calls; aging
-			// makes this one urgent in time.
-			d.lookAgainAt(d.urgentAt(c))
+			// The rest of the workers are kept for urgent calls, which
+			// would be c's band or above: none is ready. A worker is
+			// woken when a low call ends (endAttempt).
 			return nil
 		}
 		if ok, at := d.tokens.ready(now, d.wall); !ok {
