@@ -220,11 +220,14 @@ func (d *Dispatcher) Post(c Call, o dispatch.SubmitOptions) error {
 
 // SyncObject returns pod as it will look once its pending call lands —
 // with a pending status patch's fields or a deletion's condition set, or a
-// pending binding's node — and makes pod the pending call's new baseline:
-// the newest view of the pod, which the no-op test and the patch are
-// computed against and whose resourceVersion a status patch sends as its
-// precondition. If the call then has nothing left to change, it ends
-// Skipped for every waiter, at once. It is kube-scheduler's
+// pending binding's node if pod is unbound — and makes pod the pending
+// call's new baseline: the newest view of the pod, which the no-op test and
+// the patch are computed against and whose resourceVersion a status patch
+// sends as its precondition. If the call then has nothing left to change,
+// it ends Skipped for every waiter, at once. A pod bound to another node
+// than its pending binding's is returned as it is: a pod's node never
+// changes once set, so the server's truth wins over a binding that cannot
+// land (it ends Failed when it runs). It is kube-scheduler's
 // APIDispatcher.SyncObject, for an informer's update handler or the
 // scheduler's cache.
 //

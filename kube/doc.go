@@ -43,7 +43,9 @@
 // pod back and rebuilds the patch, dropping a PodScheduled=False or a
 // nomination once the pod is bound. Dispatcher.SyncObject refreshes a pending
 // call's baseline from your informer and tells you how the pod will look
-// once the call lands.
+// once the call lands; where the informer already shows what the server
+// decided — the pod bound to another node than a pending binding's — the
+// server's truth wins over a call that cannot land.
 //
 // # Errors and retries
 //
