@@ -30,6 +30,9 @@ const (
 	DefaultStatusPatchPriority = 0
 )
 
+// minQPS is the slowest positive Options.QPS: one call a minute.
+const minQPS = 1.0 / 60
+
 // Options configures NewDispatcher. The zero value gives the defaults.
 type Options struct {
 	// Config is passed to dispatch.New, with the preset's settings added:
@@ -45,8 +48,12 @@ type Options struct {
 
 	// QPS is the API rate the dispatcher allows, taken per execution after
 	// calls are ordered by priority. 0 means DefaultQPS; a negative value
-	// means no limit. Ignored if Config.RateLimit is set. Give the
-	// clientset no limit of its own (see RESTConfig).
+	// means no limit. A positive value must allow at least one call a
+	// minute (1.0/60): a slower limiter would hold calls past any deadline a
+	// scheduler or controller sets, and one so slow that its interval
+	// overflows a time.Duration never grants at all. NaN and +Inf are
+	// refused too. Ignored if Config.RateLimit is set. Give the clientset no
+	// limit of its own (see RESTConfig).
 	QPS float64
 	// Burst is the rate limiter's burst. 0 means DefaultBurst.
 	Burst int
@@ -60,8 +67,9 @@ type Options struct {
 	// a storm of status patches never leaves a binding without a worker
 	// (kubernetes#135900), whether the limit is tokens, connections or the
 	// server's latency. 0 means a quarter of the workers, at least 1 (none
-	// with a single worker); a negative value keeps none. Ignored if
-	// Config.Reserve is set.
+	// with a single worker); a negative value keeps none; a positive value
+	// must be less than the workers (Config.Workers, or its default).
+	// Ignored if Config.Reserve is set.
 	ReservedWorkers int
 	// StatusPatchMaxInFlight, if positive, caps how many workers status
 	// patches may hold at once (their tenant's MaxInFlight). The
@@ -84,7 +92,13 @@ type Dispatcher struct {
 // configured by o: the classifier, merge and no-op rules, SyncObject,
 // labels, priorities, the workers kept for bindings and deletions, and the
 // QPS limit.
-// Bad options are reported here, naming the field.
+//
+// Bad options are reported here, each error naming the Options field the
+// user set: "kube: Options.QPS …" for a field of the preset's own, and
+// "kube: Options.Config: " followed by dispatch.New's error for a field of
+// Config. What the preset derives from its own fields (the rate limiter,
+// the reservation, the status-patch tenant) is checked before dispatch.New
+// sees it.
 func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) {
 	if client == nil {
 		return nil, errors.New("kube: NewDispatcher: client is nil")
@@ -97,7 +111,7 @@ func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) 
 	cfg.BeforeRetry = a.beforeRetry
 	d, err := dispatch.New(a.exec, cfg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kube: Options.Config: %w", err)
 	}
 	a.amend = d.Amend // before any call can run: workers start on the first submission
 	return &Dispatcher{Dispatcher: d, prio: prio}, nil
@@ -118,6 +132,8 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		return cfg, nil, optErr("Config.BeforeRetry", "is the preset's: leave it nil")
 	case math.IsNaN(o.QPS) || math.IsInf(o.QPS, 1):
 		return cfg, nil, optErr("QPS", fmt.Sprintf("%v is not a rate", o.QPS))
+	case o.QPS > 0 && o.QPS < minQPS:
+		return cfg, nil, optErr("QPS", fmt.Sprintf("%.3g is below one call a minute (%.3g)", o.QPS, minQPS))
 	case o.Burst < 0:
 		return cfg, nil, optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))
 	case o.StatusPatchMaxInFlight < 0:
@@ -152,12 +168,17 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 	if workers == 0 {
 		workers = dispatch.DefaultWorkers
 	}
-	if cfg.Reserve == (dispatch.Reservation{}) && o.ReservedWorkers >= 0 && workers > 1 {
+	if cfg.Reserve == (dispatch.Reservation{}) && workers > 0 {
 		kept := o.ReservedWorkers
-		if kept == 0 {
+		switch {
+		case kept >= workers:
+			return cfg, nil, optErr("ReservedWorkers", fmt.Sprintf("%d must be less than the workers (%d)", kept, workers))
+		case kept == 0 && workers > 1:
 			kept = max(1, workers/4)
 		}
-		cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: min(prio[PodBinding], prio[PodDeletion])}
+		if kept > 0 {
+			cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: min(prio[PodBinding], prio[PodDeletion])}
+		}
 	}
 	if _, named := cfg.Tenants[string(PodStatusPatch)]; !named && o.StatusPatchMaxInFlight > 0 {
 		tenants := maps.Clone(cfg.Tenants)
@@ -220,11 +241,14 @@ func (d *Dispatcher) Post(c Call, o dispatch.SubmitOptions) error {
 
 // SyncObject returns pod as it will look once its pending call lands —
 // with a pending status patch's fields or a deletion's condition set, or a
-// pending binding's node — and makes pod the pending call's new baseline:
-// the newest view of the pod, which the no-op test and the patch are
-// computed against and whose resourceVersion a status patch sends as its
-// precondition. If the call then has nothing left to change, it ends
-// Skipped for every waiter, at once. It is kube-scheduler's
+// pending binding's node if pod is unbound — and makes pod the pending
+// call's new baseline: the newest view of the pod, which the no-op test and
+// the patch are computed against and whose resourceVersion a status patch
+// sends as its precondition. If the call then has nothing left to change,
+// it ends Skipped for every waiter, at once. A pod bound to another node
+// than its pending binding's is returned as it is: a pod's node never
+// changes once set, so the server's truth wins over a binding that cannot
+// land (it ends Failed when it runs). It is kube-scheduler's
 // APIDispatcher.SyncObject, for an informer's update handler or the
 // scheduler's cache.
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -18,7 +19,8 @@ import (
 )
 
 // TestOptionsErrors: bad options are reported by NewDispatcher, naming the
-// field, and nothing starts.
+// Options field the user set — never a core field the preset derived from
+// it — and nothing starts.
 func TestOptionsErrors(t *testing.T) {
 	api := newFakeAPI()
 	cases := []struct {
@@ -36,13 +38,25 @@ func TestOptionsErrors(t *testing.T) {
 		{"QPS +Inf", Options{QPS: math.Inf(1)}, "Options.QPS +Inf is not a rate"},
 		{"Burst negative", Options{Burst: -1}, "Options.Burst -1 must not be negative"},
 		{"unknown call type", Options{Priorities: map[CallType]int{"pod_eviction": 3}}, `Options.Priorities "pod_eviction" is not a CallType`},
-		{"core validation", Options{Config: dispatch.Config[types.UID, Call]{Workers: -2}}, "dispatch: Config.Workers: -2"},
+		{"QPS far below the minimum", Options{QPS: 1e-300}, "Options.QPS 1e-300 is below one call a minute"},
+		{"QPS just below the minimum", Options{QPS: 0.99 / 60}, "Options.QPS 0.0165 is below one call a minute"},
+		{"ReservedWorkers as many as the workers", Options{ReservedWorkers: dispatch.DefaultWorkers},
+			"Options.ReservedWorkers 16 must be less than the workers (16)"},
+		{"ReservedWorkers with one worker", Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}, ReservedWorkers: 1},
+			"Options.ReservedWorkers 1 must be less than the workers (1)"},
+		{"StatusPatchMaxInFlight negative", Options{StatusPatchMaxInFlight: -1}, "Options.StatusPatchMaxInFlight -1 must not be negative"},
+		{"core validation", Options{Config: dispatch.Config[types.UID, Call]{Workers: -2}}, "kube: Options.Config: dispatch: Config.Workers: -2"},
+		{"core validation of a field the preset also sets", Options{Config: dispatch.Config[types.UID, Call]{Reserve: dispatch.Reservation{Workers: 99}}},
+			"kube: Options.Config: dispatch: Config.Reserve.Workers: 99"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d, err := NewDispatcher(api.client(), c.o)
 			assert.Nil(t, d)
 			assert.ErrorContains(t, err, c.want)
+			if assert.Error(t, err) {
+				assert.True(t, strings.HasPrefix(err.Error(), "kube: Options."), "names an Options field: %v", err)
+			}
 		})
 	}
 	_, err := NewDispatcher(nil, Options{})
@@ -106,6 +120,11 @@ func TestPresetConfig(t *testing.T) {
 		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Tenants: map[string]dispatch.TenantConfig{"pod_status_patch": {MaxQueued: 9}}}}.config()
 		require.NoError(t, err)
 		assert.Equal(t, dispatch.TenantConfig{MaxQueued: 9}, cfg.Tenants["pod_status_patch"], "a tenant the user names is theirs")
+	})
+	t.Run("the slowest rate accepted", func(t *testing.T) {
+		cfg, _, err := Options{QPS: 1.0 / 60, Burst: 1}.config()
+		require.NoError(t, err)
+		assert.Equal(t, rate.Limit(1.0/60), cfg.RateLimit.(*rate.Limiter).Limit())
 	})
 	t.Run("no limit, no reservation", func(t *testing.T) {
 		cfg, _, err := Options{QPS: -1, ReservedWorkers: -1}.config()

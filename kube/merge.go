@@ -88,9 +88,11 @@ func label(_ types.UID, c Call) string {
 }
 
 // project returns pod as it will look once c lands: with a status patch's
-// fields or a deletion's condition set, or a binding's node. It returns
-// pod itself if c changes nothing in it, and a changed copy otherwise;
-// pod is never written.
+// fields or a deletion's condition set, or, if pod is unbound, a binding's
+// node. A pod bound elsewhere stays where it is: a pod's node never
+// changes once set, so the binding cannot land (it will end Failed), and
+// the server's truth wins. It returns pod itself if c changes nothing in
+// it, and a changed copy otherwise; pod is never written.
 func (c *Call) project(pod *v1.Pod) *v1.Pod {
 	now := metav1.Now()
 	switch c.typ {
@@ -105,7 +107,7 @@ func (c *Call) project(pod *v1.Pod) *v1.Pod {
 			return out
 		}
 	case PodBinding:
-		if pod.Spec.NodeName != c.node {
+		if pod.Spec.NodeName == "" {
 			out := pod.DeepCopy()
 			out.Spec.NodeName = c.node
 			return out

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"strconv"
 	"sync"
 	"testing"
@@ -287,9 +288,10 @@ func TestRESTErrors(t *testing.T) {
 
 // TestRESTCalls: each call, through the real REST client, makes the
 // request kube-apiserver expects — the binding with the pod's UID, the
-// status patch with its resourceVersion precondition, the deletion with
-// its UID precondition — and the 409 of a binding that had landed is
-// resolved by reading the pod back.
+// status patch with its UID and resourceVersion preconditions, the
+// deletion with its UID precondition — and the 409 of a binding that had
+// landed is resolved by reading the pod back; the 422 of a condition patch
+// whose pod was replaced ends the deletion, with nothing written.
 func TestRESTCalls(t *testing.T) {
 	s := newAPIServer(t, newPod("a"), newPod("b"), newPod("c"))
 	d, err := NewDispatcher(s.client(t), Options{})
@@ -333,7 +335,8 @@ func TestRESTCalls(t *testing.T) {
 	assert.Equal(t, dispatch.Failed, r.State)
 	assert.ErrorContains(t, r.Err, "bound to node n1")
 
-	// Deletion of a pod that was replaced: the newer pod stays.
+	// Deletion of a pod that was replaced: the newer pod stays, without
+	// the condition.
 	victim := get("c")
 	s.mu.Lock()
 	newer := victim.DeepCopy()
@@ -343,6 +346,10 @@ func TestRESTCalls(t *testing.T) {
 	r = outcome(t, submit(t, d, Delete(victim, &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue})))
 	assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
 	require.NotNil(t, get("c"))
+	assert.Nil(t, findCondition(&get("c").Status, v1.DisruptionTarget))
+	r = outcome(t, submit(t, d, Delete(get("c"), nil)))
+	assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+	assert.Nil(t, get("c"))
 
 	var methods []string
 	for _, q := range s.requests() {
@@ -352,10 +359,11 @@ func TestRESTCalls(t *testing.T) {
 			if q.Path == "/api/v1/namespaces/default/pods/a/status" {
 				assert.Contains(t, q.Body, `"resourceVersion":"1"`)
 			}
+			assert.Contains(t, q.Body, `"uid":"uid-`+path.Base(path.Dir(q.Path))+`"`, "fenced by the UID of the call's pod")
 		case http.MethodPost:
 			assert.Contains(t, q.Body, `"uid":"uid-b"`)
 		case http.MethodDelete:
-			assert.Contains(t, q.Body, `"preconditions":{"uid":"uid-c"}`)
+			assert.Contains(t, q.Body, `"preconditions":{"uid":"uid-newer"}`)
 		}
 	}
 	assert.Equal(t, []string{

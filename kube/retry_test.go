@@ -176,15 +176,40 @@ func TestErrorPaths(t *testing.T) {
 			state: dispatch.Succeeded, attempts: 1, requests: []string{"patch/status"}},
 		{
 			name: "delete: a pod replaced under the same name is not deleted", call: del,
-			after: func(api *fakeAPI) {
-				newer := newPod("p")
-				newer.UID = "uid-newer"
-				api.add(newer)
-			},
+			after: replacePod,
 			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/"},
 			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
 				require.NotNil(t, api.pod("p"), "the newer pod stays")
 				assert.Equal(t, types.UID("uid-newer"), api.pod("p").UID)
+			},
+		},
+		{
+			// The victim was replaced before its call ran: the condition
+			// patch, fenced by the victim's UID, is refused (422) and the
+			// call has met its goal — the victim is gone. The newer pod is
+			// neither marked for disruption nor deleted.
+			name: "preempt: a pod replaced under the same name is neither patched nor deleted", call: preempt,
+			after: replacePod,
+			state: dispatch.Succeeded, attempts: 1, requests: []string{"patch/status"},
+			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+				newer := api.pod("p")
+				require.NotNil(t, newer, "the newer pod stays")
+				assert.Equal(t, types.UID("uid-newer"), newer.UID)
+				assert.Nil(t, findCondition(&newer.Status, v1.DisruptionTarget), "the condition landed on the newer pod")
+			},
+		},
+		{
+			// An unconditional status patch carries no resourceVersion, but
+			// still the pod's UID: it never lands on a newer pod.
+			name: "patch: unconditional, a pod replaced under the same name is not patched", call: func(p *v1.Pod) Call {
+				return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}, Unconditional: true})
+			},
+			after: replacePod,
+			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"},
+			check: func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call]) {
+				assert.ErrorContains(t, r.Err, "the pod was replaced")
+				assert.True(t, apierrors.IsInvalid(r.Err), "the server's answer is kept in the chain")
+				assert.Nil(t, findCondition(&api.pod("p").Status, v1.PodScheduled), "the patch landed on the newer pod")
 			},
 		},
 		{
@@ -234,6 +259,14 @@ func TestErrorPaths(t *testing.T) {
 			})
 		})
 	}
+}
+
+// replacePod deletes pod p on the server and creates a newer pod under its
+// name, with UID uid-newer.
+func replacePod(api *fakeAPI) {
+	newer := newPod("p")
+	newer.UID = "uid-newer"
+	api.add(newer)
 }
 
 // TestRetryAfterReachesTheBackoff: a 429 with Retry-After: 2 makes the

@@ -155,6 +155,22 @@ func TestSyncObject(t *testing.T) {
 		})
 	})
 
+	t.Run("pending binding, the pod bound elsewhere: shown where the server has it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			tk := submit(t, f.d, Bind(f.api.pod("p"), "n1"))
+			seen := f.update(func(p *v1.Pod) { p.Spec.NodeName = "n2" }) // another scheduler's binding
+			got, err := f.d.SyncObject(seen)
+			require.NoError(t, err)
+			assert.Same(t, seen, got, "the server's truth wins over a binding that cannot land")
+			f.release()
+			r := outcome(t, tk)
+			assert.Equal(t, dispatch.Failed, r.State)
+			assert.ErrorContains(t, r.Err, "bound to node n2")
+			assert.Equal(t, "n2", f.api.pod("p").Spec.NodeName)
+		})
+	})
+
 	t.Run("pending deletion: its condition is projected", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := newSyncFixture(t)
