@@ -3,6 +3,7 @@ package dispatch
 import (
 	"fmt"
 
+	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/coalescer/dispatch/internal/window"
 )
 
@@ -145,7 +146,7 @@ func (b *breaker) trip(now int64, ob *notes) {
 	if b.state == BreakerClosed {
 		b.since = now
 	}
-	b.openUntil = now + int64(b.p.Cooldown)
+	b.openUntil = sat.Add(now, int64(b.p.Cooldown))
 	b.consec = 0
 	b.win = window.New(b.p.Window)
 	b.set(BreakerOpen, ob)

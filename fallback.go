@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/coalescer/dispatch/internal/window"
 )
 
@@ -60,7 +61,7 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 	if code, detail := d.fallbackReason(now); code != "" {
 		f.reason = detail
 		if f.p.ReturnAfter > 0 {
-			f.returnAt = now + int64(f.p.ReturnAfter)
+			f.returnAt = sat.Add(now, int64(f.p.ReturnAfter))
 		}
 		d.switchMode(Sync, code, ob)
 	}

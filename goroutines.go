@@ -57,6 +57,9 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 		d.mu.Unlock()
 		returned := false
 		defer func() {
+			if r := recover(); r != nil {
+				crash(r) // never take the lock the panic may have left held
+			}
 			d.mu.Lock()
 			d.disown(id)
 			if !returned && !d.stopped {

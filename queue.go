@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"github.com/coalescer/dispatch/internal/sat"
-
 	"github.com/google/btree"
 )
 

@@ -10,6 +10,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/sat"
 )
 
 // Class is the judgement on a failed execution.
@@ -90,19 +92,21 @@ const (
 )
 
 // backoff returns the delay before retry number n (n ≥ 1: the delay after
-// the n-th failed attempt), jittered.
+// the n-th failed attempt), jittered. Every step saturates: a policy of
+// maximal durations or an infinite multiplier means "as late as can be",
+// never an overflow into the past or a panic.
 func (p *RetryPolicy) backoff(n int) time.Duration {
 	b := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(n-1))
 	if b > float64(p.MaxBackoff) || math.IsInf(b, 0) || math.IsNaN(b) {
 		b = float64(p.MaxBackoff)
 	}
-	d := time.Duration(b)
+	d := sat.Duration(b)
 	switch p.Jitter {
 	case FullJitter:
-		return time.Duration(rand.Int64N(int64(d) + 1))
+		return time.Duration(rand.Uint64N(uint64(d) + 1)) // ≤ 2⁶³: no overflow
 	case EqualJitter:
 		half := d / 2
-		return half + time.Duration(rand.Int64N(int64(d-half)+1))
+		return half + time.Duration(rand.Uint64N(uint64(d-half)+1))
 	}
 	return d
 }
@@ -137,7 +141,7 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 			delay = p.backoff(c.attempts)
 		}
 	}
-	notBefore := now + int64(delay)
+	notBefore := sat.Add(now, int64(delay))
 	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
 		return 0, GiveUpDeadline
 	}

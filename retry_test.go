@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -515,4 +517,153 @@ func TestRetryAbsorbsUrgentTenantAndLabel(t *testing.T) {
 		close(gate)
 		waitAll(a, b)
 	})
+}
+
+// extremePolicies are retry policies at the edge of the duration range
+// (issue 20, item 3): each used to overflow the backoff's float-to-Duration
+// conversion and panic in rand.Int64N under the dispatcher's lock.
+var extremePolicies = map[string]RetryPolicy{
+	"InitialBackoff max/full":    {InitialBackoff: math.MaxInt64, Jitter: FullJitter},
+	"InitialBackoff max/equal":   {InitialBackoff: math.MaxInt64, Jitter: EqualJitter},
+	"InitialBackoff max/none":    {InitialBackoff: math.MaxInt64, Jitter: NoJitter},
+	"MaxBackoff max, ×Inf/full":  {MaxBackoff: math.MaxInt64, Multiplier: math.Inf(1), Jitter: FullJitter},
+	"MaxBackoff max, ×Inf/equal": {MaxBackoff: math.MaxInt64, Multiplier: math.Inf(1), Jitter: EqualJitter},
+	"MaxBackoff max, ×1e300":     {MaxBackoff: math.MaxInt64, Multiplier: 1e300},
+}
+
+// TestBackoffSaturates (internal): at every attempt of every extreme
+// policy, the backoff is within [0, MaxBackoff] and never panics.
+func TestBackoffSaturates(t *testing.T) {
+	for name, p := range extremePolicies {
+		p, err := p.withDefaults()
+		require.NoError(t, err, name)
+		for n := 1; n <= 70; n++ {
+			for range 50 {
+				b := p.backoff(n)
+				require.GreaterOrEqual(t, b, time.Duration(0), "%s attempt %d", name, n)
+				require.LessOrEqual(t, b, p.MaxBackoff, "%s attempt %d", name, n)
+			}
+		}
+	}
+}
+
+// TestExtremeBackoffNoDeadlock (issue 20, item 3): with any extreme retry
+// policy, a retryable failure schedules a retry as late as can be, and
+// nothing hangs: Stats answers, a call with a deadline gives up at once
+// (its retry could not start in time), and one without waits until Close
+// ends it.
+func TestExtremeBackoffNoDeadlock(t *testing.T) {
+	for name, p := range extremePolicies {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newD(t, func(context.Context, string, int) error { return syscall.ECONNRESET }, Config[string, int]{
+					Workers: 2, Retry: p,
+				})
+				withDL := submit(t, d, "deadline", 1, SubmitOptions{Deadline: time.Now().Add(time.Hour)})
+				forever := submit(t, d, "forever", 1, SubmitOptions{})
+				<-withDL.Done()
+				r := outcome(t, withDL)
+				assert.Equal(t, Failed, r.State)
+				assert.ErrorIs(t, r.Err, ErrExpired, "gave up: the retry could not start before the deadline")
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				s := d.Stats()
+				assert.Equal(t, 1, s.Delayed, "the other call waits for its retry")
+				_, ended := forever.Result()
+				assert.False(t, ended)
+				ctx, cancel := context.WithCancel(bg)
+				cancel()
+				assert.ErrorIs(t, d.Close(ctx), context.Canceled)
+				<-forever.Done()
+				assert.Equal(t, Closed, outcome(t, forever).State)
+				checkConservation(t, d)
+			})
+		})
+	}
+}
+
+// TestHugeRetryAfterAndCooldown (issue 20, item 9): a Retry-After near the
+// largest duration delays the retry (it used to overflow into the past and
+// run at once), and a breaker Cooldown of the largest duration keeps the
+// breaker open (it used to probe within a second).
+func TestHugeRetryAfterAndCooldown(t *testing.T) {
+	t.Run("Retry-After", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScript(hintErr(math.MaxInt64 - 1))
+			d := newD(t, s.exec, Config[string, int]{Workers: 1})
+			tk := submit(t, d, "k", 1, SubmitOptions{})
+			time.Sleep(time.Hour)
+			synctest.Wait()
+			assert.Equal(t, int32(1), s.calls.Load(), "retried at once")
+			tk.Cancel()
+			<-tk.Done()
+			assert.Equal(t, Canceled, outcome(t, tk).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("Cooldown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var calls atomic.Int32
+			d := newD(t, func(context.Context, string, int) error {
+				calls.Add(1)
+				return syscall.ECONNRESET
+			}, Config[string, int]{
+				Workers: 1,
+				Retry:   RetryPolicy{MaxAttempts: 1},
+				Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: math.MaxInt64},
+			})
+			first := submit(t, d, "a", 1, SubmitOptions{})
+			<-first.Done()
+			assert.Equal(t, Failed, outcome(t, first).State)
+			require.Equal(t, BreakerOpen, d.Stats().Breaker)
+			second := submit(t, d, "b", 1, SubmitOptions{})
+			time.Sleep(time.Hour)
+			synctest.Wait()
+			assert.Equal(t, int32(1), calls.Load(), "probed while the breaker should stay open")
+			assert.Equal(t, BreakerOpen, d.Stats().Breaker)
+			second.Cancel()
+			closeD(t, d)
+		})
+	})
+}
+
+// TestPanicUnderLockCrashes (issue 20, item 3): a panic in the
+// dispatcher's own code while it holds its lock — only a bug could cause
+// one; testHookUnderLock stands in for it — ends the process loudly, with
+// the panic's value, instead of deadlocking on the lock. On a worker; and
+// inline, in a Sync-mode caller that recovers panics, which would otherwise
+// walk away with the lock held. The test runs itself in a subprocess.
+func TestPanicUnderLockCrashes(t *testing.T) {
+	if mode := os.Getenv("DISPATCH_CRASH_TEST"); mode != "" {
+		testHookUnderLock = func() { panic("injected under the lock") }
+		cfg := Config[string, int]{Workers: 1}
+		if mode == "sync" {
+			cfg.Mode = Sync
+		}
+		d, err := New(nopExec, cfg)
+		if err != nil {
+			panic(err)
+		}
+		func() {
+			defer func() { _ = recover() }() // a caller that recovers everything
+			_, _ = d.Submit(bg, "k", 1, SubmitOptions{})
+		}()
+		d.Stats() // hangs if the lock was left held
+		time.Sleep(time.Minute)
+		os.Exit(0) // not reached: the process has crashed
+	}
+	for _, mode := range []string{"async", "sync"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(bg, 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestPanicUnderLockCrashes$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "DISPATCH_CRASH_TEST="+mode)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, ctx.Err(), "the process hung instead of crashing:\n%s", out)
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee, "the process did not crash:\n%s", out)
+			assert.Contains(t, string(out), "dispatch: internal panic")
+			assert.Contains(t, string(out), "injected under the lock")
+		})
+	}
 }

@@ -168,6 +168,9 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 	d.mu.Unlock()
 	ended := false
 	defer func() {
+		if r := recover(); r != nil {
+			crash(r) // the dispatcher's own code panicked, perhaps under the lock
+		}
 		if ended {
 			return
 		}
@@ -401,6 +404,9 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 // retryable failure sends the call back to the queue (requeue); otherwise
 // its waiters are told and it finishes.
 func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], now int64) {
+	if testHookUnderLock != nil {
+		testHookUnderLock()
+	}
 	d.running--
 	c.ten.inflight--
 	if d.q.nready > 0 {
