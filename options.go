@@ -41,8 +41,12 @@ type Config[K comparable, T any] struct {
 	Workers int
 	// RateLimit, if set, bounds the rate of executions (API QPS). Each
 	// execution takes one token, before its call is chosen (see
-	// RateLimiter); a coalesced submission costs none. A limiter that can
-	// never grant a token is an error from New.
+	// RateLimiter); a coalesced submission costs none. nil, or a nil
+	// pointer (a *rate.Limiter left unset), means no limit. New refuses a
+	// limiter that is not a rate (a NaN or negative limit or QPS) or can
+	// grant no token at all (a *rate.Limiter of burst 0 and a finite
+	// limit); one that grants its burst and then stops, or is paused at
+	// run time, holds executions until it grants again.
 	RateLimit RateLimiter
 	// Reserve keeps workers free for urgent calls, so that a bind finds a
 	// worker whatever low-priority work is doing to the rest. The zero
@@ -296,10 +300,10 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 	if _, off := bandOf(int64(c.Reserve.MinPriority), s.band); c.Reserve.Workers > 0 && off != 0 {
 		return s, fieldErr("Reserve.MinPriority", c.Reserve.MinPriority, fmt.Sprintf("must start a priority band (a multiple of AgingBand, %d)", s.band))
 	}
-	if c.RateLimit != nil {
-		if err := checkLimiter(c.RateLimit); err != nil {
-			return s, err
-		}
+	if isNil(c.RateLimit) {
+		s.RateLimit = nil
+	} else if err := checkLimiter(c.RateLimit); err != nil {
+		return s, err
 	}
 	if c.Adaptive != nil {
 		a, err := c.Adaptive.withDefaults(s.Workers)

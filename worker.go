@@ -368,7 +368,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		// caller waits for one here, under the call's own context (not
 		// AttemptTimeout's, which bounds one execution). It fails only when
 		// that context ends, which ends the call.
-		if err := l.Wait(a.callCtx); err != nil {
+		if err := waitToken(a.callCtx, l); err != nil {
 			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
 			a.callDone = true
 			return
