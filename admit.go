@@ -133,6 +133,9 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions,
 	d.join(c, t, o.Priority, now, deadline)
 	d.q.push(c)
 	d.wakeWorkerAsync(ob)
+	if d.fallback != nil {
+		d.wakeFallback(now)
+	}
 	return nil
 }
 

@@ -313,7 +313,7 @@ func ExampleNew() {
 	fmt.Println(err)
 	d.Close(context.Background())
 	// Output:
-	// dispatch: Config.Workers: -1 must not be negative
+	// dispatch: Config.Workers: -1 must be in [0, 65536]
 	// dispatch: Config.Retry.Multiplier: 0.5 must be at least 1
 	// <nil>
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -433,4 +434,32 @@ func strictIf(strict bool) int {
 		return 1
 	}
 	return 0
+}
+
+// reflectType is T's reflect.Type.
+func reflectType[T any]() reflect.Type { return reflect.TypeFor[T]() }
+
+// numericFields lists the int, float and duration fields of struct type
+// t, recursing into nested structs and pointers to structs, as dotted
+// paths; maps of structs are listed as their element type under
+// DefaultTenant's name when that is their element (tenant settings).
+func numericFields(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case ft.Kind() == reflect.Struct:
+			out = append(out, numericFields(ft, prefix+f.Name+".")...)
+		case ft.Kind() == reflect.Int, ft.Kind() == reflect.Int64, ft.Kind() == reflect.Float64:
+			out = append(out, prefix+f.Name)
+		}
+	}
+	return out
 }

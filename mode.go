@@ -163,6 +163,7 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason SwitchReason, ob *outbox[K,
 	}
 	if m == Async {
 		d.cond.Broadcast() // queued successors and retries run on workers again
+		d.wakeFallback(d.now())
 	}
 	d.kick()
 	if obs := d.cfg.Observer; obs != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/sat"
 )
 
 // Defaults for the Config fields left zero. They suit a scheduler's API
@@ -37,7 +39,8 @@ const (
 // states what they may do.
 type Config[K comparable, T any] struct {
 	// Workers bounds concurrent executions: the number of worker
-	// goroutines, started on first use. 0 means DefaultWorkers.
+	// goroutines, started on first use, at most 65 536. 0 means
+	// DefaultWorkers.
 	Workers int
 	// RateLimit, if set, bounds the rate of executions (API QPS). Each
 	// execution takes one token, before its call is chosen (see
@@ -245,8 +248,8 @@ type settings[K comparable, T any] struct {
 func (c Config[K, T]) validate() (settings[K, T], error) {
 	s := settings[K, T]{Config: c}
 	switch {
-	case c.Workers < 0:
-		return s, fieldErr("Workers", c.Workers, "must not be negative")
+	case c.Workers < 0 || c.Workers > maxWorkers:
+		return s, fieldErr("Workers", c.Workers, fmt.Sprintf("must be in [0, %d]", maxWorkers))
 	case c.Capacity < 0:
 		return s, fieldErr("Capacity", c.Capacity, "must not be negative")
 	case c.MaxWaiters < 0:
@@ -267,7 +270,7 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		s.Capacity = DefaultCapacity
 	}
 	if s.MaxWaiters == 0 {
-		s.MaxWaiters = s.Capacity * DefaultWaitersPerKey
+		s.MaxWaiters = int(sat.Mul(int64(s.Capacity), DefaultWaitersPerKey))
 	}
 	if s.Aging == 0 {
 		s.Aging = DefaultAging
@@ -592,7 +595,9 @@ func (p BreakerPolicy) withDefaults() (BreakerPolicy, error) {
 // threshold's SwitchReason.
 type FallbackPolicy struct {
 	// Window is the span the thresholds are measured over, and how often
-	// they are checked (a tenth of it). Default 10s.
+	// they are checked (a tenth of it, even while idle). Default 10s; at
+	// least 10ms, so that an idle dispatcher wakes at most once a
+	// millisecond.
 	Window time.Duration
 	// MaxBacklog trips when more than this many calls are queued (not in
 	// flight).
@@ -614,10 +619,17 @@ type FallbackPolicy struct {
 	ReturnAfter time.Duration
 }
 
+// maxWorkers bounds Config.Workers: each worker is a goroutine, started
+// with the dispatcher.
+const maxWorkers = 1 << 16
+
+// minFallbackWindow is the shortest FallbackPolicy.Window.
+const minFallbackWindow = 10 * time.Millisecond
+
 func (p FallbackPolicy) withDefaults() (FallbackPolicy, error) {
 	switch {
-	case p.Window < 0:
-		return p, fieldErr("Fallback.Window", p.Window, "must not be negative")
+	case p.Window < 0 || (p.Window > 0 && p.Window < minFallbackWindow):
+		return p, fieldErr("Fallback.Window", p.Window, fmt.Sprintf("must be at least %v (0 means the default)", minFallbackWindow))
 	case p.MaxQueueWaitP99 < 0:
 		return p, fieldErr("Fallback.MaxQueueWaitP99", p.MaxQueueWaitP99, "must not be negative")
 	case p.MaxBreakerOpen < 0:
@@ -658,7 +670,8 @@ type TenantConfig struct {
 	// always find one. 0 means no cap beyond the worker count.
 	MaxInFlight int
 	// Weight is the tenant's share of workers among ready calls of equal
-	// effective priority (see the package documentation). 0 means 1.
+	// effective priority (see the package documentation). 0 means 1;
+	// weights beyond 2³² count as 2³².
 	Weight int
 }
 
