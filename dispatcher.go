@@ -150,7 +150,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		labelTimes:  map[string]*labelTimes{},
 	}
 	if set.Adaptive != nil {
-		d.adaptive = newAdaptive(set.Adaptive, set.Workers)
+		d.adaptive = newAdaptive(set.Adaptive, set.Workers, set.Retry.MaxBackoff)
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}

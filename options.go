@@ -354,23 +354,41 @@ type Reservation struct {
 
 // AdaptivePolicy adapts the number of concurrent executions to the API
 // server (Config.Adaptive), in the spirit of TCP Vegas and gradient
-// limiters: the limit grows by one for every limit's worth of healthy
-// executions, and shrinks when the server shows strain — by 10% when
-// latency rises past Tolerance times its baseline, by a quarter on a
-// timeout, by half on an answer that carries a Retry-After hint (429, 503).
-// Such an answer also holds every new execution until the time the server
-// asked for, not only the call that got it. Decreases happen at most once
-// per baseline round trip, so one burst of failures counts once. Stats and
-// the observer (OnLimitChange) show the limit. The zero value of each field
-// means its default.
+// limiters. The limit grows by one for every limit's worth of executions
+// within the latency tolerance, and shrinks when the server shows strain:
+//
+//   - Latency, judged per block of executions (at least 64, and twice the
+//     limit), never one by one: when a block's median exceeds Tolerance ×
+//     the baseline — the lowest block median of the last Window, what the
+//     server does when least loaded — the limit falls in proportion, by a
+//     tenth to a half. A server whose latency varies but does not grow
+//     with load keeps its full concurrency; one that queues (its latency
+//     grows with requests in flight) sheds concurrency until its median is
+//     back within the tolerance, so the queue forms in the dispatcher,
+//     where priority holds. A server that stays slower for a Window
+//     becomes the new baseline, and the limit grows back. The baseline is
+//     learnt from lighter load: a dispatcher that has only ever seen the
+//     server saturated cannot tell queueing from a slow server.
+//   - A timeout: by a quarter.
+//   - An answer that carries a Retry-After hint (429, 503): by half. It
+//     also holds new executions until the time the server asked for, at
+//     most Retry.MaxBackoff, except calls that may use reserved workers
+//     (Config.Reserve), which are never held: a binding does not wait out
+//     a hold a status patch drew (if the server throttles it too, its own
+//     retry waits). The call that got the answer retries after the full
+//     Retry-After.
+//
+// Decreases happen at most once per twice the baseline (and 10ms), so one
+// burst of failures counts once. Stats and the observer (OnLimitChange)
+// show the limit. The zero value of each field means its default.
 type AdaptivePolicy struct {
 	// MinWorkers is the floor of the limit (default 1).
 	MinWorkers int
-	// Tolerance is how many times its baseline an execution's latency may
-	// be before it counts as strain (default 2). The baseline is a low
-	// quantile of recent latencies.
+	// Tolerance is how many times the baseline a block's median latency
+	// may be before it counts as strain (default 2).
 	Tolerance float64
-	// Window is the span the baseline latency is taken over (default 30s).
+	// Window is the span the baseline latency is taken over: how long the
+	// dispatcher remembers the server's best (default 30s).
 	Window time.Duration
 }
 
@@ -444,7 +462,10 @@ type RetryPolicy struct {
 	MaxAttempts int
 	// InitialBackoff is the delay before the first retry (default 100ms).
 	InitialBackoff time.Duration
-	// MaxBackoff caps the delay (default 10s).
+	// MaxBackoff caps the computed delay (default 10s), and the hold that
+	// a Retry-After puts on other calls (AdaptivePolicy). A server's
+	// Retry-After sets the delay of the call that got it in full, bounded
+	// by the call's deadline.
 	MaxBackoff time.Duration
 	// Multiplier grows the delay per retry (default 2).
 	Multiplier float64

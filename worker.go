@@ -65,15 +65,15 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 		if d.workerRunning >= d.concurrency() {
 			return nil
 		}
-		if a := d.adaptive; a != nil && now < a.hold {
-			d.lookAgainAt(a.hold)
-			return nil
-		}
 		ten := d.q.pick(now)
 		if ten == nil {
 			return nil // every tenant with ready calls is at its in-flight cap
 		}
 		c := ten.ready.min().c
+		if a := d.adaptive; a != nil && now < a.hold && !d.mayProbe(c) {
+			d.lookAgainAt(a.hold)
+			return nil
+		}
 		if d.unfinishable(c, now) {
 			d.q.popFrom(ten)
 			d.expireUnfinishable(c, now, ob)
