@@ -53,6 +53,15 @@ func (r *repo) consumer(ctx context.Context, w *work) error {
 	if err != nil {
 		return err
 	}
+	for l := range strings.Lines(selected) {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		if m := r.module(f[0]); m != nil && !m.published {
+			return fmt.Errorf("consumer: go get selected %s, which is not published", m.path)
+		}
+	}
 	for _, m := range r.published() {
 		out, err := r.goIn(ctx, w, dir, "list", "-m", "-f", "{{.Version}} {{with .Replace}}replaced by {{.Path}}{{end}}|{{.Dir}}", m.path)
 		if err != nil {

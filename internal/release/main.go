@@ -9,8 +9,9 @@
 //     path says (so that its tag is its directory plus the version), and
 //     has a LICENSE beside it (its zip holds nothing above its directory).
 //   - Every module in the repository that requires one of ours requires it
-//     at the release version, and go.work uses every module and points each
-//     published one's release version at its directory.
+//     at the release version (and a published one only published ones), and
+//     go.work uses every module and points the release version of each
+//     published one, and of each one another requires, at its directory.
 //   - The README's Install section runs go get on exactly the published
 //     modules at the release version.
 //   - A module proxy directory built from the working tree, one zip per

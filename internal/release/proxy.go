@@ -19,10 +19,10 @@ import (
 // buildProxy writes a module proxy directory (the GOPROXY file:// layout:
 // <path>/@v/list, <version>.info, .mod and .zip) serving every published
 // module at the release version, made from the working tree as a commit of
-// it would be tagged.
+// it would be tagged, and the unpublished modules that another requires.
 func (r *repo) buildProxy(dir string) error {
 	t := r.commitTime()
-	for _, m := range r.published() {
+	for _, m := range r.served() {
 		if err := r.writeModule(dir, m, t); err != nil {
 			return fmt.Errorf("%s: %w", m.path, err)
 		}
@@ -50,7 +50,7 @@ func (r *repo) writeModule(dir string, m *mod, t time.Time) error {
 	if err != nil {
 		return fmt.Errorf("module zip: %w", err)
 	}
-	if !slices.Contains(cf.Valid, "go.mod") || !slices.Contains(cf.Valid, "LICENSE") {
+	if !slices.Contains(cf.Valid, "go.mod") || m.published && !slices.Contains(cf.Valid, "LICENSE") {
 		return fmt.Errorf("module zip lacks go.mod or LICENSE (has %d files)", len(cf.Valid))
 	}
 	zf, err := os.Create(filepath.Join(vdir, r.version+".zip"))

@@ -21,9 +21,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// fakeRepo writes a repository of three modules plus test data, laid out
+// fakeRepo writes a repository of four modules plus test data, laid out
 // as this one is: example.com/m at the root, example.com/m/sub published
-// beside it, bench unpublished, testdata/x ignored.
+// beside it, bench and harness unpublished (harness requires bench),
+// testdata/x ignored.
 func fakeRepo(t *testing.T) string {
 	t.Helper()
 	root := t.TempDir()
@@ -33,14 +34,16 @@ func fakeRepo(t *testing.T) string {
 		"m.go":    "package m\n\n// Name is the module's name.\nconst Name = \"m\"\n",
 		"README.md": "# m\n\n## Install\n\n```sh\ngo get example.com/m@v0.1.0       # the core\n" +
 			"go get example.com/m/sub@v0.1.0\n```\n",
-		"go.work": "go 1.26.0\n\nuse (\n\t.\n\t./bench\n\t./sub\n)\n\nreplace (\n" +
-			"\texample.com/m v0.1.0 => ./\n\texample.com/m/sub v0.1.0 => ./sub\n)\n",
+		"go.work": "go 1.26.0\n\nuse (\n\t.\n\t./bench\n\t./harness\n\t./sub\n)\n\nreplace (\n" +
+			"\texample.com/m v0.1.0 => ./\n\texample.com/m/bench v0.1.0 => ./bench\n\texample.com/m/sub v0.1.0 => ./sub\n)\n",
 		"sub/go.mod":  "module example.com/m/sub\n\ngo 1.26.0\n\nrequire example.com/m v0.1.0\n",
 		"sub/LICENSE": "license\n",
 		"sub/sub.go":  "package sub\n\nimport \"example.com/m\"\n\n// Name is the module's name.\nconst Name = m.Name + \"/sub\"\n",
 		"bench/go.mod": "// Unpublished: benchmarks.\nmodule example.com/m/bench\n\ngo 1.26.0\n\n" +
 			"require example.com/m v0.1.0\n",
-		"bench/b.go":          "package bench\n",
+		"bench/b.go": "package bench\n",
+		"harness/go.mod": "// Unpublished: a harness.\nmodule example.com/m/harness\n\ngo 1.26.0\n\n" +
+			"require example.com/m/bench v0.1.0\n",
 		"testdata/x/go.mod":   "module example.com/x\n\ngo 1.26.0\n",
 		"internal/i/i.go":     "package i\n",
 		"internal/i/i_test.x": "kept in the zip\n",
@@ -71,9 +74,10 @@ func TestLoadRepo(t *testing.T) {
 	assert.Equal(t, []string{
 		". example.com/m published",
 		"bench example.com/m/bench",
+		"harness example.com/m/harness",
 		"sub example.com/m/sub published",
-	}, got, "testdata/x is test data, bench says it is unpublished")
-	assert.Equal(t, "sub/v0.1.0", r.tag(r.modules[2]))
+	}, got, "testdata/x is test data, bench and harness say they are unpublished")
+	assert.Equal(t, "sub/v0.1.0", r.tag(r.modules[3]))
 	assert.Equal(t, "v0.1.0", r.tag(r.modules[0]))
 	assert.Empty(t, r.lint())
 
@@ -105,6 +109,12 @@ func TestLint(t *testing.T) {
 		{"go.work without the replace", "go.work",
 			func(s string) string { return strings.Replace(s, "\texample.com/m/sub v0.1.0 => ./sub\n", "", 1) },
 			"go.work: missing replace example.com/m/sub v0.1.0 => ./sub"},
+		{"go.work without a required unpublished module's replace", "go.work",
+			func(s string) string { return strings.Replace(s, "\texample.com/m/bench v0.1.0 => ./bench\n", "", 1) },
+			"go.work: missing replace example.com/m/bench v0.1.0 => ./bench"},
+		{"a published module requiring an unpublished one", "sub/go.mod",
+			func(s string) string { return s + "require example.com/m/bench v0.1.0\n" },
+			"sub/go.mod: published, yet requires example.com/m/bench, which is not"},
 		{"go.work without the module", "go.work",
 			func(s string) string { return strings.Replace(s, "\t./bench\n", "", 1) },
 			"go.work does not use bench"},
@@ -157,9 +167,10 @@ func TestUntidy(t *testing.T) {
 	assert.Empty(t, r.untidy(ours), "our modules' checksums are left out on purpose")
 
 	theirs := "--- current/go.mod\n+++ tidy/go.mod\n@@ -3 +3 @@\n-require example.com/m v0.1.0\n" +
-		"--- current/go.sum\n+++ tidy/go.sum\n@@ -1 +1,2 @@\n+golang.org/x/mod v0.37.0 h1:x=\n+example.com/m/bench v0.1.0 h1:y=\n"
-	assert.Equal(t, "-require example.com/m v0.1.0\n+golang.org/x/mod v0.37.0 h1:x=\n+example.com/m/bench v0.1.0 h1:y=\n",
-		r.untidy(theirs), "go.mod lines always count, and bench is not published")
+		"--- current/go.sum\n+++ tidy/go.sum\n@@ -1 +1,3 @@\n+golang.org/x/mod v0.37.0 h1:x=\n+example.com/m/bench v0.1.0 h1:y=\n" +
+		"+example.com/mod v0.1.0 h1:z=\n"
+	assert.Equal(t, "-require example.com/m v0.1.0\n+golang.org/x/mod v0.37.0 h1:x=\n+example.com/mod v0.1.0 h1:z=\n",
+		r.untidy(theirs), "go.mod lines always count, and so do go.sum lines of modules not ours")
 }
 
 func zipNames(t *testing.T, name string) []string {
@@ -201,7 +212,9 @@ func TestProxy(t *testing.T) {
 	assert.Equal(t, []string{
 		"example.com/m/sub@v0.1.0/LICENSE", "example.com/m/sub@v0.1.0/go.mod", "example.com/m/sub@v0.1.0/sub.go",
 	}, zipNames(t, filepath.Join(w.proxy, "example.com", "m", "sub", "@v", "v0.1.0.zip")))
-	assert.NoDirExists(t, filepath.Join(w.proxy, "example.com", "m", "bench"), "bench is unpublished")
+	assert.FileExists(t, filepath.Join(w.proxy, "example.com", "m", "bench", "@v", "v0.1.0.zip"),
+		"bench is unpublished, but harness requires it: go mod tidy in harness needs it")
+	assert.NoDirExists(t, filepath.Join(w.proxy, "example.com", "m", "harness"), "harness is unpublished")
 
 	ctx := context.Background()
 	dir := filepath.Join(w.dir, "consumer")

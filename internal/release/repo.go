@@ -173,13 +173,30 @@ func walkFiles(root, rel string) ([]string, error) {
 
 // published returns the published modules.
 func (r *repo) published() []*mod {
-	var ms []*mod
-	for _, m := range r.modules {
-		if m.published {
-			ms = append(ms, m)
-		}
+	return slices.DeleteFunc(slices.Clone(r.modules), func(m *mod) bool { return !m.published })
+}
+
+// served returns the modules the proxy serves: the published ones, and the
+// unpublished ones another module requires (a test harness shared by two
+// modules, say), so that go mod tidy finds those too.
+func (r *repo) served() []*mod {
+	return slices.DeleteFunc(slices.Clone(r.modules), func(m *mod) bool { return !m.published && !r.required(m.path) })
+}
+
+// required reports whether one of our modules requires the module p.
+func (r *repo) required(p string) bool {
+	return slices.ContainsFunc(r.modules, func(m *mod) bool {
+		return slices.ContainsFunc(m.file.Require, func(req *modfile.Require) bool { return req.Mod.Path == p })
+	})
+}
+
+// module returns our module whose path is p, or nil.
+func (r *repo) module(p string) *mod {
+	i := slices.IndexFunc(r.modules, func(m *mod) bool { return m.path == p })
+	if i < 0 {
+		return nil
 	}
-	return ms
+	return r.modules[i]
 }
 
 func (r *repo) publishedPaths() string {
@@ -190,10 +207,8 @@ func (r *repo) publishedPaths() string {
 	return strings.Join(ps, ", ")
 }
 
-// ours reports whether p is the path of one of our published modules.
-func (r *repo) ours(p string) bool {
-	return slices.ContainsFunc(r.published(), func(m *mod) bool { return m.path == p })
-}
+// ours reports whether p is the path of one of our modules.
+func (r *repo) ours(p string) bool { return r.module(p) != nil }
 
 // lint checks what needs no go command: the go.mod and go.work files and
 // the README's Install section.
@@ -226,6 +241,11 @@ func (r *repo) lint() []error {
 		for _, rep := range m.file.Replace {
 			bad("%s: published, yet replaces %s (a replace applies only in its own module, never for a user)", name, rep.Old.String())
 		}
+		for _, req := range m.file.Require {
+			if dep := r.module(req.Mod.Path); dep != nil && !dep.published {
+				bad("%s: published, yet requires %s, which is not (no user can fetch it)", name, dep.path)
+			}
+		}
 		if want := path.Join(r.base, m.rel); m.path != want {
 			bad("%s: published as %s, but its tag %s would publish %s", name, m.path, r.tag(m), want)
 		}
@@ -237,7 +257,7 @@ func (r *repo) lint() []error {
 		}
 	}
 
-	for _, m := range r.published() {
+	for _, m := range r.served() {
 		if !slices.ContainsFunc(r.work.Replace, func(rep *modfile.Replace) bool {
 			return rep.Old.Path == m.path && rep.Old.Version == r.version &&
 				rep.New.Version == "" && path.Clean(filepath.ToSlash(rep.New.Path)) == m.rel
