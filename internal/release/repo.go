@@ -222,7 +222,7 @@ func (r *repo) lint() []error {
 	}
 	for _, m := range r.modules {
 		name := path.Join(m.rel, "go.mod")
-		if !uses[m.rel] && !uses["./"+m.rel] {
+		if !uses[m.rel] {
 			bad("go.work does not use %s: the README's test command would not test it", m.rel)
 		}
 		for _, req := range m.file.Require {
