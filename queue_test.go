@@ -314,7 +314,7 @@ func TestAgingOvertake(t *testing.T) {
 				tks := []*Ticket[string, int]{submit(t, d, "low", 0, prio(0))}
 				var before, after []string
 				for k := 1; k <= 2*tc.delta+4; k++ { // arrivals every Aging/2 up to (Δ+2)×Aging
-					time.Sleep(start.Add(time.Duration(k) * tc.aging / 2).Sub(time.Now()))
+					time.Sleep(time.Until(start.Add(time.Duration(k) * tc.aging / 2)))
 					key := "high@" + itoa(k) + "/2"
 					tks = append(tks, submit(t, d, key, 0, prio(tc.delta)))
 					if time.Since(start) < time.Duration(tc.delta)*tc.aging {
@@ -378,7 +378,7 @@ func TestAgingStream(t *testing.T) {
 						if at >= streamT {
 							break
 						}
-						time.Sleep(start.Add(at).Sub(time.Now()))
+						time.Sleep(time.Until(start.Add(at)))
 						tk, err := d.Submit(bg, "high"+itoa(i), 0, prio(delta))
 						if err != nil {
 							out.err = err

@@ -231,6 +231,7 @@ func TestRESTErrors(t *testing.T) {
 		{"400 Status", status(apierrors.NewBadRequest("bad")), patch, dispatch.Permanent, 0, apierrors.IsBadRequest},
 		{"405 text", text(405, 0), patch, dispatch.Permanent, 0, apierrors.IsMethodNotSupported},
 		{"413 Status", status(apierrors.NewRequestEntityTooLargeError("big")), patch, dispatch.Permanent, 0, apierrors.IsRequestEntityTooLargeError},
+		//lint:ignore SA1019 a 410 Gone from the server must still be classified
 		{"410 Status", status(apierrors.NewGone("gone")), patch, dispatch.Permanent, 0, apierrors.IsGone},
 		{"connection dropped mid-request", func(w http.ResponseWriter, r *http.Request, n int) bool {
 			conn, _, err := w.(http.Hijacker).Hijack()
