@@ -204,11 +204,21 @@ func (d *Dispatcher[K, T]) urgent(c *call[K, T]) bool {
 // labelTimes are the recent execution times of one label, and the
 // StartCheck estimate taken from them, refreshed at most every
 // estimateEvery.
+//
+// Calls the check refuses add no sample, so an estimate could outlive the
+// server's slowness: after a speed-up nothing would ever show it. So the
+// check lets one refused call of a label start anyway — a probe — once no
+// call of the label has ended, nor been let through as a probe, for
+// max(1s, 2 × estimate); a probe that finishes faster than the
+// estimate shows the server changed, and the label's history is dropped,
+// so its calls start again until new samples judge them.
 type labelTimes struct {
-	label  string
-	recent *hist.Recent  // without Config.Label, the dispatcher's execTime
-	est    time.Duration // 0: not enough samples
-	at     int64         // when est was taken
+	label   string
+	recent  hist.Recent
+	est     time.Duration // 0: not enough samples
+	at      int64         // when est was taken
+	probeAt int64         // when a refused call last started as a probe
+	last    int64         // when an execution of the label last ended
 }
 
 const (
@@ -219,10 +229,10 @@ const (
 	estimateEvery = int64(100 * time.Millisecond)
 )
 
-// observeExec records an execution time for c's label.
-func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duration) {
-	if d.cfg.StartCheck.Disabled || d.cfg.Label == nil {
-		return // without labels, execTime holds the same times (New)
+// observeExec records an execution time for c's label, and ends a probe.
+func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duration, ran bool) {
+	if d.cfg.StartCheck.Disabled {
+		return
 	}
 	lt := d.lastTimes
 	if lt == nil || lt.label != c.label { // one label, the usual case: no map lookup
@@ -232,16 +242,27 @@ func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duratio
 		if len(d.labelTimes) >= maxLabelTimes {
 			return
 		}
-		r := hist.NewRecent(LatencyWindow)
-		lt = &labelTimes{label: c.label, recent: &r}
+		lt = &labelTimes{label: c.label, recent: hist.NewRecent(LatencyWindow)}
 		d.labelTimes[c.label] = lt
 	}
 	d.lastTimes = lt
-	lt.recent.Observe(now, rt)
+	if c.checkProbe {
+		c.checkProbe = false
+		if ran && rt < lt.est {
+			// The server is faster than the estimate says: start over.
+			lt.recent, lt.est, lt.at = hist.NewRecent(LatencyWindow), 0, 0
+		}
+	}
+	if ran {
+		lt.recent.Observe(now, rt)
+		lt.last = now
+	}
 }
 
 // unfinishable reports whether c cannot finish by its waiters' latest
-// deadline: it is closer than the StartCheck estimate for c's label.
+// deadline: it is closer than the StartCheck estimate for c's label. A
+// call it would refuse starts as a probe if none of its label has for a
+// while (see labelTimes).
 func (d *Dispatcher[K, T]) unfinishable(c *call[K, T], now int64) bool {
 	sc := &d.cfg.StartCheck
 	if sc.Disabled {
@@ -262,5 +283,13 @@ func (d *Dispatcher[K, T]) unfinishable(c *call[K, T], now int64) bool {
 			lt.est = h.QuantileAtLeast(sc.Quantile)
 		}
 	}
-	return lt.est > 0 && dl-now < int64(lt.est)
+	if lt.est == 0 || dl-now >= int64(lt.est) {
+		return false
+	}
+	if now-max(lt.last, lt.probeAt) >= max(int64(time.Second), 2*int64(lt.est)) {
+		lt.probeAt = now
+		c.checkProbe = true
+		return false
+	}
+	return true
 }

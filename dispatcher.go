@@ -154,9 +154,6 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}
-	} else {
-		// Every call has the label "": its execution times are execTime's.
-		d.labelTimes[""] = &labelTimes{recent: &d.execTime}
 	}
 	if set.Fallback != nil {
 		d.fallback = newFallbackState(set.Fallback)

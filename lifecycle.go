@@ -97,16 +97,19 @@ type call[K comparable, T any] struct {
 	postsForever bool
 	// orphan is set when a running call loses its last waiter; its
 	// execution's result is then reported Stale, never as success.
-	orphan   bool
-	probe    bool         // admitted by a half-open breaker
-	low      bool         // running on a worker below the reservation's priority
-	endState State        // why it was orphaned
-	prio     int          // effective priority: max over live waiters
-	enq      int64        // effective enqueue time: min over live waiters
-	nForever int          // tickets without a deadline
-	nPosts   int          // fire-and-forget submissions
-	joined   int          // submissions served, for Result.Waiters
-	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
+	orphan bool
+	probe  bool // admitted by a half-open breaker
+	// checkProbe is set when the start check would have refused it and let
+	// it start to learn whether the server sped up (labelTimes).
+	checkProbe bool
+	low        bool         // running on a worker below the reservation's priority
+	endState   State        // why it was orphaned
+	prio       int          // effective priority: max over live waiters
+	enq        int64        // effective enqueue time: min over live waiters
+	nForever   int          // tickets without a deadline
+	nPosts     int          // fire-and-forget submissions
+	joined     int          // submissions served, for Result.Waiters
+	posts      waiter[K, T] // every fire-and-forget submission, as one waiter
 
 	gen       uint64
 	runner    uint64 // goroutine id of its last execution

@@ -809,3 +809,58 @@ func TestRetryAfterHoldRule(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestStartCheckLearnsSpeedUp (issue 20, item 12): after 20 executions at
+// 1 s the server answers in 5 ms. Calls with 500 ms deadlines, one every
+// 500 ms, are refused at first (the estimate says 1 s), but a refused call
+// starts as a probe once nothing of its label has run for a while, its
+// fast answer drops the stale history, and from then on the calls succeed:
+// within a few seconds, not after the minute it takes the slow samples to
+// age out (it used to be 55 s, with 110 of 120 calls expired).
+func TestStartCheckLearnsSpeedUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		latency := time.Second
+		d := newD(t, func(ctx context.Context, _ string, _ int) error {
+			mu.Lock()
+			l := latency
+			mu.Unlock()
+			select {
+			case <-time.After(l):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, Config[string, int]{Workers: 4})
+		var slow []*Ticket[string, int]
+		for i := range 20 {
+			slow = append(slow, submit(t, d, fmt.Sprint("slow", i), 1, prio(0)))
+		}
+		waitAll(slow...)
+		mu.Lock()
+		latency = 5 * time.Millisecond
+		mu.Unlock()
+		start := time.Now()
+		firstOK, ok := time.Duration(-1), false
+		expired := 0
+		for i := range 120 {
+			tk, err := d.Submit(bg, fmt.Sprint("k", i), 1, SubmitOptions{Deadline: time.Now().Add(500 * time.Millisecond)})
+			require.NoError(t, err)
+			<-tk.Done()
+			switch r := outcome(t, tk); r.State {
+			case Succeeded:
+				if !ok {
+					firstOK, ok = time.Since(start), true
+				}
+			case Expired:
+				expired++
+			}
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 500 * time.Millisecond)))
+		}
+		t.Logf("first success after %v; %d of 120 expired", firstOK, expired)
+		assert.True(t, ok, "no call succeeded")
+		assert.LessOrEqual(t, firstOK, 3*time.Second, "calls still refused after the speed-up")
+		assert.LessOrEqual(t, expired, 6)
+		closeD(t, d)
+	})
+}

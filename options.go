@@ -420,7 +420,12 @@ func (p AdaptivePolicy) withDefaults(workers int) (AdaptivePolicy, error) {
 // quantile of the recent execution times of calls with its label
 // (Config.Label). Such a call could only end Expired, so its waiters end
 // Expired at once (Stats.Unfinishable counts it) and the worker and token
-// go to work that can still succeed. The zero value turns the check on.
+// go to work that can still succeed. Refused calls add no samples, so that
+// the estimate cannot outlive a slow spell, one refused call of a label
+// starts anyway — a probe — once nothing of the label has run for
+// max(1s, twice the estimate); a probe faster than the estimate drops the
+// label's history, and its calls start again. The zero value turns the
+// check on.
 type StartCheck struct {
 	// Disabled turns the check off: every call is started.
 	Disabled bool

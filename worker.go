@@ -418,9 +418,9 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	if a.rebuilt {
 		c.val = a.val
 	}
+	d.observeExec(c, now, a.runTime, a.ran)
 	if a.ran {
 		d.execTime.Observe(now, a.runTime)
-		d.observeExec(c, now, a.runTime)
 		c.attempts++
 		d.totals.executions++
 	}
