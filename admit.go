@@ -60,8 +60,12 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 			}
 			d.deliver(ob)
 		})
+		replaced := false
 		switch err {
 		case nil:
+		case ReplacePending:
+			d.restart(c)
+			replaced = true
 		case SkipIncoming:
 			d.skipIncoming(key, val, t, ob)
 			return true, nil
@@ -72,7 +76,7 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 			c.droppable = false
 			d.q.unshed(c)
 		}
-		if o.Priority > c.prio && (ten != c.ten || label != c.label) {
+		if (replaced || o.Priority > c.prio) && (ten != c.ten || label != c.label) {
 			d.adopt(c, ten, label)
 		}
 		d.join(c, t, o.Priority, now, deadline)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -717,7 +718,10 @@ func TestMergeSkipIncoming(t *testing.T) {
 			closeD(t, d)
 		})
 	})
-	t.Run("a successor absorbed by a retry", func(t *testing.T) {
+	t.Run("a successor waits behind a retry that finds it moot", func(t *testing.T) {
+		// Issue 20, item 18: the successor arrived while the deletion ran,
+		// so it was never judged against a pending call; the retry may
+		// still fail. It waits behind the retry and runs after it.
 		synctest.Test(t, func(t *testing.T) {
 			var runs []string
 			first := true
@@ -741,13 +745,15 @@ func TestMergeSkipIncoming(t *testing.T) {
 			synctest.Wait() // in flight
 			patch := submit(t, d, "pod", "patch", prio(0))
 			close(release)
-			synctest.Wait() // the retry absorbed its successor
-			assert.Equal(t, Skipped, outcome(t, patch).State)
-			waitAll(del)
+			synctest.Wait()
+			_, ended := patch.Result()
+			assert.False(t, ended, "the successor was skipped by the retry")
+			waitAll(del, patch)
 			assert.Equal(t, Succeeded, outcome(t, del).State)
-			assert.Equal(t, []string{"delete", "delete"}, runs)
+			assert.Equal(t, Succeeded, outcome(t, patch).State)
+			assert.Equal(t, []string{"delete", "delete", "patch"}, runs)
 			s := closeD(t, d)
-			assert.Equal(t, uint64(1), s.Calls[Skipped], "the successor was a call: the hook saw it")
+			assert.Equal(t, uint64(2), s.Calls[Succeeded])
 		})
 	})
 }
@@ -789,6 +795,127 @@ func TestMergeAdoptsUrgentTenantAndLabel(t *testing.T) {
 		mu.Lock()
 		assert.Contains(t, seen, Event{Label: "bind", Tenant: "binds"})
 		mu.Unlock()
+		closeD(t, d)
+	})
+}
+
+// TestReplacePendingStartsFresh (issue 20, items 16 and 17): a merge that
+// returns ReplacePending makes the incoming call a new operation. A
+// binding that replaces a status patch waiting out its retry's backoff
+// runs at once, from its first attempt, without the patch's last error
+// (the before-retry hook, which checks an earlier attempt, does not run),
+// and — though at a lower priority than the call it replaced, as a
+// deletion replacing a binding is — in its own tenant and under its own
+// label. A plain merge result keeps the retry state: it is the same
+// operation, updated.
+func TestReplacePendingStartsFresh(t *testing.T) {
+	kind := func(v string) string { return strings.SplitN(v, ":", 2)[0] }
+	merge := func(p, in string) (string, error) {
+		if kind(p) != kind(in) {
+			return in, ReplacePending
+		}
+		return in, nil
+	}
+	for _, tc := range []struct {
+		name, first, second string
+		fresh               bool
+	}{
+		{"another operation", "patch:1", "bind:n1", true},
+		{"the same operation, updated", "patch:1", "patch:2", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				var hookRuns []string
+				attempts := map[string]int{}
+				var seen []Event
+				obs := &finishHook{f: func(e Event, _ Outcome) {
+					mu.Lock()
+					seen = append(seen, e)
+					mu.Unlock()
+				}}
+				d := newD(t, func(_ context.Context, _ string, v string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					attempts[kind(v)]++
+					if kind(v) == "patch" && attempts["patch"] == 1 {
+						return syscall.ECONNRESET // the first attempt only
+					}
+					return nil
+				}, Config[string, string]{
+					Workers:  1,
+					Merge:    merge,
+					Label:    func(_ string, v string) string { return kind(v) },
+					Observer: obs,
+					Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Minute, Jitter: NoJitter},
+					BeforeRetry: func(_ context.Context, _ string, v string, _ error) (string, bool, error) {
+						mu.Lock()
+						hookRuns = append(hookRuns, v)
+						mu.Unlock()
+						return v, false, nil
+					},
+				})
+				first := submit(t, d, "pod", tc.first, SubmitOptions{Priority: 5, Tenant: kind(tc.first)})
+				synctest.Wait() // failed once: waiting out a minute's backoff
+				require.Equal(t, 1, d.Stats().Delayed)
+				at := time.Now()
+				second := submit(t, d, "pod", tc.second, SubmitOptions{Priority: 1, Tenant: kind(tc.second)})
+				waitAll(first, second)
+				r := outcome(t, second)
+				assert.Equal(t, outcome(t, first), r, "both waiters share one outcome")
+				if tc.fresh {
+					assert.Equal(t, Succeeded, r.State)
+					assert.Equal(t, 1, r.Attempts, "the replacement inherited the patch's attempts")
+					assert.Equal(t, at, time.Now(), "the replacement waited out the patch's backoff")
+					assert.Empty(t, hookRuns, "the before-retry hook ran on the patch's error")
+					mu.Lock()
+					assert.Equal(t, []Event{{Label: "bind", Tenant: "bind"}}, seen, "not counted as its own operation")
+					mu.Unlock()
+				} else {
+					assert.Equal(t, 2, r.Attempts, "an update keeps the retry's attempts")
+					assert.Equal(t, at.Add(time.Minute), time.Now(), "an update keeps the retry's backoff")
+					assert.Equal(t, []string{tc.second}, hookRuns)
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestRetryBecomesReplacingSuccessor (issue 20, item 16): a successor that
+// arrived while its key's call ran, and whose merge into that call's retry
+// says ReplacePending, replaces the retry and runs at once from its first
+// attempt.
+func TestRetryBecomesReplacingSuccessor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var runs []string
+		d := newD(t, func(_ context.Context, _ string, v string) error {
+			mu.Lock()
+			runs = append(runs, v)
+			mu.Unlock()
+			if v == "patch" {
+				<-release
+				return syscall.ECONNRESET
+			}
+			return nil
+		}, Config[string, string]{
+			Workers: 1,
+			Merge:   func(p, in string) (string, error) { return in, ReplacePending },
+			Retry:   RetryPolicy{InitialBackoff: time.Hour, Jitter: NoJitter},
+		})
+		patch := submit(t, d, "pod", "patch", prio(0))
+		synctest.Wait()
+		bind := submit(t, d, "pod", "bind", prio(0))
+		at := time.Now()
+		close(release)
+		waitAll(patch, bind)
+		r := outcome(t, bind)
+		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, 1, r.Attempts)
+		assert.Equal(t, at, time.Now(), "the replacement waited out the retry's backoff")
+		assert.Equal(t, []string{"patch", "bind"}, runs)
 		closeD(t, d)
 	})
 }

@@ -154,6 +154,10 @@ func fzMerge(mode int, p, in int64) (int64, error) {
 		return 0, fmt.Errorf("fuzz: %d is moot: %w", in, dispatch.SkipIncoming)
 	case mode == 3 && in%4 == 0:
 		return 0, dispatch.SkipIncoming
+	case mode == 3 && in%14 == 0:
+		return in, fmt.Errorf("fuzz: %d is another operation: %w", in, dispatch.ReplacePending)
+	case mode == 3 && in%7 == 0:
+		return in, dispatch.ReplacePending
 	case mode >= 2 && in%3 == 0:
 		return 0, errFuzzMerge
 	}

@@ -318,7 +318,10 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		}
 	}
 	if c := s.next; c != nil {
+		replaced := false
 		switch m.coalesce(c, val, op.idem) {
+		case fmReplaced:
+			replaced = true
 		case fmRefused:
 			return dispatch.ErrMergeRejected
 		case fmSkipped:
@@ -333,8 +336,12 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 			return nil
 		}
 		c.droppable = c.droppable && op.drop
-		// A submission that raises the call's priority brings its label.
-		if op.prio > c.prio {
+		// A submission that raises the call's priority brings its label,
+		// and so does one that replaces the call.
+		if replaced {
+			m.restart(c)
+		}
+		if replaced || op.prio > c.prio {
 			c.label = m.label(val)
 		}
 		m.join(c, mt, op.prio, deadline)
@@ -377,9 +384,10 @@ func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp) *fmCall {
 
 // What coalescing a value into a call did.
 const (
-	fmMerged  = iota
-	fmRefused // idempotency keys differ, or the merge function refused
-	fmSkipped // the merge function returned SkipIncoming
+	fmMerged   = iota
+	fmRefused  // idempotency keys differ, or the merge function refused
+	fmSkipped  // the merge function returned SkipIncoming
+	fmReplaced // the merge function returned ReplacePending
 )
 
 // coalesce merges val into c, or reports why not and leaves c as it was.
@@ -393,6 +401,15 @@ func (m *fzModel) coalesce(c *fmCall, val int64, idem string) int {
 	case 3:
 		if val%4 == 0 {
 			return fmSkipped
+		}
+		if val%7 == 0 {
+			// Another operation: it replaces the pending call's value and
+			// the call starts over (restart).
+			c.val = val
+			if c.idem == "" {
+				c.idem = idem
+			}
+			return fmReplaced
 		}
 		fallthrough
 	case 2:
@@ -853,17 +870,18 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 		case fmMerged:
 			m.absorb(c, n)
 			s.run, s.next = nil, c
-		case fmSkipped:
-			// The retry makes its successor moot: the successor ends
-			// Skipped for every waiter, and its completion hook fires.
-			m.settleAll(n, dispatch.Skipped, "nil", nil, false)
-			n.where = fmEnded
-			m.calls--
-			m.hook(n, dispatch.Skipped, "nil")
+		case fmReplaced:
+			// The successor is another operation: the retry becomes it,
+			// from its first attempt, at once, with its label.
+			m.restart(c)
+			notBefore = m.now
+			label := n.label
+			m.absorb(c, n)
+			c.label = label
 			s.run, s.next = nil, c
 		}
-		// Refused: the retry stays the key's running call, and its
-		// successor waits behind it.
+		// Refused, or moot: the retry stays the key's running call, and
+		// its successor waits behind it, to run after it.
 	} else {
 		s.run, s.next = nil, c
 	}
@@ -873,6 +891,15 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 	}
 	c.where, c.notBefore = fmDelayed, notBefore
 	m.queue = append(m.queue, c)
+}
+
+// restart is ReplacePending's effect on a queued call: no attempts, no
+// retry pending (so no before-retry hook), and no backoff left to wait.
+func (m *fzModel) restart(c *fmCall) {
+	c.attempts, c.retrying = 0, false
+	if c.where == fmDelayed {
+		c.where, c.notBefore = fmReady, 0
+	}
 }
 
 func (m *fzModel) absorb(c, n *fmCall) {

@@ -108,10 +108,21 @@ type Config[K comparable, T any] struct {
 	// one unchanged (overwrite). If it returns SkipIncoming (or an error
 	// wrapping it), the pending call makes the incoming one moot: the
 	// incoming submission ends Skipped at once and the pending call stays
-	// as it was. If it returns any other error, the incoming submission is
-	// refused with an error matching ErrMergeRejected and wrapping it, and
-	// the pending call stays as it was. nil means the incoming call
-	// replaces the pending one.
+	// as it was. If it returns ReplacePending (or an error wrapping it)
+	// with the incoming call, that call replaces the pending one as a new
+	// operation: it starts fresh — no attempts, backoff or last error
+	// carried over — in its own tenant and under its own label. If it
+	// returns any other error, the incoming submission is refused with an
+	// error matching ErrMergeRejected and wrapping it, and the pending call
+	// stays as it was. A returned call without an error keeps the pending
+	// call's attempts and backoff: it is the same operation, updated. nil
+	// means the incoming call replaces the pending one that way.
+	//
+	// A submission that arrived while its key's call was running waits
+	// behind it; if that call is then retried, the waiting one is merged
+	// into the retry the same way, except that SkipIncoming (like a
+	// refusal) leaves it waiting behind the retry, to run after it: it was
+	// never judged against a pending call, and the retry may still fail.
 	//
 	// Merge runs under the dispatcher's lock, so that a merge and the
 	// start of the call it merges into cannot interleave: it must be

@@ -175,8 +175,9 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // holds no worker: it waits in the delay index. While it waits it is the
 // key's pending call, so new submissions coalesce into it and keep its
 // backoff. A successor that arrived during the attempt is coalesced into it
-// now (or skipped, if the merge says it is moot); if the merge refuses, the
-// retry stays the lane's running call and the successor waits behind it.
+// now (ReplacePending: the retry becomes the successor, afresh); if the
+// merge refuses or finds it moot, the retry stays the lane's running call
+// and the successor waits behind it, to run next.
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
 	l := c.lane
 	c.ten.queued++
@@ -195,13 +196,21 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 		case nil:
 			d.absorb(c, n)
 			l.running, l.pending = nil, c
-		case SkipIncoming:
-			// The retry makes its successor moot.
-			d.settleAll(n, Skipped, nil, now, onTime, ob)
-			d.finish(n, Skipped, nil, now, ob)
+		case ReplacePending:
+			// The successor is a new operation: the retry becomes it,
+			// at once and from its first attempt.
+			d.restart(c)
+			notBefore = now
+			ten, label := n.ten, n.label
+			d.absorb(c, n)
+			if ten != c.ten || label != c.label {
+				d.adopt(c, ten, label)
+			}
 			l.running, l.pending = nil, c
 		}
-		// else: l.running stays c, and n stays its successor.
+		// else — refused, or moot (SkipIncoming): l.running stays c, and n
+		// stays its successor, to run after it. It was never judged
+		// against a pending call, and the retry may yet fail.
 	} else {
 		l.running, l.pending = nil, c
 	}
