@@ -176,9 +176,10 @@ func TestMerge(t *testing.T) {
 		name              string
 		pending, incoming Call
 		skip              bool
+		replace           bool // a new operation (ReplacePending)
 		want              Call
 	}{
-		{name: "more relevant call overwrites", pending: patch(old, nil, sched), incoming: Bind(cur, "n1"), want: Bind(cur, "n1")},
+		{name: "more relevant call overwrites", pending: patch(old, nil, sched), incoming: Bind(cur, "n1"), replace: true, want: Bind(cur, "n1")},
 		{name: "less relevant call is skipped", pending: Bind(old, "n1"), incoming: patch(cur, nil, sched), skip: true},
 		{name: "same type merges", pending: patch(old, nil, sched), incoming: patch(cur, nil, ready),
 			want: func() Call { c := patch(cur, nil, ready, sched); return c }()},
@@ -190,8 +191,8 @@ func TestMerge(t *testing.T) {
 			want: patch(cur, ptr("n2"), sched)},
 		{name: "newer clearing of the nomination wins", pending: patch(old, ptr("n1")), incoming: patch(cur, ptr("")),
 			want: patch(cur, ptr(""))},
-		{name: "deletion overwrites a status patch", pending: patch(old, nil, sched), incoming: Delete(cur, nil), want: Delete(cur, nil)},
-		{name: "deletion overwrites a binding", pending: Bind(old, "n1"), incoming: Delete(cur, &disrupt), want: Delete(cur, &disrupt)},
+		{name: "deletion overwrites a status patch", pending: patch(old, nil, sched), incoming: Delete(cur, nil), replace: true, want: Delete(cur, nil)},
+		{name: "deletion overwrites a binding", pending: Bind(old, "n1"), incoming: Delete(cur, &disrupt), replace: true, want: Delete(cur, &disrupt)},
 		{name: "newer binding wins", pending: Bind(old, "n1"), incoming: Bind(cur, "n2"), want: Bind(cur, "n2")},
 		{name: "status patch onto a deletion is skipped", pending: Delete(old, nil), incoming: patch(cur, nil, sched), skip: true},
 		{name: "binding onto a deletion is skipped", pending: Delete(old, nil), incoming: Bind(cur, "n1"), skip: true},
@@ -207,7 +208,11 @@ func TestMerge(t *testing.T) {
 				assert.Equal(t, c.pending, got)
 				return
 			}
-			require.NoError(t, err)
+			if c.replace {
+				require.ErrorIs(t, err, dispatch.ReplacePending)
+			} else {
+				require.NoError(t, err)
+			}
 			assert.Equal(t, c.want, got)
 		})
 	}

@@ -24,9 +24,11 @@ const (
 
 	// The default priorities: a binding first (a pod waits on it), then a
 	// deletion (a preemptor waits for its room), then status patches
-	// (reports nobody waits on).
-	DefaultBindingPriority     = 10
-	DefaultDeletionPriority    = 5
+	// (reports nobody waits on), each in a priority band of its own
+	// (dispatch's Config.AgingBand, 10 by default), so that aging never
+	// lifts a call past one of a more urgent type, however long it waits.
+	DefaultBindingPriority     = 20
+	DefaultDeletionPriority    = 10
 	DefaultStatusPatchPriority = 0
 )
 
@@ -150,6 +152,17 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		}
 		prio[t] = p
 	}
+	band := cfg.AgingBand
+	if band <= 0 {
+		band = dispatch.DefaultAgingBand
+	}
+	for _, u := range []CallType{PodBinding, PodDeletion} {
+		if p := prio[PodStatusPatch]; p < prio[u] && bandOf(p, band) == bandOf(prio[u], band) {
+			return cfg, nil, optErr("Priorities", fmt.Sprintf(
+				"puts status patches (%d) below %s (%d) in one priority band (of %d): aging would lift old patches past them",
+				p, u, prio[u], band))
+		}
+	}
 	cfg.Merge, cfg.NoOp, cfg.Label = merge, noOp, label
 	if cfg.Classify == nil {
 		cfg.Classify = Classify
@@ -177,7 +190,9 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 			kept = max(1, workers/4)
 		}
 		if kept > 0 {
-			cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: min(prio[PodBinding], prio[PodDeletion])}
+			// The reservation starts the band of the less urgent of the two.
+			urgent := bandOf(min(prio[PodBinding], prio[PodDeletion]), band) * band
+			cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: urgent}
 		}
 	}
 	if _, named := cfg.Tenants[string(PodStatusPatch)]; !named && o.StatusPatchMaxInFlight > 0 {
@@ -189,6 +204,15 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		cfg.Tenants = tenants
 	}
 	return cfg, prio, nil
+}
+
+// bandOf is p's priority band (floor division).
+func bandOf(p, band int) int {
+	b := p / band
+	if p%band < 0 {
+		b--
+	}
+	return b
 }
 
 func optErr(field, why string) error {

@@ -76,7 +76,7 @@ func TestPresetConfig(t *testing.T) {
 		assert.Empty(t, cfg.Tenants, "no status-patch cap unless asked for")
 		assert.Equal(t, dispatch.Reservation{Workers: dispatch.DefaultWorkers / 4, MinPriority: DefaultDeletionPriority}, cfg.Reserve,
 			"a quarter of the workers kept for deletions and bindings")
-		assert.Equal(t, map[CallType]int{PodBinding: 10, PodDeletion: 5, PodStatusPatch: 0}, prio)
+		assert.Equal(t, map[CallType]int{PodBinding: 20, PodDeletion: 10, PodStatusPatch: 0}, prio)
 		assert.NotNil(t, cfg.Merge)
 		assert.NotNil(t, cfg.NoOp)
 		assert.NotNil(t, cfg.Label)

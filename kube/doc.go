@@ -71,7 +71,10 @@
 //
 // NewDispatcher wires all of this into a dispatch.Dispatcher, with defaults
 // for a scheduler: bindings run before deletions before status patches
-// (priorities 10, 5, 0); each call type is its own tenant; a quarter of the
+// (priorities 20, 10, 0, each in a priority band of its own, so that aging
+// never lifts an old status patch past a binding or a deletion: a binding
+// waits for one token, however long the storm); each call type is its own
+// tenant; a quarter of the
 // workers is kept for bindings and deletions, so a storm of status patches
 // never leaves a binding without a worker (kubernetes#135900); and the API
 // rate (50 qps, burst 100: kube-scheduler's client defaults) is limited by

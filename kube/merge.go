@@ -11,7 +11,9 @@ import (
 
 // merge is the Config.Merge of kube calls: how a submission coalesces into
 // the pod's pending call. Relevance decides between types, as in
-// kube-scheduler: a more relevant incoming call replaces the pending one; a
+// kube-scheduler: a more relevant incoming call replaces the pending one,
+// as a new operation (ReplacePending: no attempts, backoff or last error
+// carried over); a
 // less relevant one is moot (SkipIncoming: it ends Skipped at once, without
 // waiting for the pending call). Within a type, status patches combine —
 // what the newer one sets wins, what it leaves out is kept — and bindings
@@ -31,7 +33,10 @@ func merge(pending, incoming Call) (Call, error) {
 	case ri < rp:
 		return pending, dispatch.SkipIncoming
 	case ri > rp:
-		return incoming, nil
+		// Another operation: it starts fresh, in its own tenant and
+		// under its own label, whatever the call it replaces had been
+		// through.
+		return incoming, dispatch.ReplacePending
 	}
 	switch incoming.typ {
 	case PodStatusPatch:
