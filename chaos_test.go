@@ -253,12 +253,13 @@ type chaosG struct {
 
 // chaosInjected counts what the soak made user code do.
 type chaosInjected struct {
-	panics  [numCallbacks]atomic.Uint64
-	goexits [numCallbacks]atomic.Uint64
-	reenter atomic.Uint64 // calls back into the dispatcher
-	setMode atomic.Uint64
-	skipped atomic.Uint64 // merges that found the incoming call moot
-	done    atomic.Uint64 // before-retry hooks that found the call done
+	panics   [numCallbacks]atomic.Uint64
+	goexits  [numCallbacks]atomic.Uint64
+	reenter  atomic.Uint64 // calls back into the dispatcher
+	setMode  atomic.Uint64
+	skipped  atomic.Uint64 // merges that found the incoming call moot
+	replaced atomic.Uint64 // merges that made the incoming call a new operation
+	done     atomic.Uint64 // before-retry hooks that found the call done
 }
 
 // The callbacks, as indexes into chaosInjected.
@@ -471,6 +472,8 @@ func (c *chaos) run() {
 		Capacity:    p.capacity,
 		MaxWaiters:  p.maxWaiters,
 		Aging:       time.Millisecond,
+		AgingBand:   4,                                         // the priorities (-3..10 and extremes) span several bands
+		Reserve:     Reservation{Workers: 1, MinPriority: 100}, // the band of the side keys' calls
 		Tenants:     map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
 		Merge:       c.merge,
 		NoOp:        c.noop,
@@ -1128,8 +1131,8 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 	case incoming[0]%37 == 0:
 		// The pending call makes the incoming one moot. On arrival (a
 		// submission of one id by this goroutine) it ends Skipped alone,
-		// in no call; a retry's successor ends Skipped as a call, with its
-		// hook.
+		// in no call; a retry's successor stays behind the retry and runs
+		// after it.
 		c.inj.skipped.Add(1)
 		if g := c.current(); g != nil && len(incoming) == 1 && g.submitting == incoming[0] {
 			c.mu.Lock()
@@ -1142,7 +1145,14 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 		return nil, SkipIncoming
 	}
 	out := make([]uint64, 0, len(pending)+len(incoming))
-	return append(append(out, pending...), incoming...), nil
+	out = append(append(out, pending...), incoming...)
+	if incoming[0]%41 == 0 {
+		// Another operation: the call starts over as the union, with no
+		// attempts or backoff carried over (ReplacePending).
+		c.inj.replaced.Add(1)
+		return out, ReplacePending
+	}
+	return out, nil
 }
 
 func (c *chaos) noop(key int, ids []uint64) bool {
@@ -1487,8 +1497,8 @@ func (c *chaos) verify() {
 	}
 	t.Logf("%d submissions (%d accepted, %d tickets, %d skipped on arrival), %d hook calls, %d executions, %d retries, %d already done, %d breaker trips; outcomes %v",
 		s.Submitted, len(c.accepted), len(c.tickets), len(c.skippedIn), c.hookCalls, s.Executions, s.Retries, s.AlreadyDone, c.trips.Load(), s.Outcomes)
-	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode, %d merges found the incoming call moot, %d before-retry hooks found it done; %d contained (Stats.CallbackPanics); mode switches: %v",
-		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), c.inj.skipped.Load(), c.inj.done.Load(), s.CallbackPanics, sw)
+	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode, %d merges found the incoming call moot, %d replaced the pending call, %d before-retry hooks found it done; %d contained (Stats.CallbackPanics); mode switches: %v",
+		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), c.inj.skipped.Load(), c.inj.replaced.Load(), c.inj.done.Load(), s.CallbackPanics, sw)
 }
 
 // panicsAgree reports whether Stats.CallbackPanics is what was injected
