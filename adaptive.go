@@ -144,7 +144,7 @@ func (m *minRing) min(now int64) time.Duration {
 
 // strainOf classifies a failed attempt for the adaptive limit.
 func strainOf(err error, class Class) (strain, time.Duration) {
-	if err == nil || class != Retry {
+	if err == nil || class != ClassRetry {
 		return strainNone, 0
 	}
 	if d, ok := retryAfter(err); ok {

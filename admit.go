@@ -44,7 +44,7 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 	}
 	if supersede {
 		l.gen = o.Generation
-		d.endLane(l, Stale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
+		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
 			l = d.newLane(key, h, o.Generation)
@@ -117,7 +117,7 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions,
 			return d.refuse(BoundCapacity)
 		}
 	}
-	if o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == BreakerOpen {
+	if o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == CircuitOpen {
 		return ErrCircuitOpen
 	}
 	if quotaVictim != nil {
@@ -148,7 +148,7 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions,
 // comes after the lock is released, so that the worker it wakes does not
 // find the lock still held by the submitter.
 func (d *Dispatcher[K, T]) wakeWorkerAsync(ob *outbox[K, T]) {
-	if d.mode == Async && d.idleWorkers > 0 {
+	if d.mode == ModeAsync && d.idleWorkers > 0 {
 		ob.wake = true
 	}
 }

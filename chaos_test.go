@@ -638,7 +638,7 @@ func (c *chaos) quiesce() {
 	c.testG()
 	d := c.d
 	s := d.Stats()
-	if s.Mode != Sync || s.FallbackReason == "" || c.switchCount(SwitchBacklog) == 0 {
+	if s.Mode != ModeSync || s.FallbackReason == "" || c.switchCount(SwitchBacklog) == 0 {
 		c.errorf("the fallback did not switch to Sync on backlog, so the run tested nothing: mode %v, reason %q", s.Mode, s.FallbackReason)
 	}
 	start := time.Now()
@@ -682,7 +682,7 @@ func (c *chaos) isTail(key int) bool { return key >= c.p.keys+c.p.sideKeys }
 func (c *chaos) tail() {
 	d, p := c.d, c.p
 	me := c.current() // the quiesce goroutine
-	if err := d.SetMode(context.Background(), Async); err != nil {
+	if err := d.SetMode(context.Background(), ModeAsync); err != nil {
 		c.errorf("tail: SetMode(Async): %v", err)
 		return
 	}
@@ -705,7 +705,7 @@ func (c *chaos) tail() {
 		c.errorf("tail: the inline call was refused: %v", err)
 		return
 	}
-	if r, _ := tk.tk.Result(); r.State != Succeeded {
+	if r, _ := tk.tk.Result(); r.State != StateSucceeded {
 		c.errorf("tail: the inline call: %+v", r)
 	}
 	start := time.Now()
@@ -944,7 +944,7 @@ func (c *chaos) submitter(gi int) {
 				c.errorf("Wait without a result: %v", err)
 			}
 		default:
-			c.d.Pending(key)
+			c.d.Busy(key)
 			c.checkStats(c.d.Stats(), "submitter")
 		}
 	}
@@ -994,7 +994,7 @@ func (c *chaos) reenter(r *rand.Rand, key int, where string, leaf, ownOK, anyKey
 	case x < 72:
 		c.amend(g, r, target)
 	case x < 80:
-		c.d.Pending(target)
+		c.d.Busy(target)
 	case x < 95:
 		c.checkStats(c.d.Stats(), where)
 	default:
@@ -1009,9 +1009,9 @@ func (c *chaos) setMode(r *rand.Rand, where string) {
 		return // the fallback run's switch to Sync is the fallback's
 	}
 	c.inj.setMode.Add(1)
-	m := Sync
+	m := ModeSync
 	if c.p.flap && r.IntN(3) != 0 {
-		m = Async
+		m = ModeAsync
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*c.p.execMax)
 	err := c.d.SetMode(ctx, m)
@@ -1200,11 +1200,11 @@ func (c *chaos) classify(err error) Class {
 	}
 	switch {
 	case errors.Is(err, errChaosRetry):
-		return Retry
+		return ClassRetry
 	case errors.Is(err, errChaosConflict):
-		return Recompute
+		return ClassRecompute
 	}
-	return Permanent
+	return ClassPermanent
 }
 
 func (c *chaos) beforeRetry(_ context.Context, key int, ids []uint64, _ error) ([]uint64, bool, error) {
@@ -1276,8 +1276,8 @@ func (o chaosObserver) OnModeChange(_, _ Mode, reason SwitchReason) {
 	o.c.observe()
 }
 
-func (o chaosObserver) OnBreakerChange(_, to BreakerState) {
-	if to == BreakerOpen {
+func (o chaosObserver) OnCircuitChange(_, to Circuit) {
+	if to == CircuitOpen {
 		o.c.trips.Add(1)
 	}
 	o.c.observe()
@@ -1304,11 +1304,11 @@ func (c *chaos) observe() {
 // negative, and that a *PanicError in it is one the soak injected.
 func (c *chaos) checkResult(r Result[int, []uint64], where string) {
 	switch {
-	case r.State < Succeeded || r.State > Closed:
+	case r.State < StateSucceeded || r.State > StateClosed:
 		c.errorf("%s: invalid state %v in %+v", where, r.State, r)
-	case r.State.OK() && r.Err != nil, r.State != Failed && !r.State.OK() && !errors.Is(r.Err, sentinel[r.State]):
+	case r.State.OK() && r.Err != nil, r.State != StateFailed && !r.State.OK() && !errors.Is(r.Err, sentinel[r.State]):
 		c.errorf("%s: %v result with error %v", where, r.State, r.Err)
-	case r.State == Failed && r.Err == nil:
+	case r.State == StateFailed && r.Err == nil:
 		c.errorf("%s: Failed result without an error", where)
 	}
 	if r.QueueWait < 0 || r.RunTime < 0 || r.Attempts < 0 || r.Waiters < 0 {
@@ -1456,10 +1456,10 @@ func (c *chaos) verify() {
 		if res.Key != ct.key || !slices.Contains(res.Call, ct.id) {
 			c.errorf("%s: result for key %d with call %v", where, res.Key, res.Call)
 		}
-		if c.skippedIn[ct.id] && (res.State != Skipped || res.Waiters != 1 || res.Attempts != 0 || len(res.Call) != 1) {
+		if c.skippedIn[ct.id] && (res.State != StateSkipped || res.Waiters != 1 || res.Attempts != 0 || len(res.Call) != 1) {
 			c.errorf("%s: skipped on arrival, but %+v", where, res)
 		}
-		if res.State != Succeeded {
+		if res.State != StateSucceeded {
 			continue
 		}
 		ok2, ran := c.okEnd[ct.id]

@@ -279,11 +279,11 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 // call, so no completion hook fires for it.
 func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], ob *outbox[K, T]) {
 	d.totals.coalesced++
-	d.totals.outcomes[Skipped]++
+	d.totals.outcomes[StateSkipped]++
 	if t == nil {
 		return
 	}
-	t.r = &Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: Skipped, Waiters: 1}}
+	t.r = &Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: StateSkipped, Waiters: 1}}
 	t.state = tsDone
 	ob.tickets = append(ob.tickets, t)
 }
@@ -380,8 +380,8 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
 		c := l.pending
 		now := d.now()
-		d.settleAll(c, Skipped, nil, now, onTime, &ob)
-		d.finish(c, Skipped, nil, now, &ob)
+		d.settleAll(c, StateSkipped, nil, now, onTime, &ob)
+		d.finish(c, StateSkipped, nil, now, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)

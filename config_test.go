@@ -236,7 +236,7 @@ func TestFallbackWindow(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait()
-		assert.Equal(t, Sync, d.Mode(), "the backlog still trips the fallback")
+		assert.Equal(t, ModeSync, d.Mode(), "the backlog still trips the fallback")
 		close(gate)
 		closeD(t, d)
 	})

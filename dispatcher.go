@@ -240,7 +240,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		err = ctxErr(ctx)
 	case deadline != 0 && deadline <= now:
 		err = errRejectPast
-	case d.mode == Sync && d.runsHere(key):
+	case d.mode == ModeSync && d.runsHere(key):
 		err = ErrReentrant
 	default:
 		coalesced, err = d.admit(key, h, call, &o, now, deadline, t, ten, label, &ob)
@@ -249,7 +249,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	if err != nil {
 		t.state = tsDone
 	}
-	if err == nil && d.mode == Sync {
+	if err == nil && d.mode == ModeSync {
 		if obs := d.cfg.Observer; obs != nil {
 			// Told by deliver, which contains it: not through observe,
 			// whose own containment would count a Goexit twice.
@@ -316,7 +316,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if d.mode == Sync {
+	if d.mode == ModeSync {
 		d.mu.Unlock()
 		return d.postSync(key, call, o)
 	}
@@ -348,19 +348,19 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 	d.mu.Lock()
 	found := false
 	if l := d.lanes.lookup(key); l != nil {
-		found = d.endLane(l, Canceled, err, d.now(), withRunning, &ob)
+		found = d.endLane(l, StateCanceled, err, d.now(), withRunning, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
 	return found
 }
 
-// Pending reports whether key has a call that has not finished: queued,
+// Busy reports whether key has a call that has not finished: queued,
 // waiting for retry, or running — including an execution that was
 // cancelled but has not returned yet, since it may still take effect. A
 // caller that must not act before an earlier write lands (binding after its
 // prerequisite) checks this.
-func (d *Dispatcher[K, T]) Pending(key K) bool {
+func (d *Dispatcher[K, T]) Busy(key K) bool {
 	d.mu.Lock()
 	ok := d.lanes.lookup(key) != nil
 	d.mu.Unlock()
@@ -370,10 +370,10 @@ func (d *Dispatcher[K, T]) Pending(key K) bool {
 // ctxDone is the AfterFunc of a Submit context. It takes the lock itself.
 func (d *Dispatcher[K, T]) ctxDone(t *Ticket[K, T], ctx context.Context) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		d.leave(t, Expired, ErrExpired)
+		d.leave(t, StateExpired, ErrExpired)
 		return
 	}
-	d.leave(t, Canceled, canceledErr(context.Cause(ctx)))
+	d.leave(t, StateCanceled, canceledErr(context.Cause(ctx)))
 }
 
 // labelOf runs Config.Label, if set. It runs outside the lock, before

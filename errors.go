@@ -248,15 +248,15 @@ func ctxErr(ctx context.Context) error {
 // failure.
 func stateErr(st State) error {
 	switch st {
-	case Canceled:
+	case StateCanceled:
 		return ErrCanceled
-	case Expired:
+	case StateExpired:
 		return ErrExpired
-	case Dropped:
+	case StateDropped:
 		return ErrDropped
-	case Stale:
+	case StateStale:
 		return ErrStale
-	case Closed:
+	case StateClosed:
 		return ErrClosed
 	}
 	return nil
@@ -265,7 +265,7 @@ func stateErr(st State) error {
 // staleErr is the completion hook's error for a call that ended in st after
 // losing its waiters; execErr is what exec returned, kept for audit.
 func staleErr(st State, execErr error) error {
-	if st != Stale {
+	if st != StateStale {
 		return stateErr(st)
 	}
 	if execErr != nil {

@@ -57,17 +57,17 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 		return
 	}
 	f.next = sat.Add(now, f.calls.Step())
-	if d.mode == Sync {
+	if d.mode == ModeSync {
 		if f.returnAt != 0 && now >= f.returnAt {
 			f.returnAt = 0
-			d.switchMode(Async, SwitchCoolDown, ob)
+			d.switchMode(ModeAsync, SwitchCoolDown, ob)
 		}
 	} else if code, detail := d.fallbackReason(now); code != "" {
 		f.reason = detail
 		if f.p.ReturnAfter > 0 {
 			f.returnAt = sat.Add(now, int64(f.p.ReturnAfter))
 		}
-		d.switchMode(Sync, code, ob)
+		d.switchMode(ModeSync, code, ob)
 	}
 	if d.fallbackIdle() {
 		f.parked = true
@@ -82,10 +82,10 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 // threshold).
 func (d *Dispatcher[K, T]) fallbackIdle() bool {
 	f := d.fallback
-	if d.mode == Sync {
+	if d.mode == ModeSync {
 		return f.returnAt == 0
 	}
-	breakerOpen := d.breaker != nil && d.breaker.state != BreakerClosed && f.p.MaxBreakerOpen > 0
+	breakerOpen := d.breaker != nil && d.breaker.state != CircuitClosed && f.p.MaxBreakerOpen > 0
 	return d.liveCalls == 0 && !breakerOpen
 }
 
@@ -122,7 +122,7 @@ func (d *Dispatcher[K, T]) fallbackReason(now int64) (code SwitchReason, detail 
 			return SwitchQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.Marked, s.Total)
 		}
 	}
-	if p.MaxBreakerOpen > 0 && d.breaker != nil && d.breaker.state != BreakerClosed {
+	if p.MaxBreakerOpen > 0 && d.breaker != nil && d.breaker.state != CircuitClosed {
 		if open := time.Duration(now - d.breaker.since); open > p.MaxBreakerOpen {
 			return SwitchBreakerOpen, fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
 		}

@@ -84,18 +84,18 @@ func fzRun(t *testing.T, data []byte) {
 		Classify: func(err error) dispatch.Class {
 			switch {
 			case errors.Is(err, errFuzzRetry):
-				return dispatch.Retry
+				return dispatch.ClassRetry
 			case errors.Is(err, errFuzzRecompute):
-				return dispatch.Recompute
+				return dispatch.ClassRecompute
 			}
-			return dispatch.Permanent
+			return dispatch.ClassPermanent
 		},
 		Retry: dispatch.RetryPolicy{
 			MaxAttempts:    cfg.maxAttempts,
 			InitialBackoff: fzBackoff,
 			MaxBackoff:     fzMaxBackoff,
 			Multiplier:     2,
-			Jitter:         dispatch.NoJitter,
+			Jitter:         dispatch.JitterNone,
 			BudgetRatio:    math.Inf(1),
 		},
 	}
@@ -328,7 +328,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 		ft := h.tickets[op.idx%len(h.tickets)]
 		h.trace[len(h.trace)-1] += fmt.Sprintf(" = ticket of op %d", ft.op)
 		ft.tk.Cancel()
-		m.leave(ft.m, dispatch.Canceled, "canceled", nil)
+		m.leave(ft.m, dispatch.StateCanceled, "canceled", nil)
 	case fzCtxCancel:
 		if len(h.tickets) == 0 {
 			break
@@ -340,7 +340,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 		}
 		if ft.m.ctxLive {
 			ft.m.ctxLive = false
-			m.leave(ft.m, dispatch.Canceled, "canceled", ft.cause)
+			m.leave(ft.m, dispatch.StateCanceled, "canceled", ft.cause)
 		}
 	case fzCancelKey:
 		cause := fmt.Errorf("fuzz: Cancel in op %d", i)
@@ -557,7 +557,7 @@ func (h *fzHarness) check(step string) {
 		StaleExecutions: m.staleExecs,
 		Retries:         m.retries,
 		AlreadyDone:     m.alreadyDone,
-		Breaker:         m.br,
+		Circuit:         m.br,
 		Outcomes:        m.outcomes,
 		Calls:           m.callsBy,
 		Concurrency:     1, // one worker, no adaptive limit
@@ -588,7 +588,7 @@ func (h *fzHarness) check(step string) {
 	}
 	for k := range fzKeys {
 		_, want := m.slots[k]
-		if got := h.d.Pending(k); got != want {
+		if got := h.d.Busy(k); got != want {
 			h.fail("%s: Pending(k%d) = %v, model says %v", step, k, got, want)
 		}
 	}

@@ -131,7 +131,7 @@ type fzModel struct {
 
 	submitted, rejected, coalesced, executions, staleExecs, retries, alreadyDone uint64
 
-	br        dispatch.BreakerState
+	br        dispatch.Circuit
 	consec    int   // retryable failures in a row
 	openUntil int64 // while open
 	probes    int   // probes in flight while half-open
@@ -287,12 +287,12 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		if mt != nil && m.tickets >= m.maxWaiters() {
 			return dispatch.ErrBackpressure
 		}
-		if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.BreakerOpen {
+		if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.CircuitOpen {
 			return dispatch.ErrCircuitOpen
 		}
 		if victim != nil {
-			m.settleAll(victim, dispatch.Dropped, "dropped", nil, false)
-			m.endCall(victim, dispatch.Dropped, "dropped")
+			m.settleAll(victim, dispatch.StateDropped, "dropped", nil, false)
+			m.endCall(victim, dispatch.StateDropped, "dropped")
 			m.releaseSlot(victim.slot)
 		}
 		s = &fmSlot{key: op.key, gen: op.gen}
@@ -312,8 +312,8 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		s.gen = op.gen
 		for _, c := range [2]*fmCall{s.next, s.run} {
 			if c != nil && !c.orphan {
-				m.settleAll(c, dispatch.Stale, "stale", nil, false)
-				m.endCall(c, dispatch.Stale, "stale")
+				m.settleAll(c, dispatch.StateStale, "stale", nil, false)
+				m.endCall(c, dispatch.StateStale, "stale")
 			}
 		}
 	}
@@ -329,9 +329,9 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 			// Skipped at once, alone, and the pending call is left as it
 			// was (no waiter, priority, deadline or label of this one).
 			m.coalesced++
-			m.outcomes[dispatch.Skipped]++
+			m.outcomes[dispatch.StateSkipped]++
 			if mt != nil {
-				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.Skipped, val, 1, 0, "nil"
+				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.StateSkipped, val, 1, 0, "nil"
 			}
 			return nil
 		}
@@ -482,7 +482,7 @@ func (m *fzModel) settleAll(c *fmCall, st dispatch.State, class string, cause er
 	served := false
 	for _, t := range c.tickets {
 		if expire && t.deadline != 0 && t.deadline <= m.now {
-			m.settle(t, c, dispatch.Expired, "expired", nil)
+			m.settle(t, c, dispatch.StateExpired, "expired", nil)
 			continue
 		}
 		served = true
@@ -493,7 +493,7 @@ func (m *fzModel) settleAll(c *fmCall, st dispatch.State, class string, cause er
 	if c.nff > 0 {
 		wst := st
 		if expire && !c.ffForever && c.ffDL <= m.now {
-			wst = dispatch.Expired
+			wst = dispatch.StateExpired
 		} else {
 			served = true
 		}
@@ -557,7 +557,7 @@ func (m *fzModel) leave(t *fmTicket, st dispatch.State, class string, cause erro
 	c.tickets = slices.Delete(c.tickets, i, i+1)
 	m.tickets--
 	m.settle(t, c, st, class, cause)
-	if st == dispatch.Expired && m.cfg.honour && c.where == fmRunning && m.runDL == m.now {
+	if st == dispatch.StateExpired && m.cfg.honour && c.where == fmRunning && m.runDL == m.now {
 		t.hasAlt, t.altVal, t.altAttempt = true, c.val, c.attempts+1
 		if m.runOut.rebuilt {
 			t.altVal = m.runVal
@@ -580,8 +580,8 @@ func (m *fzModel) cancelKey(key int, cause error) bool {
 	for _, c := range [2]*fmCall{s.next, s.run} {
 		if c != nil && !c.orphan {
 			found = true
-			m.settleAll(c, dispatch.Canceled, "canceled", cause, false)
-			m.endCall(c, dispatch.Canceled, "canceled")
+			m.settleAll(c, dispatch.StateCanceled, "canceled", cause, false)
+			m.endCall(c, dispatch.StateCanceled, "canceled")
 		}
 	}
 	m.releaseSlot(s)
@@ -608,15 +608,15 @@ func (m *fzModel) expire() {
 	for _, c := range m.liveCalls() {
 		for _, t := range slices.Clone(c.tickets) {
 			if t.deadline != 0 && t.deadline <= m.now {
-				m.leave(t, dispatch.Expired, "expired", nil)
+				m.leave(t, dispatch.StateExpired, "expired", nil)
 			}
 		}
 		if c.nff > 0 && !c.ffForever && c.ffDL <= m.now {
-			m.outcomes[dispatch.Expired] += uint64(c.nff)
+			m.outcomes[dispatch.StateExpired] += uint64(c.nff)
 			m.liveFF -= c.nff
 			c.nff = 0
 			if c.live() == 0 {
-				m.endCall(c, dispatch.Expired, "expired")
+				m.endCall(c, dispatch.StateExpired, "expired")
 				m.releaseSlot(c.slot)
 			} else {
 				m.reprioritize(c)
@@ -652,7 +652,7 @@ func (m *fzModel) nextEvent() int64 {
 			at(c.notBefore)
 		}
 	}
-	if m.br == dispatch.BreakerOpen && m.openUntil > m.now {
+	if m.br == dispatch.CircuitOpen && m.openUntil > m.now {
 		at(m.openUntil)
 	}
 	return next
@@ -717,7 +717,7 @@ func (m *fzModel) work() {
 		if best == nil {
 			return
 		}
-		probe := m.br != dispatch.BreakerClosed
+		probe := m.br != dispatch.CircuitClosed
 		if m.cfg.breaker && !m.admits() {
 			return
 		}
@@ -795,28 +795,28 @@ func (m *fzModel) finish(c *fmCall, out fzOutcome) {
 	case c.orphan:
 		st, class := c.endState, fzStateClass(c.endState)
 		if out.ran {
-			st, class = dispatch.Stale, "stale"
+			st, class = dispatch.StateStale, "stale"
 			m.staleExecs++
 		}
 		m.hook(c, st, class)
 	case out.hookErr:
-		m.end(c, dispatch.Failed, "retry:before-retry:before", out.ran)
+		m.end(c, dispatch.StateFailed, "retry:before-retry:before", out.ran)
 	case out.done:
 		m.alreadyDone++
-		m.end(c, dispatch.Succeeded, "nil", out.ran)
+		m.end(c, dispatch.StateSucceeded, "nil", out.ran)
 	case out.skipped:
-		m.end(c, dispatch.Skipped, "nil", out.ran)
+		m.end(c, dispatch.StateSkipped, "nil", out.ran)
 	case out.ctxEnded:
 		panic("fzModel: an execution ended by its context must be orphaned")
 	case out.result == fzOK:
-		m.end(c, dispatch.Succeeded, "nil", out.ran)
+		m.end(c, dispatch.StateSucceeded, "nil", out.ran)
 	default:
 		notBefore, reason := m.retryAt(c, out)
 		if reason == "" {
 			m.requeue(c, notBefore)
 			return
 		}
-		m.end(c, dispatch.Failed, fzFailClass(out.result, reason), out.ran)
+		m.end(c, dispatch.StateFailed, fzFailClass(out.result, reason), out.ran)
 	}
 	m.calls--
 	s.run = nil
@@ -833,9 +833,9 @@ func (m *fzModel) end(c *fmCall, st dispatch.State, class string, ran bool) {
 		m.hook(c, st, class)
 	case ran:
 		m.staleExecs++
-		m.hook(c, dispatch.Stale, "stale")
+		m.hook(c, dispatch.StateStale, "stale")
 	default:
-		m.hook(c, dispatch.Expired, "expired")
+		m.hook(c, dispatch.StateExpired, "expired")
 	}
 }
 
@@ -934,13 +934,13 @@ func (m *fzModel) absorb(c, n *fmCall) {
 // admits is the breaker's gate for starting an execution.
 func (m *fzModel) admits() bool {
 	switch m.br {
-	case dispatch.BreakerOpen:
+	case dispatch.CircuitOpen:
 		if m.now < m.openUntil {
 			return false
 		}
-		m.br = dispatch.BreakerHalfOpen
+		m.br = dispatch.CircuitHalfOpen
 		fallthrough
-	case dispatch.BreakerHalfOpen:
+	case dispatch.CircuitHalfOpen:
 		if m.probes >= 1 {
 			return false
 		}
@@ -958,14 +958,14 @@ func (m *fzModel) record(probe, counted, failed bool) {
 	}
 	if !failed {
 		m.consec = 0
-		if m.br == dispatch.BreakerHalfOpen {
-			m.br, m.probes = dispatch.BreakerClosed, 0
+		if m.br == dispatch.CircuitHalfOpen {
+			m.br, m.probes = dispatch.CircuitClosed, 0
 		}
 		return
 	}
 	m.consec++
-	if m.br == dispatch.BreakerHalfOpen || (m.br == dispatch.BreakerClosed && m.consec >= m.cfg.brFailures) {
-		m.br, m.openUntil, m.consec = dispatch.BreakerOpen, m.now+int64(fzCooldown), 0
+	if m.br == dispatch.CircuitHalfOpen || (m.br == dispatch.CircuitClosed && m.consec >= m.cfg.brFailures) {
+		m.br, m.openUntil, m.consec = dispatch.CircuitOpen, m.now+int64(fzCooldown), 0
 	}
 }
 
@@ -990,8 +990,8 @@ func (m *fzModel) abort() {
 		}
 		for _, c := range [2]*fmCall{s.next, s.run} {
 			if c != nil && !c.orphan {
-				m.settleAll(c, dispatch.Closed, "closed", nil, false)
-				m.endCall(c, dispatch.Closed, "closed")
+				m.settleAll(c, dispatch.StateClosed, "closed", nil, false)
+				m.endCall(c, dispatch.StateClosed, "closed")
 			}
 		}
 		m.releaseSlot(s)
@@ -1002,17 +1002,17 @@ func (m *fzModel) closeReturned() bool { return m.stopped && m.running == nil }
 
 func fzStateClass(st dispatch.State) string {
 	switch st {
-	case dispatch.Succeeded, dispatch.Skipped:
+	case dispatch.StateSucceeded, dispatch.StateSkipped:
 		return "nil"
-	case dispatch.Canceled:
+	case dispatch.StateCanceled:
 		return "canceled"
-	case dispatch.Expired:
+	case dispatch.StateExpired:
 		return "expired"
-	case dispatch.Dropped:
+	case dispatch.StateDropped:
 		return "dropped"
-	case dispatch.Stale:
+	case dispatch.StateStale:
 		return "stale"
-	case dispatch.Closed:
+	case dispatch.StateClosed:
 		return "closed"
 	}
 	return "?"

@@ -203,7 +203,7 @@ func (d *Dispatcher[K, T]) stop() {
 		d.stopped = true
 		now := d.now()
 		for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
-			d.endLane(l, Closed, ErrClosed, now, withRunning, &ob)
+			d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
 		}
 		d.baseCancel(ErrClosed)
 		close(d.stopCh)

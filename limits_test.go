@@ -125,7 +125,7 @@ func TestRateLimiterRefusals(t *testing.T) {
 	_, err := New(nopExec, Config[string, int]{RateLimit: rate.NewLimiter(rate.Inf, 0)})
 	assert.NoError(t, err, "an infinite rate needs no burst")
 
-	for _, mode := range []Mode{Async, Sync} {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
 		t.Run(mode.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var runs atomic.Int32 // sync-mode execs run on the submitting goroutines
@@ -148,7 +148,7 @@ func TestRateLimiterRefusals(t *testing.T) {
 				}
 				wg.Wait()
 				waitAll(tks...)
-				assert.Equal(t, map[State]int{Succeeded: 6}, tally(t, tks...))
+				assert.Equal(t, map[State]int{StateSucceeded: 6}, tally(t, tks...))
 				assert.Equal(t, int32(6), runs.Load())
 				s := closeD(t, d)
 				assert.Zero(t, s.Retries)
@@ -383,7 +383,7 @@ func TestStartCheck(t *testing.T) {
 				require.NoError(t, err)
 				<-tk.Done()
 				r := outcome(t, tk)
-				assert.Equal(t, Expired, r.State)
+				assert.Equal(t, StateExpired, r.State)
 				_, ran := log.startOf("late")
 				s := closeD(t, d)
 				if disabled {
@@ -436,13 +436,13 @@ func TestSyncUnfinishableKeepsReadyCount(t *testing.T) {
 		hold := submit(t, d, "hold", 1, prio(0)) // the worker waits at the gate
 		queued := submit(t, d, "queued", 1, prio(0))
 		synctest.Wait()
-		go func() { _ = d.SetMode(context.Background(), Sync) }() // drains "queued" later
+		go func() { _ = d.SetMode(context.Background(), ModeSync) }() // drains "queued" later
 		synctest.Wait()
 		late, err := d.Submit(context.Background(), "late", 1, SubmitOptions{Deadline: time.Now().Add(50 * time.Millisecond)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r, _ := late.Result(); r.State != Expired {
+		if r, _ := late.Result(); r.State != StateExpired {
 			t.Errorf("late: %v, want Expired (unfinishable)", r.State)
 		}
 		if s := d.Stats(); s.Ready != 1 || s.Unfinishable != 1 {
@@ -574,7 +574,7 @@ func (f *failingLimiter) Wait(ctx context.Context) error {
 // millions; nothing runs without a token, and an inline call ends at its
 // deadline.
 func TestFailingWaitLimiter(t *testing.T) {
-	for _, mode := range []Mode{Async, Sync} {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
 		t.Run(mode.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				lim := &failingLimiter{}
@@ -805,7 +805,7 @@ func TestRetryAfterHoldRule(t *testing.T) {
 		assert.False(t, ended, "the throttled call retried before its own Retry-After")
 		time.Sleep(time.Hour)
 		<-patch.Done()
-		assert.Equal(t, Succeeded, outcome(t, patch).State)
+		assert.Equal(t, StateSucceeded, outcome(t, patch).State)
 		closeD(t, d)
 	})
 }
@@ -848,11 +848,11 @@ func TestStartCheckLearnsSpeedUp(t *testing.T) {
 			require.NoError(t, err)
 			<-tk.Done()
 			switch r := outcome(t, tk); r.State {
-			case Succeeded:
+			case StateSucceeded:
 				if !ok {
 					firstOK, ok = time.Since(start), true
 				}
-			case Expired:
+			case StateExpired:
 				expired++
 			}
 			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 500 * time.Millisecond)))

@@ -269,7 +269,7 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		return s, fieldErr("Aging", c.Aging, "must not be negative")
 	case c.AgingBand < 0:
 		return s, fieldErr("AgingBand", c.AgingBand, "must not be negative")
-	case c.Mode > Sync:
+	case c.Mode > ModeSync:
 		return s, fieldErr("Mode", c.Mode, "is not a Mode")
 	case c.SwitchPolicy > CancelQueued:
 		return s, fieldErr("SwitchPolicy", c.SwitchPolicy, "is not a SwitchPolicy")
@@ -526,7 +526,7 @@ func (p RetryPolicy) withDefaults() (RetryPolicy, error) {
 		return p, fieldErr("Retry.BudgetWindow", p.BudgetWindow, "must not be negative")
 	case p.Multiplier < 0 || math.IsNaN(p.Multiplier) || (p.Multiplier > 0 && p.Multiplier < 1):
 		return p, fieldErr("Retry.Multiplier", p.Multiplier, "must be at least 1")
-	case p.Jitter > NoJitter:
+	case p.Jitter > JitterNone:
 		return p, fieldErr("Retry.Jitter", p.Jitter, "is not a Jitter")
 	case p.BudgetRatio < 0 || math.IsNaN(p.BudgetRatio):
 		return p, fieldErr("Retry.BudgetRatio", p.BudgetRatio, "must not be negative")

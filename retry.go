@@ -18,27 +18,27 @@ import (
 type Class uint8
 
 const (
-	// Permanent: retrying cannot help (invalid, unauthorised, forbidden).
+	// ClassPermanent: retrying cannot help (invalid, unauthorised, forbidden).
 	// The call ends Failed. It is the zero Class, so a classifier that does
 	// not know an error fails safe.
-	Permanent Class = iota
-	// Retry: a transient failure (timeout, connection reset, 429, 5xx). The
+	ClassPermanent Class = iota
+	// ClassRetry: a transient failure (timeout, connection reset, 429, 5xx). The
 	// call waits out a backoff in the queue, then runs again.
-	Retry
-	// Recompute: the call is no longer valid as built (a conflict); it must
+	ClassRetry
+	// ClassRecompute: the call is no longer valid as built (a conflict); it must
 	// be rebuilt from fresh state by the before-retry hook
 	// (Config.BeforeRetry) before it runs again. Without that hook it ends
 	// Failed.
-	Recompute
+	ClassRecompute
 )
 
 func (c Class) String() string {
 	switch c {
-	case Permanent:
+	case ClassPermanent:
 		return "Permanent"
-	case Retry:
+	case ClassRetry:
 		return "Retry"
-	case Recompute:
+	case ClassRecompute:
 		return "Recompute"
 	}
 	return fmt.Sprintf("Class(%d)", uint8(c))
@@ -60,9 +60,9 @@ func DefaultClassifier(err error) Class {
 		errors.Is(err, io.ErrUnexpectedEOF),
 		errors.As(err, &ne) && ne.Timeout(),
 		errors.As(err, &hint):
-		return Retry
+		return ClassRetry
 	}
-	return Permanent
+	return ClassPermanent
 }
 
 // retryAfter returns a server's hint for the next delay, if err carries
@@ -81,14 +81,14 @@ func retryAfter(err error) (time.Duration, bool) {
 type Jitter uint8
 
 const (
-	// FullJitter waits a uniform random time in [0, backoff]. It spreads
+	// JitterFull waits a uniform random time in [0, backoff]. It spreads
 	// retries best; it is the default.
-	FullJitter Jitter = iota
-	// EqualJitter waits backoff/2 plus a uniform random time in
+	JitterFull Jitter = iota
+	// JitterEqual waits backoff/2 plus a uniform random time in
 	// [0, backoff/2]: never much less than the backoff.
-	EqualJitter
-	// NoJitter waits exactly the backoff.
-	NoJitter
+	JitterEqual
+	// JitterNone waits exactly the backoff.
+	JitterNone
 )
 
 // backoff returns the delay before retry number n (n ≥ 1: the delay after
@@ -102,9 +102,9 @@ func (p *RetryPolicy) backoff(n int) time.Duration {
 	}
 	d := sat.Duration(b)
 	switch p.Jitter {
-	case FullJitter:
+	case JitterFull:
 		return time.Duration(rand.Uint64N(uint64(d) + 1)) // ≤ 2⁶³: no overflow
-	case EqualJitter:
+	case JitterEqual:
 		half := d / 2
 		return half + time.Duration(rand.Uint64N(uint64(d-half)+1))
 	}
@@ -125,13 +125,13 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 		return 0, giveUpPanic
 	case a.callDone:
 		return 0, GiveUpDeadline
-	case a.class == Permanent:
+	case a.class == ClassPermanent:
 		return 0, GiveUpPermanent
-	case a.class == Recompute && d.cfg.BeforeRetry == nil:
+	case a.class == ClassRecompute && d.cfg.BeforeRetry == nil:
 		return 0, GiveUpRecompute
 	case c.attempts >= p.MaxAttempts:
 		return 0, GiveUpAttempts
-	case a.class == Recompute:
+	case a.class == ClassRecompute:
 		// Rebuild from fresh state at once: waiting does not resolve a
 		// conflict, re-reading does.
 	default:

@@ -123,8 +123,8 @@ func (d *Dispatcher[K, T]) wall(now int64) time.Time { return d.epoch.Add(time.D
 // waiters' deadline is closer than its label's usual execution time.
 func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outbox[K, T]) {
 	d.totals.unfinishable++
-	d.settleAll(c, Expired, errUnfinishable, now, onTime, ob)
-	d.finish(c, Expired, errUnfinishable, now, ob)
+	d.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+	d.finish(c, StateExpired, errUnfinishable, now, ob)
 }
 
 // breakerAdmits reports whether the circuit breaker lets an execution start
@@ -134,9 +134,9 @@ func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok
 	if b == nil {
 		return false, true
 	}
-	probe = b.state != BreakerClosed
+	probe = b.state != CircuitClosed
 	if !b.admits(now, &ob.notes) {
-		if b.state == BreakerOpen {
+		if b.state == CircuitOpen {
 			d.armTimer(b.openUntil)
 		}
 		return false, false
@@ -431,7 +431,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	case c.orphan:
 		st := c.endState
 		if a.ran {
-			st = Stale
+			st = StateStale
 			d.totals.staleExecutions++
 		}
 		d.finish(c, st, staleErr(st, a.err), now, ob)
@@ -440,14 +440,14 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		d.requeue(c, c.lastErr, now, now, ob)
 		d.kick()
 	case a.hookErr != nil:
-		d.conclude(c, a, Failed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, ob)
+		d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, ob)
 	case a.done:
 		d.totals.alreadyDone++
-		d.conclude(c, a, Succeeded, nil, now, ob)
+		d.conclude(c, a, StateSucceeded, nil, now, ob)
 	case a.skipped:
-		d.conclude(c, a, Skipped, nil, now, ob)
+		d.conclude(c, a, StateSkipped, nil, now, ob)
 	case a.err == nil:
-		d.conclude(c, a, Succeeded, nil, now, ob)
+		d.conclude(c, a, StateSucceeded, nil, now, ob)
 	default:
 		notBefore, reason := d.retryAt(c, a, now, ob)
 		if reason == "" {
@@ -464,7 +464,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		if reason != giveUpPanic {
 			err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
 		}
-		d.conclude(c, a, Failed, err, now, ob)
+		d.conclude(c, a, StateFailed, err, now, ob)
 	}
 }
 
@@ -476,9 +476,9 @@ func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, e
 	case d.settleAll(c, st, err, now, expireLate, ob):
 	case a.ran:
 		d.totals.staleExecutions++
-		st, err = Stale, staleErr(Stale, err)
+		st, err = StateStale, staleErr(StateStale, err)
 	default:
-		st, err = Expired, ErrExpired
+		st, err = StateExpired, ErrExpired
 	}
 	d.finish(c, st, err, now, ob)
 }
@@ -492,13 +492,13 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 	if b == nil {
 		return
 	}
-	wasClosed := b.state == BreakerClosed
+	wasClosed := b.state == CircuitClosed
 	v := verdictIgnored
 	if a.ran && !c.orphan && !a.callDone {
 		switch {
 		case a.err == nil:
 			v = verdictHealthy
-		case a.class == Retry:
+		case a.class == ClassRetry:
 			v = verdictFailed
 		}
 	}
@@ -508,9 +508,9 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 	}
 	b.record(now, v, &ob.notes)
 	switch {
-	case b.state == BreakerClosed && !wasClosed:
+	case b.state == CircuitClosed && !wasClosed:
 		d.cond.Broadcast() // resume every worker
-	case b.state == BreakerOpen:
+	case b.state == CircuitOpen:
 		d.armTimer(b.openUntil)
 	}
 }

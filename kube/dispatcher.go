@@ -307,9 +307,9 @@ func (d *Dispatcher) SyncObject(pod *v1.Pod) (*v1.Pod, error) {
 // machinery. Use it for Options.Config.Mode at start-up.
 func ModeOf(enabled bool) dispatch.Mode {
 	if enabled {
-		return dispatch.Async
+		return dispatch.ModeAsync
 	}
-	return dispatch.Sync
+	return dispatch.ModeSync
 }
 
 // SetEnabled flips the dispatcher with a feature gate at run time:

@@ -80,7 +80,7 @@ func TestPresetConfig(t *testing.T) {
 		assert.NotNil(t, cfg.Merge)
 		assert.NotNil(t, cfg.NoOp)
 		assert.NotNil(t, cfg.Label)
-		assert.Equal(t, dispatch.Recompute, cfg.Classify(errConflict()), "Classify")
+		assert.Equal(t, dispatch.ClassRecompute, cfg.Classify(errConflict()), "Classify")
 	})
 	t.Run("the reservation follows the workers", func(t *testing.T) {
 		for workers, want := range map[int]int{1: 0, 3: 1, 8: 2, 64: 16} {
@@ -101,7 +101,7 @@ func TestPresetConfig(t *testing.T) {
 	t.Run("user settings are kept", func(t *testing.T) {
 		userLimit := rate.NewLimiter(7, 1)
 		userTenants := map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}}
-		classify := func(error) dispatch.Class { return dispatch.Retry }
+		classify := func(error) dispatch.Class { return dispatch.ClassRetry }
 		cfg, prio, err := Options{
 			Config:                 dispatch.Config[types.UID, Call]{RateLimit: userLimit, Tenants: userTenants, Classify: classify, Capacity: 17},
 			QPS:                    1000,
@@ -111,7 +111,7 @@ func TestPresetConfig(t *testing.T) {
 		require.NoError(t, err)
 		assert.Same(t, userLimit, cfg.RateLimit)
 		assert.Equal(t, 17, cfg.Capacity)
-		assert.Equal(t, dispatch.Retry, cfg.Classify(errConflict()))
+		assert.Equal(t, dispatch.ClassRetry, cfg.Classify(errConflict()))
 		assert.Equal(t, map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}, "pod_status_patch": {MaxInFlight: 3}}, cfg.Tenants)
 		assert.Len(t, userTenants, 1, "the user's map is not written")
 		assert.Equal(t, -1, prio[PodStatusPatch])
@@ -158,7 +158,7 @@ func TestPriorities(t *testing.T) {
 		require.NoError(t, err)
 		release()
 		for _, tk := range append(tks, urgent) {
-			assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 		}
 		var order []string
 		for _, r := range api.requests() {
@@ -211,7 +211,7 @@ func TestPassThrough(t *testing.T) {
 		s := closeD(t, d)
 		assert.Len(t, done.got, 3)
 		for _, r := range done.got {
-			assert.Equal(t, dispatch.Succeeded, r.State)
+			assert.Equal(t, dispatch.StateSucceeded, r.State)
 			assert.Equal(t, r.Key, r.Call.UID())
 		}
 		assert.Equal(t, map[dispatch.Event]int{
@@ -229,8 +229,8 @@ func TestPassThrough(t *testing.T) {
 // TestFeatureGate: the gate's position maps to the mode, at start and at
 // run time; off, a submission runs inline in its caller.
 func TestFeatureGate(t *testing.T) {
-	assert.Equal(t, dispatch.Async, ModeOf(true))
-	assert.Equal(t, dispatch.Sync, ModeOf(false))
+	assert.Equal(t, dispatch.ModeAsync, ModeOf(true))
+	assert.Equal(t, dispatch.ModeSync, ModeOf(false))
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("a"), newPod("b"))
 		api.latency = time.Second
@@ -239,17 +239,17 @@ func TestFeatureGate(t *testing.T) {
 		tk := submit(t, d, Bind(api.pod("a"), "n1"))
 		r, done := tk.Result()
 		require.True(t, done, "gate off: Submit returned with the outcome")
-		assert.Equal(t, dispatch.Succeeded, r.State)
+		assert.Equal(t, dispatch.StateSucceeded, r.State)
 		assert.Equal(t, time.Second, time.Since(start))
 
 		require.NoError(t, d.SetEnabled(t.Context(), true))
-		assert.Equal(t, dispatch.Async, d.Mode())
+		assert.Equal(t, dispatch.ModeAsync, d.Mode())
 		tk = submit(t, d, Bind(api.pod("b"), "n1"))
 		_, done = tk.Result()
 		assert.False(t, done, "gate on: Submit returns at once")
-		assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 		require.NoError(t, d.SetEnabled(t.Context(), false))
-		assert.Equal(t, dispatch.Sync, d.Mode())
+		assert.Equal(t, dispatch.ModeSync, d.Mode())
 	})
 }
 
@@ -279,7 +279,7 @@ func TestKeyMismatch(t *testing.T) {
 	tk, err := d.Dispatcher.Submit(t.Context(), "other-uid", Bind(api.pod("a"), "n1"), dispatch.SubmitOptions{})
 	require.NoError(t, err)
 	r := outcome(t, tk)
-	assert.Equal(t, dispatch.Failed, r.State)
+	assert.Equal(t, dispatch.StateFailed, r.State)
 	assert.ErrorIs(t, r.Err, ErrInvalidCall)
 	assert.ErrorContains(t, r.Err, `under key "other-uid"`)
 	assert.Empty(t, api.requests())

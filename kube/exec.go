@@ -155,7 +155,7 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
 	case err != nil:
-		if Classify(err) == dispatch.Retry {
+		if Classify(err) == dispatch.ClassRetry {
 			return c, false, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)

@@ -47,7 +47,7 @@ func TestPresetAgedStorm(t *testing.T) {
 				submitted := time.Now()
 				tk := submit(t, d, Bind(bound, "n1"))
 				r := outcome(t, tk)
-				assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+				assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 				assert.LessOrEqual(t, bindAt.Sub(submitted), time.Second/DefaultQPS, "the binding waited for more than one token")
 				time.Sleep(time.Second)
 				synctest.Wait()
@@ -86,14 +86,14 @@ func TestReplacementStartsFresh(t *testing.T) {
 					return true, nil
 				})
 				d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{
-					Retry: dispatch.RetryPolicy{InitialBackoff: time.Minute, Jitter: dispatch.NoJitter},
+					Retry: dispatch.RetryPolicy{InitialBackoff: time.Minute, Jitter: dispatch.JitterNone},
 				}})
 				require.NoError(t, d.Post(PatchStatus(pod, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/1 nodes")}}), dispatch.SubmitOptions{}))
 				time.Sleep(time.Second) // the patch failed, and waits a minute (or was rebuilt)
 				synctest.Wait()
 				at := time.Now()
 				r := outcome(t, submit(t, d, Bind(api.pod("p"), "n1")))
-				assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+				assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 				assert.Equal(t, 1, r.Attempts)
 				assert.Less(t, time.Since(at), time.Second, "the binding waited out the patch's backoff")
 				assert.Equal(t, 1, api.count("create/binding"))
@@ -116,7 +116,7 @@ func TestReplacementStartsFresh(t *testing.T) {
 			assert.Zero(t, s.Tenants[string(PodBinding)].Queued)
 			release()
 			waitAll(first, bind, del)
-			assert.Equal(t, dispatch.Succeeded, outcome(t, del).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, del).State)
 			closeD(t, d)
 			assert.Equal(t, 1, obs.finished[dispatch.Event{Label: string(PodDeletion), Tenant: string(PodDeletion)}])
 			assert.Equal(t, 1, obs.finished[dispatch.Event{Label: string(PodBinding), Tenant: string(PodBinding)}], "only the first binding")
@@ -144,9 +144,9 @@ func TestPatchBehindFailingBinding(t *testing.T) {
 		patch := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/1 nodes")}}))
 		release()
 		waitAll(bind, patch)
-		assert.Equal(t, dispatch.Failed, outcome(t, bind).State)
+		assert.Equal(t, dispatch.StateFailed, outcome(t, bind).State)
 		r := outcome(t, patch)
-		assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+		assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 		assert.True(t, scheduledFalse(api.pod("p")), "the patch's condition landed")
 	})
 }

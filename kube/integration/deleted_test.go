@@ -50,25 +50,25 @@ func testDeletedWhileQueued(t *testing.T, s *apiserver.Server) {
 	cases := []tcase{
 		{name: "status patch", call: func(p *corev1.Pod) kube.Call {
 			return kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("0/3 nodes are available")}})
-		}, want: dispatch.Failed, notFound: true, writes: []string{"PATCH status 404"}},
+		}, want: dispatch.StateFailed, notFound: true, writes: []string{"PATCH status 404"}},
 		{name: "binding", call: func(p *corev1.Pod) kube.Call { return kube.Bind(p, "node-gone") },
-			want: dispatch.Failed, notFound: true, writes: []string{"POST binding 404"}},
+			want: dispatch.StateFailed, notFound: true, writes: []string{"POST binding 404"}},
 		{name: "deletion", call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, nil) },
-			want: dispatch.Succeeded, writes: []string{"DELETE 404"}},
+			want: dispatch.StateSucceeded, writes: []string{"DELETE 404"}},
 		{name: "deletion with a condition", call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, disruption) },
-			want: dispatch.Succeeded, writes: []string{"PATCH status 404"}},
+			want: dispatch.StateSucceeded, writes: []string{"PATCH status 404"}},
 		{name: "status patch, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call {
 			return kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("0/3 nodes are available")}})
-		}, want: dispatch.Failed, writes: []string{"PATCH status 409"}},
+		}, want: dispatch.StateFailed, writes: []string{"PATCH status 409"}},
 		{name: "binding, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call { return kube.Bind(p, "node-gone") },
-			want: dispatch.Failed, writes: []string{"POST binding 409"}},
+			want: dispatch.StateFailed, writes: []string{"POST binding 409"}},
 		{name: "deletion, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, nil) },
-			want: dispatch.Succeeded, writes: []string{"DELETE 409"}},
+			want: dispatch.StateSucceeded, writes: []string{"DELETE 409"}},
 		{name: "deletion with a condition, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, disruption) },
-			want: dispatch.Succeeded, writes: []string{"PATCH status 422"}},
+			want: dispatch.StateSucceeded, writes: []string{"PATCH status 422"}},
 		{name: "unconditional status patch, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call {
 			return kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("0/3 nodes are available")}, Unconditional: true})
-		}, want: dispatch.Failed, writes: []string{"PATCH status 422"}},
+		}, want: dispatch.StateFailed, writes: []string{"PATCH status 422"}},
 	}
 	pods := make([]*corev1.Pod, len(cases))
 	tickets := make([]*dispatch.Ticket[types.UID, kube.Call], len(cases))
