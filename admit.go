@@ -95,6 +95,8 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 		// A newer generation just removed the key's only call.
 		d.q.push(c)
 		d.wakeWorkerAsync(ob)
+	} else {
+		c.enter(csBehind)
 	}
 	return false, nil
 }

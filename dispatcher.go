@@ -21,18 +21,13 @@ import (
 // or runtime.Goexit, ends the call Failed with a *PanicError, never retried
 // (package documentation, "Callbacks").
 //
-// ctx is the dispatcher's own context type, cancelled by the dispatcher
-// itself: context.Cause reports why (ErrCanceled with Cancel's cause,
-// ErrStale, ErrClosed...), Err is context.DeadlineExceeded once the
-// waiters' deadline has passed, and contexts derived from it need no
-// goroutine. It ends when exec returns. So that an execution costs no
-// allocation, a worker reuses the context of its previous execution if
-// nobody looked at it (called none of its methods) and it carried no
-// deadline or idempotency key. Work exec starts that outlives it must
-// therefore not take ctx untouched: such work could first look at it
-// after it began serving the worker's next call, and see it live until
-// that call ends. Looking at ctx once before exec returns (ctx.Err() will
-// do) keeps it exec's alone.
+// ctx belongs to this one execution and is cancelled by the dispatcher:
+// context.Cause reports why — ErrCanceled with Cancel's cause, ErrStale,
+// ErrClosed, ErrExpired (then Err is context.DeadlineExceeded) — and, once
+// exec has returned, ErrAttemptEnded if nothing ended it earlier. A context
+// exec hands to work that outlives it stays done with that cause, like an
+// http.Request's context after its handler returns. Contexts derived from
+// it need no goroutine.
 type ExecFunc[K comparable, T any] func(ctx context.Context, key K, call T) error
 
 // Dispatcher runs calls asynchronously: per key at most one running and one
@@ -206,12 +201,21 @@ func (d *Dispatcher[K, T]) at(dl time.Time) int64 {
 // ErrExpired), the generation is stale (ErrStale), the merge is refused
 // (ErrMergeRejected) or the dispatcher is full (ErrBackpressure).
 func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOptions) (*Ticket[K, T], error) {
+	return d.submit(ctx, key, call, o, nil)
+}
+
+// submit is Submit; label, if not nil, is the call's label, already
+// computed (a Sync-mode Post's), so that Config.Label runs once per
+// submission. It takes the lock itself.
+func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOptions, label *string) (*Ticket[K, T], error) {
+	if label == nil {
+		l := d.labelOf(key, call)
+		label = &l
+	}
 	if ctx.Err() != nil {
 		err := ctxErr(ctx)
 		d.rejectEarly(o.Tenant)
-		if d.cfg.Observer != nil {
-			d.observeSubmit(d.labelOf(key, call), &o, false, err)
-		}
+		d.observeSubmit(*label, &o, false, err)
 		return nil, err
 	}
 	deadline := d.at(o.Deadline)
@@ -220,7 +224,6 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 			deadline = c
 		}
 	}
-	label := d.labelOf(key, call)
 	watch := ctx.Done() != nil
 	t := newTicket(d, deadline, watch)
 	if watch {
@@ -243,7 +246,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	case d.mode == ModeSync && d.runsHere(key):
 		err = ErrReentrant
 	default:
-		coalesced, err = d.admit(key, h, call, &o, now, deadline, t, ten, label, &ob)
+		coalesced, err = d.admit(key, h, call, &o, now, deadline, t, ten, *label, &ob)
 	}
 	d.count(ten, err)
 	if err != nil {
@@ -253,7 +256,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		if obs := d.cfg.Observer; obs != nil {
 			// Told by deliver, which contains it: not through observe,
 			// whose own containment would count a Goexit twice.
-			e := Event{Label: label, Tenant: o.Tenant}
+			e := Event{Label: *label, Tenant: o.Tenant}
 			ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
 		}
 		d.runInline(t, &ob) // releases the lock
@@ -270,7 +273,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	// Outcomes first: an observer that panics or exits must not keep the
 	// waiters this submission displaced from hearing.
 	d.deliver(&ob)
-	d.observeSubmit(label, &o, coalesced, err)
+	d.observeSubmit(*label, &o, coalesced, err)
 	if err != nil {
 		return nil, err
 	}
@@ -318,7 +321,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	d.mu.Lock()
 	if d.mode == ModeSync {
 		d.mu.Unlock()
-		return d.postSync(key, call, o)
+		return d.postSync(key, call, o, label)
 	}
 	ten := d.tenantFor(o.Tenant)
 	var err error
@@ -332,9 +335,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	d.count(ten, err)
 	d.mu.Unlock()
 	d.deliver(&ob)
-	if d.cfg.Observer != nil {
-		d.observeSubmit(label, &o, coalesced, err)
-	}
+	d.observeSubmit(label, &o, coalesced, err)
 	return err
 }
 

@@ -54,6 +54,11 @@ var (
 	// matching ErrFallback, which tells the caller to run the call on the
 	// synchronous path itself.
 	ErrFallback = errors.New("dispatch: switched to synchronous mode; take the synchronous path")
+
+	// ErrAttemptEnded is the cause (context.Cause) with which an
+	// execution's context is cancelled when exec returns, unless the call
+	// ended earlier for another cause. It is never an outcome's error.
+	ErrAttemptEnded = errors.New("dispatch: attempt ended")
 )
 
 // SkipIncoming is what Config.Merge returns (or wraps) to say that the
@@ -206,6 +211,7 @@ var ErrReentrant = errors.New("dispatch: called from a callback; cannot wait for
 var (
 	errRejectStale   = fmt.Errorf("%w: generation is older than the key's newest", ErrStale)
 	errRejectPast    = fmt.Errorf("%w: deadline already passed", ErrExpired)
+	errCtxPast       = fmt.Errorf("%w: %w", ErrExpired, context.DeadlineExceeded)
 	errRejectIdemKey = fmt.Errorf("%w: pending call has a different idempotency key", ErrMergeRejected)
 
 	errDroppedCapacity  = fmt.Errorf("%w: capacity: evicted for a better call", ErrDropped)
@@ -225,12 +231,20 @@ func canceledErr(cause error) error {
 	return fmt.Errorf("%w: %w", ErrCanceled, cause)
 }
 
-// ctxErr is the error for a submission whose context is already done.
+// ctxErr is the error for a submission whose context is already done: it
+// matches ErrExpired or ErrCanceled, the context's error, and its cause.
 func ctxErr(ctx context.Context) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return errRejectPast
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		if cause == nil || cause == err {
+			return errCtxPast
+		}
+		return fmt.Errorf("%w: %w", errCtxPast, cause)
 	}
-	return canceledErr(context.Cause(ctx))
+	if cause == nil || cause == err {
+		return canceledErr(err)
+	}
+	return fmt.Errorf("%w: %w (%w)", ErrCanceled, cause, err)
 }
 
 // stateErr is the sentinel for a terminal state that is not success or

@@ -11,9 +11,10 @@ import (
 // This file is the context an execution runs under. The dispatcher owns
 // it and cancels it itself — when the call loses its last waiter, when its
 // waiters' deadline passes (the clock expires them), when Close ends it,
-// and when the attempt ends — so it needs no parent, no timer and no
-// goroutine, and costs no allocation in the steady state: a worker reuses
-// the context of its previous execution if nobody looked at it.
+// and when the attempt ends (cause ErrAttemptEnded) — so it needs no
+// parent, no timer and no goroutine. Each execution gets its own, never
+// reused: a context exec hands to work that outlives it stays done, with
+// its own execution's cause.
 //
 // It is a full context.Context: Done, Err, Deadline and Value behave as a
 // context.WithCancelCause's would, context.Cause reports the dispatcher's
@@ -21,16 +22,14 @@ import (
 // register with its AfterFunc method rather than start a goroutine each.
 
 // execCtx is one execution's context. Its fields are guarded by mu, except
-// done's fast path and seen, which are atomic.
+// done's fast path, which is atomic; deadline and idem are set before exec
+// sees it and never change.
 type execCtx struct {
-	mu   sync.Mutex
-	done atomic.Value // chan struct{}: made by the first Done; closedCh if cancelled first
-	// seen is set by any method: someone holds the context, so it is never
-	// reused for another execution.
-	seen     atomic.Bool
+	mu       sync.Mutex
+	done     atomic.Value // chan struct{}: made by the first Done; closedCh if cancelled first
 	err      error
 	cause    error
-	causeCtx context.Context // a cancelled context.WithCancelCause carrying cause, for context.Cause
+	causeCtx context.Context // once cancelled and asked: a cancelled context.WithCancelCause carrying cause, for context.Cause
 	deadline time.Time       // zero: none
 	idem     string
 	afters   []*afterFunc
@@ -50,43 +49,16 @@ var closedCh = func() chan struct{} {
 	return ch
 }()
 
-// noCh is what a reused context's done holds until a Done call makes its
-// channel (an atomic.Value cannot go back to holding nothing).
-var noCh chan struct{}
-
 var _ context.Context = (*execCtx)(nil)
-
-// reusable reports whether ctx may serve another execution: nobody ever
-// called a method of it, and it carries nothing (no deadline, no value)
-// that a holder could later read.
-func (ctx *execCtx) reusable() bool {
-	return ctx != nil && !ctx.seen.Load() && ctx.idem == "" && ctx.deadline.IsZero()
-}
-
-// reset readies a reusable ctx for its next execution.
-func (ctx *execCtx) reset() {
-	ctx.mu.Lock()
-	ctx.err, ctx.cause, ctx.causeCtx = nil, nil, nil
-	ctx.done.Store(noCh)
-	ctx.mu.Unlock()
-}
-
-func (ctx *execCtx) look() {
-	if !ctx.seen.Load() {
-		ctx.seen.Store(true)
-	}
-}
 
 // Deadline returns the latest deadline of the call's waiters, if each of
 // them has one.
 func (ctx *execCtx) Deadline() (time.Time, bool) {
-	ctx.look()
 	return ctx.deadline, !ctx.deadline.IsZero()
 }
 
 // Done returns a channel closed when the execution is cancelled.
 func (ctx *execCtx) Done() <-chan struct{} {
-	ctx.look()
 	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
 		return ch
 	}
@@ -104,17 +76,15 @@ func (ctx *execCtx) Done() <-chan struct{} {
 // context.DeadlineExceeded if the waiters' deadline passed, else
 // context.Canceled.
 func (ctx *execCtx) Err() error {
-	ctx.look()
 	ctx.mu.Lock()
 	defer ctx.mu.Unlock()
 	return ctx.err
 }
 
-// Value returns the idempotency key for idemKey{}; for context.Cause's own
-// key, once cancelled with a cause, the context that carries it; nil for
-// anything else.
+// Value returns the idempotency key for idemKey{}; once cancelled, for any
+// other key, what a cancelled context.WithCancelCause carrying the cause
+// returns (so context.Cause reports it); nil for anything else.
 func (ctx *execCtx) Value(key any) any {
-	ctx.look()
 	if _, ok := key.(idemKey); ok {
 		if ctx.idem == "" {
 			return nil
@@ -122,19 +92,28 @@ func (ctx *execCtx) Value(key any) any {
 		return ctx.idem
 	}
 	ctx.mu.Lock()
+	if ctx.err == nil {
+		ctx.mu.Unlock()
+		return nil
+	}
+	if ctx.causeCtx == nil {
+		cc, cancel := context.WithCancelCause(context.Background())
+		cancel(ctx.cause)
+		ctx.causeCtx = cc
+	}
 	cc := ctx.causeCtx
 	ctx.mu.Unlock()
-	if cc != nil {
-		return cc.Value(key)
-	}
-	return nil
+	return cc.Value(key)
 }
 
-// AfterFunc arranges for f to run in its own goroutine once ctx is
-// cancelled, as context.AfterFunc does; the context package uses it to tie
-// derived contexts to this one without a goroutine each.
+// AfterFunc arranges for f to run once ctx is cancelled; the context
+// package uses it to tie derived contexts to this one without a goroutine
+// each. f runs on the goroutine that cancels ctx, after ctx is done — the
+// context package registers only its own short cancel functions here, and
+// context.AfterFunc wraps a caller's f in a goroutine of its own — or, if
+// ctx is already done, in a new goroutine (the context package may call
+// AfterFunc holding a lock that f takes).
 func (ctx *execCtx) AfterFunc(f func()) (stop func() bool) {
-	ctx.look()
 	ctx.mu.Lock()
 	if ctx.err != nil {
 		ctx.mu.Unlock()
@@ -155,9 +134,11 @@ func (ctx *execCtx) AfterFunc(f func()) (stop func() bool) {
 	}
 }
 
-// cancel ends ctx with cause; nil means the attempt is over. A cause
-// matching ErrExpired makes Err context.DeadlineExceeded. Only the first
-// call has an effect.
+// cancel ends ctx with cause: ErrAttemptEnded when exec has returned, or
+// why the call ended before that (ErrCanceled, ErrStale, ErrClosed,
+// ErrExpired...). A cause matching ErrExpired makes Err
+// context.DeadlineExceeded, any other context.Canceled. Only the first call
+// has an effect; it runs the AfterFunc registrations after releasing mu.
 func (ctx *execCtx) cancel(cause error) {
 	ctx.mu.Lock()
 	if ctx.err != nil {
@@ -165,14 +146,10 @@ func (ctx *execCtx) cancel(cause error) {
 		return
 	}
 	ctx.err = context.Canceled
-	if cause != nil {
-		if errors.Is(cause, ErrExpired) {
-			ctx.err = context.DeadlineExceeded
-		}
-		cc, cancel := context.WithCancelCause(context.Background())
-		cancel(cause)
-		ctx.cause, ctx.causeCtx = cause, cc
+	if errors.Is(cause, ErrExpired) {
+		ctx.err = context.DeadlineExceeded
 	}
+	ctx.cause = cause // causeCtx is made when asked for (Value)
 	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
 		close(ch)
 	} else {
@@ -180,31 +157,15 @@ func (ctx *execCtx) cancel(cause error) {
 	}
 	afters := ctx.afters
 	ctx.afters = nil
+	var run []func()
 	for _, a := range afters {
 		if !a.stopped {
 			a.stopped = true
-			go a.f()
+			run = append(run, a.f)
 		}
 	}
 	ctx.mu.Unlock()
-}
-
-// ctxSpare is a worker's reusable execution context.
-type ctxSpare struct {
-	ctx *execCtx // the context of the worker's last execution
-}
-
-// take returns an execution context without a deadline or a value: the
-// spare's, if it can be reused, else a new one, which becomes the spare.
-// A nil spare (an inline execution) always makes a new one.
-func (s *ctxSpare) take() *execCtx {
-	if s == nil {
-		return new(execCtx)
+	for _, f := range run {
+		f()
 	}
-	if s.ctx.reusable() {
-		s.ctx.reset()
-		return s.ctx
-	}
-	s.ctx = new(execCtx)
-	return s.ctx
 }

@@ -3,6 +3,8 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -99,47 +101,70 @@ func TestExecContextClose(t *testing.T) {
 	})
 }
 
-// TestExecContextReuse: a worker reuses the context of an execution that
-// never looked at it, and only that: a context exec looked at, or one that
-// carries a deadline or an idempotency key, stays cancelled for whoever
-// kept it.
-func TestExecContextReuse(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		type call struct {
-			look bool
+// TestExecContextKeptPastExec: every execution has a context of its own,
+// done once exec returns with ErrAttemptEnded as its cause, and it stays so
+// — never live again, never reporting another call's cause — while later
+// calls run under their own, in both modes, with and without AttemptTimeout.
+func TestExecContextKeptPastExec(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		for _, timeout := range []time.Duration{0, time.Hour} {
+			t.Run(fmt.Sprintf("%v/attempt_timeout=%v", mode, timeout), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { testExecContextKept(t, mode, timeout) })
+			})
 		}
-		var ctxs []context.Context
-		exec := func(ctx context.Context, _ string, c call) error {
-			ctxs = append(ctxs, ctx) // one worker: no race
-			if c.look {
-				_ = ctx.Err()
-			}
-			return nil
+	}
+}
+
+func testExecContextKept(t *testing.T, mode Mode, timeout time.Duration) {
+	var mu sync.Mutex
+	kept := map[string]context.Context{}
+	exec := func(ctx context.Context, key string, wait bool) error {
+		mu.Lock()
+		kept[key] = ctx // handed on untouched, as to a goroutine
+		mu.Unlock()
+		if wait {
+			<-ctx.Done()
+			return ctx.Err()
 		}
-		d := newD(t, exec, Config[string, call]{Workers: 1})
-		run := func(c call, o SubmitOptions) {
-			require.NoError(t, d.Post("k", c, o))
-			synctest.Wait()
-		}
-		run(call{}, SubmitOptions{})
-		run(call{}, SubmitOptions{})
-		assert.Same(t, ctxs[0], ctxs[1], "an untouched context is reused")
-		run(call{look: true}, SubmitOptions{})
-		assert.Same(t, ctxs[1], ctxs[2], "reused once more; this time exec looks")
-		run(call{}, SubmitOptions{})
-		assert.NotSame(t, ctxs[2], ctxs[3], "a context exec looked at is never reused")
-		assert.ErrorIs(t, ctxs[2].Err(), context.Canceled, "and stays cancelled after its attempt")
-		run(call{}, SubmitOptions{IdempotencyKey: "a"})
-		run(call{}, SubmitOptions{Deadline: time.Now().Add(time.Hour)})
-		assert.NotSame(t, ctxs[3], ctxs[4], "a call with an idempotency key gets its own")
-		assert.NotSame(t, ctxs[3], ctxs[5], "a call with a deadline gets its own")
-		assert.NotSame(t, ctxs[4], ctxs[5])
-		run(call{}, SubmitOptions{})
-		assert.Same(t, ctxs[3], ctxs[6], "the spare stays the worker's last reusable one")
-		for _, i := range []int{4, 5} {
-			assert.Error(t, ctxs[i].Err(), "ctx %d: ended with its attempt", i)
-		}
-		assert.Equal(t, "a", IdempotencyKey(ctxs[4]), "what it carries stays with it")
-		closeD(t, d)
+		return nil
+	}
+	d := newD(t, exec, Config[string, bool]{
+		Workers: 1,
+		Retry:   RetryPolicy{AttemptTimeout: timeout},
+		Rollout: RolloutPolicy{Mode: mode},
 	})
+	post := func(key string, wait bool) <-chan error {
+		errc := make(chan error, 1)
+		go func() { errc <- d.Post(key, wait, SubmitOptions{}) }()
+		synctest.Wait()
+		return errc
+	}
+	require.NoError(t, <-post("first", false))
+	cause := errors.New("the second call's own cause")
+	second := post("second", true) // running, on the same worker in Async mode
+	require.True(t, d.Cancel("second", cause))
+	<-second
+	require.NoError(t, <-post("third", false))
+	synctest.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, kept, 3)
+	for key, ctx := range kept {
+		select {
+		case <-ctx.Done():
+		default:
+			t.Errorf("%s: the context of a finished execution is not done", key)
+		}
+		assert.ErrorIs(t, ctx.Err(), context.Canceled, key)
+		if key == "second" {
+			assert.ErrorIs(t, context.Cause(ctx), cause, "%s: its own cause", key)
+			continue
+		}
+		assert.ErrorIs(t, context.Cause(ctx), ErrAttemptEnded, key)
+		assert.NotErrorIs(t, context.Cause(ctx), cause, "%s: another call's cause", key)
+	}
+	assert.NotSame(t, kept["first"], kept["second"])
+	assert.NotSame(t, kept["second"], kept["third"])
+	closeD(t, d)
 }

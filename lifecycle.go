@@ -1,19 +1,31 @@
 package dispatch
 
-import "time"
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
 
 // This file is a call's lifecycle: the per-key lane, the calls in it, their
 // waiters, and every move between states. Everything here runs under the
 // dispatcher's lock.
 //
 // A lane holds at most two calls: the one running and the one pending.
+// Every state change of a call goes through enter, which holds it to the
+// table below (transitions); tests run with the check on, so a move the
+// table does not list is a bug that fails them.
 //
 //	state        lane pointer  where the call waits
+//	csNew        —             nowhere: being admitted
 //	csReady      pending       the ready index (queue.go)
 //	csDelayed    pending       the delay index, until its retry backoff ends
 //	csBehind     pending       nowhere: behind lane.running, its successor
+//	csTaken      either        nowhere, still counted queued: taken from the
+//	                           ready index to start (popFrom → begin), or
+//	                           on its way back after an attempt (requeue)
 //	csRunning    running       in a worker, or in a Sync-mode caller
-//	csEnded      running       nowhere: its last attempt ended, finish follows
+//	csEnded      running       nowhere: its attempt ended, the verdict follows
+//	csFinished   —             gone: told, counted, off the lane
 //
 // One exception: a retry whose merge with the successor that arrived during
 // its attempt was refused waits csReady or csDelayed while it stays
@@ -21,18 +33,24 @@ import "time"
 //
 // The moves, and where they happen:
 //
-//	admit, free lane       → csReady     admit.go
-//	admit, lane running    → csBehind    admit.go
-//	csReady → csRunning                  begin (worker.go), by a worker or a Sync caller
-//	csRunning → csEnded                  endAttempt (worker.go), then finish
-//	csRunning → csReady/csDelayed        requeue (retry.go): a retry, which
-//	                                     absorbs a successor that merges into it
-//	csDelayed → csReady                  queue.promote, when the backoff ends
-//	csBehind → csReady                   finish of lane.running (promote)
-//	no waiter left                       finish: a queued call leaves its index;
-//	                                     a running one is orphaned (its context
-//	                                     cancelled) and finished when its exec
-//	                                     returns, Stale if it ran
+//	csNew → csReady                admit (admit.go): a free lane
+//	csNew → csBehind               admit: the key's call is running
+//	csBehind → csReady             promote: the running call finished
+//	csReady → csTaken              queue.popFrom: a worker takes it; runInline:
+//	                               a Sync-mode caller
+//	csTaken → csRunning            begin (worker.go)
+//	csRunning → csEnded            endAttempt (worker.go)
+//	csEnded → csTaken              requeue (retry.go): a retry, or a worker
+//	                               that exited before the attempt began
+//	csTaken → csReady/csDelayed    place (retry.go): back in the queue
+//	csDelayed → csReady            queue.promote, when the backoff ends
+//	csReady → csReady              re-indexed: adopt (coalesce.go) moved it
+//	csDelayed → csDelayed            to another tenant
+//	csDelayed → csReady            restart (coalesce.go): ReplacePending
+//	                               dropped its backoff
+//	any but csRunning → csFinished finish; a running call loses its waiters
+//	                               by being orphaned (its context cancelled)
+//	                               and finishes when its exec returns
 //
 // Three verbs end things:
 //
@@ -50,12 +68,62 @@ import "time"
 type callState uint8
 
 const (
-	csBehind callState = iota
+	csNew callState = iota
+	csBehind
 	csReady
 	csDelayed
+	csTaken
 	csRunning
 	csEnded
+	csFinished
+	nCallStates
 )
+
+var callStateNames = [nCallStates]string{"new", "behind", "ready", "delayed", "taken", "running", "ended", "finished"}
+
+func (s callState) String() string {
+	if s < nCallStates {
+		return callStateNames[s]
+	}
+	return "callState(" + strconv.Itoa(int(s)) + ")"
+}
+
+// transitions is the lifecycle: transitions[from] has bit 1<<to set for
+// each move the table above lists.
+var transitions = [nCallStates]uint16{
+	csNew:      1<<csReady | 1<<csBehind,
+	csBehind:   1<<csReady | 1<<csFinished,
+	csReady:    1<<csTaken | 1<<csReady | 1<<csFinished,
+	csDelayed:  1<<csReady | 1<<csDelayed | 1<<csFinished,
+	csTaken:    1<<csRunning | 1<<csReady | 1<<csDelayed | 1<<csFinished,
+	csRunning:  1 << csEnded,
+	csEnded:    1<<csTaken | 1<<csFinished,
+	csFinished: 0,
+}
+
+// checkTransitions makes enter crash the process (crash, deliver.go) on a
+// move transitions does not list.
+// The package's tests turn it on (lifecycle_check_test.go); a production
+// build skips the table lookup on this hot path, trusting the tests.
+var checkTransitions bool
+
+// onTransition, if set (by a test), sees every move.
+var onTransition func(from, to callState)
+
+// enter moves c to state s: the one place a call's state changes.
+func (c *call[K, T]) enter(s callState) {
+	if checkTransitions {
+		if transitions[c.state]&(1<<s) == 0 {
+			// Under the lock: crash, so the bug ends the test run loudly
+			// rather than hang it.
+			crash(fmt.Sprintf("a call moved %v → %v, which its lifecycle forbids", c.state, s))
+		}
+		if onTransition != nil {
+			onTransition(c.state, s)
+		}
+	}
+	c.state = s
+}
 
 // lane is the state of one key. The first call lives inside the lane, so
 // tracking a new key costs at most an eighth of an allocation (laneSlab),
@@ -334,6 +402,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 		d.q.remove(c)
 		c.ten.queued--
 	}
+	c.enter(csFinished)
 	// Its ticket lists, if its tickets left one by one, are empty: keep
 	// them for reuse, as settleAll does.
 	d.keepLists(c)

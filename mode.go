@@ -178,6 +178,7 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 			}
 			if probe, ok := d.breakerAdmits(now, ob); ok {
 				d.q.remove(c)
+				c.enter(csTaken)
 				c.probe = probe
 				d.run(c, now, ob, rn)
 				continue
@@ -212,9 +213,10 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 
 // postSync is Post in Sync mode: it runs the call inline and returns the
 // submission's refusal, if any — never the call's outcome, which reaches
-// the completion hook and Stats as it would in Async mode.
-func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions) error {
-	_, err := d.Submit(context.Background(), key, call, o)
+// the completion hook and Stats as it would in Async mode. label is the
+// one Post computed. It takes the lock itself.
+func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions, label string) error {
+	_, err := d.submit(context.Background(), key, call, o, &label)
 	return err
 }
 

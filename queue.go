@@ -152,7 +152,7 @@ func (q *queue[K, T]) push(c *call[K, T]) {
 	if t.active < 0 {
 		q.activate(t)
 	}
-	c.state = csReady
+	c.enter(csReady)
 	q.reshed(c)
 }
 
@@ -162,7 +162,7 @@ func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
 	c.order = q.orderOf(c.prio, c.enq)
 	c.notBefore = notBefore
 	q.delayed.ReplaceOrInsert(c)
-	c.state = csDelayed
+	c.enter(csDelayed)
 	q.reshed(c)
 }
 
@@ -368,7 +368,7 @@ func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
 	}
 	q.vpass = t.pass
 	t.pass += t.stride
-	c.state = csBehind
+	c.enter(csTaken)
 	q.unshed(c)
 	return c
 }

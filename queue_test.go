@@ -216,7 +216,7 @@ func TestQueueReadyOrder(t *testing.T) {
 			var got []qEntry
 			for q.nready > 0 {
 				c := q.popFrom(q.pick(0))
-				assert.Equal(t, csBehind, c.state, "popped: in no index")
+				assert.Equal(t, csTaken, c.state, "popped: in no index")
 				got = append(got, qEntry{c.prio, c.enq, c.seq})
 			}
 			require.Equal(t, want, got)

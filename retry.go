@@ -179,7 +179,7 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 	l := c.lane
 	c.ten.queued++
 	c.lastErr = lastErr
-	c.state = csBehind
+	c.enter(csTaken)
 	if n := l.pending; n != nil {
 		err := d.coalesce(c, n.val, n.idem, func(*PanicError) {
 			// The merge function ended this goroutine: the successor waits

@@ -21,7 +21,7 @@ func (d *Dispatcher[K, T]) wakeWorker() {
 // lock itself, and holds it except while it tells waiters and while user
 // code (exec, the no-op test, the before-retry hook, the classifier) runs.
 func (d *Dispatcher[K, T]) worker(id uint64) {
-	rn := runner{id: id, onWorker: true, spare: new(ctxSpare)}
+	rn := runner{id: id, onWorker: true}
 	var ob outbox[K, T]
 	d.mu.Lock()
 	// One clock reading serves an iteration: the end of the execution the
@@ -149,7 +149,6 @@ func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok
 type runner struct {
 	id       uint64
 	onWorker bool
-	spare    *ctxSpare // a worker's reusable execution context; nil inline
 }
 
 // run executes one attempt of c, which the caller has taken from the
@@ -195,14 +194,18 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 	return d.settleAttempt(c, &a, ob, rn)
 }
 
-// settleAttempt releases the attempt's contexts and records its end. It is
+// settleAttempt ends the attempt's contexts and records its end. It is
 // called without the lock, and returns with it held, and the clock reading
 // the attempt ended at.
+//
+// The call's context is cancelled (cause ErrAttemptEnded, unless the call
+// ended before) before AttemptTimeout's is stopped, so that a context exec
+// derived or kept reports the same cause.
 func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn runner) int64 {
+	a.callCtx.cancel(ErrAttemptEnded)
 	if a.stop != nil {
 		a.stop()
 	}
-	c.ctx.cancel(nil)
 	if rn.onWorker {
 		ob.stock() // outside the lock: the Result its call's tickets read
 	}
@@ -277,7 +280,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	if l.pending == c {
 		l.pending = nil
 	}
-	c.state = csRunning
+	c.enter(csRunning)
 	if c.firstStart < 0 {
 		c.firstStart = now
 		wait := time.Duration(max(now-c.enq, 0))
@@ -290,15 +293,9 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	d.running++
 	c.ten.queued--
 	c.ten.inflight++
-	var ctx *execCtx
-	if dl := c.execDeadline(); dl == 0 && c.idem == "" {
-		ctx = rn.spare.take()
-	} else {
-		// Never reused: a holder could read what it carries.
-		ctx = &execCtx{idem: c.idem}
-		if dl != 0 {
-			ctx.deadline = d.epoch.Add(time.Duration(dl))
-		}
+	ctx := &execCtx{idem: c.idem} // each execution its own: never reused
+	if dl := c.execDeadline(); dl != 0 {
+		ctx.deadline = d.epoch.Add(time.Duration(dl))
 	}
 	c.ctx = ctx
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: l.key, val: c.val, lastErr: c.lastErr, inline: !rn.onWorker}
@@ -426,7 +423,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	}
 	d.breakerRecord(c, a, now, ob)
 	d.adapt(a, now, ob)
-	c.state = csEnded
+	c.enter(csEnded)
 	switch {
 	case c.orphan:
 		st := c.endState

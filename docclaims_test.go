@@ -1,0 +1,253 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+)
+
+// One test per documented claim that a review found the code once
+// contradicted. Each names the doc it holds to.
+
+// TestLabelOncePerSubmission (Config.Label: "runs once per submission"):
+// Submit and Post, in both modes, run Label once each — a Sync-mode Post
+// too, though it goes through Submit's path.
+func TestLabelOncePerSubmission(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var labels atomic.Int64
+				d := newD(t, nopExec, Config[string, int]{
+					Label:   func(string, int) string { labels.Add(1); return "x" },
+					Rollout: RolloutPolicy{Mode: mode},
+				})
+				require.NoError(t, d.Post("a", 1, SubmitOptions{}))
+				synctest.Wait()
+				assert.EqualValues(t, 1, labels.Load(), "one Post")
+				waitAll(submit(t, d, "b", 1, SubmitOptions{}))
+				assert.EqualValues(t, 2, labels.Load(), "and one Submit")
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestMaxWaitersCountsSyncPosts (Config.MaxWaiters: "live tickets (Submit
+// callers, and Sync-mode Posts while they run)"): a Sync-mode Post holds a
+// waiter while it runs, so with MaxWaiters 1 a second one is refused, and
+// accepted again once the first returns.
+func TestMaxWaitersCountsSyncPosts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		exec := func(_ context.Context, key string, _ int) error {
+			if key == "slow" {
+				<-gate
+			}
+			return nil
+		}
+		d := newD(t, exec, Config[string, int]{MaxWaiters: 1, Rollout: RolloutPolicy{Mode: ModeSync}})
+		first := make(chan error, 1)
+		go func() { first <- d.Post("slow", 1, SubmitOptions{}) }()
+		synctest.Wait()
+		assert.ErrorIs(t, d.Post("other", 1, SubmitOptions{}), ErrBackpressure, "the running Sync-mode Post is a waiter")
+		close(gate)
+		require.NoError(t, <-first)
+		assert.NoError(t, d.Post("other", 1, SubmitOptions{}), "its waiter left when it returned")
+		closeD(t, d)
+	})
+}
+
+// TestClockEventsOnNotifier (Observer: events of the clock are told "on
+// the dispatcher's notifier goroutine, so that a slow observer never
+// delays the clock"): an observer stuck in the OnFinish of an expired call
+// does not hold up the next deadline.
+func TestClockEventsOnNotifier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
+		block := make(chan struct{})
+		exec := func(ctx context.Context, _ string, _ int) error {
+			select {
+			case <-block:
+			case <-ctx.Done():
+			}
+			return ctx.Err()
+		}
+		d := newD(t, exec, Config[string, int]{Workers: 1, Observer: obs})
+		start := time.Now()
+		require.NoError(t, d.Post("running", 1, SubmitOptions{})) // occupies the one worker
+		synctest.Wait()
+		first := submit(t, d, "a", 1, SubmitOptions{Deadline: start.Add(time.Second)})
+		second := submit(t, d, "b", 1, SubmitOptions{Deadline: start.Add(2 * time.Second)})
+		<-first.Done()
+		<-obs.in // the clock's OnFinish of "a" is stuck
+		assert.Equal(t, StateExpired, outcome(t, first).State)
+		<-second.Done()
+		assert.Equal(t, StateExpired, outcome(t, second).State)
+		assert.Equal(t, 2*time.Second, time.Since(start), "the next deadline fired on time, while the observer was stuck")
+		close(obs.gate)
+		close(block)
+		closeD(t, d)
+	})
+}
+
+// TestOneClockGoroutine (package doc: one clock goroutine serves every
+// ticket deadline, backoff and queued token wait; AttemptTimeout and a
+// Sync-mode caller's wait use timers of their own, not goroutines): a
+// thousand tickets with distinct deadlines and a thousand calls in backoff
+// add no goroutine.
+func TestOneClockGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		exec := func(_ context.Context, key string, _ int) error {
+			if key == "block" {
+				<-gate
+				return nil
+			}
+			return errors.New("try again")
+		}
+		d := newD(t, exec, Config[string, int]{
+			Workers:  2,
+			Classify: func(error) Class { return ClassRetry },
+			Retry:    RetryPolicy{InitialBackoff: time.Hour, MaxAttempts: 2, BudgetRatio: math.Inf(1), Jitter: JitterNone},
+		})
+		require.NoError(t, d.Post("warm", 1, SubmitOptions{})) // workers and clock started
+		synctest.Wait()
+		before := runtime.NumGoroutine()
+		require.NoError(t, d.Post("block", 1, SubmitOptions{})) // holds a worker; the other retries
+		var tks []*Ticket[string, int]
+		for i := range 1000 {
+			tks = append(tks, submit(t, d, fmt.Sprint("t", i), 1, SubmitOptions{Deadline: time.Now().Add(2*time.Hour + time.Duration(i)*time.Minute)}))
+		}
+		synctest.Wait()
+		st := d.Stats()
+		assert.Equal(t, 1001, st.Delayed, "every call (and warm) failed once and waits out its backoff: %+v", st)
+		assert.LessOrEqual(t, runtime.NumGoroutine(), before, "deadlines and backoffs started no goroutine")
+		close(gate)
+		for _, tk := range tks {
+			<-tk.Done()
+		}
+		closeD(t, d)
+	})
+}
+
+// TestErrorsMatchSentinels (the sentinel errors' doc): a refusal's error
+// matches a sentinel, a refusal for a done context matches the context's
+// error too, a Failed outcome's error is the call's own, and New's and
+// SetMode's argument errors name the argument and match no sentinel.
+func TestErrorsMatchSentinels(t *testing.T) {
+	sentinels := []error{ErrBackpressure, ErrClosed, ErrDropped, ErrExpired, ErrCanceled, ErrStale,
+		ErrCircuitOpen, ErrMergeRejected, ErrFallback, ErrAttemptEnded}
+	matchesNone := func(t *testing.T, err error) {
+		t.Helper()
+		require.Error(t, err)
+		for _, s := range sentinels {
+			assert.NotErrorIs(t, err, s)
+		}
+	}
+	_, err := New(nopExec, Config[string, int]{Workers: -1})
+	matchesNone(t, err)
+	assert.ErrorContains(t, err, "Workers")
+
+	synctest.Test(t, func(t *testing.T) {
+		apiErr := errors.New("the API said no")
+		d := newD(t, func(context.Context, string, int) error { return apiErr }, Config[string, int]{})
+		err := d.SetMode(t.Context(), Mode(7))
+		matchesNone(t, err)
+		assert.ErrorContains(t, err, "SetMode(7)")
+
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		_, err = d.Submit(ctx, "k", 1, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrCanceled)
+		assert.ErrorIs(t, err, context.Canceled)
+		cause := errors.New("shutting down")
+		cctx, ccancel := context.WithCancelCause(t.Context())
+		ccancel(cause)
+		_, err = d.Submit(cctx, "k", 1, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrCanceled)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.ErrorIs(t, err, cause)
+		dctx, dcancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+		defer dcancel()
+		_, err = d.Submit(dctx, "k", 1, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrExpired)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+		tk := submit(t, d, "k", 1, SubmitOptions{})
+		waitAll(tk)
+		r := outcome(t, tk)
+		assert.Equal(t, StateFailed, r.State)
+		assert.ErrorIs(t, r.Err, apiErr, "a Failed outcome's error is the call's own")
+		closeD(t, d)
+		_, err = d.Submit(t.Context(), "k", 1, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrClosed)
+	})
+}
+
+// TestEventTenantAsGiven (Event: "the dispatcher does not bound them"):
+// the observer sees a submission's tenant as given, declared or not, so a
+// free-form tenant is the caller's to avoid.
+func TestEventTenantAsGiven(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var seen []Event
+		obs := &funcObserver{finish: func(e Event, _ Outcome) { mu.Lock(); seen = append(seen, e); mu.Unlock() }}
+		d := newD(t, nopExec, Config[string, int]{Observer: obs, Tenants: map[string]TenantConfig{"declared": {}}})
+		waitAll(submit(t, d, "a", 1, SubmitOptions{Tenant: "declared"}),
+			submit(t, d, "b", 1, SubmitOptions{Tenant: "pod-7f3c"}))
+		closeD(t, d)
+		mu.Lock()
+		defer mu.Unlock()
+		assert.ElementsMatch(t, []Event{{Tenant: "declared"}, {Tenant: "pod-7f3c"}}, seen)
+	})
+}
+
+// funcObserver calls finish from OnFinish.
+type funcObserver struct {
+	NopObserver
+	finish func(Event, Outcome)
+}
+
+func (o *funcObserver) OnFinish(e Event, out Outcome) { o.finish(e, out) }
+
+// TestLimiterChecks (Config.RateLimit): New refuses a limiter that is not a
+// rate or can grant nothing, and only those: a nil *rate.Limiter is no
+// limit, and a paused limiter (rate 0, with a burst) or an unlimited one of
+// burst 0 is accepted, since it can grant tokens (now, or once SetLimit
+// resumes it).
+func TestLimiterChecks(t *testing.T) {
+	var unset *rate.Limiter
+	for _, c := range []struct {
+		name string
+		l    RateLimiter
+		ok   bool
+	}{
+		{"nil pointer", unset, true},
+		{"paused", rate.NewLimiter(0, 1), true},
+		{"unlimited, burst 0", rate.NewLimiter(rate.Inf, 0), true},
+		{"NaN", rate.NewLimiter(rate.Limit(math.NaN()), 1), false},
+		{"negative", rate.NewLimiter(-1, 1), false},
+		{"burst 0", rate.NewLimiter(10, 0), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, err := New(nopExec, Config[string, int]{RateLimit: c.l})
+			if !c.ok {
+				assert.ErrorContains(t, err, "RateLimit")
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, d.Close(t.Context()))
+		})
+	}
+}
