@@ -60,7 +60,7 @@ func testThrottled(t *testing.T, s *apiserver.Server) {
 
 	var fixed throttleResult
 	t.Run("fixed workers: the budget caps retries", func(t *testing.T) {
-		fixed = throttleRun(t, s, "fixed", calls, options(nil, 0 /* the default, 10 */))
+		fixed = throttleRun(t, s, "fixed", calls, options(nil, 10 /* the default */))
 		assert.Positive(t, fixed.budgetRefused, "no call was refused a retry by the budget: the storm did not reach it")
 		assert.Equal(t, calls, fixed.succeeded+fixed.budgetRefused+fixed.failures["attempts"],
 			"calls end Succeeded, or Failed for the budget or their attempts")
