@@ -7,142 +7,175 @@ import "fmt"
 // dispatcher as it was: every refusal and every victim is decided before
 // anything changes.
 
-// admit places a submission, or returns why it cannot. h is key's hash
-// (laneTable.hash, taken before the lock). t is nil for a
-// fire-and-forget submission. now is the clock reading, or 0 to have admit
-// read it only if it needs it. coalesced reports that the submission joined
-// (or was skipped by) an existing pending call.
-func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) (coalesced bool, err error) {
+// submission is one Submit or Post on its way in: what admission needs,
+// gathered before the lock.
+type submission[K comparable, T any] struct {
+	key      K
+	h        uint64 // key's hash (laneTable.hash)
+	val      T
+	o        SubmitOptions
+	now      int64 // the clock reading, or 0: admit reads it only if it needs it
+	deadline int64
+	t        *Ticket[K, T] // nil for a fire-and-forget submission
+	ten      *tenant[K, T]
+	label    string
+}
+
+// admit places submission s, or returns why it cannot. coalesced reports
+// that s joined (or was skipped by) an existing pending call.
+func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
 	if d.closing {
 		return false, ErrClosed
 	}
-	l := d.lanes.get(key, h)
-	now = d.admitTime(l, t, o, now, deadline)
+	l := d.lanes.get(s.key, s.h)
+	s.now = d.admitTime(l, s.t, &s.o, s.now, s.deadline)
 	if l == nil {
-		return false, d.admitNewKey(key, h, val, o, now, deadline, t, ten, label, ob)
+		return false, d.admitNewKey(s, ob)
 	}
-	if o.Generation < l.gen {
+	if s.o.Generation < l.gen {
 		return false, errRejectStale // before any bound: it would never be accepted
 	}
-	if t != nil && d.liveTickets >= d.cfg.MaxWaiters {
+	if s.t != nil && d.liveTickets >= d.cfg.MaxWaiters {
 		return false, d.refuse(BoundWaiters)
 	}
-	supersede := o.Generation > l.gen
+	supersede := s.o.Generation > l.gen
 	var quotaVictim *call[K, T]
 	if supersede || l.pending == nil {
-		// This submission makes a new call for the key: it needs quota.
+		// s makes a new call for the key: it needs quota.
 		freed := 0
-		if supersede && l.pending != nil && l.pending.ten == ten {
+		if supersede && l.pending != nil && l.pending.ten == s.ten {
 			freed = 1
 		}
-		if ten.overQuota(freed) {
-			order := d.q.orderOf(o.Priority, now)
-			if quotaVictim = worst(ten.shed, order, d.seq+1, l.pending); quotaVictim == nil {
+		if s.ten.overQuota(freed) {
+			order := d.q.orderOf(s.o.Priority, s.now)
+			if quotaVictim = worst(s.ten.shed, order, d.seq+1, l.pending); quotaVictim == nil {
 				return false, d.refuse(BoundQuota)
 			}
 		}
 	}
 	if supersede {
-		l.gen = o.Generation
-		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
+		l.gen = s.o.Generation
+		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, s.o.Generation), s.now, withRunning, ob)
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
-			l = d.newLane(key, h, o.Generation)
+			l = d.newLane(s.key, s.h, s.o.Generation)
 		}
 	}
 	if c := l.pending; c != nil {
-		err := d.coalesce(c, val, o.IdempotencyKey, func(*PanicError) {
-			// The merge function ended the submitting goroutine: nothing
-			// was admitted, but what supersede ended is told.
-			d.mu.Unlock()
-			if t != nil {
-				t.stopWatch()
-			}
-			d.deliver(ob)
-		})
-		replaced := false
-		switch err {
-		case nil:
-		case ReplacePending:
-			d.restart(c)
-			replaced = true
-		case SkipIncoming:
-			d.skipIncoming(key, val, t, ob)
-			return true, nil
-		default:
-			return false, err
-		}
-		if !o.Droppable {
-			c.droppable = false
-			d.q.unshed(c)
-		}
-		if (replaced || o.Priority > c.prio) && (ten != c.ten || label != c.label) {
-			d.adopt(c, ten, label)
-		}
-		d.join(c, t, o.Priority, now, deadline)
-		d.totals.coalesced++
-		return true, nil
+		return d.admitInto(c, s, ob)
 	}
 	if quotaVictim != nil {
-		d.shed(quotaVictim, BoundQuota, now, ob)
-		d.keep(ten)
+		d.shed(quotaVictim, BoundQuota, s.now, ob)
+		d.keep(s.ten)
 	}
-	// This call is the running call's successor: it enters the ready index
-	// when that one finishes, with the enqueue time it has now.
-	c := d.newCall(l, val, o, ten, label)
-	d.join(c, t, o.Priority, now, deadline)
-	if l.running == nil {
-		// A newer generation just removed the key's only call.
-		d.q.push(c)
-		d.wakeWorkerAsync(ob)
-	} else {
-		c.enter(csBehind)
-	}
+	d.admitBehind(l, s, ob)
 	return false, nil
 }
 
+// admitInto coalesces submission s into its key's pending call c.
+func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
+	t := s.t // not s, which would then escape to the heap
+	err = d.coalesce(c, s.val, s.o.IdempotencyKey, func(*PanicError) {
+		// The merge function ended the submitting goroutine: nothing was
+		// admitted, but what a supersede ended is told.
+		d.mu.Unlock()
+		if t != nil {
+			t.stopWatch()
+		}
+		d.deliver(ob)
+	})
+	replaced := false
+	switch err {
+	case nil:
+	case ReplacePending:
+		d.restart(c)
+		replaced = true
+	case SkipIncoming:
+		d.skipIncoming(s.key, s.val, s.t, ob)
+		return true, nil
+	default:
+		return false, err
+	}
+	if !s.o.Droppable {
+		c.droppable = false
+		d.q.unshed(c)
+	}
+	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label) {
+		d.adopt(c, s.ten, s.label)
+	}
+	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
+	d.totals.coalesced++
+	return true, nil
+}
+
+// admitBehind makes s the pending call of lane l, which has none: the
+// running call's successor, which enters the ready index when that one
+// finishes, with the enqueue time it has now — or, if a newer generation
+// just removed the key's only call, ready at once.
+func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) {
+	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
+	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
+	if l.running == nil {
+		d.q.push(c)
+		d.wakeWorkerAsync(ob)
+		return
+	}
+	c.enter(csBehind)
+}
+
 // admitNewKey places a submission for a key without a lane.
-func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions, now, deadline int64, t *Ticket[K, T], ten *tenant[K, T], label string, ob *outbox[K, T]) error {
-	if t != nil && d.liveTickets >= d.cfg.MaxWaiters {
+func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) error {
+	if s.t != nil && d.liveTickets >= d.cfg.MaxWaiters {
 		return d.refuse(BoundWaiters)
 	}
-	order := d.q.orderOf(o.Priority, now)
-	var quotaVictim, capVictim *call[K, T]
-	if ten.overQuota(0) {
-		if quotaVictim = worst(ten.shed, order, d.seq+1, nil); quotaVictim == nil {
-			return d.refuse(BoundQuota)
-		}
+	quotaVictim, capVictim, err := d.roomForKey(s)
+	if err != nil {
+		return err
 	}
-	// A quota victim is alone in its lane, so evicting it frees a key.
-	if quotaVictim == nil && d.lanes.Len() >= d.cfg.Capacity {
-		if capVictim = worst(d.q.shed, order, d.seq+1, nil); capVictim == nil {
-			return d.refuse(BoundCapacity)
-		}
-	}
-	if o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == CircuitOpen {
+	if s.o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == CircuitOpen {
 		return ErrCircuitOpen
 	}
 	if quotaVictim != nil {
-		d.shed(quotaVictim, BoundQuota, now, ob)
+		d.shed(quotaVictim, BoundQuota, s.now, ob)
 	}
 	if capVictim != nil {
-		d.shed(capVictim, BoundCapacity, now, ob)
+		d.shed(capVictim, BoundCapacity, s.now, ob)
 	}
 	if quotaVictim != nil || capVictim != nil {
-		d.keep(ten)
+		d.keep(s.ten)
 	}
 	if !d.started {
 		d.start()
 	}
-	l := d.newLane(key, h, o.Generation)
-	c := d.newCall(l, val, o, ten, label)
-	d.join(c, t, o.Priority, now, deadline)
+	l := d.newLane(s.key, s.h, s.o.Generation)
+	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
+	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
 	d.q.push(c)
 	d.wakeWorkerAsync(ob)
 	if d.fallback != nil {
-		d.wakeFallback(now)
+		d.wakeFallback(s.now)
 	}
 	return nil
+}
+
+// roomForKey finds what a new key's submission s displaces: the worst
+// droppable call of its tenant if the tenant is over its quota, else the
+// worst droppable call of all if the dispatcher is at Capacity. It changes
+// nothing; err is the refusal if nothing can go.
+func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVictim *call[K, T], err error) {
+	order := d.q.orderOf(s.o.Priority, s.now)
+	if s.ten.overQuota(0) {
+		if quotaVictim = worst(s.ten.shed, order, d.seq+1, nil); quotaVictim == nil {
+			return nil, nil, d.refuse(BoundQuota)
+		}
+		return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
+	}
+	if d.lanes.Len() >= d.cfg.Capacity {
+		if capVictim = worst(d.q.shed, order, d.seq+1, nil); capVictim == nil {
+			return nil, nil, d.refuse(BoundCapacity)
+		}
+	}
+	return nil, capVictim, nil
 }
 
 // wakeWorkerAsync has deliver wake an idle worker for a call that just

@@ -246,7 +246,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	case d.mode == ModeSync && d.runsHere(key):
 		err = ErrReentrant
 	default:
-		coalesced, err = d.admit(key, h, call, &o, now, deadline, t, ten, *label, &ob)
+		coalesced, err = d.admit(&submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: ten, label: *label}, &ob)
 	}
 	d.count(ten, err)
 	if err != nil {
@@ -330,7 +330,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		err = errRejectPast
 	}
 	if err == nil {
-		coalesced, err = d.admit(key, h, call, &o, now, deadline, nil, ten, label, &ob)
+		coalesced, err = d.admit(&submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, ten: ten, label: label}, &ob)
 	}
 	d.count(ten, err)
 	d.mu.Unlock()
