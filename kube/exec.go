@@ -56,7 +56,7 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 		}
 		return withDelay(err)
 	case PodBinding:
-		a.logBinding(&c)
+		a.info(vWrite, &c, "Binding pod to node", "node", c.node)
 		err := a.pods.bind(ctx, &v1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, UID: c.uid},
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
@@ -86,7 +86,7 @@ func (a *calls) patch(ctx context.Context, c *Call) (*v1.Pod, error) {
 		return nil, err
 	}
 	if body == nil {
-		a.logNoOp(c)
+		a.info(vNoOp, c, msgNoOp, "callType", c.typ)
 		return nil, nil
 	}
 	a.logStatusPatch(c)
@@ -111,16 +111,16 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 		a.logConditions(c, []v1.PodCondition{*c.disruption})
 		if _, err := a.pods.patchStatus(ctx, c.namespace, c.name, body); err != nil {
 			if apierrors.IsNotFound(err) || replaced(err) {
-				a.logGone(c)
+				a.info(vGone, c, msgGone, "uid", c.uid)
 				return nil
 			}
 			return err
 		}
 	}
-	a.logDeletion(c)
+	a.info(vWrite, c, "Deleting pod", "uid", c.uid)
 	err = a.pods.delete(ctx, c.namespace, c.name, c.uid)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		a.logGone(c)
+		a.info(vGone, c, msgGone, "uid", c.uid)
 		return nil
 	}
 	return err

@@ -19,51 +19,34 @@ const (
 	vNoOp = 5
 )
 
+// Messages logged from more than one place.
+const (
+	msgNoOp = "Call has no effect; not sent"
+	msgGone = "Pod to delete is already gone"
+)
+
 // ref names c's pod in log lines.
 func (c *Call) ref() klog.ObjectRef { return klog.KRef(c.namespace, c.name) }
 
+// info logs msg about c's pod at verbosity v, with kv.
+func (a *calls) info(v int, c *Call, msg string, kv ...any) {
+	if l := a.log.V(v); l.Enabled() {
+		l.Info(msg, append([]any{"pod", c.ref()}, kv...)...)
+	}
+}
+
 // logConditions logs each condition a write sets on c's pod.
 func (a *calls) logConditions(c *Call, conds []v1.PodCondition) {
-	if l := a.log.V(vWrite); l.Enabled() {
-		for _, cond := range conds {
-			l.Info("Setting pod condition", "pod", c.ref(), "type", cond.Type, "status", cond.Status, "reason", cond.Reason)
-		}
+	for _, cond := range conds {
+		a.info(vWrite, c, "Setting pod condition", "type", cond.Type, "status", cond.Status, "reason", cond.Reason)
 	}
 }
 
 // logStatusPatch logs a status patch about to be sent.
 func (a *calls) logStatusPatch(c *Call) {
 	a.logConditions(c, c.conds)
-	if l := a.log.V(vWrite); c.setNNN && l.Enabled() {
-		l.Info("Setting pod's nominated node", "pod", c.ref(), "nominatedNodeName", c.nnn)
-	}
-}
-
-// logBinding logs a binding about to be sent.
-func (a *calls) logBinding(c *Call) {
-	if l := a.log.V(vWrite); l.Enabled() {
-		l.Info("Binding pod to node", "pod", c.ref(), "node", c.node)
-	}
-}
-
-// logDeletion logs a deletion about to be sent.
-func (a *calls) logDeletion(c *Call) {
-	if l := a.log.V(vWrite); l.Enabled() {
-		l.Info("Deleting pod", "pod", c.ref(), "uid", c.uid)
-	}
-}
-
-// logGone logs a deletion whose pod was already gone.
-func (a *calls) logGone(c *Call) {
-	if l := a.log.V(vGone); l.Enabled() {
-		l.Info("Pod to delete is already gone", "pod", c.ref(), "uid", c.uid)
-	}
-}
-
-// logNoOp logs a call that is not sent because it would change nothing.
-func (a *calls) logNoOp(c *Call) {
-	if l := a.log.V(vNoOp); l.Enabled() {
-		l.Info("Call has no effect; not sent", "pod", c.ref(), "callType", c.typ)
+	if c.setNNN {
+		a.info(vWrite, c, "Setting pod's nominated node", "nominatedNodeName", c.nnn)
 	}
 }
 

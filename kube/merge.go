@@ -73,7 +73,7 @@ func mergeStatus(pending, incoming Call) Call {
 // An invalid call runs, so that exec reports why it is invalid.
 func (a *calls) noOp(_ types.UID, c Call) bool {
 	if isNoOp(&c) {
-		a.logNoOp(&c)
+		a.info(vNoOp, &c, msgNoOp, "callType", c.typ)
 		return true
 	}
 	return false

@@ -133,7 +133,8 @@ type Options struct {
 	// Logger receives the dispatcher's log lines, at kube-scheduler's
 	// verbosities for the same events (see the package documentation).
 	// The zero Logger — which logr.Discard also returns — means
-	// klog.Background(), the process's klog logger.
+	// klog.Background(), the process's klog logger, whose -v decides what
+	// is written. To drop the lines, give a logger whose sink drops them.
 	Logger klog.Logger
 }
 
