@@ -10,7 +10,8 @@ import (
 )
 
 // CallType is the kind of a Call. It is the call's metric label
-// (Config.Label), its tenant (SubmitOptions.Tenant) and its place in the
+// (Stats.Labels, the Observer's Event), its tenant unless a submission
+// names one (SubmitOptions.Tenant) and its place in the
 // relevance order: PodDeletion > PodBinding > PodStatusPatch.
 type CallType string
 

@@ -63,7 +63,7 @@ func TestCallValidation(t *testing.T) {
 			err := c.call.Err()
 			require.ErrorIs(t, err, ErrInvalidCall)
 			assert.Contains(t, err.Error(), c.want)
-			assert.False(t, noOp(c.call.uid, c.call), "an invalid call runs, so that exec says why")
+			assert.False(t, isNoOp(&c.call), "an invalid call runs, so that exec says why")
 		})
 	}
 	pod := newPod("p")
@@ -95,10 +95,10 @@ func TestCallsCopyTheirInputs(t *testing.T) {
 	pod.Status.NominatedNodeName = "n1"
 	conds := []v1.PodCondition{unschedulable("no fit")}
 	c := PatchStatus(pod, StatusPatch{Conditions: conds, NominatedNodeName: ptr("n1")})
-	require.True(t, noOp(c.uid, c) == false)
+	require.True(t, isNoOp(&c) == false)
 	pod.Status.Conditions = append(pod.Status.Conditions, unschedulable("no fit"))
 	conds[0].Message = "changed"
-	assert.False(t, noOp(c.uid, c), "the baseline is the pod as it was")
+	assert.False(t, isNoOp(&c), "the baseline is the pod as it was")
 	assert.Equal(t, "no fit", c.conds[0].Message)
 	cond := v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue}
 	del := Delete(pod, &cond)
@@ -152,7 +152,7 @@ func TestNoOp(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.want, noOp(c.call.uid, c.call))
+			assert.Equal(t, c.want, isNoOp(&c.call))
 		})
 	}
 }
@@ -366,5 +366,5 @@ func TestRebase(t *testing.T) {
 	assert.True(t, clear.setNNN, "clearing a nomination is never stale")
 
 	b := Bind(pod, "n1").rebase(baselineOf(fresh))
-	assert.True(t, noOp(b.uid, b), "a rebased binding sees the pod in place")
+	assert.True(t, isNoOp(&b), "a rebased binding sees the pod in place")
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // Classify judges an error from the Kubernetes API for the dispatcher
-// (Config.Classify):
+// (Options.Classify, by default):
 //
 //   - Retry: 429 TooManyRequests, ServerTimeout, Timeout (504),
 //     ServiceUnavailable (503), InternalError and any other 5xx; connection

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // TestCoalescing is the merge / skip / overwrite / successor table of the
@@ -192,7 +191,7 @@ func TestCoalescing(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				api := newFakeAPI(newPod("p"), newPod("blocker"))
-				d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+				d := newTestDispatcher(t, api, Options{Workers: 1})
 				var release func()
 				if c.inFlight {
 					kind := map[CallType]string{PodStatusPatch: "patch/status", PodBinding: "create/binding", PodDeletion: "patch/status"}
@@ -202,7 +201,7 @@ func TestCoalescing(t *testing.T) {
 					submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
 				}
 				synctest.Wait()
-				tickets := make([]*dispatch.Ticket[types.UID, Call], len(c.calls))
+				tickets := make([]*Ticket, len(c.calls))
 				for i, mk := range c.calls {
 					tickets[i] = submit(t, d, mk(api.pod("p")))
 					if i == 0 {
@@ -261,14 +260,14 @@ func contains(xs []int, x int) bool {
 func TestSkippedSubmissionDoesNotRaisePriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("p"), newPod("q"), newPod("blocker"))
-		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+		d := newTestDispatcher(t, api, Options{Workers: 1})
 		release := api.hold("patch/status", "blocker")
 		submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
 		synctest.Wait()
 		bq := submit(t, d, Bind(api.pod("q"), "n1"))
-		bp, err := d.Submit(t.Context(), Bind(api.pod("p"), "n1"), dispatch.SubmitOptions{Priority: 1})
+		bp, err := d.Submit(t.Context(), Bind(api.pod("p"), "n1"), SubmitOptions{Priority: new(1)})
 		require.NoError(t, err)
-		sk, err := d.Submit(t.Context(), PatchStatus(api.pod("p"), StatusPatch{NominatedNodeName: ptr("n1")}), dispatch.SubmitOptions{Priority: 100})
+		sk, err := d.Submit(t.Context(), PatchStatus(api.pod("p"), StatusPatch{NominatedNodeName: ptr("n1")}), SubmitOptions{Priority: new(100)})
 		require.NoError(t, err)
 		assert.Equal(t, dispatch.StateSkipped, outcome(t, sk).State)
 		release()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 )
 
 // TestOptionsErrors: bad options are reported by NewDispatcher, naming the
@@ -28,26 +30,31 @@ func TestOptionsErrors(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{"Merge is the preset's", Options{Config: dispatch.Config[types.UID, Call]{Merge: merge}}, "kube: Options.Config.Merge is the preset's"},
-		{"NoOp is the preset's", Options{Config: dispatch.Config[types.UID, Call]{NoOp: noOp}}, "Options.Config.NoOp"},
-		{"Label is the preset's", Options{Config: dispatch.Config[types.UID, Call]{Label: label}}, "Options.Config.Label"},
-		{"BeforeRetry is the preset's", Options{Config: dispatch.Config[types.UID, Call]{
-			BeforeRetry: func(context.Context, types.UID, Call, error) (Call, bool, error) { return Call{}, false, nil },
-		}}, "Options.Config.BeforeRetry"},
-		{"QPS NaN", Options{QPS: math.NaN()}, "Options.QPS NaN is not a rate"},
+		{"QPS NaN", Options{QPS: math.NaN()}, "kube: Options.QPS NaN is not a rate"},
 		{"QPS +Inf", Options{QPS: math.Inf(1)}, "Options.QPS +Inf is not a rate"},
 		{"Burst negative", Options{Burst: -1}, "Options.Burst -1 must not be negative"},
-		{"unknown call type", Options{Priorities: map[CallType]int{"pod_eviction": 3}}, `Options.Priorities "pod_eviction" is not a CallType`},
 		{"QPS far below the minimum", Options{QPS: 1e-300}, "Options.QPS 1e-300 is below one call a minute"},
 		{"QPS just below the minimum", Options{QPS: 0.99 / 60}, "Options.QPS 0.0165 is below one call a minute"},
+		{"RateLimit and QPS", Options{RateLimit: rate.NewLimiter(1, 1), QPS: 5}, "Options.RateLimit is set: leave QPS and Burst 0"},
+		{"RateLimit and Burst", Options{RateLimit: rate.NewLimiter(1, 1), Burst: 5}, "Options.RateLimit is set: leave QPS and Burst 0"},
 		{"ReservedWorkers as many as the workers", Options{ReservedWorkers: defaultWorkers},
 			"Options.ReservedWorkers 16 must be less than the workers (16)"},
-		{"ReservedWorkers with one worker", Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}, ReservedWorkers: 1},
+		{"ReservedWorkers with one worker", Options{Workers: 1, ReservedWorkers: 1},
 			"Options.ReservedWorkers 1 must be less than the workers (1)"},
 		{"StatusPatchMaxInFlight negative", Options{StatusPatchMaxInFlight: -1}, "Options.StatusPatchMaxInFlight -1 must not be negative"},
-		{"core validation", Options{Config: dispatch.Config[types.UID, Call]{Workers: -2}}, "kube: Options.Config: dispatch: Config.Workers: -2"},
-		{"core validation of a field the preset also sets", Options{Config: dispatch.Config[types.UID, Call]{Start: dispatch.StartPolicy{ReservedWorkers: 99}}},
-			"kube: Options.Config: dispatch: Config.Reserve.Workers: 99"},
+		{"StatusPatchMaxInFlight and a status-patch tenant", Options{
+			StatusPatchMaxInFlight: 2, Tenants: map[string]dispatch.TenantConfig{"pod_status_patch": {MaxQueued: 9}},
+		}, "Options.StatusPatchMaxInFlight is set and Options.Tenants names pod_status_patch"},
+		{"status patches in the bindings' band", Options{Priorities: Priorities{Binding: new(25), StatusPatch: new(21)}},
+			"Options.Priorities puts status patches (21) below pod_binding (25) in one priority band (of 10)"},
+		{"deletions in the status patches' band", Options{Priorities: Priorities{Deletion: new(5)}},
+			"Options.Priorities puts status patches (0) below pod_deletion (5) in one priority band (of 10)"},
+		{"the bands follow AgingBand", Options{AgingBand: 30},
+			"Options.Priorities puts status patches (0) below pod_binding (20) in one priority band (of 30)"},
+		{"core validation", Options{Workers: -2}, "kube: Options: dispatch: Config.Workers: -2"},
+		{"core validation of a Start field", Options{Adaptive: &dispatch.AdaptivePolicy{MinWorkers: 99}},
+			"kube: Options: dispatch: Config.Start.Adaptive.MinWorkers: 99"},
+		{"core validation of Rollout", Options{Rollout: dispatch.RolloutPolicy{Mode: 9}}, "kube: Options: dispatch: Config.Rollout.Mode"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -55,7 +62,7 @@ func TestOptionsErrors(t *testing.T) {
 			assert.Nil(t, d)
 			assert.ErrorContains(t, err, c.want)
 			if assert.Error(t, err) {
-				assert.True(t, strings.HasPrefix(err.Error(), "kube: Options."), "names an Options field: %v", err)
+				assert.True(t, strings.HasPrefix(err.Error(), "kube: Options"), "names an Options field: %v", err)
 			}
 		})
 	}
@@ -63,11 +70,16 @@ func TestOptionsErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "client is nil")
 }
 
+// presetConfig is the Config NewDispatcher would give the core for o.
+func presetConfig(o Options) (dispatch.Config[types.UID, Call], Priorities, error) {
+	return o.config(&calls{log: klog.Background()})
+}
+
 // TestPresetConfig: what the preset puts into the core's Config, and what
 // it leaves as the user gave it.
 func TestPresetConfig(t *testing.T) {
 	t.Run("defaults", func(t *testing.T) {
-		cfg, prio, err := Options{}.config()
+		cfg, prio, err := presetConfig(Options{})
 		require.NoError(t, err)
 		lim, ok := cfg.RateLimit.(*rate.Limiter)
 		require.True(t, ok)
@@ -76,64 +88,153 @@ func TestPresetConfig(t *testing.T) {
 		assert.Empty(t, cfg.Tenants, "no status-patch cap unless asked for")
 		assert.Equal(t, dispatch.StartPolicy{ReservedWorkers: defaultWorkers / 4, UrgentPriority: DefaultDeletionPriority}, cfg.Start,
 			"a quarter of the workers kept for deletions and bindings")
-		assert.Equal(t, map[CallType]int{PodBinding: 20, PodDeletion: 10, PodStatusPatch: 0}, prio)
+		assert.Equal(t, Priorities{Binding: new(20), Deletion: new(10), StatusPatch: new(0)}, prio)
 		assert.NotNil(t, cfg.Merge)
 		assert.NotNil(t, cfg.NoOp)
 		assert.NotNil(t, cfg.Label)
+		assert.NotNil(t, cfg.BeforeRetry)
+		assert.NotNil(t, cfg.OnDone, "the preset logs failed status patches")
 		assert.Equal(t, dispatch.ClassRecompute, cfg.Classify(errConflict()), "Classify")
 	})
 	t.Run("the reservation follows the workers", func(t *testing.T) {
 		for workers, want := range map[int]int{1: 0, 3: 1, 8: 2, 64: 16} {
-			cfg, _, err := Options{Config: dispatch.Config[types.UID, Call]{Workers: workers}}.config()
+			cfg, _, err := presetConfig(Options{Workers: workers})
 			require.NoError(t, err)
 			assert.Equal(t, want, cfg.Start.ReservedWorkers, "workers %d", workers)
 			_, err = dispatch.New(func(context.Context, types.UID, Call) error { return nil }, cfg)
 			require.NoError(t, err, "workers %d: the core accepts it", workers)
 		}
-		cfg, _, err := Options{ReservedWorkers: 5}.config()
+		cfg, _, err := presetConfig(Options{ReservedWorkers: 5})
 		require.NoError(t, err)
 		assert.Equal(t, 5, cfg.Start.ReservedWorkers)
-		user := dispatch.StartPolicy{ReservedWorkers: 1, UrgentPriority: 100}
-		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Start: user}}.config()
+	})
+	t.Run("the reservation starts the band of the less urgent of bindings and deletions", func(t *testing.T) {
+		cfg, _, err := presetConfig(Options{Priorities: Priorities{Binding: new(57), Deletion: new(43), StatusPatch: new(-3)}})
 		require.NoError(t, err)
-		assert.Equal(t, user, cfg.Start, "the user's reservation is kept")
+		assert.Equal(t, 40, cfg.Start.UrgentPriority)
+		cfg, _, err = presetConfig(Options{Priorities: Priorities{Deletion: new(0), StatusPatch: new(-10)}})
+		require.NoError(t, err)
+		assert.Equal(t, 0, cfg.Start.UrgentPriority, "a deletion at priority 0 is urgent")
 	})
 	t.Run("user settings are kept", func(t *testing.T) {
-		userLimit := rate.NewLimiter(7, 1)
 		userTenants := map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}}
 		classify := func(error) dispatch.Class { return dispatch.ClassRetry }
-		cfg, prio, err := Options{
-			Config:                 dispatch.Config[types.UID, Call]{RateLimit: userLimit, Tenants: userTenants, Classify: classify, Capacity: 17},
+		cfg, prio, err := presetConfig(Options{
+			Tenants:                userTenants,
+			Classify:               classify,
+			Capacity:               17,
 			QPS:                    1000,
-			Priorities:             map[CallType]int{PodStatusPatch: -1},
+			Priorities:             Priorities{StatusPatch: new(-1)},
 			StatusPatchMaxInFlight: 3,
-		}.config()
+		})
 		require.NoError(t, err)
-		assert.Same(t, userLimit, cfg.RateLimit)
+		assert.Equal(t, rate.Limit(1000), cfg.RateLimit.(*rate.Limiter).Limit())
 		assert.Equal(t, 17, cfg.Capacity)
 		assert.Equal(t, dispatch.ClassRetry, cfg.Classify(errConflict()))
 		assert.Equal(t, map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}, "pod_status_patch": {MaxInFlight: 3}}, cfg.Tenants)
 		assert.Len(t, userTenants, 1, "the user's map is not written")
-		assert.Equal(t, -1, prio[PodStatusPatch])
-		assert.Equal(t, DefaultBindingPriority, prio[PodBinding])
+		assert.Equal(t, -1, *prio.StatusPatch)
+		assert.Equal(t, DefaultBindingPriority, *prio.Binding)
 
-		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Tenants: map[string]dispatch.TenantConfig{"pod_status_patch": {MaxQueued: 9}}}}.config()
+		userLimit := rate.NewLimiter(7, 1)
+		cfg, _, err = presetConfig(Options{RateLimit: userLimit})
 		require.NoError(t, err)
-		assert.Equal(t, dispatch.TenantConfig{MaxQueued: 9}, cfg.Tenants["pod_status_patch"], "a tenant the user names is theirs")
+		assert.Same(t, userLimit, cfg.RateLimit)
 	})
 	t.Run("the slowest rate accepted", func(t *testing.T) {
-		cfg, _, err := Options{QPS: 1.0 / 60, Burst: 1}.config()
+		cfg, _, err := presetConfig(Options{QPS: 1.0 / 60, Burst: 1})
 		require.NoError(t, err)
 		assert.Equal(t, rate.Limit(1.0/60), cfg.RateLimit.(*rate.Limiter).Limit())
 	})
 	t.Run("no limit, no reservation", func(t *testing.T) {
-		cfg, _, err := Options{QPS: -1, ReservedWorkers: -1}.config()
+		cfg, _, err := presetConfig(Options{QPS: -1, ReservedWorkers: -1})
 		require.NoError(t, err)
 		assert.Nil(t, cfg.RateLimit)
 		assert.Empty(t, cfg.Tenants)
 		assert.Zero(t, cfg.Start.ReservedWorkers)
 	})
 }
+
+// TestOptionsCoverConfig: every field of the core's Config is either the
+// preset's own — set by it, with no Options field, so that it cannot be
+// misused — or an Options field of the same name and type that reaches
+// the Config as given. A field the core adds fails here until the preset
+// decides which it is.
+func TestOptionsCoverConfig(t *testing.T) {
+	presets := map[string]bool{"Merge": true, "NoOp": true, "Label": true, "BeforeRetry": true}
+	derived := map[string]bool{"ReservedWorkers": true, "UrgentPriority": true} // of Start: Options.ReservedWorkers and the priorities
+	opts := reflect.TypeFor[Options]()
+	check := func(path string, ft reflect.StructField) {
+		of, ok := opts.FieldByName(ft.Name)
+		if !assert.True(t, ok, "Config.%s: no Options.%s", path, ft.Name) {
+			return
+		}
+		if ft.Type.Kind() != reflect.Func { // OnDone takes Result, the alias
+			assert.Equal(t, ft.Type, of.Type, "Options.%s has Config.%s's type", ft.Name, path)
+		}
+	}
+	for ft := range reflect.TypeFor[dispatch.Config[types.UID, Call]]().Fields() {
+		switch {
+		case presets[ft.Name]:
+			_, ok := opts.FieldByName(ft.Name)
+			assert.False(t, ok, "Options.%s: the preset's own", ft.Name)
+		case ft.Name == "Start":
+			for sf := range ft.Type.Fields() {
+				if !derived[sf.Name] {
+					check("Start."+sf.Name, sf)
+				}
+			}
+		default:
+			check(ft.Name, ft)
+		}
+	}
+
+	// Every pass-through field, set, reaches the Config as given.
+	var done, observed bool
+	o := Options{
+		Workers: 7, RateLimit: rate.NewLimiter(3, 3), Capacity: 11, MaxWaiters: 13,
+		Classify: func(error) dispatch.Class { return dispatch.ClassRetry },
+		Retry:    dispatch.RetryPolicy{MaxAttempts: 5},
+		Breaker:  &dispatch.BreakerPolicy{Probes: 2}, Adaptive: &dispatch.AdaptivePolicy{MinWorkers: 2},
+		NoDeadlineCheck: true, DeadlineQuantile: 0.5, DeadlineSamples: 9,
+		Aging: time.Minute, AgingBand: 5, Tenants: map[string]dispatch.TenantConfig{"x": {Weight: 2}},
+		DefaultTenant: dispatch.TenantConfig{MaxQueued: 4},
+		Rollout:       dispatch.RolloutPolicy{Mode: dispatch.ModeSync, CancelQueued: true},
+		OnDone:        func(Result) { done = true },
+		Observer:      startObserver{f: func() { observed = true }},
+	}
+	cfg, _, err := presetConfig(o)
+	require.NoError(t, err)
+	assert.Equal(t, o.Workers, cfg.Workers)
+	assert.Same(t, o.RateLimit, cfg.RateLimit)
+	assert.Equal(t, o.Capacity, cfg.Capacity)
+	assert.Equal(t, o.MaxWaiters, cfg.MaxWaiters)
+	assert.Equal(t, dispatch.ClassRetry, cfg.Classify(nil))
+	assert.Equal(t, o.Retry, cfg.Retry)
+	assert.Same(t, o.Breaker, cfg.Breaker)
+	assert.Same(t, o.Adaptive, cfg.Start.Adaptive)
+	assert.Equal(t, dispatch.StartPolicy{
+		ReservedWorkers: 1, UrgentPriority: 10, // the deletions' band of 5
+		Adaptive: o.Adaptive, NoDeadlineCheck: true, DeadlineQuantile: 0.5, DeadlineSamples: 9,
+	}, cfg.Start)
+	assert.Equal(t, o.Aging, cfg.Aging)
+	assert.Equal(t, o.AgingBand, cfg.AgingBand)
+	assert.Equal(t, o.Tenants, cfg.Tenants)
+	assert.Equal(t, o.DefaultTenant, cfg.DefaultTenant)
+	assert.Equal(t, o.Rollout, cfg.Rollout)
+	cfg.OnDone(Result{})
+	assert.True(t, done, "OnDone is called")
+	cfg.Observer.OnStart(dispatch.Event{}, 1, 0)
+	assert.True(t, observed, "the Observer is the user's")
+}
+
+// startObserver calls f on each execution's start.
+type startObserver struct {
+	dispatch.NopObserver
+	f func()
+}
+
+func (o startObserver) OnStart(dispatch.Event, int, time.Duration) { o.f() }
 
 func errConflict() error {
 	return apierrors.NewConflict(podsResource, "p", errors.New("modified"))
@@ -145,16 +246,16 @@ func errConflict() error {
 func TestPriorities(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("a"), newPod("b"), newPod("c"), newPod("d"), newPod("blocker"))
-		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+		d := newTestDispatcher(t, api, Options{Workers: 1})
 		release := api.hold("patch/status", "blocker")
 		submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
 		synctest.Wait()
-		tks := []*dispatch.Ticket[types.UID, Call]{
+		tks := []*Ticket{
 			submit(t, d, PatchStatus(api.pod("a"), StatusPatch{NominatedNodeName: ptr("n1")})),
 			submit(t, d, Delete(api.pod("b"), nil)),
 			submit(t, d, Bind(api.pod("c"), "n1")),
 		}
-		urgent, err := d.Submit(t.Context(), PatchStatus(api.pod("d"), StatusPatch{NominatedNodeName: ptr("n1")}), dispatch.SubmitOptions{Priority: 100})
+		urgent, err := d.Submit(t.Context(), PatchStatus(api.pod("d"), StatusPatch{NominatedNodeName: ptr("n1")}), SubmitOptions{Priority: new(100)})
 		require.NoError(t, err)
 		release()
 		for _, tk := range append(tks, urgent) {
@@ -173,10 +274,10 @@ func TestPriorities(t *testing.T) {
 // doneLog records the completion hook's results.
 type doneLog struct {
 	mu  sync.Mutex
-	got []dispatch.Result[types.UID, Call]
+	got []Result
 }
 
-func (l *doneLog) add(r dispatch.Result[types.UID, Call]) {
+func (l *doneLog) add(r Result) {
 	l.mu.Lock()
 	l.got = append(l.got, r)
 	l.mu.Unlock()
@@ -203,10 +304,10 @@ func TestPassThrough(t *testing.T) {
 		api := newFakeAPI(newPod("a"), newPod("b"), newPod("c"))
 		done := &doneLog{}
 		obs := &countObserver{finished: map[dispatch.Event]int{}}
-		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{OnDone: done.add, Observer: obs}})
-		require.NoError(t, d.Post(PatchStatus(api.pod("a"), StatusPatch{NominatedNodeName: ptr("n1")}), dispatch.SubmitOptions{}))
+		d := newTestDispatcher(t, api, Options{OnDone: done.add, Observer: obs})
+		require.NoError(t, d.Post(PatchStatus(api.pod("a"), StatusPatch{NominatedNodeName: ptr("n1")}), SubmitOptions{}))
 		outcome(t, submit(t, d, Bind(api.pod("b"), "n1")))
-		require.NoError(t, d.Post(Delete(api.pod("c"), nil), dispatch.SubmitOptions{Tenant: "preemption"}))
+		require.NoError(t, d.Post(Delete(api.pod("c"), nil), SubmitOptions{Tenant: "preemption"}))
 		synctest.Wait()
 		s := closeD(t, d)
 		assert.Len(t, done.got, 3)
@@ -234,7 +335,7 @@ func TestFeatureGate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("a"), newPod("b"))
 		api.latency = time.Second
-		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Rollout: dispatch.RolloutPolicy{Mode: ModeOf(false)}}})
+		d := newTestDispatcher(t, api, Options{Rollout: dispatch.RolloutPolicy{Mode: ModeOf(false)}})
 		start := time.Now()
 		tk := submit(t, d, Bind(api.pod("a"), "n1"))
 		r, done := tk.Result()
@@ -260,27 +361,80 @@ func TestSubmitRefusesInvalidCalls(t *testing.T) {
 	d := newTestDispatcher(t, api, Options{})
 	for _, c := range invalidCalls() {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := d.Submit(t.Context(), c.call, dispatch.SubmitOptions{})
+			_, err := d.Submit(t.Context(), c.call, SubmitOptions{})
 			assert.ErrorIs(t, err, ErrInvalidCall)
 			assert.ErrorContains(t, err, c.want)
-			assert.ErrorIs(t, d.Post(c.call, dispatch.SubmitOptions{}), ErrInvalidCall)
+			assert.ErrorIs(t, d.Post(c.call, SubmitOptions{}), ErrInvalidCall)
 		})
 	}
 	assert.Zero(t, d.Stats().Submitted, "nothing reached the dispatcher")
 	assert.Empty(t, api.requests())
 }
 
-// TestKeyMismatch: a call submitted through the core Dispatcher under
-// another key than its pod's UID fails instead of writing to the wrong
-// lane's pod.
-func TestKeyMismatch(t *testing.T) {
-	api := newFakeAPI(newPod("a"))
-	d := newTestDispatcher(t, api, Options{})
-	tk, err := d.Dispatcher.Submit(t.Context(), "other-uid", Bind(api.pod("a"), "n1"), dispatch.SubmitOptions{})
-	require.NoError(t, err)
-	r := outcome(t, tk)
-	assert.Equal(t, dispatch.StateFailed, r.State)
-	assert.ErrorIs(t, r.Err, ErrInvalidCall)
-	assert.ErrorContains(t, r.Err, `under key "other-uid"`)
-	assert.Empty(t, api.requests())
+// TestSubmitOptions: a submission's options reach the core as given, with
+// the preset's defaults for what they leave unset — the call type's
+// priority and tenant — and any priority, 0 included, can be asked for.
+func TestSubmitOptions(t *testing.T) {
+	d := &Dispatcher{prio: Priorities{Binding: new(7)}.resolved()}
+	bind, patch := Bind(newPod("p"), "n1"), PatchStatus(newPod("p"), StatusPatch{NominatedNodeName: ptr("n1")})
+	assert.Equal(t, dispatch.SubmitOptions{Priority: 7, Tenant: "pod_binding"}, d.options(bind, SubmitOptions{}))
+	assert.Equal(t, dispatch.SubmitOptions{Priority: DefaultStatusPatchPriority, Tenant: "pod_status_patch"}, d.options(patch, SubmitOptions{}))
+	assert.Equal(t, dispatch.SubmitOptions{Priority: 0, Tenant: "pod_binding"}, d.options(bind, SubmitOptions{Priority: new(0)}),
+		"priority 0 for a binding")
+	deadline := time.Unix(100, 0)
+	all := SubmitOptions{Priority: new(-3), Deadline: deadline, Tenant: "plugin", Generation: 4, IdempotencyKey: "k", Droppable: true}
+	assert.Equal(t, dispatch.SubmitOptions{Priority: -3, Deadline: deadline, Tenant: "plugin", Generation: 4, IdempotencyKey: "k", Droppable: true},
+		d.options(bind, all))
+	assert.Equal(t, reflect.TypeFor[dispatch.SubmitOptions]().NumField(), reflect.TypeFor[SubmitOptions]().NumField(),
+		"SubmitOptions has every field of the core's")
+}
+
+// TestPriorityZero: a binding and a deletion submitted at priority 0 run
+// at 0 — after a status patch at 5 — and one at the default before it.
+func TestPriorityZero(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("blocker"), newPod("a"), newPod("b"), newPod("c"), newPod("d"))
+		d := newTestDispatcher(t, api, Options{Workers: 1})
+		release := api.hold("patch/status", "blocker")
+		require.NoError(t, d.Post(PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}), SubmitOptions{}))
+		synctest.Wait()
+		// One tenant, so that the two run in their order of arrival.
+		require.NoError(t, d.Post(Bind(api.pod("a"), "n1"), SubmitOptions{Priority: new(0), Tenant: "later"}))
+		require.NoError(t, d.Post(Delete(api.pod("b"), nil), SubmitOptions{Priority: new(0), Tenant: "later"}))
+		require.NoError(t, d.Post(PatchStatus(api.pod("c"), StatusPatch{NominatedNodeName: ptr("n1")}), SubmitOptions{Priority: new(5)}))
+		require.NoError(t, d.Post(Bind(api.pod("d"), "n1"), SubmitOptions{}))
+		release()
+		closeD(t, d)
+		var order []string
+		for _, r := range api.requests() {
+			if r.Name != "blocker" {
+				order = append(order, r.Name)
+			}
+		}
+		assert.Equal(t, []string{"d", "c", "a", "b"}, order)
+	})
+}
+
+// TestCancel: Cancel ends a pod's pending call, by the pod's UID.
+func TestCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("blocker"), newPod("p"))
+		d := newTestDispatcher(t, api, Options{Workers: 1})
+		release := api.hold("create/binding", "blocker")
+		defer release()
+		require.NoError(t, d.Post(Bind(api.pod("blocker"), "n1"), SubmitOptions{}))
+		synctest.Wait()
+		tk := submit(t, d, Bind(api.pod("p"), "n1"))
+		assert.True(t, d.Busy("uid-p"))
+		cause := errors.New("pod deleted")
+		assert.True(t, d.Cancel("uid-p", cause))
+		r := outcome(t, tk)
+		assert.Equal(t, dispatch.StateCanceled, r.State)
+		assert.ErrorIs(t, r.Err, cause)
+		assert.False(t, d.Busy("uid-p"))
+		assert.False(t, d.Cancel("uid-p", cause), "nothing left to cancel")
+		release()
+		closeD(t, d)
+		assert.Equal(t, 1, api.count("create/binding"), "only the blocker was bound")
+	})
 }

@@ -74,29 +74,55 @@
 // (priorities 20, 10, 0, each in a priority band of its own, so that aging
 // never lifts an old status patch past a binding or a deletion: a binding
 // waits for one token, however long the storm); each call type is its own
-// tenant; a quarter of the
-// workers is kept for bindings and deletions, so a storm of status patches
-// never leaves a binding without a worker (kubernetes#135900); and the API
-// rate (50 qps, burst 100: kube-scheduler's client defaults) is limited by
-// the dispatcher, which hands each token to the best call waiting when it
-// is granted — give the clientset no limit of its own (RESTConfig). Options.Config passes any other
-// dispatch setting through: workers, capacity, retry policy, circuit
-// breaker, fallback, observer, completion hook. ModeOf and SetEnabled map a
-// feature gate to the dispatcher's mode: off is Sync, each write made inline
-// by its caller through the same machinery.
+// tenant; a quarter of the workers is kept for bindings and deletions, so
+// a storm of status patches never leaves a binding without a worker
+// (kubernetes#135900); and the API rate (50 qps, burst 100:
+// kube-scheduler's client defaults) is limited by the dispatcher, which
+// hands each token to the best call waiting when it is granted — give the
+// clientset no limit of its own (RESTConfig).
+//
+// Options holds what may be set: the preset's own settings (rate,
+// priorities, reservation, status-patch cap, logger) and the dispatch
+// settings that make sense for pod writes (workers, capacity, retry
+// policy, circuit breaker, adaptive concurrency, tenants, rollout and
+// fallback, observer, completion hook). The merge, no-op, label and
+// before-retry rules are the preset's and cannot be replaced. Every
+// priority can be asked for: Options.Priorities and
+// SubmitOptions.Priority are pointers, nil meaning the call type's
+// default, so new(0) is priority 0. ModeOf and SetEnabled map a feature
+// gate to the dispatcher's mode: off is Sync, each write made inline by
+// its caller through the same machinery.
+//
+// The Dispatcher offers the core's methods typed for pods: a call is
+// always queued under its own pod's UID (Submit, Post), SyncObject is the
+// core's Amend for pods, and Cancel and Busy take a pod's UID.
+//
+// # Logging
+//
+// The dispatcher logs through Options.Logger (klog's by default) at
+// kube-scheduler's verbosities for the same events, so that a scheduler's
+// -v shows the same writes with the preset as without it: at 3, each
+// binding, deletion and condition or nomination a write sets, as it is
+// sent; at 5, a call not sent because it would change nothing; at 2,
+// a deletion whose pod was already gone; and as an error, a status patch
+// that failed for good — nobody waits on one, so the log is where its
+// failure shows. A binding's or a deletion's failure is its submitter's
+// to report: it is in the Ticket's Result. Retries, drops and the rest are
+// the Observer's, for metrics.
 //
 // # Adoption
 //
 //	cs, err := kubernetes.NewForConfig(kube.RESTConfig(restConfig))
 //	d, err := kube.NewDispatcher(cs, kube.Options{
-//		Config: dispatch.Config[types.UID, kube.Call]{Mode: kube.ModeOf(gateEnabled)},
+//		Rollout: dispatch.RolloutPolicy{Mode: kube.ModeOf(gateEnabled)},
+//		Logger:  logger,
 //	})
 //	defer d.Close(ctx)
 //
 //	// Scheduling cycle: report a failure without waiting for the API.
-//	d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), dispatch.SubmitOptions{})
+//	d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), kube.SubmitOptions{})
 //	// Binding cycle: bind, and wait for the outcome.
-//	t, err := d.Submit(ctx, kube.Bind(pod, node), dispatch.SubmitOptions{Generation: attempt})
+//	t, err := d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: attempt})
 //	res, err := t.Wait(ctx) // res.State: Succeeded, Failed (res.Err), ...
 //	// Informer update handler: see the pod as the pending write leaves it.
 //	pod, err = d.SyncObject(pod)

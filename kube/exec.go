@@ -10,12 +10,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 )
 
-// calls runs kube calls against one pods API: the dispatcher's exec and
-// before-retry hook.
+// calls runs kube calls against one pods API: the dispatcher's exec,
+// no-op test, completion hook and before-retry hook.
 type calls struct {
 	pods podAPI
+	log  klog.Logger
 	// amend is the dispatcher's Amend, set once New has returned and
 	// before any call runs: what a write taught about the pod is passed on
 	// to the call waiting behind it.
@@ -40,9 +42,6 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 	if err := c.Err(); err != nil {
 		return err
 	}
-	if uid != c.uid {
-		return fmt.Errorf("%w: %s submitted under key %q, not its pod's UID %q", ErrInvalidCall, c, uid, c.uid)
-	}
 	switch c.typ {
 	case PodStatusPatch:
 		pod, err := a.patch(ctx, &c)
@@ -57,6 +56,7 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 		}
 		return withDelay(err)
 	case PodBinding:
+		a.info(vWrite, &c, "Binding pod to node", "node", c.node)
 		err := a.pods.bind(ctx, &v1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, UID: c.uid},
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
@@ -82,9 +82,14 @@ func (a *calls) successor(uid types.UID, f func(Call) (Call, error)) {
 // the name holds a newer pod (see replaced) fails for good, saying so.
 func (a *calls) patch(ctx context.Context, c *Call) (*v1.Pod, error) {
 	body, err := c.statusPatch(metav1.Now())
-	if err != nil || body == nil {
+	if err != nil {
 		return nil, err
 	}
+	if body == nil {
+		a.info(vNoOp, c, msgNoOp, "callType", c.typ)
+		return nil, nil
+	}
+	a.logStatusPatch(c)
 	pod, err := a.pods.patchStatus(ctx, c.namespace, c.name, body)
 	if replaced(err) {
 		return nil, fmt.Errorf("kube: %s: the pod was replaced (UID %s is gone): %w", c, c.uid, err)
@@ -103,15 +108,19 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 		return err
 	}
 	if body != nil {
+		a.logConditions(c, []v1.PodCondition{*c.disruption})
 		if _, err := a.pods.patchStatus(ctx, c.namespace, c.name, body); err != nil {
 			if apierrors.IsNotFound(err) || replaced(err) {
+				a.info(vGone, c, msgGone, "uid", c.uid)
 				return nil
 			}
 			return err
 		}
 	}
+	a.info(vWrite, c, "Deleting pod", "uid", c.uid)
 	err = a.pods.delete(ctx, c.namespace, c.name, c.uid)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		a.info(vGone, c, msgGone, "uid", c.uid)
 		return nil
 	}
 	return err

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	corev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/ktesting"
 )
 
 // request is one request the fake API server received.
@@ -260,9 +261,13 @@ func (p slowPods) Delete(ctx context.Context, name string, o metav1.DeleteOption
 }
 
 // newTestDispatcher makes a dispatcher on api with o, and closes it (and
-// checks conservation) when the test ends.
+// checks conservation) when the test ends. Without o.Logger, it logs to
+// the test's log, shown when a test fails.
 func newTestDispatcher(t *testing.T, api *fakeAPI, o Options) *Dispatcher {
 	t.Helper()
+	if o.Logger.IsZero() {
+		o.Logger = ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(5)))
+	}
 	d, err := NewDispatcher(api.client(), o)
 	require.NoError(t, err)
 	t.Cleanup(func() { closeD(t, d) })
@@ -281,15 +286,15 @@ func closeD(t *testing.T, d *Dispatcher) dispatch.Stats {
 }
 
 // outcome waits for t's result.
-func outcome(t *testing.T, tk *dispatch.Ticket[types.UID, Call]) dispatch.Result[types.UID, Call] {
+func outcome(t *testing.T, tk *Ticket) Result {
 	t.Helper()
 	r, _ := tk.Wait(context.Background())
 	return r
 }
 
-func submit(t *testing.T, d *Dispatcher, c Call) *dispatch.Ticket[types.UID, Call] {
+func submit(t *testing.T, d *Dispatcher, c Call) *Ticket {
 	t.Helper()
-	tk, err := d.Submit(context.Background(), c, dispatch.SubmitOptions{})
+	tk, err := d.Submit(context.Background(), c, SubmitOptions{})
 	require.NoError(t, err)
 	return tk
 }

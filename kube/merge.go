@@ -69,9 +69,18 @@ func mergeStatus(pending, incoming Call) Call {
 
 // noOp is the Config.NoOp of kube calls: a status patch that changes
 // nothing in its baseline, and a binding whose baseline already shows the
-// pod on its node, are not sent. A deletion always runs. An invalid call
-// runs, so that exec reports why it is invalid.
-func noOp(_ types.UID, c Call) bool {
+// pod on its node, are not sent (and logged so). A deletion always runs.
+// An invalid call runs, so that exec reports why it is invalid.
+func (a *calls) noOp(_ types.UID, c Call) bool {
+	if isNoOp(&c) {
+		a.info(vNoOp, &c, msgNoOp, "callType", c.typ)
+		return true
+	}
+	return false
+}
+
+// isNoOp reports whether c would change nothing (see calls.noOp).
+func isNoOp(c *Call) bool {
 	if c.Err() != nil {
 		return false
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // Issue 20: the preset's promises under failure and time.
@@ -38,7 +37,7 @@ func TestPresetAgedStorm(t *testing.T) {
 				d := newTestDispatcher(t, api, Options{})
 				for i := range 2000 {
 					pod := api.add(newPod(fmt.Sprintf("p%d", i)))
-					require.NoError(t, d.Post(PatchStatus(pod, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/100 nodes")}}), dispatch.SubmitOptions{}))
+					require.NoError(t, d.Post(PatchStatus(pod, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/100 nodes")}}), SubmitOptions{}))
 				}
 				bound := api.add(newPod("bound"))
 				time.Sleep(age)
@@ -85,10 +84,8 @@ func TestReplacementStartsFresh(t *testing.T) {
 					}
 					return true, nil
 				})
-				d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{
-					Retry: dispatch.RetryPolicy{InitialBackoff: time.Minute, Jitter: dispatch.JitterNone},
-				}})
-				require.NoError(t, d.Post(PatchStatus(pod, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/1 nodes")}}), dispatch.SubmitOptions{}))
+				d := newTestDispatcher(t, api, Options{Retry: dispatch.RetryPolicy{InitialBackoff: time.Minute, Jitter: dispatch.JitterNone}})
+				require.NoError(t, d.Post(PatchStatus(pod, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/1 nodes")}}), SubmitOptions{}))
 				time.Sleep(time.Second) // the patch failed, and waits a minute (or was rebuilt)
 				synctest.Wait()
 				at := time.Now()
@@ -105,7 +102,7 @@ func TestReplacementStartsFresh(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			api := newFakeAPI(newPod("hold"), newPod("p"))
 			obs := &countObserver{finished: map[dispatch.Event]int{}}
-			d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1, Observer: obs}, ReservedWorkers: -1})
+			d := newTestDispatcher(t, api, Options{Workers: 1, Observer: obs, ReservedWorkers: -1})
 			release := api.hold("create/binding", "hold")
 			first := submit(t, d, Bind(api.pod("hold"), "n1"))
 			synctest.Wait() // the one worker is busy
@@ -151,7 +148,7 @@ func TestPatchBehindFailingBinding(t *testing.T) {
 	})
 }
 
-func waitAll(tks ...*dispatch.Ticket[types.UID, Call]) {
+func waitAll(tks ...*Ticket) {
 	for _, tk := range tks {
 		<-tk.Done()
 	}

@@ -404,7 +404,7 @@ func TestRESTRetryAfter(t *testing.T) {
 				client = hideREST{client.(*kubernetes.Clientset)}
 			}
 			obs := &retryLog{}
-			d, err := NewDispatcher(client, Options{Config: dispatch.Config[types.UID, Call]{Observer: obs}})
+			d, err := NewDispatcher(client, Options{Observer: obs})
 			require.NoError(t, err)
 			defer closeD(t, d)
 			r := outcome(t, submit(t, d, PatchStatus(newPod("p"), StatusPatch{NominatedNodeName: ptr("n1")})))
@@ -451,7 +451,7 @@ func TestRESTThrottling(t *testing.T) {
 	d, err := NewDispatcher(client, Options{QPS: 20, Burst: 1})
 	require.NoError(t, err)
 	defer closeD(t, d)
-	var tks []*dispatch.Ticket[types.UID, Call]
+	var tks []*Ticket
 	for _, p := range pods {
 		tks = append(tks, submit(t, d, Bind(p, "n1")))
 	}

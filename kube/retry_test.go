@@ -83,7 +83,7 @@ func TestErrorPaths(t *testing.T) {
 		attempts int
 		reason   string // for Failed
 		requests []string
-		check    func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call])
+		check    func(t *testing.T, api *fakeAPI, r Result)
 	}{
 		// Retry.
 		{name: "patch: 500 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewInternalError(errors.New("etcd")), false),
@@ -98,7 +98,7 @@ func TestErrorPaths(t *testing.T) {
 			// shows there is nothing left to do.
 			name: "patch: a lost response ends Skipped on the resend", call: patch, fault: failFirst("patch/status", connReset(), true),
 			state: dispatch.StateSkipped, attempts: 2, requests: []string{"patch/status", "patch/status", "get/"},
-			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+			check: func(t *testing.T, api *fakeAPI, _ Result) {
 				assert.Equal(t, "0/3 nodes", findCondition(&api.pod("p").Status, v1.PodScheduled).Message)
 			},
 		},
@@ -123,7 +123,7 @@ func TestErrorPaths(t *testing.T) {
 				return true, nil
 			},
 			state: dispatch.StateFailed, attempts: 1, reason: "before_retry", requests: []string{"patch/status", "get/"},
-			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
+			check: func(t *testing.T, _ *fakeAPI, r Result) {
 				assert.True(t, apierrors.IsNotFound(r.Err))
 			},
 		},
@@ -147,13 +147,13 @@ func TestErrorPaths(t *testing.T) {
 				return true, nil
 			},
 			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"create/binding", "get/", "create/binding", "get/"},
-			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) { assert.NoError(t, r.Err) },
+			check: func(t *testing.T, _ *fakeAPI, r Result) { assert.NoError(t, r.Err) },
 		},
 		{
 			name: "bind: already assigned to another node ends Failed", call: bind,
 			after: func(api *fakeAPI) { api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "n2" }) },
 			state: dispatch.StateFailed, attempts: 1, reason: "before_retry", requests: []string{"create/binding", "get/"},
-			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
+			check: func(t *testing.T, _ *fakeAPI, r Result) {
 				assert.True(t, apierrors.IsConflict(r.Err), "the server's answer is kept in the chain")
 				assert.ErrorContains(t, r.Err, "bound to node n2")
 			},
@@ -178,7 +178,7 @@ func TestErrorPaths(t *testing.T) {
 			name: "delete: a pod replaced under the same name is not deleted", call: del,
 			after: replacePod,
 			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"delete/"},
-			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+			check: func(t *testing.T, api *fakeAPI, _ Result) {
 				require.NotNil(t, api.pod("p"), "the newer pod stays")
 				assert.Equal(t, types.UID("uid-newer"), api.pod("p").UID)
 			},
@@ -191,7 +191,7 @@ func TestErrorPaths(t *testing.T) {
 			name: "preempt: a pod replaced under the same name is neither patched nor deleted", call: preempt,
 			after: replacePod,
 			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"patch/status"},
-			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+			check: func(t *testing.T, api *fakeAPI, _ Result) {
 				newer := api.pod("p")
 				require.NotNil(t, newer, "the newer pod stays")
 				assert.Equal(t, types.UID("uid-newer"), newer.UID)
@@ -206,7 +206,7 @@ func TestErrorPaths(t *testing.T) {
 			},
 			after: replacePod,
 			state: dispatch.StateFailed, attempts: 1, reason: "permanent", requests: []string{"patch/status"},
-			check: func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call]) {
+			check: func(t *testing.T, api *fakeAPI, r Result) {
 				assert.ErrorContains(t, r.Err, "the pod was replaced")
 				assert.True(t, apierrors.IsInvalid(r.Err), "the server's answer is kept in the chain")
 				assert.Nil(t, findCondition(&api.pod("p").Status, v1.PodScheduled), "the patch landed on the newer pod")
@@ -216,7 +216,7 @@ func TestErrorPaths(t *testing.T) {
 			name: "preempt: a failed deletion is retried without patching the condition twice", call: preempt,
 			fault: failFirst("delete/", apierrors.NewServiceUnavailable("down"), false),
 			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"patch/status", "delete/", "get/", "delete/"},
-			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) { assert.Nil(t, api.pod("p")) },
+			check: func(t *testing.T, api *fakeAPI, _ Result) { assert.Nil(t, api.pod("p")) },
 		},
 		{
 			name: "delete: lost response, the pod read back is gone", call: del,
@@ -277,7 +277,7 @@ func TestRetryAfterReachesTheBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("p"), newPod("q"))
 		obs := &retryLog{}
-		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1, Observer: obs}})
+		d := newTestDispatcher(t, api, Options{Workers: 1, Observer: obs})
 		api.setFault(failFirst("patch/status", apierrors.NewTooManyRequests("slow down", 2), false))
 		start := time.Now()
 		tp := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{NominatedNodeName: ptr("n1")}))

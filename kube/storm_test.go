@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // event is a point in the storm's one total order: a binding submitted, or
@@ -45,7 +44,7 @@ type stormResult struct {
 // queued, submits 50 bindings, against a fake API with 20ms latency, under
 // synctest's clock, every submission with so. It returns the order in
 // which things happened.
-func runStorm(t *testing.T, o Options, so dispatch.SubmitOptions) stormResult {
+func runStorm(t *testing.T, o Options, so SubmitOptions) stormResult {
 	const (
 		patches = 5000
 		binds   = 50
@@ -79,7 +78,7 @@ func runStorm(t *testing.T, o Options, so dispatch.SubmitOptions) stormResult {
 		// A storm already queued, then a binding every 40ms with more
 		// patches between them.
 		post(0, 1000)
-		var tickets []*dispatch.Ticket[types.UID, Call]
+		var tickets []*Ticket
 		for i, name := range bound {
 			time.Sleep(40 * time.Millisecond)
 			post(1000+i*80, 1000+(i+1)*80)
@@ -151,7 +150,7 @@ func TestStorm(t *testing.T) {
 	t.Run("preset, no rate limit", func(t *testing.T) {
 		// Aging slowed down, so that no patch waits long enough to become
 		// urgent and use a kept worker: then patches hold at most the rest.
-		r := runStorm(t, Options{QPS: -1, Config: dispatch.Config[types.UID, Call]{Aging: time.Hour}}, dispatch.SubmitOptions{})
+		r := runStorm(t, Options{QPS: -1, Aging: time.Hour}, SubmitOptions{})
 		for i, n := range r.overtaken {
 			assert.Zero(t, n, "binding %d started after %d patches that were submitted before it", i, n)
 			assert.Zero(t, r.waited[i], "binding %d waited for a worker", i)
@@ -164,7 +163,7 @@ func TestStorm(t *testing.T) {
 		// The dispatcher takes each token before it picks the call, so a
 		// binding waits for the next token, and one more for each binding
 		// ahead of it — never for a patch.
-		r := runStorm(t, Options{}, dispatch.SubmitOptions{})
+		r := runStorm(t, Options{}, SubmitOptions{})
 		interval := time.Second / DefaultQPS
 		for i, n := range r.overtaken {
 			assert.Zero(t, n, "binding %d waited behind %d patches", i, n)
@@ -179,9 +178,9 @@ func TestStorm(t *testing.T) {
 		// ahead of it.
 		r := runStorm(t, Options{
 			QPS:             -1,
-			Priorities:      map[CallType]int{PodBinding: DefaultStatusPatchPriority},
+			Priorities:      Priorities{Binding: new(DefaultStatusPatchPriority)},
 			ReservedWorkers: -1,
-		}, dispatch.SubmitOptions{Tenant: "all"})
+		}, SubmitOptions{Tenant: "all"})
 		for i, n := range r.overtaken {
 			assert.Greater(t, n, 500, "FIFO binding %d overtaken by only %d patches", i, n)
 		}

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // syncFixture is a dispatcher whose only worker is held by another pod, so
@@ -21,7 +20,7 @@ type syncFixture struct {
 
 func newSyncFixture(t *testing.T) *syncFixture {
 	api := newFakeAPI(newPod("p"), newPod("blocker"))
-	d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}})
+	d := newTestDispatcher(t, api, Options{Workers: 1})
 	release := api.hold("patch/status", "blocker")
 	submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
 	synctest.Wait()

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -65,17 +64,17 @@ func testBindStorm(t *testing.T, s *apiserver.Server) {
 		return got
 	}
 	starts := &patchStarts{}
-	d := newDispatcher(t, s.Config, kube.Options{Config: dispatch.Config[types.UID, kube.Call]{Observer: starts}})
+	d := newDispatcher(t, s.Config, kube.Options{Observer: starts})
 
 	post := func(i int) { // the i-th status patch of the storm
 		p := storm[i%stormPods]
 		msg := fmt.Sprintf("0/100 nodes are available (round %d)", i/stormPods)
-		require.NoError(t, d.Post(kube.PatchStatus(view(p), kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable(msg)}}), dispatch.SubmitOptions{}))
+		require.NoError(t, d.Post(kube.PatchStatus(view(p), kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable(msg)}}), kube.SubmitOptions{}))
 	}
 	type bindTimes struct {
 		submitted, queued, done time.Time
 		patchesInFlight         int // when it was queued
-		res                     dispatch.Result[types.UID, kube.Call]
+		res                     kube.Result
 		err                     error
 	}
 	runs := make([]bindTimes, binds)
@@ -99,7 +98,7 @@ func testBindStorm(t *testing.T, s *apiserver.Server) {
 		}
 		r := &runs[i]
 		r.submitted = time.Now()
-		tk, err := d.Submit(ctx, kube.Bind(view(p), node), dispatch.SubmitOptions{})
+		tk, err := d.Submit(ctx, kube.Bind(view(p), node), kube.SubmitOptions{})
 		require.NoError(t, err)
 		// Once Submit has returned the binding is queued: from now on a
 		// status patch may start only if it was executing already.

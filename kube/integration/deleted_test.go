@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube"
@@ -36,7 +35,7 @@ import (
 func testDeletedWhileQueued(t *testing.T, s *apiserver.Server) {
 	ns := createNamespace(t, s.AdminClient, "gone")
 	g := gate{open: make(chan struct{})}
-	d := newDispatcher(t, s.Config, kube.Options{Config: dispatch.Config[types.UID, kube.Call]{RateLimit: g}})
+	d := newDispatcher(t, s.Config, kube.Options{RateLimit: g})
 	disruption := &corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler"}
 
 	type tcase struct {
@@ -71,11 +70,11 @@ func testDeletedWhileQueued(t *testing.T, s *apiserver.Server) {
 		}, want: dispatch.StateFailed, writes: []string{"PATCH status 422"}},
 	}
 	pods := make([]*corev1.Pod, len(cases))
-	tickets := make([]*dispatch.Ticket[types.UID, kube.Call], len(cases))
+	tickets := make([]*kube.Ticket, len(cases))
 	for i, tc := range cases {
 		pods[i] = createPods(t, s.AdminClient, ns, fmt.Sprintf("case%d", i), 1)[0]
 		var err error
-		tickets[i], err = d.Submit(t.Context(), tc.call(pods[i]), dispatch.SubmitOptions{})
+		tickets[i], err = d.Submit(t.Context(), tc.call(pods[i]), kube.SubmitOptions{})
 		require.NoError(t, err, tc.name)
 	}
 	// Every call is queued, none has run.

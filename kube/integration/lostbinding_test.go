@@ -57,7 +57,7 @@ func testLostBinding(t *testing.T, s *apiserver.Server) {
 			if tc.loseRead {
 				s.Proxy.DropResponses(isPodGet(ns, pod.Name), 1, tc.mode)
 			}
-			tk, err := d.Submit(t.Context(), kube.Bind(pod, node), dispatch.SubmitOptions{})
+			tk, err := d.Submit(t.Context(), kube.Bind(pod, node), kube.SubmitOptions{})
 			require.NoError(t, err)
 			res := wait(t, tk)
 

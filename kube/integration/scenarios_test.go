@@ -11,11 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube"
 	"github.com/coalescer/dispatch/kube/integration/apiserver"
 )
@@ -114,7 +112,7 @@ func deletePod(t *testing.T, s *apiserver.Server, ns, name string) {
 
 // wait returns the submission's outcome, failing the test if it takes
 // longer than callTimeout.
-func wait(t *testing.T, tk *dispatch.Ticket[types.UID, kube.Call]) dispatch.Result[types.UID, kube.Call] {
+func wait(t *testing.T, tk *kube.Ticket) kube.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
 	defer cancel()

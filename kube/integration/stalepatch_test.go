@@ -41,13 +41,13 @@ func testStalePatch(t *testing.T, s *apiserver.Server) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := createPods(t, s.AdminClient, ns, fmt.Sprintf("case%d", i), 1)[0]
-			tk, err := d.Submit(t.Context(), kube.Bind(before, node), dispatch.SubmitOptions{})
+			tk, err := d.Submit(t.Context(), kube.Bind(before, node), kube.SubmitOptions{})
 			require.NoError(t, err)
 			res := wait(t, tk)
 			require.Equal(t, dispatch.StateSucceeded, res.State, "binding: %v", res.Err)
 
 			// The stale view: the pod as it was before the binding.
-			tk, err = d.Submit(t.Context(), kube.PatchStatus(before, kube.StatusPatch{Conditions: tc.conds}), dispatch.SubmitOptions{})
+			tk, err = d.Submit(t.Context(), kube.PatchStatus(before, kube.StatusPatch{Conditions: tc.conds}), kube.SubmitOptions{})
 			require.NoError(t, err)
 			res = wait(t, tk)
 			assert.Equal(t, tc.want, res.State, "stale patch: %v", res.Err)

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube"
@@ -51,11 +50,12 @@ func testThrottled(t *testing.T, s *apiserver.Server) {
 		calls   = 40
 	)
 	options := func(a *dispatch.AdaptivePolicy, budgetMin int) kube.Options {
-		return kube.Options{QPS: -1, Config: dispatch.Config[types.UID, kube.Call]{
-			Workers: workers,
-			Start:   dispatch.StartPolicy{Adaptive: a},
-			Retry:   dispatch.RetryPolicy{BudgetMin: budgetMin},
-		}}
+		return kube.Options{
+			QPS:      -1,
+			Workers:  workers,
+			Adaptive: a,
+			Retry:    dispatch.RetryPolicy{BudgetMin: budgetMin},
+		}
 	}
 
 	var fixed throttleResult
@@ -114,10 +114,10 @@ func throttleRun(t *testing.T, s *apiserver.Server, prefix string, n int, o kube
 
 	r := throttleResult{n: n, failures: map[string]int{}}
 	start := time.Now()
-	tickets := make([]*dispatch.Ticket[types.UID, kube.Call], n)
+	tickets := make([]*kube.Ticket, n)
 	for i, p := range pods {
 		var err error
-		tickets[i], err = d.Submit(t.Context(), kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("throttled")}}), dispatch.SubmitOptions{})
+		tickets[i], err = d.Submit(t.Context(), kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("throttled")}}), kube.SubmitOptions{})
 		require.NoError(t, err)
 	}
 	for i, tk := range tickets {
@@ -150,7 +150,7 @@ func throttleRun(t *testing.T, s *apiserver.Server, prefix string, n int, o kube
 	}
 	require.Positive(t, r.throttled, "the server answered no 429: the scenario tested nothing")
 	assert.Equal(t, int(r.stats.Executions), len(reqs), "requests at the server, against the dispatcher's executions")
-	r.budget = retryBudget(o.Config.Retry, n)
+	r.budget = retryBudget(o.Retry, n)
 	assert.LessOrEqual(t, int(r.stats.Retries), r.budget, "retries beyond the budget")
 
 	r.minGap = time.Hour

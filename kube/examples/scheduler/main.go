@@ -71,11 +71,9 @@ func run(ctx context.Context, w io.Writer, c config) error {
 	}
 	api := newAPI(c)
 	d, err := kube.NewDispatcher(api.cs, kube.Options{
-		QPS: c.qps,
-		Config: dispatch.Config[types.UID, kube.Call]{
-			Workers: 8,
-			Retry:   dispatch.RetryPolicy{InitialBackoff: 10 * time.Millisecond},
-		},
+		QPS:     c.qps,
+		Workers: 8,
+		Retry:   dispatch.RetryPolicy{InitialBackoff: 10 * time.Millisecond},
 	})
 	if err != nil {
 		return err
@@ -96,7 +94,7 @@ func run(ctx context.Context, w io.Writer, c config) error {
 		}
 		// The scheduling cycle ends here; the binding cycle goes on
 		// beside it.
-		t, err := d.Submit(ctx, kube.Bind(pod, node), dispatch.SubmitOptions{Generation: 1})
+		t, err := d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: 1})
 		if err != nil {
 			s.unreserve(pod, node, err)
 			continue
@@ -141,7 +139,7 @@ func (s *scheduler) pick() string {
 
 // bindingCycle waits for the binding's outcome, as kube-scheduler's binding
 // goroutine does.
-func (s *scheduler) bindingCycle(ctx context.Context, pod *v1.Pod, node string, t *dispatch.Ticket[types.UID, kube.Call]) {
+func (s *scheduler) bindingCycle(ctx context.Context, pod *v1.Pod, node string, t *kube.Ticket) {
 	if _, err := t.Wait(ctx); err != nil {
 		s.unreserve(pod, node, err)
 		return
@@ -170,7 +168,7 @@ func (s *scheduler) reportUnschedulable(pod *v1.Pod, msg string) {
 
 // report posts a status patch and does not wait for it.
 func (s *scheduler) report(pod *v1.Pod, cond v1.PodCondition) {
-	if err := s.d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), dispatch.SubmitOptions{}); err != nil {
+	if err := s.d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), kube.SubmitOptions{}); err != nil {
 		log.Printf("reporting %s: %v", pod.Name, err)
 	}
 }

@@ -11,13 +11,11 @@ import (
 	"log"
 	"strings"
 
-	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube"
 	dispatchprom "github.com/coalescer/dispatch/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -31,14 +29,12 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	d, err := kube.NewDispatcher(client, kube.Options{
-		Config: dispatch.Config[types.UID, kube.Call]{Observer: metrics},
-	})
+	d, err := kube.NewDispatcher(client, kube.Options{Observer: metrics})
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	t, err := d.Submit(ctx, kube.Bind(web0, "node-a"), dispatch.SubmitOptions{})
+	t, err := d.Submit(ctx, kube.Bind(web0, "node-a"), kube.SubmitOptions{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -46,7 +42,7 @@ func main() {
 	fmt.Println("bind web-0:", res.State, err)
 
 	unschedulable := v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable}
-	err = d.Post(kube.PatchStatus(web1, kube.StatusPatch{Conditions: []v1.PodCondition{unschedulable}}), dispatch.SubmitOptions{})
+	err = d.Post(kube.PatchStatus(web1, kube.StatusPatch{Conditions: []v1.PodCondition{unschedulable}}), kube.SubmitOptions{})
 	if err != nil {
 		log.Fatal(err)
 	}
