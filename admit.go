@@ -39,19 +39,9 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 		return false, d.refuse(BoundWaiters)
 	}
 	supersede := s.o.Generation > l.gen
-	var quotaVictim *call[K, T]
-	if supersede || l.pending == nil {
-		// s makes a new call for the key: it needs quota.
-		freed := 0
-		if supersede && l.pending != nil && l.pending.ten == s.ten {
-			freed = 1
-		}
-		if s.ten.overQuota(freed) {
-			order := d.q.orderOf(s.o.Priority, s.now)
-			if quotaVictim = worst(s.ten.shed, order, d.seq+1, l.pending); quotaVictim == nil {
-				return false, d.refuse(BoundQuota)
-			}
-		}
+	quotaVictim, err := d.quotaForCall(l, s, supersede)
+	if err != nil {
+		return false, err
 	}
 	if supersede {
 		l.gen = s.o.Generation
@@ -70,6 +60,28 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 	}
 	d.admitBehind(l, s, ob)
 	return false, nil
+}
+
+// quotaForCall decides whether submission s, for a key that has lane l,
+// fits its tenant's quota: if it makes a new call (it supersedes, or l has
+// no pending call) and the tenant is at its quota, it displaces the
+// tenant's worst droppable call (returned, not yet shed) or is refused.
+func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supersede bool) (*call[K, T], error) {
+	if !supersede && l.pending != nil {
+		return nil, nil // s coalesces
+	}
+	freed := 0
+	if supersede && l.pending != nil && l.pending.ten == s.ten {
+		freed = 1
+	}
+	if !s.ten.overQuota(freed) {
+		return nil, nil
+	}
+	order := d.q.orderOf(s.o.Priority, s.now)
+	if v := worst(s.ten.shed, order, d.seq+1, l.pending); v != nil {
+		return v, nil
+	}
+	return nil, d.refuse(BoundQuota)
 }
 
 // admitInto coalesces submission s into its key's pending call c.
@@ -178,16 +190,6 @@ func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVict
 	return nil, capVictim, nil
 }
 
-// wakeWorkerAsync has deliver wake an idle worker for a call that just
-// became ready, unless inline (Sync mode) callers run calls now. The wake
-// comes after the lock is released, so that the worker it wakes does not
-// find the lock still held by the submitter.
-func (d *Dispatcher[K, T]) wakeWorkerAsync(ob *outbox[K, T]) {
-	if d.mode == ModeAsync && d.idleWorkers > 0 {
-		ob.wake = true
-	}
-}
-
 // admitTime returns the time admit works with: now, if the submitter read
 // the clock before the lock; else a reading taken here, or a time that
 // stands in for one. A fire-and-forget submission without a deadline that
@@ -263,7 +265,7 @@ func (d *Dispatcher[K, T]) newCall(l *lane[K, T], val T, o *SubmitOptions, ten *
 	d.seq++
 	ten.queued++
 	c.ten = ten
-	c.val, c.gen, c.seq, c.idem, c.droppable = val, o.Generation, d.seq, o.IdempotencyKey, o.Droppable
+	c.val, c.seq, c.idem, c.droppable = val, d.seq, o.IdempotencyKey, o.Droppable
 	l.pending = c
 	return c
 }

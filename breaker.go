@@ -216,3 +216,52 @@ func (p *BreakerPolicy) validate() error {
 	p.Probes = cmp.Or(p.Probes, 1)
 	return nil
 }
+
+// breakerAdmits reports whether the circuit breaker lets an execution start
+// now, and whether it runs as a half-open probe.
+func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok bool) {
+	b := d.breaker
+	if b == nil {
+		return false, true
+	}
+	probe = b.state != CircuitClosed
+	if !b.admits(now, &ob.notes) {
+		if b.state == CircuitOpen {
+			d.armTimer(b.openUntil)
+		}
+		return false, false
+	}
+	return probe, true
+}
+
+// breakerRecord tells the circuit breaker how an attempt of c ended. Only
+// executions that say something about the API's health count: ones that
+// ran, were not cut short by the call's own end, and succeeded or failed
+// retryably.
+func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
+	b := d.breaker
+	if b == nil {
+		return
+	}
+	wasClosed := b.state == CircuitClosed
+	v := verdictIgnored
+	if a.ran && !c.orphan && !a.callDone {
+		switch {
+		case a.err == nil:
+			v = verdictHealthy
+		case a.class == ClassRetry:
+			v = verdictFailed
+		}
+	}
+	if c.probe {
+		b.endProbe(c.runner)
+		c.probe = false
+	}
+	b.record(now, v, &ob.notes)
+	switch {
+	case b.state == CircuitClosed && !wasClosed:
+		d.cond.Broadcast() // resume every worker
+	case b.state == CircuitOpen:
+		d.armTimer(b.openUntil)
+	}
+}

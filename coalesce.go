@@ -231,9 +231,13 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 // coalesce merges an incoming submission's call value into the pending call
 // c. On error c is untouched; SkipIncoming means the merge function found
 // the incoming call has nothing to add. ReplacePending means c's value is
-// now the incoming call's, a new operation: the caller restarts c. The merge function runs under the
-// lock: if it ends the goroutine (runtime.Goexit), onExit finishes the
-// caller's work and releases the lock.
+// now the incoming call's, a new operation: the caller restarts c.
+//
+// The merge function runs under the lock. If it ends the goroutine
+// (runtime.Goexit), onExit runs — with the lock held, on the way out of
+// the goroutine — and must finish the caller's work and release the lock:
+// the one place where a lock is released other than by the function that
+// took it, since the goroutine never returns to that function.
 func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit func(*PanicError)) error {
 	if idem != "" && c.idem != "" && idem != c.idem {
 		return errRejectIdemKey

@@ -34,15 +34,14 @@ type ExecFunc[K comparable, T any] func(ctx context.Context, key K, call T) erro
 // pending, pending submissions coalesced, ready calls run by priority with
 // aging, every submission ended exactly once. All methods are safe for
 // concurrent use. Create one with [New]; the zero value is not usable.
-//
-// Inside the package, one rule keeps the locking readable: every
-// unexported Dispatcher method expects d.mu held, unless its doc comment
-// says otherwise. The exceptions are the goroutine bodies (worker, clock),
-// the methods that take the lock themselves (leave, ctxDone, rejectEarly,
-// postSync), deliver and the observer helpers (which run user code and so
-// must not hold it), and run and runInline, which release and retake it
-// around an execution.
 type Dispatcher[K comparable, T any] struct {
+	// The lock rule: every unexported method expects d.mu held and returns
+	// with it held, unless its doc comment says otherwise — "It takes the
+	// lock itself" (leave, ctxDone, rejectEarly, submit, postSync,
+	// awaitDrain, the goroutine bodies), "runs outside the lock" (deliver,
+	// the observer helpers, labelOf: user code never runs under it), or
+	// which way it changes it (run, runInline and runSync release it around
+	// an execution; settleAttempt is called without it and returns with it).
 	exec  ExecFunc[K, T]
 	cfg   settings[K, T] // validated, defaults filled in; never changes
 	epoch time.Time      // clock origin: times are int64 ns since epoch
@@ -144,6 +143,14 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		tokens:      newTokens(set.RateLimit),
 		labelTimes:  map[string]*labelTimes{},
 	}
+	d.init()
+	return d, nil
+}
+
+// init sets up the parts the configuration turns on, the tenants it
+// names, and the conditions the dispatcher's goroutines wait on.
+func (d *Dispatcher[K, T]) init() {
+	set := &d.cfg
 	if set.Start.Adaptive != nil {
 		d.adaptive = newAdaptive(set.Start.Adaptive, set.Workers, set.Retry.MaxBackoff)
 	}
@@ -164,7 +171,6 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 	d.cond.L = &d.mu
 	d.notifyCond.L = &d.mu
 	d.fetchCond.L = &d.mu
-	return d, nil
 }
 
 // epochOffset puts the clock's origin before New, so that every time the
@@ -218,19 +224,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 		d.observeSubmit(*label, &o, false, err)
 		return nil, err
 	}
-	deadline := d.at(o.Deadline)
-	if cd, ok := ctx.Deadline(); ok {
-		if c := d.at(cd); deadline == 0 || c < deadline {
-			deadline = c
-		}
-	}
-	watch := ctx.Done() != nil
-	t := newTicket(d, deadline, watch)
-	if watch {
-		// One callback registration, no goroutine: ctx is watched by the
-		// context package, and the callback takes this waiter out.
-		t.x.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
-	}
+	t, deadline := d.ticketFor(ctx, &o)
 	h := d.lanes.hash(key) // outside the lock, as is the clock
 	now := d.now()
 	var ob outbox[K, T]
@@ -253,17 +247,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 		t.state = tsDone
 	}
 	if err == nil && d.mode == ModeSync {
-		if obs := d.cfg.Observer; obs != nil {
-			// Told by deliver, which contains it: not through observe,
-			// whose own containment would count a Goexit twice.
-			e := Event{Label: *label, Tenant: o.Tenant}
-			ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
-		}
-		d.runInline(t, &ob) // releases the lock
-		d.deliver(&ob)
-		// The outcome is recorded; if a worker ran the call (a retry it
-		// picked up first), it may still be telling the ticket.
-		<-t.Done()
+		d.runSync(t, Event{Label: *label, Tenant: o.Tenant}, coalesced, &ob)
 		return t, nil
 	}
 	d.mu.Unlock()
@@ -278,6 +262,41 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 		return nil, err
 	}
 	return t, nil
+}
+
+// ticketFor makes the ticket of a submission under ctx with options o,
+// and returns it with its deadline: the earlier of o's and ctx's. A ctx
+// that can end is watched by one callback registration, no goroutine: the
+// callback takes the waiter out.
+func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ticket[K, T], int64) {
+	deadline := d.at(o.Deadline)
+	if cd, ok := ctx.Deadline(); ok {
+		if c := d.at(cd); deadline == 0 || c < deadline {
+			deadline = c
+		}
+	}
+	watch := ctx.Done() != nil
+	t := newTicket(d, deadline, watch)
+	if watch {
+		t.x.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
+	}
+	return t, deadline
+}
+
+// runSync runs ticket t's call inline (Sync mode) after its submission,
+// event e, was accepted. It is called with the lock held and returns
+// without it, once t has its outcome.
+func (d *Dispatcher[K, T]) runSync(t *Ticket[K, T], e Event, coalesced bool, ob *outbox[K, T]) {
+	if obs := d.cfg.Observer; obs != nil {
+		// Told by deliver, which contains it: not through observe, whose
+		// own containment would count a Goexit twice.
+		ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
+	}
+	d.runInline(t, ob) // releases the lock
+	d.deliver(ob)
+	// The outcome is recorded; if a worker ran the call (a retry it picked
+	// up first), it may still be telling the ticket.
+	<-t.Done()
 }
 
 // runsHere reports whether a Sync-mode submission for key would wait for

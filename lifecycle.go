@@ -179,7 +179,6 @@ type call[K comparable, T any] struct {
 	joined     int          // submissions served, for Result.Waiters
 	posts      waiter[K, T] // every fire-and-forget submission, as one waiter
 
-	gen       uint64
 	runner    uint64 // goroutine id of its last execution
 	idem      string
 	seq       uint64 // arrival order: FIFO among equals

@@ -80,6 +80,14 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if m == ModeAsync || d.cfg.Rollout.CancelQueued {
 		return nil
 	}
+	return d.awaitDrain(ctx)
+}
+
+// awaitDrain waits until the calls queued before a switch to Sync mode
+// have run, or ctx ends (then cancelling them), or the mode is switched
+// back. It takes the lock itself.
+func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
+	var ob outbox[K, T]
 	checked := false
 	for {
 		d.mu.Lock()
@@ -218,21 +226,4 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions, label string) error {
 	_, err := d.submit(context.Background(), key, call, o, &label)
 	return err
-}
-
-// kick wakes whoever waits for the dispatcher's state to change: callers
-// running calls inline (Sync mode) and SetMode draining the queue.
-func (d *Dispatcher[K, T]) kick() {
-	if d.kickCh != nil {
-		close(d.kickCh)
-		d.kickCh = nil
-	}
-}
-
-// kicked returns a channel closed at the next state change.
-func (d *Dispatcher[K, T]) kicked() <-chan struct{} {
-	if d.kickCh == nil {
-		d.kickCh = make(chan struct{})
-	}
-	return d.kickCh
 }

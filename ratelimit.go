@@ -137,28 +137,7 @@ func (t *tokens) ready(now int64, wall func(int64) time.Time) (bool, int64) {
 	case t.l == nil || t.held > 0:
 		return true, 0
 	case t.res != nil:
-		if t.r == nil {
-			if now < t.at {
-				return false, t.at // paused: not yet time to ask again
-			}
-			if t.paused() {
-				t.at = now + maxTokenWait
-				return false, t.at
-			}
-			r := t.res.ReserveN(wall(now), 1)
-			delay := int64(r.DelayFrom(wall(now))) // InfDuration if !r.OK()
-			if !r.OK() || delay > maxTokenWait {
-				r.CancelAt(wall(now))
-				t.at = now + maxTokenWait
-				return false, t.at
-			}
-			t.r, t.at = r, now+delay
-		}
-		if now >= t.at {
-			t.r, t.held = nil, t.held+1
-			return true, 0
-		}
-		return false, t.at
+		return t.readyReserved(now, wall)
 	case t.try != nil:
 		if now >= t.at {
 			if t.try.TryAccept() {
@@ -174,6 +153,34 @@ func (t *tokens) ready(now int64, wall func(int64) time.Time) (bool, int64) {
 	}
 	t.fetch = true
 	return false, maxTime
+}
+
+// readyReserved is ready for a limiter that takes reservations
+// (*rate.Limiter): it reserves a token no more than maxTokenWait ahead, and
+// hands it out when it is due.
+func (t *tokens) readyReserved(now int64, wall func(int64) time.Time) (bool, int64) {
+	if t.r == nil {
+		if now < t.at {
+			return false, t.at // paused: not yet time to ask again
+		}
+		if t.paused() {
+			t.at = now + maxTokenWait
+			return false, t.at
+		}
+		r := t.res.ReserveN(wall(now), 1)
+		delay := int64(r.DelayFrom(wall(now))) // InfDuration if !r.OK()
+		if !r.OK() || delay > maxTokenWait {
+			r.CancelAt(wall(now))
+			t.at = now + maxTokenWait
+			return false, t.at
+		}
+		t.r, t.at = r, now+delay
+	}
+	if now >= t.at {
+		t.r, t.held = nil, t.held+1
+		return true, 0
+	}
+	return false, t.at
 }
 
 // paused reports whether a limiter that reports its limit (*rate.Limiter)

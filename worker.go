@@ -10,13 +10,6 @@ import (
 // This file is execution: the worker loop, and one attempt of a call —
 // begin under the lock, execute outside it, endAttempt under it again.
 
-// wakeWorker wakes one idle worker, if any, for a call that became ready.
-func (d *Dispatcher[K, T]) wakeWorker() {
-	if d.idleWorkers > 0 {
-		d.cond.Signal()
-	}
-}
-
 // worker runs ready calls until Close ends the dispatcher. It takes the
 // lock itself, and holds it except while it tells waiters and while user
 // code (exec, the no-op test, the before-retry hook, the classifier) runs.
@@ -86,20 +79,30 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			// woken when a low call ends (endAttempt).
 			return nil
 		}
-		if ok, at := d.tokens.ready(now, d.wall); !ok {
-			d.lookAgainAt(at)
-			return nil
-		}
-		probe, ok := d.breakerAdmits(now, ob)
+		probe, ok := d.tokenAndBreaker(now, ob)
 		if !ok {
 			return nil
 		}
-		d.tokens.spend()
 		d.q.popFrom(ten)
 		c.probe, c.low = probe, low
 		return c
 	}
 	return nil
+}
+
+// tokenAndBreaker takes a rate-limiter token and the circuit breaker's
+// leave for an execution to start now, or neither (the clock or the token
+// fetcher wakes a worker to look again). probe: it runs as the half-open
+// breaker's probe.
+func (d *Dispatcher[K, T]) tokenAndBreaker(now int64, ob *outbox[K, T]) (probe, ok bool) {
+	if ok, at := d.tokens.ready(now, d.wall); !ok {
+		d.lookAgainAt(at)
+		return false, false
+	}
+	if probe, ok = d.breakerAdmits(now, ob); ok {
+		d.tokens.spend()
+	}
+	return probe, ok
 }
 
 // lookAgainAt has the clock wake a worker at at (maxTime: never; the token
@@ -125,23 +128,6 @@ func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outb
 	d.totals.unfinishable++
 	d.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
 	d.finish(c, StateExpired, errUnfinishable, now, ob)
-}
-
-// breakerAdmits reports whether the circuit breaker lets an execution start
-// now, and whether it runs as a half-open probe.
-func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok bool) {
-	b := d.breaker
-	if b == nil {
-		return false, true
-	}
-	probe = b.state != CircuitClosed
-	if !b.admits(now, &ob.notes) {
-		if b.state == CircuitOpen {
-			d.armTimer(b.openUntil)
-		}
-		return false, false
-	}
-	return probe, true
 }
 
 // runner is who executes a call: a worker, or a caller running it inline
@@ -282,13 +268,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	}
 	c.enter(csRunning)
 	if c.firstStart < 0 {
-		c.firstStart = now
-		wait := time.Duration(max(now-c.enq, 0))
-		d.queueWait.Observe(now, wait)
-		if d.fallback != nil {
-			d.fallback.waited(now, wait)
-		}
-		d.retryBudget.At(now).Total++ // a first attempt
+		d.firstStart(c, now)
 	}
 	d.running++
 	c.ten.queued--
@@ -306,6 +286,18 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		a.ctx, a.stop = context.WithTimeout(ctx, t)
 	}
 	return a
+}
+
+// firstStart records the first execution of c, at now: its queue wait,
+// and a first attempt for the retry budget.
+func (d *Dispatcher[K, T]) firstStart(c *call[K, T], now int64) {
+	c.firstStart = now
+	wait := time.Duration(max(now-c.enq, 0))
+	d.queueWait.Observe(now, wait)
+	if d.fallback != nil {
+		d.fallback.waited(now, wait)
+	}
+	d.retryBudget.At(now).Total++
 }
 
 // execDeadline is the latest deadline among c's live waiters, or 0 if any
@@ -478,36 +470,4 @@ func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, e
 		st, err = StateExpired, ErrExpired
 	}
 	d.finish(c, st, err, now, ob)
-}
-
-// breakerRecord tells the circuit breaker how an attempt of c ended. Only
-// executions that say something about the API's health count: ones that
-// ran, were not cut short by the call's own end, and succeeded or failed
-// retryably.
-func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
-	b := d.breaker
-	if b == nil {
-		return
-	}
-	wasClosed := b.state == CircuitClosed
-	v := verdictIgnored
-	if a.ran && !c.orphan && !a.callDone {
-		switch {
-		case a.err == nil:
-			v = verdictHealthy
-		case a.class == ClassRetry:
-			v = verdictFailed
-		}
-	}
-	if c.probe {
-		b.endProbe(c.runner)
-		c.probe = false
-	}
-	b.record(now, v, &ob.notes)
-	switch {
-	case b.state == CircuitClosed && !wasClosed:
-		d.cond.Broadcast() // resume every worker
-	case b.state == CircuitOpen:
-		d.armTimer(b.openUntil)
-	}
 }

@@ -7,6 +7,8 @@ package hist
 import (
 	"math/bits"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/window"
 )
 
 // NumBuckets is the number of buckets: enough for every positive
@@ -109,19 +111,10 @@ func (h *Hist) QuantileAtLeast(q float64) time.Duration {
 	return 0
 }
 
-// Recent is a histogram of the last Parts × width nanoseconds: a ring of
-// histograms, each covering width; observing clears the one it lands in if
-// that one is from an older round.
+// Recent is a histogram of the last span: a ring (window.Ring) of Parts
+// histograms, each covering span/Parts.
 type Recent struct {
-	width int64
-	// cur is the part that now fell in last, and curStart its start: an
-	// observation in the same part, the usual case, skips the divisions.
-	cur      int
-	curStart int64
-	parts    [Parts]struct {
-		start int64
-		h     Hist
-	}
+	ring window.Ring[Hist]
 }
 
 // Parts is the number of histograms a Recent keeps.
@@ -129,29 +122,21 @@ const Parts = 6
 
 // NewRecent returns a Recent covering span (at least Parts ns).
 func NewRecent(span time.Duration) Recent {
-	return Recent{width: max(int64(span)/Parts, 1)}
+	return Recent{window.NewRing[Hist](span, Parts)}
 }
 
 // Observe counts d at time now (ns on any monotonic clock; now ≥ 0).
 func (r *Recent) Observe(now int64, d time.Duration) {
-	if now-r.curStart >= r.width || now < r.curStart || r.curStart == 0 {
-		start := now - now%r.width
-		r.cur, r.curStart = int((now/r.width)%Parts), start
-		if p := &r.parts[r.cur]; p.start != start {
-			p.start, p.h = start, Hist{}
-		}
-	}
-	r.parts[r.cur].h.Observe(d)
+	r.ring.At(now).Observe(d)
 }
 
 // Sum returns the observations still inside the window at now.
 func (r *Recent) Sum(now int64) Hist {
 	var sum Hist
-	oldest := now - now%r.width - (Parts-1)*r.width
-	for i := range r.parts {
-		if p := &r.parts[i]; p.start >= oldest && p.start <= now && p.h.n > 0 {
-			sum.Add(&p.h)
+	r.ring.Each(now, func(h *Hist) {
+		if h.n > 0 {
+			sum.Add(h)
 		}
-	}
+	})
 	return sum
 }

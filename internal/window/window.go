@@ -1,10 +1,60 @@
-// Package window counts events in a sliding window of fixed buckets, so that
-// a rate (failures per execution, retries per first attempt) costs no
-// allocation or timer per event. It is not safe for concurrent use: the
-// dispatcher guards it with its lock.
+// Package window keeps values in a sliding window of fixed buckets — event
+// counts for a rate (failures per execution, retries per first attempt)
+// here, latency histograms in package hist — so that observing costs no
+// allocation or timer. It is not safe for concurrent use: the dispatcher
+// guards it with its lock.
 package window
 
 import "time"
+
+// Ring is a sliding window of buckets of V, each covering an equal part of
+// its span. A bucket is zeroed when the clock comes back to it a round
+// later.
+type Ring[V any] struct {
+	width int64 // ns per bucket
+	// cur is the bucket now fell in last, and curStart its start: a value
+	// in the same bucket, the usual case, skips the divisions.
+	cur      int
+	curStart int64
+	buckets  []slot[V]
+}
+
+type slot[V any] struct {
+	start int64
+	v     V
+}
+
+// NewRing returns an empty Ring of n buckets covering span.
+func NewRing[V any](span time.Duration, n int) Ring[V] {
+	return Ring[V]{width: max(int64(span)/int64(n), 1), buckets: make([]slot[V], n)}
+}
+
+// At returns the bucket holding now, to add to; it is zeroed first if it is
+// from an older round. now is ns on any monotonic clock, ≥ 0.
+func (r *Ring[V]) At(now int64) *V {
+	if now-r.curStart >= r.width || now < r.curStart || r.curStart == 0 {
+		start := now - now%r.width
+		r.cur, r.curStart = int((now/r.width)%int64(len(r.buckets))), start
+		if b := &r.buckets[r.cur]; b.start != start {
+			*b = slot[V]{start: start}
+		}
+	}
+	return &r.buckets[r.cur].v
+}
+
+// Each calls f with every bucket still inside the window at now.
+func (r *Ring[V]) Each(now int64, f func(*V)) {
+	oldest := now - now%r.width - int64(len(r.buckets)-1)*r.width
+	for i := range r.buckets {
+		if b := &r.buckets[i]; b.start >= oldest && b.start <= now {
+			f(&b.v)
+		}
+	}
+}
+
+// Step is the width of one bucket: how often a check over the window
+// should run.
+func (r *Ring[V]) Step() int64 { return r.width }
 
 // Buckets is the number of buckets a Window keeps: the window slides by a
 // tenth of its span.
@@ -19,51 +69,20 @@ type Counts struct {
 
 // Window sums Counts over its span.
 type Window struct {
-	width int64 // ns per bucket
-	// cur is the bucket now fell in last, and curStart its start: a count
-	// in the same bucket, the usual case, skips the divisions.
-	cur      int
-	curStart int64
-	buckets  [Buckets]bucket
-}
-
-type bucket struct {
-	start int64
-	Counts
+	Ring[Counts]
 }
 
 // New returns an empty Window covering span.
 func New(span time.Duration) Window {
-	return Window{width: max(int64(span)/Buckets, 1)}
-}
-
-// At returns the counts of the bucket holding now, to add to; the bucket is
-// cleared first if it is from an older round. now is ns on any monotonic
-// clock, ≥ 0.
-func (w *Window) At(now int64) *Counts {
-	if now-w.curStart >= w.width || now < w.curStart || w.curStart == 0 {
-		start := now - now%w.width
-		w.cur, w.curStart = int((now/w.width)%Buckets), start
-		if b := &w.buckets[w.cur]; b.start != start {
-			*b = bucket{start: start}
-		}
-	}
-	return &w.buckets[w.cur].Counts
+	return Window{NewRing[Counts](span, Buckets)}
 }
 
 // Sum totals the buckets still inside the window at now.
 func (w *Window) Sum(now int64) Counts {
 	var s Counts
-	oldest := now - now%w.width - (Buckets-1)*w.width
-	for i := range w.buckets {
-		b := &w.buckets[i]
-		if b.start >= oldest && b.start <= now {
-			s.Total += b.Total
-			s.Marked += b.Marked
-		}
-	}
+	w.Each(now, func(c *Counts) {
+		s.Total += c.Total
+		s.Marked += c.Marked
+	})
 	return s
 }
-
-// Step is how often a check over the window should run: once per bucket.
-func (w *Window) Step() int64 { return w.width }

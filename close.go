@@ -1,0 +1,88 @@
+package dispatch
+
+import (
+	"context"
+	"slices"
+)
+
+// This file is Close: the end of a dispatcher.
+
+// Close shuts the dispatcher down. It stops admission at once (submissions
+// get ErrClosed), keeps running what is queued, by priority, until nothing is
+// left or ctx ends, then ends whatever remains with Closed: queued calls are
+// removed and running ones have their context cancelled. It returns after
+// every goroutine the dispatcher started has exited and every execution —
+// on a worker or inline in a Sync-mode caller — has returned; an exec that
+// ignores its context's cancellation holds Close up. It returns nil if
+// everything drained, or ctx's error if something had to be ended. Close is
+// idempotent and safe to call concurrently.
+//
+// Called from a callback on a goroutine Close would wait for (exec on a
+// worker, a completion hook, an observer method), Close cannot wait for
+// itself: it ends whatever remains with Closed at once, without a drain,
+// and returns ErrReentrant; the dispatcher's goroutines exit as their
+// callbacks return.
+func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
+	if d.reentrant() {
+		d.stop()
+		return ErrReentrant
+	}
+	d.mu.Lock()
+	d.beginClosing()
+	d.mu.Unlock()
+
+	var err error
+	select {
+	case <-d.drained:
+	default:
+		select {
+		case <-d.drained:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	d.stop()
+	d.wg.Wait()
+	d.mu.Lock()
+	for d.running > 0 { // calls running inline, in Sync-mode callers
+		ch := d.kicked()
+		d.mu.Unlock()
+		<-ch
+		d.mu.Lock()
+	}
+	d.mu.Unlock()
+	return err
+}
+
+// beginClosing stops admission.
+func (d *Dispatcher[K, T]) beginClosing() {
+	if !d.closing {
+		d.closing = true
+		if d.lanes.Len() == 0 && !d.drainedClosed {
+			d.drainedClosed = true
+			close(d.drained)
+		}
+	}
+}
+
+// stop ends every call left with Closed and tells the goroutines to exit.
+// It takes the lock itself.
+func (d *Dispatcher[K, T]) stop() {
+	var ob outbox[K, T]
+	d.mu.Lock()
+	d.beginClosing()
+	if !d.stopped {
+		d.stopped = true
+		now := d.now()
+		for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
+			d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
+		}
+		d.baseCancel(ErrClosed)
+		close(d.stopCh)
+		d.cond.Broadcast()
+		d.notifyCond.Broadcast()
+		d.fetchCond.Broadcast()
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+}
