@@ -6,42 +6,34 @@ import (
 	"fmt"
 )
 
-// Sentinel errors. A refused submission's error, and the error of every
-// outcome but a Failed one, matches one of them with [errors.Is] (a
-// refusal for a done context also matches the context's error). A Failed
-// outcome's error is the call's own: the API's error, a *RetryError
-// wrapping it or a *PanicError. New's and SetMode's errors for bad
-// arguments name the argument and match none.
+// Sentinel errors. A refusal, and every outcome's error but a Failed one,
+// matches one with [errors.Is] (a refusal for a done context also matches
+// the context's error). New's and SetMode's errors for bad arguments match
+// none.
 var (
-	// ErrBackpressure: the dispatcher is full (see BackpressureError).
-	// Nothing was enqueued; the caller may wait, shed the work, or take
-	// the synchronous path.
+	// ErrBackpressure: full (see BackpressureError); nothing was enqueued.
 	ErrBackpressure = errors.New("dispatch: backpressure")
 	// ErrClosed: a submission after Close, or a call Close ended.
 	ErrClosed = errors.New("dispatch: closed")
 	// ErrDropped: a call shed under load; the wrapping error names the bound.
 	ErrDropped = errors.New("dispatch: dropped")
-	// ErrExpired: a waiter's deadline passed before its call finished, or
-	// before it was submitted.
+	// ErrExpired: the waiter's deadline passed before its call finished.
 	ErrExpired = errors.New("dispatch: deadline expired")
-	// ErrCanceled: a waiter left (Ticket.Cancel, its context, or
-	// Dispatcher.Cancel); the cause, if any, is wrapped.
+	// ErrCanceled: the waiter left (its ticket, its ctx, Dispatcher.Cancel),
+	// wrapping the cause, if any.
 	ErrCanceled = errors.New("dispatch: canceled")
-	// ErrStale: an older generation than the key's newest, or an execution
-	// that finished after its call was cancelled, superseded or expired.
+	// ErrStale: an older generation than the key's newest (see StateStale).
 	ErrStale = errors.New("dispatch: stale")
-	// ErrCircuitOpen: refused while the circuit is open
-	// (BreakerPolicy.RefuseDroppable).
+	// ErrCircuitOpen: see BreakerPolicy.RefuseDroppable.
 	ErrCircuitOpen = errors.New("dispatch: circuit open")
-	// ErrMergeRejected: Merge refused the submission (its error is
-	// wrapped), or the idempotency keys differ.
+	// ErrMergeRejected: Merge refused (its error is wrapped), or the
+	// idempotency keys differ.
 	ErrMergeRejected = errors.New("dispatch: merge rejected")
-	// ErrFallback: a switch to ModeSync with RolloutPolicy.CancelQueued
-	// ended the queued call (Canceled); run it on the synchronous path.
+	// ErrFallback: RolloutPolicy.CancelQueued ended the queued call on a
+	// switch to ModeSync; run it on the synchronous path yourself.
 	ErrFallback = errors.New("dispatch: switched to synchronous mode; take the synchronous path")
-	// ErrAttemptEnded is the cause (context.Cause) of an execution's
-	// context once exec returned, unless the call ended earlier for
-	// another cause. It is never an outcome's error.
+	// ErrAttemptEnded is the context.Cause of an execution's context once
+	// exec returned, if nothing ended it earlier; never an outcome's error.
 	ErrAttemptEnded = errors.New("dispatch: attempt ended")
 )
 

@@ -10,79 +10,70 @@ import (
 )
 
 // Config configures a Dispatcher; its type parameters type every
-// callback. Every zero field means its default, so Config[K, T]{} works,
-// and New reports a field out of range as an error naming it. The
-// callbacks are user code (see the package documentation, "Callbacks").
+// callback. A zero field means its default, and New reports a field out of
+// range by name. The callbacks are user code (package documentation).
 type Config[K comparable, T any] struct {
-	// Workers bounds concurrent executions (worker goroutines, started on
-	// first use). 0 means 16; at most 65 536.
+	// Workers bounds concurrent executions (0 means 16; at most 65 536).
 	Workers int
-	// RateLimit, if set, bounds executions per second (see RateLimiter);
-	// a nil *rate.Limiter means no limit. New refuses a NaN or negative
-	// limit, and a *rate.Limiter of burst 0 with a finite limit.
+	// RateLimit, if set, bounds executions per second (see RateLimiter).
+	// New refuses a NaN or negative limit, and a *rate.Limiter of burst 0
+	// with a finite limit; a nil *rate.Limiter means no limit.
 	RateLimit RateLimiter
-	// Capacity bounds tracked keys (with a call queued or running). A new
-	// key beyond it evicts the worst queued droppable call
-	// (SubmitOptions.Droppable) if it would run before it, else is refused
-	// with a *BackpressureError. 0 means 10 000.
+	// Capacity bounds keys with a call queued or running (0 means 10 000).
+	// A new key beyond it evicts the worst queued droppable call if it
+	// would run before it, else is refused with a *BackpressureError.
 	Capacity int
 	// Merge coalesces a submission into its key's pending call and returns
-	// the call to run: a combination, or either one (an update, which keeps
-	// the pending call's attempts and backoff). It may instead return
-	// SkipIncoming, ReplacePending, or another error, which refuses the
-	// incoming submission with ErrMergeRejected. A submission made while
-	// its key's call runs is merged into that call's retry the same way,
-	// or else runs after it. nil means the incoming call replaces the
-	// pending one as an update. Merge runs under the lock: keep it fast.
+	// the call to run: a combination, or either one (an update, keeping the
+	// pending call's attempts and backoff); or SkipIncoming,
+	// ReplacePending, or another error, which refuses the submission with
+	// ErrMergeRejected. A submission made while its key's call runs is
+	// merged into that call's retry, or else runs after it. nil means the
+	// incoming call replaces the pending one. It runs under the lock.
 	Merge func(pending, incoming T) (T, error)
 	// NoOp reports a call that would change nothing: it ends Skipped
-	// without executing. It runs before each execution, and in Amend. nil
-	// means every call runs.
+	// without executing. It runs before each execution, and in Amend.
 	NoOp func(key K, call T) bool
-	// Classify judges a failed execution (see Class); an error from a call
-	// whose own context ended is never classified or retried. nil means
-	// DefaultClassifier.
+	// Classify judges a failed execution; an error from a call whose own
+	// context ended is never retried. nil means DefaultClassifier.
 	Classify func(error) Class
 	Retry    RetryPolicy
 	// OnDone fires once per finished call, after its waiters were told:
-	// the "re-evaluate this object" event, typed. Observer.OnFinish is the
-	// same event untyped, for metrics adapters that serve any K and T.
+	// the "re-evaluate this object" event. Observer.OnFinish is the same
+	// event untyped, for metrics adapters that serve any K and T.
 	OnDone   func(Result[K, T])
 	Observer Observer
 
-	// MaxWaiters bounds live tickets (Submit callers, and Sync-mode Posts
-	// while they run). 0 means 4 × Capacity.
+	// MaxWaiters bounds live tickets, counting Sync-mode Posts while they
+	// run (0 means 4 × Capacity).
 	MaxWaiters int
-	// Aging is the interval in which a waiting call gains one priority
-	// level within its band. 0 means one second.
+	// Aging is the wait that raises a call one priority level within its
+	// band (0 means one second).
 	Aging time.Duration
-	// AgingBand groups priorities into bands: band = floor(priority /
-	// AgingBand). A call never runs before a ready call of a higher band,
-	// however long it has waited: give call types that must never overtake
-	// one another priorities in different bands (a binding at 10, a status
-	// patch at 0). Within a band a call's level is its offset in the band
-	// plus floor(wait / Aging), so a call of priority p runs before any call
-	// of its band with priority q > p that arrives more than (q−p) × Aging
-	// after it, and behind an endless stream at q within about
-	// (q−p+1) × Aging. Between equal levels, tenants take turns by weight
-	// (TenantConfig.Weight), then arrival order decides. 1 is strict
-	// priority. 0 means 10. A band is narrowed to span at most 2⁶² ns of
-	// aging.
+	// AgingBand groups priorities into bands of this many levels (0 means
+	// 10; 1 is strict priority). A call never runs before a ready call of
+	// a higher band, however long it has waited: give call types that must
+	// never overtake one another different bands (a binding at 10, a
+	// status patch at 0). Within a band a call's level is its offset plus
+	// floor(wait / Aging), so a call of priority p runs before any of
+	// priority q > p arriving more than (q−p) × Aging after it, and behind
+	// an endless stream at q within about (q−p+1) × Aging. At equal levels,
+	// tenants take turns by TenantConfig.Weight, then arrival decides. A
+	// band spans at most 2⁶² ns of aging.
 	AgingBand int
-	// Label names a call's kind for the Observer and Stats.Labels. It runs
-	// once per submission, outside the lock; its values become metric
-	// labels and must come from a small fixed set. A call carries the label
-	// and tenant of its most urgent submission.
+	// Label names a call's kind for the Observer and Stats.Labels; it runs
+	// once per submission, outside the lock, and must return one of a
+	// small fixed set. A call has the label and tenant of its most urgent
+	// submission.
 	Label func(key K, call T) string
 	// BeforeRetry runs with the call's context before a retry or a
 	// Recompute re-run, so that no effect happens twice: done means the
 	// earlier attempt took effect (the call ends Succeeded, counted in
-	// Stats.AlreadyDone); else next is the call to run, possibly rebuilt
-	// from fresh state; an error ends the call Failed. nil means a retry
-	// runs the call as it is, and a Recompute failure ends Failed.
+	// Stats.AlreadyDone); else next is the call to run, maybe rebuilt; an
+	// error ends the call Failed.
 	BeforeRetry func(ctx context.Context, key K, call T, lastErr error) (next T, done bool, err error)
-	// Tenants configures named tenants (SubmitOptions.Tenant; "" is the
-	// tenant of submissions naming none), and DefaultTenant all others.
+	// Tenants configures tenants by name ("" for submissions naming
+	// none), and DefaultTenant all others.
 	Tenants       map[string]TenantConfig
 	DefaultTenant TenantConfig
 	// Breaker, if set, stops executions after sustained retryable failures.
@@ -91,48 +82,42 @@ type Config[K comparable, T any] struct {
 	Rollout RolloutPolicy
 }
 
-// StartPolicy decides whether the next execution may start (Config.Start).
-// Its zero value keeps no workers, fixes concurrency at Config.Workers and
-// turns the deadline check on.
+// StartPolicy decides whether the next execution may start. Its zero value
+// keeps no workers, fixes concurrency at Config.Workers and checks
+// deadlines.
 type StartPolicy struct {
-	// ReservedWorkers are kept for urgent calls: those whose priority (the
-	// highest of their live waiters', never raised by aging) is at least
-	// UrgentPriority. Other calls wait when they hold all the rest (at
-	// least one worker). It must be less than Config.Workers; inline
-	// (Sync) executions are their callers' own.
+	// ReservedWorkers (less than Config.Workers) are kept for urgent
+	// calls: those whose priority (of their live waiters, never raised by
+	// aging) is at least UrgentPriority, which must start a band (a
+	// multiple of Config.AgingBand). Other calls may hold the rest, at
+	// least one; Sync-mode executions are their callers'.
 	ReservedWorkers int
-	// UrgentPriority must start a priority band (a multiple of
-	// Config.AgingBand), so that every urgent call runs before every other.
-	UrgentPriority int
+	UrgentPriority  int
 	// Adaptive, if set, adapts concurrency between a floor and
 	// Config.Workers to the server.
 	Adaptive *AdaptivePolicy
 	// NoDeadlineCheck turns the deadline check off. The check does not
-	// start a call whose waiters' latest deadline is closer than its
-	// label's usual execution time — the DeadlineQuantile (default 0.1) of
-	// the last minute's, once there are DeadlineSamples (default 20): its
-	// waiters end Expired at once (Stats.Unfinishable). One refused call of
-	// a label starts anyway once nothing of the label has run for
-	// max(1s, twice the estimate); if it is faster than the estimate, the
-	// label's history is dropped.
+	// start a call whose latest deadline is closer than its label's usual
+	// execution time — the DeadlineQuantile (default 0.1) of the last
+	// minute's, once there are DeadlineSamples (default 20): it ends
+	// Expired (Stats.Unfinishable). One refused call of a label starts
+	// anyway once nothing of the label ran for max(1s, twice the
+	// estimate); if faster, the label's history is dropped.
 	NoDeadlineCheck  bool
 	DeadlineQuantile float64
 	DeadlineSamples  int
 }
 
-// RolloutPolicy is the feature gate's lever (Config.Rollout). Its zero
-// value starts in ModeAsync, drains on a switch, and never falls back by
-// itself.
+// RolloutPolicy is the feature gate's lever. Its zero value starts in
+// ModeAsync, drains on a switch, and never falls back by itself.
 type RolloutPolicy struct {
 	// Mode is the mode at start-up: the feature gate's position.
 	Mode Mode
 	// CancelQueued makes a switch to ModeSync (SetMode, or the fallback)
-	// end every queued call at once, Canceled with ErrFallback, instead of
+	// end the queued calls at once, Canceled with ErrFallback, instead of
 	// letting the workers drain them.
 	CancelQueued bool
-	// Fallback, if set, switches to ModeSync by itself when the async path
-	// does harm.
-	Fallback *FallbackPolicy
+	Fallback     *FallbackPolicy
 }
 
 // SubmitOptions are one submission's settings; the zero value is valid.
@@ -147,18 +132,17 @@ type SubmitOptions struct {
 	// Tenant names who submits (a plugin, a call type), for quotas and
 	// fairness (Config.Tenants).
 	Tenant string
-	// Generation fences stale work for the key (the scheduling attempt,
-	// say): a newer one supersedes older ones — their queued call ends
-	// Stale and their running one is cancelled — and an older one is
-	// refused with ErrStale. 0 is the oldest; generations are remembered
-	// while the key is tracked.
+	// Generation fences stale work for the key (the scheduling attempt): a
+	// newer one supersedes older ones (their queued call ends Stale, their
+	// running one is cancelled) and an older one is refused with ErrStale.
+	// Generations are remembered while the key is tracked.
 	Generation uint64
 	// IdempotencyKey names the logical operation, for servers that
 	// deduplicate by it (see IdempotencyKey). A submission whose non-empty
 	// key differs from the pending call's is refused with ErrMergeRejected.
 	IdempotencyKey string
-	// Droppable marks work that may be shed under load because it can be
-	// rebuilt. A call is droppable only if every submission in it is.
+	// Droppable marks work that can be rebuilt, so may be shed under load;
+	// a call is droppable if every submission in it is.
 	Droppable bool
 }
 

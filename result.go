@@ -46,8 +46,8 @@ func (s State) OK() bool { return s == StateSucceeded || s == StateSkipped }
 // Outcome is a Result without the key and the call, for the Observer.
 type Outcome struct {
 	State State
-	// Err is nil for a success, else it matches the state's sentinel, or,
-	// for Failed, is exec's error, a *PanicError or a *RetryError.
+	// Err is nil for a success; for Failed, exec's error, a *PanicError or
+	// a *RetryError; else it matches the state's sentinel.
 	Err error
 	// Attempts counts executions; Waiters, the submissions (posts
 	// included) the call served.

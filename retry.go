@@ -230,16 +230,13 @@ func (d *Dispatcher[K, T]) budgetAllows(now int64) bool {
 	return true
 }
 
-// RetryPolicy bounds retries (Config.Retry). A zero field means its
-// default. A retry stops at the call's deadline, the budget, and the
-// tenant's TenantConfig.MaxQueued.
+// RetryPolicy bounds retries; a zero field means its default. A retry also
+// stops at the call's deadline and the tenant's TenantConfig.MaxQueued.
 type RetryPolicy struct {
-	// MaxAttempts bounds executions per call (default 3; 1: no retries).
-	MaxAttempts int
-	// InitialBackoff is the first retry's delay (default 100ms), grown by
-	// Multiplier (default 2) per retry up to MaxBackoff (default 10s). A
-	// server's Retry-After sets the delay instead, in full, and holds other
-	// calls for at most MaxBackoff (AdaptivePolicy).
+	MaxAttempts int // executions per call (default 3; 1: no retries)
+	// InitialBackoff (default 100ms) grows by Multiplier (default 2) per
+	// retry up to MaxBackoff (default 10s). A server's Retry-After sets the
+	// delay in full instead, and holds other calls for at most MaxBackoff.
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 	Multiplier     float64
@@ -247,10 +244,9 @@ type RetryPolicy struct {
 	// AttemptTimeout, if set, bounds one execution; a timed-out attempt
 	// is retried like ClassRetry.
 	AttemptTimeout time.Duration
-	// BudgetRatio caps retries at this fraction (default 0.2;
-	// math.Inf(1): no cap) of the first attempts of the last BudgetWindow
-	// (default 10s), beyond BudgetMin retries (default 10), so that an
-	// outage does not become a retry storm.
+	// BudgetRatio (default 0.2; math.Inf(1): none) caps retries at this
+	// fraction of the first attempts of the last BudgetWindow (default
+	// 10s), beyond BudgetMin (default 10): no retry storm in an outage.
 	BudgetRatio  float64
 	BudgetMin    int
 	BudgetWindow time.Duration

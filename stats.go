@@ -58,48 +58,43 @@ const latencyWindow = time.Minute
 //
 //	Submitted == Rejected + Σ Outcomes + Live
 type Stats struct {
-	// Keys counts tracked keys (Config.Capacity bounds it).
-	Keys int
-	// Ready, Delayed and Successors count the calls waiting: for a worker,
-	// out a backoff, and for their key's running call.
+	Keys int // tracked keys (Config.Capacity)
+	// Ready, Delayed and Successors count calls waiting for a worker, out
+	// a backoff, and for their key's running call.
 	Ready, Delayed, Successors int
 	InFlight                   int
-	// Tickets counts live tickets (Config.MaxWaiters bounds it); Live,
-	// accepted submissions without an outcome, tickets and posts alike.
+	// Live counts accepted submissions without an outcome; Tickets, those
+	// that are tickets (Config.MaxWaiters).
 	Tickets, Live int
 
-	// Coalesced counts submissions merged into a pending call.
 	Submitted, Rejected, Coalesced uint64
-	// StaleExecutions counts executions that finished after their call lost
-	// every waiter; AlreadyDone, calls BeforeRetry found done;
-	// Unfinishable, calls the deadline check did not start.
+	// StaleExecutions finished after their call lost every waiter;
+	// AlreadyDone counts calls BeforeRetry found done; Unfinishable, calls
+	// the deadline check did not start.
 	Executions, StaleExecutions, Retries, AlreadyDone, Unfinishable uint64
-	// Concurrency is the executions allowed now (Config.Workers, or the
-	// adaptive limit); BelowReserve, the running calls that are not urgent
-	// (StartPolicy), at most max(Concurrency − Reserved, 1).
+	// Concurrency is the executions allowed now (Workers, or the adaptive
+	// limit); BelowReserve, the running calls that are not urgent.
 	Concurrency, Reserved, BelowReserve int
 	Circuit                             Circuit
 	// Backpressure counts refusals, and Shed calls dropped to make room,
-	// by bound; each holds every bound as a key.
+	// by bound, each holding every bound as a key.
 	Backpressure, Shed map[Bound]uint64
-	// Tenants holds every configured tenant, and any other while it has
-	// calls (so made-up names cannot grow memory).
+	// Tenants holds the configured tenants, and others while they have
+	// calls; Labels counts live calls by label.
 	Tenants map[string]TenantStats
-	// Labels counts live calls by Config.Label's label.
-	Labels map[string]int
-	// QueueWait (enqueue to first execution) and ExecTime (one attempt)
-	// cover the last minute.
+	Labels  map[string]int
+	// QueueWait (to the first execution) and ExecTime (per attempt) cover
+	// the last minute.
 	QueueWait, ExecTime Quantiles
 	// CallbackPanics counts contained panics and runtime.Goexit calls of
 	// OnDone, Observer methods and Label.
 	CallbackPanics    uint64
 	LastCallbackPanic *PanicError
-	// FallbackReason says why the fallback last switched to ModeSync ("" if
-	// it never did).
+	// FallbackReason says why the fallback last switched ("" if never).
 	Mode           Mode
 	FallbackReason string
-	// Outcomes counts submissions, and Calls finished calls (what OnDone
-	// saw), by state; each holds every state as a key.
+	// Outcomes counts submissions, and Calls finished calls, by state, each
+	// holding every state as a key.
 	Outcomes, Calls map[State]uint64
 }
 
