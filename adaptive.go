@@ -17,17 +17,14 @@ import (
 // concurrent executions that follows what the server says. It runs under
 // the dispatcher's lock.
 
-// AdaptivePolicy adapts the limit on concurrent executions to the server
-// (StartPolicy.Adaptive), like TCP Vegas. The limit grows by one per
-// limit's worth of executions within Tolerance, and falls: in proportion,
-// by a tenth to a half, when the median latency of a block of executions
-// (at least 64, and twice the limit) exceeds Tolerance × the baseline (the
-// lowest block median of the last Window), so the queue forms in the
-// dispatcher, where priority holds; by a quarter on a timeout; by half on
-// a Retry-After, which also holds new executions for the time asked, at
-// most RetryPolicy.MaxBackoff, except urgent calls (StartPolicy). It falls
-// at most once per twice the baseline (and 10ms). A zero field means its
-// default.
+// AdaptivePolicy adapts the limit on concurrent executions to the server,
+// like TCP Vegas: +1 per limit's worth of executions within Tolerance;
+// −10% to −50%, in proportion, when the median of a block of executions
+// (at least 64, and twice the limit) exceeds Tolerance × the lowest block
+// median of the last Window, so the queue forms here, where priority
+// holds; −25% on a timeout; −50% on a Retry-After, which also holds
+// non-urgent executions for the time asked, at most RetryPolicy.MaxBackoff.
+// It falls at most once per twice the baseline (and 10ms).
 type AdaptivePolicy struct {
 	MinWorkers int           // the floor of the limit (default 1)
 	Tolerance  float64       // strain: a block median over Tolerance × the baseline (default 2)

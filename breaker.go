@@ -14,14 +14,9 @@ import (
 type Circuit uint8
 
 const (
-	// CircuitClosed: calls run; the only state without a breaker.
-	CircuitClosed Circuit = iota
-	// CircuitOpen: no execution starts until the cool-down ends; queued
-	// calls wait, and their deadlines run.
-	CircuitOpen
-	// CircuitHalfOpen: probes run; a success closes the circuit, a
-	// retryable failure opens it again.
-	CircuitHalfOpen
+	CircuitClosed   Circuit = iota // calls run; the only state without a breaker
+	CircuitOpen                    // no execution starts; queued calls wait
+	CircuitHalfOpen                // probes run: a success closes, a failure opens
 )
 
 func (s Circuit) String() string {
@@ -172,19 +167,15 @@ func (b *breaker) set(to Circuit, ob *notes) {
 // retryable failures only: the others say nothing of the API's health. A
 // zero field means its default.
 type BreakerPolicy struct {
-	// ConsecutiveFailures opens the circuit after this many in a row
-	// (default 5).
-	ConsecutiveFailures int
+	ConsecutiveFailures int // opens the circuit after this many in a row (default 5)
 	// FailureRatio (default 0.5; math.Inf(1): off) opens it when failures
 	// reach this fraction of the executions of the last Window (default
 	// 10s), once there were MinSamples (default 20).
 	FailureRatio float64
 	Window       time.Duration
 	MinSamples   int
-	// Cooldown is how long the circuit stays open (default 5s); Probes, how
-	// many executions run while half-open (default 1).
-	Cooldown time.Duration
-	Probes   int
+	Cooldown     time.Duration // open before half-open (default 5s)
+	Probes       int           // executions while half-open (default 1)
 	// RefuseDroppable refuses droppable submissions for new keys with
 	// ErrCircuitOpen while the circuit is open, instead of queueing them.
 	RefuseDroppable bool

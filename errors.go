@@ -60,20 +60,15 @@ var ReplacePending = errors.New("dispatch: replace pending call")
 type Bound string
 
 const (
-	// BoundCapacity is Config.Capacity: tracked keys.
-	BoundCapacity Bound = "capacity"
-	// BoundWaiters is Config.MaxWaiters: live tickets.
-	BoundWaiters Bound = "waiters"
-	// BoundQuota is a tenant's TenantConfig.MaxQueued.
-	BoundQuota Bound = "quota"
+	BoundCapacity Bound = "capacity" // Config.Capacity
+	BoundWaiters  Bound = "waiters"  // Config.MaxWaiters
+	BoundQuota    Bound = "quota"    // TenantConfig.MaxQueued
 )
 
 // BackpressureError is a submission's refusal for a full dispatcher.
 type BackpressureError struct {
-	// Bound says which limit was hit.
 	Bound Bound
-	// Depth is the number of tracked keys when the submission was refused.
-	Depth int
+	Depth int // tracked keys at the refusal
 }
 
 func (e *BackpressureError) Error() string {
@@ -98,15 +93,12 @@ const (
 // RetryError is the error of a call that failed for good after it was
 // judged. It unwraps to the last execution's error.
 type RetryError struct {
-	// Attempts is the number of executions made.
-	Attempts int
-	// Last is the last execution's error (or the before-retry hook's).
-	Last error
-	// Reason says why it was not retried further: "permanent",
-	// "attempts" (RetryPolicy.MaxAttempts), "deadline" (no time for the next
-	// attempt), "budget" (RetryPolicy.BudgetRatio), "recompute" (no
-	// BeforeRetry), "before_retry" (the hook failed) or "quota" (no room
-	// under TenantConfig.MaxQueued).
+	Attempts int   // executions made
+	Last     error // the last execution's error, or BeforeRetry's
+	// Reason is "permanent", "attempts" (RetryPolicy.MaxAttempts),
+	// "deadline" (no time for another attempt), "budget", "recompute" (no
+	// BeforeRetry), "before_retry" (its error) or "quota" (no room under
+	// TenantConfig.MaxQueued to wait in).
 	Reason string
 }
 
@@ -142,10 +134,8 @@ type PanicError struct {
 	// Callback is "exec", "merge", "no_op", "label", "on_done",
 	// "classify", "before_retry", "observer" or "amend".
 	Callback string
-	// Value is what was passed to panic, or ErrGoexit after
-	// runtime.Goexit (as t.FailNow calls).
-	Value any
-	Stack []byte
+	Value    any // what was passed to panic, or ErrGoexit (runtime.Goexit)
+	Stack    []byte
 }
 
 func (e *PanicError) Error() string {

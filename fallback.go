@@ -133,16 +133,14 @@ func (d *Dispatcher[K, T]) fallbackReason(now int64) (code, detail string) {
 	return "", ""
 }
 
-// FallbackPolicy switches to ModeSync by itself when the async path does
-// harm (RolloutPolicy.Fallback): when a threshold is crossed, as SetMode
-// would, recording the measured values in Stats.FallbackReason. A zero
+// FallbackPolicy switches to ModeSync, as SetMode would, when a threshold
+// is crossed, and records the values in Stats.FallbackReason. A zero
 // threshold is not checked; at least one must be set.
 type FallbackPolicy struct {
 	// Window is the span thresholds are measured over, checked every
 	// tenth of it while there is work (default 10s; at least 10ms).
-	Window time.Duration
-	// MaxBacklog: more calls than this wait to run ("backlog").
-	MaxBacklog int
+	Window     time.Duration
+	MaxBacklog int // more calls than this wait to run ("backlog")
 	// MaxQueueWaitP99: the window's p99 queue wait exceeds it
 	// ("queue_wait"); MaxFailureRatio: more than this fraction of the
 	// window's finished calls failed ("failure_ratio"); each once
@@ -150,11 +148,9 @@ type FallbackPolicy struct {
 	MaxQueueWaitP99 time.Duration
 	MaxFailureRatio float64
 	MinSamples      int
-	// MaxCircuitOpen: the circuit stayed open or half-open longer
-	// ("circuit_open").
-	MaxCircuitOpen time.Duration
-	// ReturnAfter, if set, switches back to ModeAsync this long after an
-	// automatic fallback ("cool_down"); else only SetMode does.
+	MaxCircuitOpen  time.Duration // the circuit stayed not closed longer ("circuit_open")
+	// ReturnAfter, if set, switches back to ModeAsync this long after a
+	// fallback (reason "cool_down"); else only SetMode does.
 	ReturnAfter time.Duration
 }
 

@@ -2,37 +2,28 @@ package dispatch
 
 import "time"
 
-// Event names the call an observation is about: its Config.Label label
-// ("" without Label) and its tenant, both as given. As metric labels both
-// must come from small fixed sets; the dispatcher does not bound them.
+// Event names an observation's call by label and tenant, as given: as
+// metric labels, both must come from small fixed sets.
 type Event struct {
 	Label  string
 	Tenant string
 }
 
-// Observer receives the dispatcher's events, for metrics and logs. Its
-// methods are called concurrently, outside the lock, on the goroutine that
-// caused the event, or for events of the clock (a deadline, a fallback) on
-// the dispatcher's notifier goroutine; they must not block for long.
-// Methods may be added later: embed NopObserver to keep compiling.
+// Observer receives events, concurrently, outside the lock, on the
+// goroutine that caused each, or for the clock's (a deadline, a fallback)
+// on the notifier goroutine. Methods may be added: embed NopObserver.
 type Observer interface {
-	// OnSubmit: accepted; coalesced into a pending call, or not.
-	OnSubmit(e Event, coalesced bool)
+	OnSubmit(e Event, coalesced bool) // accepted, merged into a pending call or not
 	OnReject(e Event, err error)
-	// OnStart: an execution started; attempt counts from 1.
-	OnStart(e Event, attempt int, queueWait time.Duration)
+	OnStart(e Event, attempt int, queueWait time.Duration) // attempt counts from 1
 	OnRetry(e Event, attempt int, delay time.Duration, err error)
-	// OnDrop: a queued call was shed under BoundCapacity or BoundQuota.
-	OnDrop(e Event, b Bound)
-	// OnFinish: a call ended, with what OnDone sees.
-	OnFinish(e Event, o Outcome)
-	// OnModeChange's reason is "manual" (SetMode), or a FallbackPolicy's
-	// "backlog", "queue_wait", "failure_ratio", "circuit_open" or
-	// "cool_down".
+	OnDrop(e Event, b Bound)     // a queued call was shed
+	OnFinish(e Event, o Outcome) // a call ended: what OnDone sees
+	// OnModeChange's reason is "manual" (SetMode) or a FallbackPolicy's.
 	OnModeChange(from, to Mode, reason string)
 	OnCircuitChange(from, to Circuit)
-	// OnLimitChange: the adaptive concurrency limit changed.
-	OnLimitChange(from, to int)
+	OnLimitChange(from, to int) // the adaptive concurrency limit
+
 }
 
 // NopObserver implements every Observer method as a no-op, for embedding.

@@ -13,8 +13,7 @@ import (
 // callback. A zero field means its default, and New reports a field out of
 // range by name. The callbacks are user code (package documentation).
 type Config[K comparable, T any] struct {
-	// Workers bounds concurrent executions (0 means 16; at most 65 536).
-	Workers int
+	Workers int // concurrent executions (0 means 16; at most 65 536)
 	// RateLimit, if set, bounds executions per second (see RateLimiter).
 	// New refuses a NaN or negative limit, and a *rate.Limiter of burst 0
 	// with a finite limit; a nil *rate.Limiter means no limit.
@@ -23,13 +22,12 @@ type Config[K comparable, T any] struct {
 	// A new key beyond it evicts the worst queued droppable call if it
 	// would run before it, else is refused with a *BackpressureError.
 	Capacity int
-	// Merge coalesces a submission into its key's pending call and returns
-	// the call to run: a combination, or either one (an update, keeping the
-	// pending call's attempts and backoff); or SkipIncoming,
-	// ReplacePending, or another error, which refuses the submission with
-	// ErrMergeRejected. A submission made while its key's call runs is
-	// merged into that call's retry, or else runs after it. nil means the
-	// incoming call replaces the pending one. It runs under the lock.
+	// Merge coalesces a submission into its key's pending call, under the
+	// lock, and returns the call to run: a combination, or either one (an
+	// update: attempts and backoff are kept); or SkipIncoming,
+	// ReplacePending, or another error, which refuses the submission
+	// (ErrMergeRejected). A submission made while its key's call runs is
+	// merged into its retry, or else runs after it. nil: the incoming wins.
 	Merge func(pending, incoming T) (T, error)
 	// NoOp reports a call that would change nothing: it ends Skipped
 	// without executing. It runs before each execution, and in Amend.
@@ -47,9 +45,7 @@ type Config[K comparable, T any] struct {
 	// MaxWaiters bounds live tickets, counting Sync-mode Posts while they
 	// run (0 means 4 × Capacity).
 	MaxWaiters int
-	// Aging is the wait that raises a call one priority level within its
-	// band (0 means one second).
-	Aging time.Duration
+	Aging      time.Duration // a wait of Aging raises a call one level (0 means 1s)
 	// AgingBand groups priorities into bands of this many levels (0 means
 	// 10; 1 is strict priority). A call never runs before a ready call of
 	// a higher band, however long it has waited: give call types that must
@@ -61,10 +57,9 @@ type Config[K comparable, T any] struct {
 	// tenants take turns by TenantConfig.Weight, then arrival decides. A
 	// band spans at most 2⁶² ns of aging.
 	AgingBand int
-	// Label names a call's kind for the Observer and Stats.Labels; it runs
-	// once per submission, outside the lock, and must return one of a
-	// small fixed set. A call has the label and tenant of its most urgent
-	// submission.
+	// Label names a call's kind for the Observer and Stats.Labels, from a
+	// small fixed set; it runs once per submission, outside the lock. A call
+	// has the label and tenant of its most urgent submission.
 	Label func(key K, call T) string
 	// BeforeRetry runs with the call's context before a retry or a
 	// Recompute re-run, so that no effect happens twice: done means the
@@ -76,10 +71,9 @@ type Config[K comparable, T any] struct {
 	// none), and DefaultTenant all others.
 	Tenants       map[string]TenantConfig
 	DefaultTenant TenantConfig
-	// Breaker, if set, stops executions after sustained retryable failures.
-	Breaker *BreakerPolicy
-	Start   StartPolicy
-	Rollout RolloutPolicy
+	Breaker       *BreakerPolicy // if set, stops executions after sustained failures
+	Start         StartPolicy
+	Rollout       RolloutPolicy
 }
 
 // StartPolicy decides whether the next execution may start. Its zero value
@@ -93,16 +87,13 @@ type StartPolicy struct {
 	// least one; Sync-mode executions are their callers'.
 	ReservedWorkers int
 	UrgentPriority  int
-	// Adaptive, if set, adapts concurrency between a floor and
-	// Config.Workers to the server.
-	Adaptive *AdaptivePolicy
-	// NoDeadlineCheck turns the deadline check off. The check does not
-	// start a call whose latest deadline is closer than its label's usual
-	// execution time — the DeadlineQuantile (default 0.1) of the last
-	// minute's, once there are DeadlineSamples (default 20): it ends
-	// Expired (Stats.Unfinishable). One refused call of a label starts
-	// anyway once nothing of the label ran for max(1s, twice the
-	// estimate); if faster, the label's history is dropped.
+	Adaptive        *AdaptivePolicy // if set, adapts concurrency to the server
+	// NoDeadlineCheck turns off the check that ends Expired
+	// (Stats.Unfinishable), unstarted, a call whose deadline is closer than
+	// its label's usual execution time: the DeadlineQuantile (default 0.1)
+	// of the last minute's, once there are DeadlineSamples (default 20).
+	// Once nothing of a label ran for max(1s, twice the estimate), one
+	// refused call starts anyway; if faster, the label's history is dropped.
 	NoDeadlineCheck  bool
 	DeadlineQuantile float64
 	DeadlineSamples  int
@@ -111,35 +102,30 @@ type StartPolicy struct {
 // RolloutPolicy is the feature gate's lever. Its zero value starts in
 // ModeAsync, drains on a switch, and never falls back by itself.
 type RolloutPolicy struct {
-	// Mode is the mode at start-up: the feature gate's position.
-	Mode Mode
-	// CancelQueued makes a switch to ModeSync (SetMode, or the fallback)
-	// end the queued calls at once, Canceled with ErrFallback, instead of
-	// letting the workers drain them.
+	Mode Mode // at start-up: the feature gate's position
+	// CancelQueued makes a switch to ModeSync end the queued calls at
+	// once, Canceled with ErrFallback, instead of letting workers drain them.
 	CancelQueued bool
 	Fallback     *FallbackPolicy
 }
 
 // SubmitOptions are one submission's settings; the zero value is valid.
 type SubmitOptions struct {
-	// Priority orders ready calls: higher runs first (see Config.AgingBand).
-	// A coalesced call runs at the highest priority and earliest enqueue
-	// time of its live waiters.
+	// Priority: higher runs first (Config.AgingBand). A call runs at the
+	// highest priority and earliest enqueue time of its live waiters.
 	Priority int
-	// Deadline, if set, ends this submission Expired when it passes; the
-	// earlier of it and the Submit context's deadline applies.
+	// Deadline, if set, ends this submission Expired when it passes, as
+	// does the Submit context's.
 	Deadline time.Time
-	// Tenant names who submits (a plugin, a call type), for quotas and
-	// fairness (Config.Tenants).
-	Tenant string
+	Tenant   string // who submits (a plugin, a call type): Config.Tenants
 	// Generation fences stale work for the key (the scheduling attempt): a
 	// newer one supersedes older ones (their queued call ends Stale, their
-	// running one is cancelled) and an older one is refused with ErrStale.
-	// Generations are remembered while the key is tracked.
+	// running one is cancelled), and, while the key is tracked, an older
+	// one is refused (ErrStale).
 	Generation uint64
-	// IdempotencyKey names the logical operation, for servers that
-	// deduplicate by it (see IdempotencyKey). A submission whose non-empty
-	// key differs from the pending call's is refused with ErrMergeRejected.
+	// IdempotencyKey names the operation for servers that deduplicate by
+	// it (see IdempotencyKey); a different one than the pending call's is
+	// refused with ErrMergeRejected.
 	IdempotencyKey string
 	// Droppable marks work that can be rebuilt, so may be shed under load;
 	// a call is droppable if every submission in it is.

@@ -14,11 +14,9 @@ type State uint8
 const (
 	StateSucceeded State = iota + 1
 	// StateSkipped: not run, since it would change nothing (Config.NoOp,
-	// or SkipIncoming). It counts as success.
+	// SkipIncoming); a success.
 	StateSkipped
-	// StateFailed: exec's error (or panic) was not retried, or retries
-	// ran out.
-	StateFailed
+	StateFailed // exec's error (or panic) was not retried, or retries ran out
 	StateCanceled
 	StateExpired
 	StateDropped
@@ -48,22 +46,16 @@ type Outcome struct {
 	State State
 	// Err is nil for a success; for Failed, exec's error, a *PanicError or
 	// a *RetryError; else it matches the state's sentinel.
-	Err error
-	// Attempts counts executions; Waiters, the submissions (posts
-	// included) the call served.
-	Attempts int
-	Waiters  int
-	// QueueWait runs from enqueue to the first execution (or the end, if
-	// none); RunTime sums exec's time over attempts.
-	QueueWait time.Duration
-	RunTime   time.Duration
+	Err       error
+	Attempts  int           // executions
+	Waiters   int           // submissions the call served, posts included
+	QueueWait time.Duration // from enqueue to the first execution, or the end
+	RunTime   time.Duration // exec's time, summed over attempts
 }
 
 // Result is the outcome of one submission or, for OnDone, of one call.
 type Result[K comparable, T any] struct {
-	Key K
-	// Call is the value as last executed (merged), or as it stood when
-	// the call ended without running.
-	Call T
+	Key  K
+	Call T // as last executed (merged), or as it stood if it never ran
 	Outcome
 }

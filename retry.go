@@ -19,14 +19,14 @@ import (
 type Class uint8
 
 const (
-	// ClassPermanent: retrying cannot help; the call ends Failed. It is the
-	// zero Class, so an unknown error fails safe.
+	// ClassPermanent ends the call Failed. It is the zero Class: an
+	// unknown error fails safe.
 	ClassPermanent Class = iota
 	// ClassRetry: transient (a timeout, 429, 5xx); the call waits out a
-	// backoff in the queue, never in a worker, then runs again.
+	// backoff in the queue, never in a worker, and runs again.
 	ClassRetry
 	// ClassRecompute: invalid as built (a conflict); Config.BeforeRetry
-	// rebuilds it at once, and without that hook it ends Failed.
+	// rebuilds it at once (without it, the call ends Failed).
 	ClassRecompute
 )
 

@@ -72,8 +72,7 @@ type Stats struct {
 	// AlreadyDone counts calls BeforeRetry found done; Unfinishable, calls
 	// the deadline check did not start.
 	Executions, StaleExecutions, Retries, AlreadyDone, Unfinishable uint64
-	// Concurrency is the executions allowed now (Workers, or the adaptive
-	// limit); BelowReserve, the running calls that are not urgent.
+	// Concurrency is the executions allowed now; BelowReserve, non-urgent ones.
 	Concurrency, Reserved, BelowReserve int
 	Circuit                             Circuit
 	// Backpressure counts refusals, and Shed calls dropped to make room,
@@ -83,8 +82,7 @@ type Stats struct {
 	// calls; Labels counts live calls by label.
 	Tenants map[string]TenantStats
 	Labels  map[string]int
-	// QueueWait (to the first execution) and ExecTime (per attempt) cover
-	// the last minute.
+	// QueueWait (to the first execution) and ExecTime: the last minute.
 	QueueWait, ExecTime Quantiles
 	// CallbackPanics counts contained panics and runtime.Goexit calls of
 	// OnDone, Observer methods and Label.

@@ -96,20 +96,16 @@ func (d *Dispatcher[K, T]) forgetIdle(t *tenant[K, T]) {
 	}
 }
 
-// TenantConfig bounds one tenant (Config.Tenants). The zero value means no
-// quota, no in-flight cap, weight 1.
+// TenantConfig bounds one tenant; its zero value bounds nothing, weight 1.
 type TenantConfig struct {
 	// MaxQueued caps the tenant's calls waiting to run: beyond it a new
 	// call evicts the tenant's worst droppable queued call if it would run
 	// before it, else is refused with BoundQuota.
-	MaxQueued int
-	// MaxInFlight caps the tenant's executions: at the cap its calls are
-	// passed over (not in ModeSync, whose callers are the concurrency).
-	MaxInFlight int
+	MaxQueued   int
+	MaxInFlight int // caps its executions: at the cap its calls are passed over
 	// Weight shares workers among tenants whose best ready calls are at
-	// the same band and level (Config.AgingBand): by stride scheduling,
-	// each pick advances a tenant's pass by 2³²/Weight, lowest pass first.
-	// Weights beyond 2³² count as 2³².
+	// one band and level (Config.AgingBand), by stride scheduling: each pick
+	// advances a tenant's pass by 2³²/Weight (at least 1), lowest first.
 	Weight int
 }
 

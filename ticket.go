@@ -162,8 +162,7 @@ var closedDone = func() chan struct{} {
 	return ch
 }()
 
-// Done returns a channel closed once the outcome is known. It is made on
-// the first call, not by Submit.
+// Done returns a channel closed once the outcome is known.
 func (t *Ticket[K, T]) Done() <-chan struct{} {
 	if ch, ok := t.done.Load().(chan struct{}); ok {
 		return ch
