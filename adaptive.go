@@ -17,36 +17,18 @@ import (
 // concurrent executions that follows what the server says. It runs under
 // the dispatcher's lock.
 
-// AdaptivePolicy adapts the number of concurrent executions to the API
-// server (Config.Start.Adaptive), in the spirit of TCP Vegas and gradient
-// limiters. The limit grows by one per limit's worth of executions within
-// the latency tolerance, and shrinks on strain:
-//
-//   - latency, judged per block of executions (at least 64, and twice the
-//     limit): when a block's median exceeds Tolerance × the baseline — the
-//     lowest block median of the last Window, the server least loaded — the
-//     limit falls in proportion, by a tenth to a half. A server whose
-//     latency varies but does not grow with load keeps its concurrency;
-//     one that queues sheds it until its median is back within the
-//     tolerance, so the queue forms in the dispatcher, where priority
-//     holds. The baseline is learnt from lighter load, and forgotten after
-//     Window: a server that stays slower becomes the new normal;
-//   - a timeout: by a quarter;
-//   - a Retry-After (429, 503): by half. It also holds new executions
-//     until the time the server asked for, at most Retry.MaxBackoff,
-//     except calls that may use reserved workers, which are never held.
-//
-// Decreases come at most once per twice the baseline (and 10ms). Stats and
-// Observer.OnLimitChange show the limit. Zero fields mean their defaults.
+// AdaptivePolicy adapts the limit on concurrent executions to the server,
+// like TCP Vegas: +1 per limit's worth of executions within Tolerance;
+// −10% to −50%, in proportion, when the median of a block of executions
+// (at least 64, and twice the limit) exceeds Tolerance × the lowest block
+// median of the last Window, so the queue forms here, where priority
+// holds; −25% on a timeout; −50% on a Retry-After, which also holds
+// non-urgent executions for the time asked, at most RetryPolicy.MaxBackoff.
+// It falls at most once per twice the baseline (and 10ms).
 type AdaptivePolicy struct {
-	// MinWorkers is the floor of the limit (default 1).
-	MinWorkers int
-	// Tolerance is how many times the baseline a block's median latency
-	// may be before it counts as strain (default 2).
-	Tolerance float64
-	// Window is the span the baseline latency is taken over: how long the
-	// dispatcher remembers the server's best (default 30s).
-	Window time.Duration
+	MinWorkers int           // the floor of the limit (default 1)
+	Tolerance  float64       // strain: a block median over Tolerance × the baseline (default 2)
+	Window     time.Duration // how long the baseline is remembered (default 30s)
 }
 
 func (p *AdaptivePolicy) validate(workers int) error {

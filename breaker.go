@@ -10,19 +10,13 @@ import (
 	"github.com/coalescer/dispatch/internal/window"
 )
 
-// Circuit is the state of the circuit breaker.
+// Circuit is the state of the circuit breaker (Config.Breaker).
 type Circuit uint8
 
 const (
-	// CircuitClosed: calls run normally. The zero state, and the only one
-	// when no breaker is configured.
-	CircuitClosed Circuit = iota
-	// CircuitOpen: no execution starts; queued calls wait (their deadlines
-	// still run) until the cool-down ends.
-	CircuitOpen
-	// CircuitHalfOpen: a limited number of probe executions may run; a
-	// success closes the breaker, a retryable failure opens it again.
-	CircuitHalfOpen
+	CircuitClosed   Circuit = iota // calls run; the only state without a breaker
+	CircuitOpen                    // no execution starts; queued calls wait
+	CircuitHalfOpen                // probes run: a success closes, a failure opens
 )
 
 func (s Circuit) String() string {
@@ -170,25 +164,19 @@ func (b *breaker) set(to Circuit, ob *notes) {
 }
 
 // BreakerPolicy configures the circuit breaker (Config.Breaker). It counts
-// retryable failures only: permanent errors, Recompute and cancellations
-// say nothing of the API's health. The zero value of each field means its
-// default. State changes reach Observer.OnCircuitChange.
+// retryable failures only: the others say nothing of the API's health. A
+// zero field means its default.
 type BreakerPolicy struct {
-	// ConsecutiveFailures opens the circuit after this many retryable
-	// failures in a row (default 5).
-	ConsecutiveFailures int
-	// FailureRatio opens it when retryable failures reach this fraction
-	// of the executions of the last Window (default 10s), once there were
-	// MinSamples (default 20). Default 0.5; math.Inf(1) disables the rule.
+	ConsecutiveFailures int // opens the circuit after this many in a row (default 5)
+	// FailureRatio (default 0.5; math.Inf(1): off) opens it when failures
+	// reach this fraction of the executions of the last Window (default
+	// 10s), once there were MinSamples (default 20).
 	FailureRatio float64
 	Window       time.Duration
 	MinSamples   int
-	// Cooldown is how long the circuit stays open before probing (default
-	// 5s); Probes is how many executions may run while half-open (default
-	// 1).
-	Cooldown time.Duration
-	Probes   int
-	// RefuseDroppable refuses droppable submissions for a new key with
+	Cooldown     time.Duration // open before half-open (default 5s)
+	Probes       int           // executions while half-open (default 1)
+	// RefuseDroppable refuses droppable submissions for new keys with
 	// ErrCircuitOpen while the circuit is open, instead of queueing them.
 	RefuseDroppable bool
 }

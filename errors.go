@@ -6,105 +6,69 @@ import (
 	"fmt"
 )
 
-// Sentinel errors. A refused submission's error, and the error of every
-// outcome but a Failed one, matches one of them with [errors.Is] (a
-// refusal for a done context also matches the context's error); the typed
-// errors below carry the details. A Failed outcome's error is the call's
-// own: the API's error, a *RetryError wrapping it or a *PanicError. New's
-// and SetMode's errors for bad arguments name the argument and match none.
+// Sentinel errors. A refusal, and every outcome's error but a Failed one,
+// matches one with [errors.Is] (a refusal for a done context also matches
+// the context's error). New's and SetMode's errors for bad arguments match
+// none.
 var (
-	// ErrBackpressure reports that a submission was refused because the
-	// dispatcher is full. Nothing was enqueued; the caller decides whether to
-	// wait, shed the work itself, or take the synchronous path.
+	// ErrBackpressure: full (see BackpressureError); nothing was enqueued.
 	ErrBackpressure = errors.New("dispatch: backpressure")
-
-	// ErrClosed reports a submission after Close, or a call that Close ended
-	// before it could run.
+	// ErrClosed: a submission after Close, or a call Close ended.
 	ErrClosed = errors.New("dispatch: closed")
-
-	// ErrDropped reports a call that was shed under load. Its waiters learn
-	// the bound from the wrapping error.
+	// ErrDropped: a call shed under load; the wrapping error names the bound.
 	ErrDropped = errors.New("dispatch: dropped")
-
-	// ErrExpired reports a waiter whose deadline passed before the call
-	// finished, or a submission whose deadline had already passed.
+	// ErrExpired: the waiter's deadline passed before its call finished.
 	ErrExpired = errors.New("dispatch: deadline expired")
-
-	// ErrCanceled reports a waiter that left: its ticket was cancelled, its
-	// context was cancelled, or Cancel was called for its key. The cause, if
-	// any, is wrapped.
+	// ErrCanceled: the waiter left (its ticket, its ctx, Dispatcher.Cancel),
+	// wrapping the cause, if any.
 	ErrCanceled = errors.New("dispatch: canceled")
-
-	// ErrStale reports a submission or waiter of an older generation than the
-	// key's newest, and an execution that finished after its call had been
-	// cancelled, superseded or expired.
+	// ErrStale: an older generation than the key's newest (see StateStale).
 	ErrStale = errors.New("dispatch: stale")
-
-	// ErrCircuitOpen reports a submission refused because the circuit
-	// breaker is open (BreakerPolicy.RefuseDroppable).
+	// ErrCircuitOpen: see BreakerPolicy.RefuseDroppable.
 	ErrCircuitOpen = errors.New("dispatch: circuit open")
-
-	// ErrMergeRejected reports a submission that could not be coalesced into
-	// the pending call for its key: the merge function refused it (its error
-	// is wrapped), or the two carry different idempotency keys.
+	// ErrMergeRejected: Merge refused (its error is wrapped), or the
+	// idempotency keys differ.
 	ErrMergeRejected = errors.New("dispatch: merge rejected")
-
-	// ErrFallback is the error of a queued call that a switch to Sync mode
-	// cancelled (CancelQueued): its waiters end Canceled with an error
-	// matching ErrFallback, which tells the caller to run the call on the
-	// synchronous path itself.
+	// ErrFallback: RolloutPolicy.CancelQueued ended the queued call on a
+	// switch to ModeSync; run it on the synchronous path yourself.
 	ErrFallback = errors.New("dispatch: switched to synchronous mode; take the synchronous path")
-
-	// ErrAttemptEnded is the cause (context.Cause) with which an
-	// execution's context is cancelled when exec returns, unless the call
-	// ended earlier for another cause. It is never an outcome's error.
+	// ErrAttemptEnded is the context.Cause of an execution's context once
+	// exec returned, if nothing ended it earlier; never an outcome's error.
 	ErrAttemptEnded = errors.New("dispatch: attempt ended")
 )
 
-// SkipIncoming is what Config.Merge returns (or wraps) to say that the
-// pending call makes the incoming submission moot — a status patch arriving
-// while the pod's deletion is pending, say. The incoming submission is
-// accepted and ends Skipped at once, without waiting for the pending call;
-// the pending call is left as it was. It is a signal, not a failure: no
-// caller ever receives it as an error.
+// SkipIncoming, returned (or wrapped) by Config.Merge, says the pending call
+// makes the incoming submission moot (a status patch behind the pod's
+// pending deletion): it ends Skipped at once, and the pending call is left
+// as it was. No caller ever receives it as an error.
 //
 //lint:ignore ST1012 a signal from Merge, like fs.SkipDir, never an error a caller receives
 var SkipIncoming = errors.New("dispatch: skip incoming call")
 
-// ReplacePending is what Config.Merge returns (or wraps), with the
-// incoming call, to say that the incoming call is a different operation
-// that replaces the pending one — a deletion replacing a pending binding,
-// say. The call then starts fresh as the incoming one: no attempts, no
-// backoff (a retry waiting out its backoff becomes ready at once), no last
-// error for the before-retry hook, and it runs in the tenant and under the
-// label of the incoming submission. Every waiter of the pending call waits
-// for the new one and shares its outcome. Like SkipIncoming it is a
-// signal: no caller ever receives it as an error.
+// ReplacePending, returned (or wrapped) by Config.Merge with the incoming
+// call, says the incoming call is another operation that replaces the
+// pending one (a deletion replacing a binding). The call starts fresh, with
+// no attempts, backoff or last error, in the incoming submission's tenant
+// and label; the pending call's waiters share its outcome. No caller ever
+// receives it as an error.
 //
 //lint:ignore ST1012 a signal from Merge, like fs.SkipDir, never an error a caller receives
 var ReplacePending = errors.New("dispatch: replace pending call")
 
-// Bound names a limit that refused a submission or shed a queued call. Its
-// values are a fixed set, safe as a metric label.
+// Bound names a limit that refused a submission or shed a queued call,
+// from a fixed set: safe as a metric label.
 type Bound string
 
-// The bounds.
 const (
-	// BoundCapacity is Config.Capacity: tracked keys.
-	BoundCapacity Bound = "capacity"
-	// BoundWaiters is Config.MaxWaiters: live tickets.
-	BoundWaiters Bound = "waiters"
-	// BoundQuota is a tenant's TenantConfig.MaxQueued.
-	BoundQuota Bound = "quota"
+	BoundCapacity Bound = "capacity" // Config.Capacity
+	BoundWaiters  Bound = "waiters"  // Config.MaxWaiters
+	BoundQuota    Bound = "quota"    // TenantConfig.MaxQueued
 )
 
-// BackpressureError is the error a refused submission gets. It matches
-// [ErrBackpressure].
+// BackpressureError is a submission's refusal for a full dispatcher.
 type BackpressureError struct {
-	// Bound says which limit was hit.
 	Bound Bound
-	// Depth is the number of tracked keys when the submission was refused.
-	Depth int
+	Depth int // tracked keys at the refusal
 }
 
 func (e *BackpressureError) Error() string {
@@ -127,19 +91,14 @@ const (
 )
 
 // RetryError is the error of a call that failed for good after it was
-// judged. It unwraps to the last execution's error, and matches ErrExpired
-// when the call's deadline stopped the retries.
+// judged. It unwraps to the last execution's error.
 type RetryError struct {
-	// Attempts is the number of executions made.
-	Attempts int
-	// Last is the last execution's error (or the before-retry hook's).
-	Last error
-	// Reason says why the call was not retried (further), from a fixed
-	// set: "permanent" (judged so), "attempts" (Retry.MaxAttempts made),
-	// "deadline" (the next attempt could not start in time), "budget" (the
-	// retry budget was spent), "recompute" (ClassRecompute without a
-	// BeforeRetry hook), "before_retry" (the hook failed), "quota" (no
-	// room under the tenant's MaxQueued to wait in).
+	Attempts int   // executions made
+	Last     error // the last execution's error, or BeforeRetry's
+	// Reason is "permanent", "attempts" (RetryPolicy.MaxAttempts),
+	// "deadline" (no time for another attempt), "budget", "recompute" (no
+	// BeforeRetry), "before_retry" (its error) or "quota" (no room under
+	// TenantConfig.MaxQueued to wait in).
 	Reason string
 }
 
@@ -169,19 +128,14 @@ const (
 )
 
 // PanicError is the error of a callback that panicked or exited its
-// goroutine: the dispatcher recovered, finished what the callback
-// interrupted, and went on. A call whose exec, no-op test, before-retry hook
-// or classifier panicked ends Failed with this error and is never retried,
-// since a half-done side effect must not be repeated.
+// goroutine; the dispatcher recovered and went on (see the package
+// documentation, "Callbacks").
 type PanicError struct {
-	// Callback says whose code it was: "exec", "merge", "no_op", "label",
-	// "on_done", "classify", "before_retry", "observer" or "amend".
+	// Callback is "exec", "merge", "no_op", "label", "on_done",
+	// "classify", "before_retry", "observer" or "amend".
 	Callback string
-	// Value is what was passed to panic, or ErrGoexit if the callback called
-	// runtime.Goexit (as t.FailNow does).
-	Value any
-	// Stack is the goroutine's stack at the panic.
-	Stack []byte
+	Value    any // what was passed to panic, or ErrGoexit (runtime.Goexit)
+	Stack    []byte
 }
 
 func (e *PanicError) Error() string {
@@ -198,12 +152,10 @@ func (e *PanicError) Unwrap() error {
 // runtime.Goexit.
 var ErrGoexit = errors.New("dispatch: callback exited its goroutine (runtime.Goexit)")
 
-// ErrReentrant reports a call made from a callback that would have to wait
-// for the goroutine running that very callback: a Sync-mode Submit or Post
-// for the key whose call this goroutine is executing, or any Sync-mode
-// submission from the execution of the circuit breaker's half-open probe
-// (refused; nothing was enqueued); or the wait of Close or SetMode, which
-// take effect but return at once instead of waiting for themselves.
+// ErrReentrant reports a call from a callback that would wait for its own
+// goroutine: a Sync-mode submission for the key this goroutine executes, or
+// from the breaker's half-open probe (refused), or Close or SetMode (which
+// take effect, and return without waiting for themselves).
 var ErrReentrant = errors.New("dispatch: called from a callback; cannot wait for its own goroutine")
 
 // Preallocated rejection errors for the hot paths: a refusal there must not

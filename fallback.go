@@ -133,33 +133,24 @@ func (d *Dispatcher[K, T]) fallbackReason(now int64) (code, detail string) {
 	return "", ""
 }
 
-// FallbackPolicy switches the dispatcher to ModeSync by itself when the
-// async path does harm (Config.Rollout.Fallback). Each threshold is
-// checked over a sliding Window; a zero threshold is not checked, and one
-// at least must be set. Crossing one switches with the rollout policy,
-// records the measured values (Stats.FallbackReason) and tells
-// Observer.OnModeChange the threshold's reason: "backlog", "queue_wait",
-// "failure_ratio" or "circuit_open".
+// FallbackPolicy switches to ModeSync, as SetMode would, when a threshold
+// is crossed, and records the values in Stats.FallbackReason. A zero
+// threshold is not checked; at least one must be set.
 type FallbackPolicy struct {
-	// Window is the span the thresholds are measured over; they are
-	// checked every tenth of it while there is work. Default 10s; at least
-	// 10ms.
-	Window time.Duration
-	// MaxBacklog trips when more calls than this wait to run.
-	MaxBacklog int
-	// MaxQueueWaitP99 trips when the 99th percentile of the window's queue
-	// waits exceeds it, and MaxFailureRatio when more than this fraction
-	// of the window's finished calls failed — each once MinSamples calls
-	// (default 20) counted.
+	// Window is the span thresholds are measured over, checked every
+	// tenth of it while there is work (default 10s; at least 10ms).
+	Window     time.Duration
+	MaxBacklog int // more calls than this wait to run ("backlog")
+	// MaxQueueWaitP99: the window's p99 queue wait exceeds it
+	// ("queue_wait"); MaxFailureRatio: more than this fraction of the
+	// window's finished calls failed ("failure_ratio"); each once
+	// MinSamples calls (default 20) counted.
 	MaxQueueWaitP99 time.Duration
 	MaxFailureRatio float64
 	MinSamples      int
-	// MaxCircuitOpen trips when the breaker's circuit has stayed open (or
-	// half-open) longer than this.
-	MaxCircuitOpen time.Duration
-	// ReturnAfter, if set, switches back to ModeAsync this long after an
-	// automatic fallback (reason "cool_down"); zero leaves the return to
-	// SetMode.
+	MaxCircuitOpen  time.Duration // the circuit stayed not closed longer ("circuit_open")
+	// ReturnAfter, if set, switches back to ModeAsync this long after a
+	// fallback (reason "cool_down"); else only SetMode does.
 	ReturnAfter time.Duration
 }
 

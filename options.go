@@ -9,180 +9,126 @@ import (
 	"github.com/coalescer/dispatch/internal/sat"
 )
 
-// Config configures a Dispatcher. It carries the key and call types, so
-// every callback is checked by the compiler. Every zero field means its
-// default, so Config[K, T]{} works; New reports a value out of range as an
-// error naming the field. The first fields are what a first user sets;
-// the rest tune it, with Start and Rollout grouping two concerns.
-//
-// The callbacks are user code: whatever one does — panic, block, exit its
-// goroutine, call back in — no outcome is lost, no key is wedged and Close
-// returns. A panic in exec, NoOp, BeforeRetry or Classify ends the call
-// Failed with a *PanicError (never retried: exec may have done half its
-// work); in Merge it refuses the incoming submission; in OnDone, an
-// Observer method or Label it is counted (Stats.CallbackPanics) and the
-// call goes on. Merge runs under the dispatcher's lock and must not call
-// the Dispatcher; every other callback may. A call that would have to wait
-// for the very goroutine making it returns ErrReentrant instead of hanging.
+// Config configures a Dispatcher; its type parameters type every
+// callback. A zero field means its default, and New reports a field out of
+// range by name. The callbacks are user code (package documentation).
 type Config[K comparable, T any] struct {
-	// Workers bounds concurrent executions: worker goroutines, started on
-	// first use. 0 means 16; at most 65 536.
-	Workers int
+	Workers int // concurrent executions (0 means 16; at most 65 536)
 	// RateLimit, if set, bounds executions per second (see RateLimiter).
-	// A nil pointer (a *rate.Limiter left unset) means no limit. New
-	// refuses a limiter that is not a rate (NaN or negative) or can grant
-	// nothing (a *rate.Limiter of burst 0 and a finite limit).
+	// New refuses a NaN or negative limit, and a *rate.Limiter of burst 0
+	// with a finite limit; a nil *rate.Limiter means no limit.
 	RateLimit RateLimiter
-	// Capacity bounds tracked keys (keys with a call queued or running).
-	// A new key beyond it evicts the worst queued droppable call
-	// (SubmitOptions.Droppable) if the newcomer would run before it, else
-	// is refused with a *BackpressureError. 0 means 10 000.
+	// Capacity bounds keys with a call queued or running (0 means 10 000).
+	// A new key beyond it evicts the worst queued droppable call if it
+	// would run before it, else is refused with a *BackpressureError.
 	Capacity int
-	// Merge coalesces a submission into its key's pending call: it returns
-	// the call to run — a combination, or either one (an update of the same
-	// operation, which keeps the pending call's attempts and backoff). It
-	// may instead return SkipIncoming (the incoming submission is moot and
-	// ends Skipped at once), ReplacePending with the incoming call (another
-	// operation: it starts fresh, in its own tenant and under its own
-	// label), or another error, which refuses the incoming submission with
-	// ErrMergeRejected. A submission that arrived while its key's call ran
-	// is merged into that call's retry the same way, but stays behind it if
-	// the merge refuses or finds it moot. nil means the incoming call
-	// replaces the pending one as an update. Merge runs under the lock: it
-	// must be fast.
+	// Merge coalesces a submission into its key's pending call, under the
+	// lock, and returns the call to run: a combination, or either one (an
+	// update: attempts and backoff are kept); or SkipIncoming,
+	// ReplacePending, or another error, which refuses the submission
+	// (ErrMergeRejected). A submission made while its key's call runs is
+	// merged into its retry, or else runs after it. nil: the incoming wins.
 	Merge func(pending, incoming T) (T, error)
-	// NoOp reports calls that would change nothing: they end Skipped, a
-	// success, without executing. It runs just before each execution, and
-	// in Amend. nil means every call runs.
+	// NoOp reports a call that would change nothing: it ends Skipped
+	// without executing. It runs before each execution, and in Amend.
 	NoOp func(key K, call T) bool
-	// Classify judges a failed execution: ClassRetry, ClassPermanent or
-	// ClassRecompute. An error from a call whose own context ended is
-	// never classified or retried. nil means DefaultClassifier.
+	// Classify judges a failed execution; an error from a call whose own
+	// context ended is never retried. nil means DefaultClassifier.
 	Classify func(error) Class
-	// Retry bounds retries.
-	Retry RetryPolicy
-	// OnDone fires once per finished call — the "re-evaluate this object"
-	// event — with its result, typed by K and T, after its waiters were
-	// told. The Observer's OnFinish sees the same event untyped, for
-	// metrics adapters that work for any K and T.
-	OnDone func(Result[K, T])
-	// Observer, if set, receives the dispatcher's events, outside the lock.
+	Retry    RetryPolicy
+	// OnDone fires once per finished call, after its waiters were told:
+	// the "re-evaluate this object" event. Observer.OnFinish is the same
+	// event untyped, for metrics adapters that serve any K and T.
+	OnDone   func(Result[K, T])
 	Observer Observer
 
-	// MaxWaiters bounds live tickets (Submit callers, and Sync-mode Posts
-	// while they run), whatever callers do. 0 means 4 × Capacity.
+	// MaxWaiters bounds live tickets, counting Sync-mode Posts while they
+	// run (0 means 4 × Capacity).
 	MaxWaiters int
-	// Aging is how fast a waiting call gains priority over the calls of
-	// its priority band: one level per interval. 0 means one second.
-	Aging time.Duration
-	// AgingBand groups priorities into bands of this many levels:
-	// floor(priority / AgingBand). A call never runs before a ready call of
-	// a higher band, however long it has waited; within a band, a call of
-	// priority p behind an endless stream at q > p runs within about
-	// (q−p+1) × Aging. Give call types that must never overtake one another
-	// priorities in different bands (a binding at 10, a status patch at 0).
-	// 1 is strict priority. 0 means 10. A band is narrowed to span at most
-	// 2⁶² ns of aging.
+	Aging      time.Duration // a wait of Aging raises a call one level (0 means 1s)
+	// AgingBand groups priorities into bands of this many levels (0 means
+	// 10; 1 is strict priority). A call never runs before a ready call of
+	// a higher band, however long it has waited: give call types that must
+	// never overtake one another different bands (a binding at 10, a
+	// status patch at 0). Within a band a call's level is its offset plus
+	// floor(wait / Aging), so a call of priority p runs before any of
+	// priority q > p arriving more than (q−p) × Aging after it, and behind
+	// an endless stream at q within about (q−p+1) × Aging. At equal levels,
+	// tenants take turns by TenantConfig.Weight, then arrival decides. A
+	// band spans at most 2⁶² ns of aging.
 	AgingBand int
-	// Label names a call's kind for the Observer and Stats.Labels. It runs
-	// once per submission, outside the lock; its values, like tenant
-	// names, become metric labels and must come from a small fixed set. A
-	// call carries the label and tenant of its most urgent submission.
+	// Label names a call's kind for the Observer and Stats.Labels, from a
+	// small fixed set; it runs once per submission, outside the lock. A call
+	// has the label and tenant of its most urgent submission.
 	Label func(key K, call T) string
-	// BeforeRetry runs before a retry or a Recompute re-run, with the
-	// call's context, so that no effect happens twice: done = true means
-	// the earlier attempt took effect (the call ends Succeeded; Stats
-	// counts it in AlreadyDone); else next is the call to run, possibly
-	// rebuilt from fresh state; an error ends the call Failed. nil means
-	// retries run the call as it is, and a Recompute failure ends Failed.
+	// BeforeRetry runs with the call's context before a retry or a
+	// Recompute re-run, so that no effect happens twice: done means the
+	// earlier attempt took effect (the call ends Succeeded, counted in
+	// Stats.AlreadyDone); else next is the call to run, maybe rebuilt; an
+	// error ends the call Failed.
 	BeforeRetry func(ctx context.Context, key K, call T, lastErr error) (next T, done bool, err error)
-	// Tenants configures named tenants (SubmitOptions.Tenant): quotas,
-	// in-flight caps, weights. "" is the tenant of submissions naming none.
-	Tenants map[string]TenantConfig
-	// DefaultTenant configures the tenants Tenants does not name.
+	// Tenants configures tenants by name ("" for submissions naming
+	// none), and DefaultTenant all others.
+	Tenants       map[string]TenantConfig
 	DefaultTenant TenantConfig
-	// Breaker, if set, stops executions after sustained retryable failures
-	// and probes before resuming.
-	Breaker *BreakerPolicy
-	// Start decides whether the next execution may start.
-	Start StartPolicy
-	// Rollout is the feature gate's lever: the mode, and the way back.
-	Rollout RolloutPolicy
+	Breaker       *BreakerPolicy // if set, stops executions after sustained failures
+	Start         StartPolicy
+	Rollout       RolloutPolicy
 }
 
-// StartPolicy decides whether the next execution may start (Config.Start):
-// workers kept for urgent calls, adaptive concurrency, and a deadline
-// check. Its zero value keeps no workers, fixes concurrency at
-// Config.Workers and turns the deadline check on.
+// StartPolicy decides whether the next execution may start. Its zero value
+// keeps no workers, fixes concurrency at Config.Workers and checks
+// deadlines.
 type StartPolicy struct {
-	// ReservedWorkers are kept for urgent calls: those whose priority (the
-	// highest of their live waiters', never raised by aging) is at least
-	// UrgentPriority. Other calls may hold the rest, and at least one
-	// worker. It must be less than Config.Workers; inline (Sync)
-	// executions are their callers' own.
+	// ReservedWorkers (less than Config.Workers) are kept for urgent
+	// calls: those whose priority (of their live waiters, never raised by
+	// aging) is at least UrgentPriority, which must start a band (a
+	// multiple of Config.AgingBand). Other calls may hold the rest, at
+	// least one; Sync-mode executions are their callers'.
 	ReservedWorkers int
-	// UrgentPriority must start a priority band (a multiple of
-	// Config.AgingBand), so that every urgent call runs before every other.
-	UrgentPriority int
-	// Adaptive, if set, adapts concurrency between a floor and
-	// Config.Workers to what the server says (see AdaptivePolicy).
-	Adaptive *AdaptivePolicy
-	// NoDeadlineCheck turns the deadline check off. The check does not
-	// start a call whose waiters' latest deadline is closer than its
-	// label's usual execution time — the DeadlineQuantile (default 0.1) of
-	// the last minute's, once there are DeadlineSamples (default 20): its
-	// waiters end Expired at once (Stats.Unfinishable) and the worker goes
-	// to work that can succeed. Since refused calls add no samples, one
-	// refused call of a label starts anyway once nothing of the label has
-	// run for max(1s, twice the estimate); if it is faster than the
-	// estimate, the label's history is dropped.
+	UrgentPriority  int
+	Adaptive        *AdaptivePolicy // if set, adapts concurrency to the server
+	// NoDeadlineCheck turns off the check that ends Expired
+	// (Stats.Unfinishable), unstarted, a call whose deadline is closer than
+	// its label's usual execution time: the DeadlineQuantile (default 0.1)
+	// of the last minute's, once there are DeadlineSamples (default 20).
+	// Once nothing of a label ran for max(1s, twice the estimate), one
+	// refused call starts anyway; if faster, the label's history is dropped.
 	NoDeadlineCheck  bool
 	DeadlineQuantile float64
 	DeadlineSamples  int
 }
 
-// RolloutPolicy is the feature gate's lever (Config.Rollout): the mode the
-// dispatcher starts in, what a switch to ModeSync does with queued calls,
-// and an automatic fallback. Its zero value starts in ModeAsync, drains on
-// a switch, and never falls back by itself.
+// RolloutPolicy is the feature gate's lever. Its zero value starts in
+// ModeAsync, drains on a switch, and never falls back by itself.
 type RolloutPolicy struct {
-	// Mode is the mode at start-up: a feature gate's position.
-	Mode Mode
-	// CancelQueued makes a switch to ModeSync (SetMode, or the fallback)
-	// end every queued call at once, Canceled with ErrFallback, instead of
-	// letting the workers drain them.
+	Mode Mode // at start-up: the feature gate's position
+	// CancelQueued makes a switch to ModeSync end the queued calls at
+	// once, Canceled with ErrFallback, instead of letting workers drain them.
 	CancelQueued bool
-	// Fallback, if set, switches to ModeSync by itself when the async path
-	// does harm (see FallbackPolicy).
-	Fallback *FallbackPolicy
+	Fallback     *FallbackPolicy
 }
 
-// SubmitOptions are one submission's settings. The zero value means
-// priority 0, no deadline, no tenant, generation 0, no idempotency key,
-// not droppable.
+// SubmitOptions are one submission's settings; the zero value is valid.
 type SubmitOptions struct {
-	// Priority orders ready calls: higher runs first (see Config.AgingBand).
-	// A coalesced call runs at the highest priority of its live waiters.
+	// Priority: higher runs first (Config.AgingBand). A call runs at the
+	// highest priority and earliest enqueue time of its live waiters.
 	Priority int
-	// Deadline, if set, ends this submission Expired when it passes; the
-	// earlier of it and the Submit context's deadline applies.
+	// Deadline, if set, ends this submission Expired when it passes, as
+	// does the Submit context's.
 	Deadline time.Time
-	// Tenant names who submits (a plugin, a call type), for quotas and
-	// fairness.
-	Tenant string
-	// Generation fences stale work for the key (the scheduling attempt,
-	// say): a newer one supersedes older ones — their queued call ends
-	// Stale and their running one is cancelled — and an older one is
-	// refused with ErrStale. 0 is the oldest; generations are remembered
-	// while the key is tracked.
+	Tenant   string // who submits (a plugin, a call type): Config.Tenants
+	// Generation fences stale work for the key (the scheduling attempt): a
+	// newer one supersedes older ones (their queued call ends Stale, their
+	// running one is cancelled), and, while the key is tracked, an older
+	// one is refused (ErrStale).
 	Generation uint64
-	// IdempotencyKey names the logical operation, for servers that
-	// deduplicate by it (see IdempotencyKey). A submission with another
-	// non-empty key than the pending call's is refused with
-	// ErrMergeRejected.
+	// IdempotencyKey names the operation for servers that deduplicate by
+	// it (see IdempotencyKey); a different one than the pending call's is
+	// refused with ErrMergeRejected.
 	IdempotencyKey string
-	// Droppable marks work that may be shed under load because it can be
-	// rebuilt. A call is droppable only if every submission in it is.
+	// Droppable marks work that can be rebuilt, so may be shed under load;
+	// a call is droppable if every submission in it is.
 	Droppable bool
 }
 

@@ -15,21 +15,18 @@ import (
 	"github.com/coalescer/dispatch/internal/sat"
 )
 
-// Class is the judgement on a failed execution.
+// Class is the judgement on a failed execution (Config.Classify).
 type Class uint8
 
 const (
-	// ClassPermanent: retrying cannot help (invalid, unauthorised, forbidden).
-	// The call ends Failed. It is the zero Class, so a classifier that does
-	// not know an error fails safe.
+	// ClassPermanent ends the call Failed. It is the zero Class: an
+	// unknown error fails safe.
 	ClassPermanent Class = iota
-	// ClassRetry: a transient failure (timeout, connection reset, 429, 5xx). The
-	// call waits out a backoff in the queue, then runs again.
+	// ClassRetry: transient (a timeout, 429, 5xx); the call waits out a
+	// backoff in the queue, never in a worker, and runs again.
 	ClassRetry
-	// ClassRecompute: the call is no longer valid as built (a conflict); it must
-	// be rebuilt from fresh state by the before-retry hook
-	// (Config.BeforeRetry) before it runs again. Without that hook it ends
-	// Failed.
+	// ClassRecompute: invalid as built (a conflict); Config.BeforeRetry
+	// rebuilds it at once (without it, the call ends Failed).
 	ClassRecompute
 )
 
@@ -45,12 +42,10 @@ func (c Class) String() string {
 	return fmt.Sprintf("class_%d", uint8(c))
 }
 
-// DefaultClassifier judges plain Go errors: attempt timeouts
-// (context.DeadlineExceeded from the attempt itself), net.Error timeouts,
-// ECONNREFUSED, ECONNRESET, io.ErrUnexpectedEOF and any error carrying a
-// server hint (a RetryAfter() time.Duration method) are Retry; anything else
-// is Permanent. Adapters for a particular API (Kubernetes status codes, say)
-// supply their own classifier and may fall back to this one.
+// DefaultClassifier judges context.DeadlineExceeded, net.Error timeouts,
+// ECONNREFUSED, ECONNRESET, io.ErrUnexpectedEOF and any error with a
+// RetryAfter() time.Duration method ClassRetry, and anything else
+// ClassPermanent.
 func DefaultClassifier(err error) Class {
 	var ne net.Error
 	var hint interface{ RetryAfter() time.Duration }
@@ -82,14 +77,9 @@ func retryAfter(err error) (time.Duration, bool) {
 type Jitter uint8
 
 const (
-	// JitterFull waits a uniform random time in [0, backoff]. It spreads
-	// retries best; it is the default.
-	JitterFull Jitter = iota
-	// JitterEqual waits backoff/2 plus a uniform random time in
-	// [0, backoff/2]: never much less than the backoff.
-	JitterEqual
-	// JitterNone waits exactly the backoff.
-	JitterNone
+	JitterFull  Jitter = iota // the default: uniform in [0, backoff]
+	JitterEqual               // backoff/2 plus uniform in [0, backoff/2]
+	JitterNone                // exactly the backoff
 )
 
 // backoff returns the delay before retry number n (n ≥ 1: the delay after
@@ -240,29 +230,23 @@ func (d *Dispatcher[K, T]) budgetAllows(now int64) bool {
 	return true
 }
 
-// RetryPolicy bounds how calls are retried (Config.Retry). The zero value
-// of each field means its default.
+// RetryPolicy bounds retries; a zero field means its default. A retry also
+// stops at the call's deadline and the tenant's TenantConfig.MaxQueued.
 type RetryPolicy struct {
-	// MaxAttempts bounds executions per call, the first included (default
-	// 3; 1 disables retries).
-	MaxAttempts int
-	// InitialBackoff is the delay before the first retry (default 100ms).
+	MaxAttempts int // executions per call (default 3; 1: no retries)
+	// InitialBackoff (default 100ms) grows by Multiplier (default 2) per
+	// retry up to MaxBackoff (default 10s). A server's Retry-After sets the
+	// delay in full instead, and holds other calls for at most MaxBackoff.
 	InitialBackoff time.Duration
-	// MaxBackoff caps the computed delay (default 10s), and the hold a
-	// Retry-After puts on other calls (AdaptivePolicy). A Retry-After sets
-	// the delay of the call that got it in full, within its deadline.
-	MaxBackoff time.Duration
-	// Multiplier grows the delay per retry (default 2).
-	Multiplier float64
-	// Jitter randomises the delay (default JitterFull).
-	Jitter Jitter
-	// AttemptTimeout bounds one execution (default: only the call's
-	// deadline). An attempt that times out is retried like ClassRetry.
+	MaxBackoff     time.Duration
+	Multiplier     float64
+	Jitter         Jitter
+	// AttemptTimeout, if set, bounds one execution; a timed-out attempt
+	// is retried like ClassRetry.
 	AttemptTimeout time.Duration
-	// BudgetRatio caps retries at this fraction of the first attempts of
-	// the last BudgetWindow (default 10s), beyond BudgetMin retries
-	// (default 10), so an outage cannot become a retry storm (default 0.2;
-	// math.Inf(1) disables the budget).
+	// BudgetRatio (default 0.2; math.Inf(1): none) caps retries at this
+	// fraction of the first attempts of the last BudgetWindow (default
+	// 10s), beyond BudgetMin (default 10): no retry storm in an outage.
 	BudgetRatio  float64
 	BudgetMin    int
 	BudgetWindow time.Duration

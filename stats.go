@@ -54,64 +54,50 @@ func (b Bound) index() int {
 // minute, so that a regression during a rollout shows at once.
 const latencyWindow = time.Minute
 
-// Stats is a consistent snapshot of a Dispatcher, taken under its lock, in
-// which conservation holds:
+// Stats is a consistent snapshot of a Dispatcher, in which
 //
 //	Submitted == Rejected + Σ Outcomes + Live
 type Stats struct {
-	// Keys is the number of tracked keys (Config.Capacity bounds it).
-	Keys int
-	// Ready, Delayed and Successors count the calls waiting: for a worker,
-	// out a backoff, and for their key's running call.
+	Keys int // tracked keys (Config.Capacity)
+	// Ready, Delayed and Successors count calls waiting for a worker, out
+	// a backoff, and for their key's running call.
 	Ready, Delayed, Successors int
-	// InFlight is the number of calls being executed.
-	InFlight int
-	// Tickets counts live tickets (Config.MaxWaiters bounds it); Live,
-	// accepted submissions without an outcome, tickets and posts alike.
+	InFlight                   int
+	// Live counts accepted submissions without an outcome; Tickets, those
+	// that are tickets (Config.MaxWaiters).
 	Tickets, Live int
 
-	// Submitted counts every Submit and Post; Rejected those refused;
-	// Coalesced those merged into a pending call.
 	Submitted, Rejected, Coalesced uint64
-	// Executions counts exec calls; StaleExecutions those that finished
-	// after their call lost every waiter (kept for audit, never a success);
-	// Retries the dispatcher's own retries; AlreadyDone the calls the
-	// before-retry hook found done; Unfinishable the calls the deadline
-	// check did not start.
+	// StaleExecutions finished after their call lost every waiter;
+	// AlreadyDone counts calls BeforeRetry found done; Unfinishable, calls
+	// the deadline check did not start.
 	Executions, StaleExecutions, Retries, AlreadyDone, Unfinishable uint64
-	// Concurrency is the worker executions allowed now (Config.Workers, or
-	// the adaptive limit); Reserved the workers kept for urgent calls, and
-	// BelowReserve the executions of other calls, at most
-	// max(Concurrency − Reserved, 1).
+	// Concurrency is the executions allowed now; BelowReserve, non-urgent ones.
 	Concurrency, Reserved, BelowReserve int
-	// Circuit is the breaker's circuit.
-	Circuit Circuit
-	// Backpressure counts refusals by bound, and Shed calls dropped to make
-	// room, by bound; each holds every bound as a key.
+	Circuit                             Circuit
+	// Backpressure counts refusals, and Shed calls dropped to make room,
+	// by bound, each holding every bound as a key.
 	Backpressure, Shed map[Bound]uint64
-	// Tenants has each tenant's figures: every configured tenant, and any
-	// other while it has calls (so made-up names cannot grow memory).
+	// Tenants holds the configured tenants, and others while they have
+	// calls; Labels counts live calls by label.
 	Tenants map[string]TenantStats
-	// Labels counts live calls by Config.Label's label.
-	Labels map[string]int
-	// QueueWait (enqueue to first execution) and ExecTime (one attempt)
-	// cover the last minute.
+	Labels  map[string]int
+	// QueueWait (to the first execution) and ExecTime: the last minute.
 	QueueWait, ExecTime Quantiles
-	// CallbackPanics counts contained panics (and runtime.Goexit calls) of
-	// OnDone, Observer methods and Label; LastCallbackPanic is the last.
+	// CallbackPanics counts contained panics and runtime.Goexit calls of
+	// OnDone, Observer methods and Label.
 	CallbackPanics    uint64
 	LastCallbackPanic *PanicError
-	// Mode is the current mode, and FallbackReason why the fallback last
-	// switched to ModeSync ("" if it never did).
+	// FallbackReason says why the fallback last switched ("" if never).
 	Mode           Mode
 	FallbackReason string
-	// Outcomes counts submissions, and Calls finished calls (what OnDone
-	// saw), by terminal state; each holds every state as a key.
+	// Outcomes counts submissions, and Calls finished calls, by state, each
+	// holding every state as a key.
 	Outcomes, Calls map[State]uint64
 }
 
-// Quantiles summarises a latency distribution: each quantile is the upper
-// bound of its histogram bucket, at most 50% above the true value.
+// Quantiles summarises latencies: each is the upper bound of its
+// histogram bucket, at most 50% above the true value.
 type Quantiles struct {
 	Count         uint64 // observations in the window
 	P50, P90, P99 time.Duration
@@ -122,7 +108,7 @@ func quantiles(h hist.Hist) Quantiles {
 	return Quantiles{Count: h.Count(), P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99)}
 }
 
-// Stats returns a consistent snapshot of the dispatcher's state.
+// Stats returns a snapshot, taken under the dispatcher's lock.
 func (d *Dispatcher[K, T]) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()

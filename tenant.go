@@ -2,18 +2,14 @@ package dispatch
 
 import "github.com/google/btree"
 
-// TenantStats are one tenant's figures in a Stats snapshot.
+// TenantStats are one tenant's figures in Stats: calls queued and
+// executing; submissions admitted and rejected, and calls shed.
 type TenantStats struct {
-	// Queued is the number of the tenant's calls waiting to run.
-	Queued int
-	// InFlight is the number of the tenant's calls executing.
+	Queued   int
 	InFlight int
-	// Admitted counts the tenant's accepted submissions.
 	Admitted uint64
-	// Rejected counts the tenant's refused submissions.
 	Rejected uint64
-	// Dropped counts the tenant's calls shed under load.
-	Dropped uint64
+	Dropped  uint64
 }
 
 // strideBase is the pass a weight-1 tenant advances per pick; a tenant of
@@ -100,20 +96,16 @@ func (d *Dispatcher[K, T]) forgetIdle(t *tenant[K, T]) {
 	}
 }
 
-// TenantConfig bounds one tenant: a plugin, a call type, whoever submits
-// (Config.Tenants, Config.DefaultTenant). The zero value means no quota,
-// no in-flight cap, weight 1.
+// TenantConfig bounds one tenant; its zero value bounds nothing, weight 1.
 type TenantConfig struct {
-	// MaxQueued caps the tenant's calls waiting to run, so that one tenant
-	// cannot fill the queue: beyond it a new call evicts the tenant's own
-	// worst droppable queued call if it would run before it, else is
-	// refused with a *BackpressureError of BoundQuota. 0 means no quota.
-	MaxQueued int
-	// MaxInFlight caps the tenant's concurrent executions. 0 means none.
-	MaxInFlight int
-	// Weight is the tenant's share of workers among ready calls at the
-	// same level (see the package documentation). 0 means 1; weights
-	// beyond 2³² count as 2³².
+	// MaxQueued caps the tenant's calls waiting to run: beyond it a new
+	// call evicts the tenant's worst droppable queued call if it would run
+	// before it, else is refused with BoundQuota.
+	MaxQueued   int
+	MaxInFlight int // caps its executions: at the cap its calls are passed over
+	// Weight shares workers among tenants whose best ready calls are at
+	// one band and level (Config.AgingBand), by stride scheduling: each pick
+	// advances a tenant's pass by 2³²/Weight (at least 1), lowest first.
 	Weight int
 }
 

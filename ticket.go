@@ -7,24 +7,8 @@ import (
 )
 
 // Ticket is the caller's handle on one submission, as a rate.Reservation is
-// on a token. It is safe for concurrent use. A Ticket is only obtained from
-// [Dispatcher.Submit]; its zero value is not usable.
-//
-// A ticket that neither carries a deadline nor watches a context (its
-// ctx's Done is nil) shares its outcome with the other such tickets of its
-// call, from the fourth on: the call's end records one outcome for them
-// all and does not visit them, so that the time a call's end holds the
-// dispatcher's lock does not grow with the tickets it served. A ticket
-// that leaves on its own (Cancel), and one that the call's end visits (the
-// first three, or one with a deadline to expire or a context to stop
-// watching), is told its outcome on its own. Either way each ticket hears
-// exactly once, and Result reports an outcome only once Done is closed.
-//
-// A Ticket holds no copy of its outcome, so its size does not depend on K
-// and T: 80 bytes on a 64-bit platform, 144 with a deadline or a context
-// to watch. The Result it reports is recorded once per outcome and call
-// end, and shared: by every ticket that end tells on time, and by the
-// riders of the call's share.
+// on a token: it hears its outcome exactly once. It is safe for concurrent
+// use; only Dispatcher.Submit makes one, and its zero value is not usable.
 type Ticket[K comparable, T any] struct {
 	d *Dispatcher[K, T]
 	// c is the call the ticket is on. A rider keeps it after the call ended
@@ -178,9 +162,7 @@ var closedDone = func() chan struct{} {
 	return ch
 }()
 
-// Done returns a channel that is closed when the submission's outcome is
-// known. After that, Wait returns at once. The channel is made on the
-// first call (one small allocation), not by Submit.
+// Done returns a channel closed once the outcome is known.
 func (t *Ticket[K, T]) Done() <-chan struct{} {
 	if ch, ok := t.done.Load().(chan struct{}); ok {
 		return ch
@@ -273,9 +255,9 @@ func (t *Ticket[K, T]) tell() {
 	}
 }
 
-// Wait blocks until the outcome is known or ctx is done. It returns the
-// result and result.Err; if ctx ends first it returns a zero Result and
-// ctx's error, and the submission stays live (use Cancel to leave).
+// Wait returns the result and its Err once known; if ctx ends first, a
+// zero Result and ctx's error, and the submission stays live (Cancel
+// leaves).
 func (t *Ticket[K, T]) Wait(ctx context.Context) (Result[K, T], error) {
 	if r := t.outcome(); r != nil {
 		return *r, r.Err
@@ -289,8 +271,7 @@ func (t *Ticket[K, T]) Wait(ctx context.Context) (Result[K, T], error) {
 	}
 }
 
-// Result returns the outcome and true once Done is closed, or a zero Result
-// and false before.
+// Result returns the outcome and true once Done is closed, else false.
 func (t *Ticket[K, T]) Result() (Result[K, T], bool) {
 	if r := t.outcome(); r != nil {
 		return *r, true
@@ -298,10 +279,9 @@ func (t *Ticket[K, T]) Result() (Result[K, T], bool) {
 	return Result[K, T]{}, false
 }
 
-// Cancel withdraws this submission only: its outcome becomes Canceled. The
-// call itself goes on for its other waiters; if this was the last one, a
-// pending call is removed and an in-flight call's context is cancelled.
-// Cancel after the outcome is known does nothing.
+// Cancel ends this submission Canceled, unless it has ended. The call goes
+// on for its other waiters; without any, a pending call is removed and a
+// running call's context is cancelled.
 func (t *Ticket[K, T]) Cancel() {
 	t.d.leave(t, StateCanceled, ErrCanceled)
 }
