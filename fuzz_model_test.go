@@ -804,7 +804,7 @@ func (m *fzModel) finish(c *fmCall, out fzOutcome) {
 		}
 		m.hook(c, st, class)
 	case out.hookErr:
-		m.end(c, dispatch.StateFailed, "retry:before-retry:before", out.ran)
+		m.end(c, dispatch.StateFailed, "retry:before_retry:before", out.ran)
 	case out.done:
 		m.alreadyDone++
 		m.end(c, dispatch.StateSucceeded, "nil", out.ran)
