@@ -245,7 +245,7 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit fu
 	var replace error
 	if merge := d.cfg.Merge; merge != nil {
 		var v T
-		err, _ := guard(callbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
+		_, err := guard(callbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
 		switch {
 		case err == nil:
 		case errors.Is(err, SkipIncoming):
@@ -360,7 +360,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	}
 	c := l.pending
 	var v T
-	err, _ := guard(callbackAmend, func() (err error) { v, err = f(c.val); return err }, func(*PanicError) { d.mu.Unlock() })
+	_, err := guard(callbackAmend, func() (err error) { v, err = f(c.val); return err }, func(*PanicError) { d.mu.Unlock() })
 	if err != nil {
 		d.mu.Unlock()
 		return true, err
@@ -373,7 +373,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 		return true, nil
 	}
 	var noop bool
-	if _, pe := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
+	if pe, _ := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
 		if pe != nil {
 			return true, pe
 		}

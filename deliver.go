@@ -96,7 +96,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		r := ob.hooks[ob.nh]
 		ob.hooks[ob.nh] = Result[K, T]{}
 		ob.nh++
-		_, pe := guard(callbackOnDone, func() error { d.cfg.OnDone(r); return nil }, rest)
+		pe, _ := guard(callbackOnDone, func() error { d.cfg.OnDone(r); return nil }, rest)
 		d.contain(pe)
 	}
 	ob.hooks, ob.nh = ob.hooks[:0], 0
@@ -104,19 +104,20 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		f := ob.notes[ob.nn]
 		ob.notes[ob.nn] = nil
 		ob.nn++
-		_, pe := guard(callbackObserver, func() error { f(); return nil }, rest)
+		pe, _ := guard(callbackObserver, func() error { f(); return nil }, rest)
 		d.contain(pe)
 	}
 	ob.notes, ob.nn = ob.notes[:0], 0
 }
 
 // guard runs f, user code of kind cb, and returns f's error. A panic in f
-// is recovered and returned as panicked (err is then panicked too).
+// is recovered and returned as panicked (err is then panicked too; the
+// order of the results puts panicked first, as the more urgent of the two).
 // runtime.Goexit in f cannot be stopped: onExit, if set, runs first with a
 // *PanicError of Value ErrGoexit, to finish the work f interrupted, and then
 // the goroutine ends. guard needs no lock; if the caller holds one across f,
 // onExit must release it.
-func guard(cb string, f func() error, onExit func(*PanicError)) (err error, panicked *PanicError) {
+func guard(cb string, f func() error, onExit func(*PanicError)) (panicked *PanicError, err error) {
 	returned := false
 	defer func() {
 		if returned {
@@ -133,7 +134,7 @@ func guard(cb string, f func() error, onExit func(*PanicError)) (err error, pani
 	}()
 	err = f()
 	returned = true
-	return err, nil
+	return nil, err
 }
 
 // crash ends the process on a panic in the dispatcher's own code — never
@@ -167,6 +168,6 @@ func (d *Dispatcher[K, T]) contain(pe *PanicError) {
 // ends the goroutine, it is counted on the way out; the caller's own
 // deferred work finishes what it interrupted.
 func (d *Dispatcher[K, T]) observe(f func()) {
-	_, pe := guard(callbackObserver, func() error { f(); return nil }, d.contain)
+	pe, _ := guard(callbackObserver, func() error { f(); return nil }, d.contain)
 	d.contain(pe)
 }

@@ -405,7 +405,7 @@ func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
 		return ""
 	}
 	var label string
-	_, pe := guard(callbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.contain)
+	pe, _ := guard(callbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.contain)
 	d.contain(pe)
 	return label
 }

@@ -326,7 +326,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		a.site = callbackBeforeRetry
 		var next T
 		var done bool
-		err, _ := guard(callbackBeforeRetry, func() (err error) {
+		_, err := guard(callbackBeforeRetry, func() (err error) {
 			next, done, err = d.cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
 			return err
 		}, nil)
@@ -343,7 +343,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 	if d.cfg.NoOp != nil {
 		a.site = callbackNoOp
 		var isNoop bool
-		if _, pe := guard(callbackNoOp, func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
+		if pe, _ := guard(callbackNoOp, func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
 			a.err, a.panicked = pe, true
 			return
 		}
@@ -365,7 +365,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 	}
 	a.site = callbackExec
 	start := d.now()
-	err, pe := guard(callbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
+	pe, err := guard(callbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
 	a.end = d.now()
 	a.runTime = time.Duration(a.end - start)
 	a.ran = true
@@ -380,7 +380,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 			return
 		}
 		a.site = callbackClassify
-		if _, pe := guard(callbackClassify, func() error { a.class = d.cfg.Classify(err); return nil }, nil); pe != nil {
+		if pe, _ := guard(callbackClassify, func() error { a.class = d.cfg.Classify(err); return nil }, nil); pe != nil {
 			a.err = fmt.Errorf("%w (judging the error: %w)", pe, err)
 			a.panicked = true
 		}
