@@ -84,6 +84,13 @@ func (d *Dispatcher) Start(logger klog.Logger) {
 	d.logger.Store(&logger)
 	d.pending.start()
 	d.wire.gate.open()
+	s := d.core.Stats()
+	rate := "taken from the client's own limiter before each call is chosen"
+	if !d.wire.metered {
+		rate = "the client's own, if any (" + d.wire.why + ")"
+	}
+	logger.V(2).Info("API dispatcher started", "dispatcher", "github.com/coalescer/dispatch/kube/scheduler",
+		"workers", s.Concurrency, "reservedForBindings", s.Reserved, "mode", s.Mode, "rateLimit", rate)
 }
 
 // Close stops the dispatcher. It refuses new calls at once, runs what is

@@ -90,7 +90,8 @@
 //
 // Calls log from Execute through klog.FromContext, which carries the logger
 // Start was given (upstream's calls log at V(3) and V(5)). The dispatcher
-// logs its own events: a retry at V(4), a queued call shed to make room at
-// V(2), a change of mode or of the circuit breaker's state at V(0), and a
+// logs its own events: its start, with its workers and where its tokens
+// come from, at V(2); a retry at V(4); a queued call shed to make room at
+// V(2); a change of mode or of the circuit breaker's state at V(0); and a
 // panic in Execute (contained: the call fails) as an error.
 package scheduler

@@ -13,7 +13,9 @@ type Result struct {
 	// call was not run for those reasons, the API's error (possibly in a
 	// *dispatch.RetryError) when it failed, or an error matching one of
 	// dispatch's sentinels (ErrExpired, ErrBackpressure, ErrClosed, …) when
-	// the dispatcher ended or refused it.
+	// the dispatcher ended or refused it — ErrStale for a call whose
+	// execution returned after its deadline passed or Close ended it: it
+	// may have taken effect.
 	Err error
 	// Outcome is the dispatcher's account of the call this Add ran as:
 	// its terminal state, attempts, queue wait and run time. It is the zero
