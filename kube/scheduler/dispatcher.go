@@ -270,6 +270,8 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 		if e.skipped.Load() {
 			err = errLessRelevant
 		}
+	case dispatch.Failed:
+		err = callError(r.Err)
 	default:
 		err = r.Err
 	}
@@ -278,6 +280,24 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 	if errors.As(err, &pe) {
 		logErr(d.log(), pe, "API call panicked", "callType", e.typ, "uid", r.Key)
 	}
+}
+
+// callError is what OnFinish gets for a failed call: the error its last
+// Execute returned, unchanged — as upstream's dispatcher sends it, and as
+// the scheduler puts it into its own messages and statuses — rather than
+// the dispatcher's *RetryError around it, and without the server's delay
+// the adapter carried to the backoff. (The Ticket's Outcome keeps the
+// dispatcher's account: attempts, and why it gave up.) A panic in Execute
+// stays a *dispatch.PanicError.
+func callError(err error) error {
+	var re *dispatch.RetryError
+	if errors.As(err, &re) && re.Last != nil {
+		err = re.Last
+	}
+	if de, ok := err.(*delayedError); ok {
+		err = de.err
+	}
+	return err
 }
 
 // tellDisplaced tells the entries e overwrote that they were.

@@ -60,7 +60,9 @@ func TestRetries(t *testing.T) {
 				if tc.fails {
 					assert.Error(t, res.Err)
 					assert.Equal(t, dispatch.Failed, res.Outcome.State)
-					assert.ErrorIs(t, res.Err, tc.errs[tc.attempts-1], "the API's error, unwrapped from the dispatcher's")
+					assert.Same(t, tc.errs[tc.attempts-1], res.Err, "the error the last Execute returned, unchanged, as upstream sends it")
+					var re *dispatch.RetryError
+					assert.ErrorAs(t, res.Outcome.Err, &re, "the dispatcher's account is in the Outcome")
 				} else {
 					assert.NoError(t, res.Err)
 				}

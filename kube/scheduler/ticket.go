@@ -10,8 +10,8 @@ import (
 type Result struct {
 	// Err is what the call's OnFinish channel is sent: nil on success, an
 	// error matching fwk.ErrCallSkipped or fwk.ErrCallOverwritten when the
-	// call was not run for those reasons, the API's error (possibly in a
-	// *dispatch.RetryError) when it failed, or an error matching one of
+	// call was not run for those reasons, the error its last Execute
+	// returned, unchanged, when it failed, or an error matching one of
 	// dispatch's sentinels (ErrExpired, ErrBackpressure, ErrClosed, …) when
 	// the dispatcher ended or refused it — ErrStale for a call whose
 	// execution returned after its deadline passed or Close ended it: it
