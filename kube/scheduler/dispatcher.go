@@ -72,7 +72,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 }
 
 // Start lets calls run: upstream's Run. Calls added before Start wait,
-// and merge and sync as usual; in dispatch.Sync mode, Add waits for Start
+// and merge and sync as usual; in dispatch.ModeSync, Add waits for Start
 // too. logger is given to every call's
 // Execute through its context (klog.FromContext) and receives the
 // dispatcher's own log lines. Start returns at once; calling it again does
@@ -142,12 +142,12 @@ func (d *Dispatcher) add(e *entry) error {
 		// in flight if nothing is pending. A pending call is never less
 		// relevant than the one in flight (it would have been skipped), so
 		// a call less relevant than the one in flight is skipped either way.
-		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.Skipped})
+		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessInFlight
 	}
-	if !d.core.Pending(uid) && e.call.IsNoOp() {
+	if !d.core.Busy(uid) && e.call.IsNoOp() {
 		// Nothing queued or in flight to merge with: the call changes nothing.
-		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.Skipped})
+		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errNoEffect
 	}
 	err := d.core.Post(uid, e, d.set.options(e.typ, time.Now()))
@@ -162,7 +162,7 @@ func (d *Dispatcher) add(e *entry) error {
 		e.tell(err, dispatch.Outcome{})
 		return err
 	case e.skipped.Load():
-		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.Skipped})
+		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessRelevant
 	case e.merged.Load() && e.noop.Load():
 		// The merged call changes nothing: drop it if it has not started.
@@ -218,19 +218,19 @@ func (d *Dispatcher) Stats() dispatch.Stats { return d.core.Stats() }
 // Mode returns the current mode.
 func (d *Dispatcher) Mode() dispatch.Mode { return d.core.Mode() }
 
-// SetMode switches between dispatch.Async and dispatch.Sync at run time
+// SetMode switches between dispatch.ModeAsync and dispatch.ModeSync at run time
 // (see dispatch.Dispatcher.SetMode): the feature gate's lever.
 func (d *Dispatcher) SetMode(ctx context.Context, m dispatch.Mode) error {
 	return d.core.SetMode(ctx, m)
 }
 
 // ModeOf maps the SchedulerAsyncAPICalls feature gate to a mode: enabled is
-// dispatch.Async, disabled dispatch.Sync.
+// dispatch.ModeAsync, disabled dispatch.ModeSync.
 func ModeOf(enabled bool) dispatch.Mode {
 	if enabled {
-		return dispatch.Async
+		return dispatch.ModeAsync
 	}
-	return dispatch.Sync
+	return dispatch.ModeSync
 }
 
 // exec is the core's ExecFunc: one execution of e's call, on the wire's
@@ -264,13 +264,13 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 	d.pending.kick()
 	var err error
 	switch r.State {
-	case dispatch.Succeeded:
-	case dispatch.Skipped:
+	case dispatch.StateSucceeded:
+	case dispatch.StateSkipped:
 		err = errNoEffect
 		if e.skipped.Load() {
 			err = errLessRelevant
 		}
-	case dispatch.Failed:
+	case dispatch.StateFailed:
 		err = callError(r.Err)
 	default:
 		err = r.Err

@@ -46,9 +46,9 @@ func (o logObserver) OnModeChange(from, to dispatch.Mode, reason dispatch.Switch
 	o.Observer.OnModeChange(from, to, reason)
 }
 
-func (o logObserver) OnBreakerChange(from, to dispatch.BreakerState) {
+func (o logObserver) OnCircuitChange(from, to dispatch.Circuit) {
 	o.d.log().Info("API dispatcher's circuit breaker changed state", "from", from, "to", to)
-	o.Observer.OnBreakerChange(from, to)
+	o.Observer.OnCircuitChange(from, to)
 }
 
 // logErr reports an internal error as upstream's dispatcher does.

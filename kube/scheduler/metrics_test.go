@@ -104,6 +104,6 @@ func TestMetrics(t *testing.T) {
 		}
 		assert.Contains(t, pending, fwk.APICallType("plugin_call"))
 		assert.Equal(t, uint64(1), d.Stats().Retries)
-		assert.Equal(t, dispatch.Async, d.Mode())
+		assert.Equal(t, dispatch.ModeAsync, d.Mode())
 	})
 }

@@ -75,7 +75,7 @@ func TestOnFinishNonBlocking(t *testing.T) {
 	res, err := tk.Wait(ctx)
 	require.NoError(t, err)
 	assert.NoError(t, res.Err)
-	assert.Equal(t, dispatch.Succeeded, res.Outcome.State)
+	assert.Equal(t, dispatch.StateSucceeded, res.Outcome.State)
 	assert.Equal(t, 1, res.Outcome.Attempts)
 	select {
 	case err := <-unbuffered:
@@ -125,9 +125,9 @@ func TestTicketResults(t *testing.T) {
 		state dispatch.State
 	}{
 		{"overwritten", overwritten, ch1, fwk.ErrCallOverwritten, 0},
-		{"ran", ran, ch2, nil, dispatch.Succeeded},
-		{"skipped", skipped, ch3, fwk.ErrCallSkipped, dispatch.Skipped},
-		{"failed", failed, ch4, errTest, dispatch.Failed},
+		{"ran", ran, ch2, nil, dispatch.StateSucceeded},
+		{"skipped", skipped, ch3, fwk.ErrCallSkipped, dispatch.StateSkipped},
+		{"failed", failed, ch4, errTest, dispatch.StateFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sent := outcome(t, tc.ch)

@@ -1,8 +1,10 @@
 package scheduler
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -35,13 +37,25 @@ const (
 	// again (and a fresh status patch is made for it).
 	DefaultTimeout = 5 * time.Minute
 
-	// DefaultBindingPriority is the priority of PodBinding calls: a pod's
-	// binding cycle waits on it.
-	DefaultBindingPriority = 10
-	// DefaultPriority is the priority of PodStatusPatch calls and of every
-	// call type Options.Priorities does not name — a plugin's own calls —
-	// so that no call goes ahead of a binding unless configured to.
-	DefaultPriority = 0
+	// The default priorities, each call type in a priority band of its
+	// own (Options.AgingBand, 10 by default), so that aging never lifts a
+	// call past one of a more urgent type, however long it waits:
+	//
+	// DefaultBindingPriority is PodBinding's: a pod's binding cycle waits
+	// on it.
+	DefaultBindingPriority = 20
+	// DefaultPriority is the priority of every call type that is neither
+	// PodBinding nor PodStatusPatch and that Options.Priorities does not
+	// name — a plugin's own calls. Such a call may be something a pod's
+	// scheduling waits on, which a status patch never is, and it is not a
+	// binding: it runs after bindings and before status patches.
+	DefaultPriority = 10
+	// DefaultStatusPatchPriority is PodStatusPatch's: a report nobody
+	// waits on.
+	DefaultStatusPatchPriority = 0
+	// DefaultAgingBand is the width of a priority band when
+	// Options.AgingBand is 0.
+	DefaultAgingBand = 10
 )
 
 // Options configures New. The zero value gives the defaults. The type-based
@@ -51,14 +65,18 @@ type Options struct {
 	// Workers bounds concurrent executions. 0 means DefaultWorkers.
 	Workers int
 	// Priorities overrides the priority of call types: PodBinding is
-	// DefaultBindingPriority, every other type DefaultPriority. Higher runs
-	// first; waiting calls age one level per Aging.
+	// DefaultBindingPriority, PodStatusPatch DefaultStatusPatchPriority,
+	// every other type DefaultPriority. Higher runs first; a waiting call
+	// ages one level per Aging, within its priority band (AgingBand). New
+	// refuses priorities that put a type in PodBinding's band below it:
+	// aging would lift those calls past bindings.
 	Priorities map[fwk.APICallType]int
-	// ReservedWorkers is how many workers are kept for calls at the
-	// binding's priority or above, so that a storm of status patches never
-	// leaves a binding without a worker (kubernetes#135900). 0 means a
-	// quarter of the workers, at least one (none with a single worker); a
-	// negative value keeps none.
+	// ReservedWorkers is how many workers are kept for calls in the
+	// binding's priority band or above, so that a storm of status patches
+	// (or of a plugin's calls) never leaves a binding without a worker
+	// (kubernetes#135900). 0 means a quarter of the workers, at least one
+	// (none with a single worker); a negative value keeps none; a positive
+	// value must be less than the workers.
 	ReservedWorkers int
 	// Timeout bounds how long a call may wait and run, from Add to its
 	// end, for the call types Timeouts does not name. 0 means
@@ -72,11 +90,15 @@ type Options struct {
 	// otherwise refused with an error matching dispatch.ErrBackpressure.
 	// 0 means DefaultCapacity.
 	Capacity int
-	// Aging is how fast a waiting call gains priority: one level per
-	// interval. 0 means dispatch.DefaultAging.
+	// Aging is how fast a waiting call gains priority over the other calls
+	// of its priority band: one level per interval. 0 means the core's
+	// default, a level per second.
 	Aging time.Duration
-	// StrictPriority turns aging off (see dispatch.Config.StrictPriority).
-	StrictPriority bool
+	// AgingBand groups priorities into bands of this many consecutive
+	// levels, and aging works only within a band (see
+	// dispatch.Config.AgingBand): a call never runs before a ready call of
+	// a higher band. 0 means DefaultAgingBand; 1 is strict priority.
+	AgingBand int
 	// Tenants sets per-call-type quotas: each call type is its own tenant,
 	// so a type's queued and in-flight calls can be capped and its share
 	// of workers weighted.
@@ -93,8 +115,8 @@ type Options struct {
 	Breaker *dispatch.BreakerPolicy
 	// Adaptive, if set, adapts concurrency to the API server.
 	Adaptive *dispatch.AdaptivePolicy
-	// Mode is the mode to start in: dispatch.Async (the default), or
-	// dispatch.Sync, in which Add runs each call inline, through the same
+	// Mode is the mode to start in: dispatch.ModeAsync (the default), or
+	// dispatch.ModeSync, in which Add runs each call inline, through the same
 	// merging, retries and outcomes. See ModeOf.
 	Mode dispatch.Mode
 	// SwitchPolicy says what a switch to Sync does with queued calls.
@@ -116,7 +138,10 @@ type settings struct {
 	prio     map[fwk.APICallType]int
 	timeout  map[fwk.APICallType]time.Duration
 	deflt    time.Duration // Timeout for the other types; < 0: none
-	urgent   int           // priority at or above which a call is kept and never shed
+	band     int           // AgingBand
+	urgent   int           // the start of the binding's band: calls at or above it are kept and never shed
+	reserved int           // workers kept for them
+	workers  int
 	metrics  Metrics
 	observer dispatch.Observer
 }
@@ -161,11 +186,15 @@ func (o Options) resolve() (settings, error) {
 		return settings{}, optErr("Workers", o.Workers, "must not be negative")
 	case o.Capacity < 0:
 		return settings{}, optErr("Capacity", o.Capacity, "must not be negative")
+	case o.AgingBand < 0:
+		return settings{}, optErr("AgingBand", o.AgingBand, "must not be negative")
 	}
 	s := settings{
-		prio:     map[fwk.APICallType]int{PodBinding: DefaultBindingPriority, PodStatusPatch: DefaultPriority},
+		prio:     map[fwk.APICallType]int{PodBinding: DefaultBindingPriority, PodStatusPatch: DefaultStatusPatchPriority},
 		timeout:  maps.Clone(o.Timeouts),
 		deflt:    o.Timeout,
+		band:     cmp.Or(o.AgingBand, DefaultAgingBand),
+		workers:  cmp.Or(o.Workers, DefaultWorkers),
 		metrics:  o.Metrics,
 		observer: o.Observer,
 	}
@@ -178,40 +207,60 @@ func (o Options) resolve() (settings, error) {
 			delete(s.timeout, t) // zero means the default, as everywhere else
 		}
 	}
-	s.urgent = s.prio[PodBinding]
+	bind := bandOf(s.prio[PodBinding], s.band)
+	s.urgent = bind * s.band
+	lower := maps.Clone(s.prio)
+	lower["a plugin's type (DefaultPriority)"] = DefaultPriority
+	for _, t := range slices.Sorted(maps.Keys(lower)) {
+		if p := lower[t]; p < s.prio[PodBinding] && bandOf(p, s.band) == bind {
+			return settings{}, optErr("Priorities", o.Priorities, fmt.Sprintf(
+				"put %s (%d) below %s (%d) in one priority band (of %d): aging would lift its calls past bindings",
+				t, p, PodBinding, s.prio[PodBinding], s.band))
+		}
+	}
+	switch kept := o.ReservedWorkers; {
+	case kept >= s.workers:
+		return settings{}, optErr("ReservedWorkers", kept, fmt.Sprintf("must be less than the workers (%d)", s.workers))
+	case kept > 0:
+		s.reserved = kept
+	case kept == 0 && s.workers > 1:
+		s.reserved = max(1, s.workers/4)
+	}
 	return s, nil
+}
+
+// bandOf is p's priority band (floor division).
+func bandOf(p, band int) int {
+	b := p / band
+	if p%band < 0 {
+		b--
+	}
+	return b
 }
 
 // coreConfig is the one place the adapter sets the core's Config: every
 // dispatch setting the adapter derives from Options, and the callbacks that
 // give fwk.APICall its semantics.
 func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
-	workers := o.Workers
-	if workers == 0 {
-		workers = DefaultWorkers
-	}
-	capacity := o.Capacity
-	if capacity == 0 {
-		capacity = DefaultCapacity
-	}
+	s := &d.set
 	cfg := dispatch.Config[types.UID, *entry]{
-		Workers:        workers,
-		RateLimit:      d.wire.gate,
-		Capacity:       capacity,
-		Aging:          o.Aging,
-		StrictPriority: o.StrictPriority,
-		Adaptive:       o.Adaptive,
-		Merge:          d.merge,
-		NoOp:           noOp,
-		Label:          label,
-		OnDone:         d.done,
-		Classify:       o.Classify,
-		Retry:          o.Retry,
-		Breaker:        o.Breaker,
-		Mode:           o.Mode,
-		SwitchPolicy:   o.SwitchPolicy,
-		Fallback:       o.Fallback,
-		Observer:       newLogObserver(d, o.Observer),
+		Workers:      s.workers,
+		RateLimit:    d.wire.gate,
+		Capacity:     cmp.Or(o.Capacity, DefaultCapacity),
+		Aging:        o.Aging,
+		AgingBand:    s.band,
+		Adaptive:     o.Adaptive,
+		Merge:        d.merge,
+		NoOp:         noOp,
+		Label:        label,
+		OnDone:       d.done,
+		Classify:     o.Classify,
+		Retry:        o.Retry,
+		Breaker:      o.Breaker,
+		Mode:         o.Mode,
+		SwitchPolicy: o.SwitchPolicy,
+		Fallback:     o.Fallback,
+		Observer:     newLogObserver(d, o.Observer),
 	}
 	if cfg.Classify == nil {
 		cfg.Classify = kube.Classify
@@ -222,11 +271,8 @@ func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 			cfg.Tenants[string(t)] = tc
 		}
 	}
-	if kept := o.ReservedWorkers; kept >= 0 && workers > 1 {
-		if kept == 0 {
-			kept = max(1, workers/4)
-		}
-		cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: d.set.urgent}
+	if s.reserved > 0 {
+		cfg.Reserve = dispatch.Reservation{Workers: s.reserved, MinPriority: s.urgent}
 	}
 	return cfg
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/kubernetes/fake"
 	fwk "k8s.io/kube-scheduler/framework"
 )
 
@@ -88,13 +89,15 @@ func TestBindingBeforeStorm(t *testing.T) {
 	}
 }
 
-// TestAgingLetsPatchesThrough: with a steady stream of bindings, a status
-// patch queued behind them still runs within about (10−0+1) aging
-// intervals, because it gains one priority level per interval.
-func TestAgingLetsPatchesThrough(t *testing.T) {
+// TestAgingWithinBand: a call ages past calls of a higher priority in its
+// own band. A plugin's type at 5 shares status patches' band [0, 10): with a
+// steady stream of its calls, a status patch queued behind them still runs
+// within about (5−0+1) aging intervals.
+func TestAgingWithinBand(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const aging = 10 * time.Millisecond
-		d := newTestDispatcher(t, Options{Workers: 1, Aging: aging})
+		const plugin fwk.APICallType = "plugin_call"
+		d := newTestDispatcher(t, Options{Workers: 1, Aging: aging, Priorities: map[fwk.APICallType]int{plugin: 5}})
 		j := &journal{}
 		busy := func(ctx context.Context, c *testCall) error {
 			time.Sleep(aging / 2)
@@ -102,24 +105,24 @@ func TestAgingLetsPatchesThrough(t *testing.T) {
 		}
 		patch := newCall(j, "patch", PodStatusPatch, "p", "PodScheduled")
 		patch.exec = busy
-		bind := func(i int) {
-			c := newCall(j, fmt.Sprintf("bind%d", i), PodBinding, typeUID(fmt.Sprint(i)), "node")
+		call := func(i int) {
+			c := newCall(j, fmt.Sprintf("plugin%d", i), plugin, typeUID(fmt.Sprint(i)), "x")
 			c.exec = busy
 			require.NoError(t, d.Add(c, fwk.APICallOptions{}))
 		}
-		bind(0)
+		call(0)
 		ch := make(chan error, 1)
 		require.NoError(t, d.Add(patch, fwk.APICallOptions{OnFinish: ch}))
 		added := time.Now()
 		for i := 1; ; i++ {
-			bind(i) // two bindings per aging interval: always one waiting
+			call(i) // two calls per aging interval: always one waiting
 			time.Sleep(aging / 2)
 			select {
 			case err := <-ch:
 				require.NoError(t, err)
 				waited := time.Since(added)
-				assert.LessOrEqual(t, waited, (DefaultBindingPriority-DefaultPriority+2)*aging, "aging bounds the patch's wait")
-				assert.Greater(t, waited, aging, "bindings went first while the patch was young")
+				assert.LessOrEqual(t, waited, (5-DefaultStatusPatchPriority+2)*aging, "aging bounds the patch's wait")
+				assert.Greater(t, waited, aging, "the plugin's calls went first while the patch was young")
 				return
 			default:
 			}
@@ -128,14 +131,54 @@ func TestAgingLetsPatchesThrough(t *testing.T) {
 	})
 }
 
-// TestStrictPriority: StrictPriority runs every binding before the patch.
+// TestBandsNeverOvertake: by default every call type has a band of its
+// own, so no amount of waiting lifts a call past one of a more urgent type:
+// while bindings keep coming, a plugin's call and a status patch wait, and
+// they run, the plugin's first, as soon as no binding is ready.
+func TestBandsNeverOvertake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const aging = 10 * time.Millisecond
+		d := newTestDispatcher(t, Options{Workers: 1, Aging: aging})
+		j := &journal{}
+		busy := func(ctx context.Context, c *testCall) error {
+			time.Sleep(aging / 2)
+			return nil
+		}
+		bind := func(i int) {
+			c := newCall(j, fmt.Sprintf("bind%d", i), PodBinding, typeUID(fmt.Sprint(i)), "node")
+			c.exec = busy
+			require.NoError(t, d.Add(c, fwk.APICallOptions{}))
+		}
+		bind(0)
+		patch := newCall(j, "patch", PodStatusPatch, "p", "PodScheduled")
+		plugin := newCall(j, "plugin", "plugin_call", "q", "x")
+		require.NoError(t, d.Add(patch, fwk.APICallOptions{}))
+		require.NoError(t, d.Add(plugin, fwk.APICallOptions{}))
+		const bindings = 200 // 100 aging intervals: far past any band's width
+		for i := 1; i < bindings; i++ {
+			bind(i)
+			time.Sleep(aging / 2)
+		}
+		synctest.Wait()
+		time.Sleep(aging) // the last binding ends
+		synctest.Wait()
+		order := j.only("execute")
+		require.Len(t, order, bindings+2)
+		assert.Equal(t, []string{"execute plugin", "execute patch"}, order[bindings:], "after every binding, the plugin's call (band 1) before the patch (band 0)")
+	})
+}
+
+// TestStrictPriority: with AgingBand 1 every priority is a band of its
+// own: a plugin's calls in the status patch's band, at 5, all run before
+// the patch, however long it has waited.
 func TestStrictPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d := newIdleDispatcher(t, Options{Workers: 1, StrictPriority: true})
+		const plugin fwk.APICallType = "plugin_call"
+		d := newIdleDispatcher(t, Options{Workers: 1, AgingBand: 1, Priorities: map[fwk.APICallType]int{plugin: 5}})
 		j := &journal{}
 		require.NoError(t, d.Add(newCall(j, "patch", PodStatusPatch, "p", "x"), fwk.APICallOptions{}))
 		for i := range 5 {
-			require.NoError(t, d.Add(newCall(j, fmt.Sprintf("bind%d", i), PodBinding, typeUID(fmt.Sprint(i)), "x"), fwk.APICallOptions{}))
+			require.NoError(t, d.Add(newCall(j, fmt.Sprintf("plugin%d", i), plugin, typeUID(fmt.Sprint(i)), "x"), fwk.APICallOptions{}))
 		}
 		time.Sleep(time.Minute) // aging would have lifted the patch long ago
 		d.Start(testLogger(t))
@@ -143,6 +186,47 @@ func TestStrictPriority(t *testing.T) {
 		order := j.only("execute")
 		require.Len(t, order, 6)
 		assert.Equal(t, "execute patch", order[5])
-		assert.Equal(t, dispatch.Async, d.Mode())
+		assert.Equal(t, dispatch.ModeAsync, d.Mode())
 	})
+}
+
+// TestPriorityOptions: the default priorities and reservation, and the
+// priorities New refuses.
+func TestPriorityOptions(t *testing.T) {
+	s, err := Options{}.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, 20, s.priority(PodBinding))
+	assert.Equal(t, 10, s.priority("plugin_call"))
+	assert.Equal(t, 0, s.priority(PodStatusPatch))
+	assert.Equal(t, 20, s.urgent, "the binding's band starts at 20")
+	assert.Equal(t, DefaultWorkers/4, s.reserved)
+	assert.False(t, s.options(PodBinding, time.Now()).Droppable)
+	assert.True(t, s.options("plugin_call", time.Now()).Droppable)
+
+	s, err = Options{Priorities: map[fwk.APICallType]int{PodBinding: 25}}.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, 20, s.urgent, "the reservation starts the binding's band")
+
+	for _, tc := range []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"a patch in the binding's band", Options{Priorities: map[fwk.APICallType]int{PodStatusPatch: 21, PodBinding: 25}},
+			"put pod_status_patch (21) below pod_binding (25) in one priority band (of 10)"},
+		{"a wide band", Options{AgingBand: 100},
+			"below pod_binding (20) in one priority band (of 100)"},
+		{"unknown types in the binding's band", Options{Priorities: map[fwk.APICallType]int{PodBinding: 15}},
+			"put a plugin's type (DefaultPriority) (10) below pod_binding (15)"},
+		{"every worker reserved", Options{Workers: 4, ReservedWorkers: 4}, "ReservedWorkers 4 must be less than the workers (4)"},
+		{"a negative band", Options{AgingBand: -1}, "AgingBand -1 must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(fake.NewClientset(), testRelevances, tc.o)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	_, err = New(fake.NewClientset(), testRelevances, Options{Priorities: map[fwk.APICallType]int{PodStatusPatch: 21, PodBinding: 35}})
+	assert.NoError(t, err, "a patch below the binding, in a band of its own")
 }

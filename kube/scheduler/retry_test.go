@@ -59,7 +59,7 @@ func TestRetries(t *testing.T) {
 				assert.Len(t, j.only("execute"), tc.attempts)
 				if tc.fails {
 					assert.Error(t, res.Err)
-					assert.Equal(t, dispatch.Failed, res.Outcome.State)
+					assert.Equal(t, dispatch.StateFailed, res.Outcome.State)
 					assert.Same(t, tc.errs[tc.attempts-1], res.Err, "the error the last Execute returned, unchanged, as upstream sends it")
 					var re *dispatch.RetryError
 					assert.ErrorAs(t, res.Outcome.Err, &re, "the dispatcher's account is in the Outcome")
@@ -106,7 +106,7 @@ func TestTimeout(t *testing.T) {
 	})
 }
 
-// TestSyncMode: in dispatch.Sync (the gate off) Add runs the call in the
+// TestSyncMode: in dispatch.ModeSync (the gate off) Add runs the call in the
 // caller, through the same rules, so its result is on OnFinish when Add
 // returns; SetMode switches at run time.
 func TestSyncMode(t *testing.T) {
@@ -123,7 +123,7 @@ func TestSyncMode(t *testing.T) {
 	assert.Equal(t, []string{"execute a"}, j.only("execute"))
 
 	require.NoError(t, d.SetMode(t.Context(), ModeOf(true)))
-	assert.Equal(t, dispatch.Async, d.Mode())
+	assert.Equal(t, dispatch.ModeAsync, d.Mode())
 	hold := newHolder()
 	b := newCall(j, "b", typeLow, "2", "x")
 	b.exec = hold.exec
@@ -147,3 +147,4 @@ func TestStatsByCallType(t *testing.T) {
 	assert.Equal(t, 1, s.Tenants[string(PodBinding)].Queued)
 	assert.Equal(t, map[string]int{string(PodStatusPatch): 2, string(PodBinding): 1}, s.Labels)
 }
+
