@@ -51,11 +51,14 @@ func (e *mergeError) Unwrap() error { return e.err }
 // merge is the core's Config.Merge: how a call joins the pending call for
 // the same object, by upstream's rules. A less relevant call is skipped (it
 // ends at once, the pending call untouched). A more relevant call, or one of
-// another type and the same relevance, overwrites the pending one. A call
-// of the same type absorbs the pending one through its own Merge, and
-// replaces it. Either way the pending entry is told it was overwritten
-// (displaced, by whoever tells next outside the lock), and the merged call's
-// IsNoOp is asked once.
+// another type and the same relevance, overwrites the pending one as
+// another operation (dispatch.ReplacePending): it starts fresh, in its own
+// tenant, whatever retries the pending one had been through. A call of the
+// same type absorbs the pending one through its own Merge, and replaces it
+// as the same operation, updated: a retry's attempts and backoff carry
+// over. Either way the pending entry is told it was overwritten (displaced,
+// by whoever tells next outside the lock), and the merged call's IsNoOp is
+// asked once.
 //
 // It runs under the core's lock, as upstream's merge runs under its queue's
 // lock: the calls' Merge and IsNoOp must be fast.
@@ -69,11 +72,19 @@ func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 		if err := incoming.call.Merge(pending.call); err != nil {
 			return pending, &mergeError{err}
 		}
+		incoming.overwrite(pending)
+		return incoming, nil
 	}
-	incoming.displaced.Store(pending)
-	incoming.noop.Store(incoming.call.IsNoOp())
-	incoming.merged.Store(true)
-	return incoming, nil
+	incoming.overwrite(pending)
+	return incoming, dispatch.ReplacePending
+}
+
+// overwrite makes e the call that runs in pending's place, and asks it
+// IsNoOp once.
+func (e *entry) overwrite(pending *entry) {
+	e.displaced.Store(pending)
+	e.noop.Store(e.call.IsNoOp())
+	e.merged.Store(true)
 }
 
 // noOp is the core's Config.NoOp: the call's IsNoOp as last asked.

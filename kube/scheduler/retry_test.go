@@ -148,3 +148,58 @@ func TestStatsByCallType(t *testing.T) {
 	assert.Equal(t, map[string]int{string(PodStatusPatch): 2, string(PodBinding): 1}, s.Labels)
 }
 
+// TestOverwriteStartsFresh: a call that overwrites a pending call of
+// another type is another operation — it runs at once, not after the
+// backoff of the retry it replaces, and with every attempt of its own —
+// while a call of the same type that merges into a retry is the same
+// operation, updated: it keeps the retry's backoff and attempts.
+func TestOverwriteStartsFresh(t *testing.T) {
+	const backoff = time.Minute
+	for _, tc := range []struct {
+		name       string
+		incoming   fwk.APICallType
+		wait       time.Duration // from the incoming call's Add to its first execution
+		executions int           // of the incoming call, when every one fails
+	}{
+		{"a more relevant type", typeHigh, 0, 3},
+		{"another type of the same relevance", typePeer, 0, 3},
+		{"the same type", typeLow, backoff - time.Second, 1}, // the retry's third and last attempt, when its backoff ends
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newTestDispatcher(t, Options{Retry: dispatch.RetryPolicy{MaxAttempts: 3, InitialBackoff: backoff, MaxBackoff: backoff, Jitter: dispatch.JitterNone, BudgetRatio: 1}})
+				j := &journal{}
+				var mu sync.Mutex
+				var runs []time.Time
+				failing := func(ctx context.Context, c *testCall) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if c.name == "incoming" {
+						runs = append(runs, time.Now())
+					}
+					return errRetryable
+				}
+				first := newCall(j, "first", typeLow, "1", "x")
+				first.exec = failing
+				firstDone := make(chan error, 1)
+				require.NoError(t, d.Add(first, fwk.APICallOptions{OnFinish: firstDone}))
+				time.Sleep(backoff + time.Second) // two executions failed: in its last backoff
+				synctest.Wait()
+				require.Len(t, j.only("execute first"), 2)
+
+				in := newCall(j, "incoming", tc.incoming, "1", "y")
+				in.exec = failing
+				done := make(chan error, 1)
+				added := time.Now()
+				require.NoError(t, d.Add(in, fwk.APICallOptions{OnFinish: done}))
+				assert.ErrorIs(t, <-done, errRetryable) // synctest: a receive lets the clock run
+				assert.ErrorIs(t, <-firstDone, fwk.ErrCallOverwritten)
+				mu.Lock()
+				defer mu.Unlock()
+				require.Len(t, runs, tc.executions)
+				assert.Equal(t, tc.wait, runs[0].Sub(added))
+				assert.Len(t, j.only("execute first"), 2)
+			})
+		})
+	}
+}
