@@ -1,10 +1,15 @@
+// Unpublished: the drop-in for k8s.io/kubernetes's api_dispatcher package,
+// the tool that materialises a copy of k8s.io/kubernetes with it, and the
+// tests that build kube-scheduler with it and run upstream's tests against
+// it; they need k8s.io/kubernetes itself, and so pin its staging modules
+// with replace below.
 module github.com/coalescer/dispatch/kube/scheduler/upstream
 
 go 1.26.0
 
 require (
-	github.com/coalescer/dispatch/kube/integration v0.0.0-00010101000000-000000000000
-	github.com/coalescer/dispatch/kube/scheduler v0.0.0-00010101000000-000000000000
+	github.com/coalescer/dispatch/kube/integration v0.1.0
+	github.com/coalescer/dispatch/kube/scheduler v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/mod v0.37.0
@@ -150,17 +155,6 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
-)
-
-// The local tree: the core library and the kube/, kube/integration and
-// kube/scheduler modules. This module is not published: it holds what
-// needs k8s.io/kubernetes itself (the drop-in, the materialise tool and the
-// tests that build kube-scheduler with it).
-replace (
-	github.com/coalescer/dispatch => ../../..
-	github.com/coalescer/dispatch/kube => ../..
-	github.com/coalescer/dispatch/kube/integration => ../../integration
-	github.com/coalescer/dispatch/kube/scheduler => ..
 )
 
 // k8s.io/kubernetes requires each of its staging repositories at v0.0.0 and
