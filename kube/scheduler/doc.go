@@ -31,6 +31,20 @@
 // pending call to the object, lets the pending call refresh from it, and
 // drops it if it then IsNoOp. Nothing runs before Start (upstream's Run).
 //
+// # Priorities
+//
+// Each call type has a priority (Options.Priorities): PodBinding 20, a
+// plugin's own types 10, PodStatusPatch 0 — a pod's binding cycle waits on
+// the first, perhaps on the second, never on the third. Each is in a
+// priority band of its own (Options.AgingBand, 10 wide by default): a
+// waiting call gains a level per Options.Aging over the calls of its band,
+// and never runs before a ready call of a higher band. A quarter of the
+// workers are kept for the binding's band. A call that overwrites a pending
+// call of another type is another operation and starts fresh — at once, with
+// every attempt of its own, in its own tenant — even if the call it replaces
+// was waiting out a retry's backoff; a call of the same type that merges
+// into it is the same operation, updated, and keeps the backoff.
+//
 // # OnFinish, and the Ticket
 //
 // Every Add ends in exactly one value on its OnFinish channel — never two,
