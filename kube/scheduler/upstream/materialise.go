@@ -240,17 +240,26 @@ func Materialise(ctx context.Context, o Options) (*Tree, error) {
 	}
 	dir := filepath.Join(o.Dir, "kubernetes-"+Version+"-"+key(o.Local))
 	t := &Tree{Dir: dir, Replace: replacements(dir, o.Local)}
-	switch {
-	case current(dir):
+	want := stamp(o.Local)
+	switch have, err := os.ReadFile(filepath.Join(dir, markerFile)); {
+	case err == nil && bytes.Equal(have, want):
 		return t, nil
-	case complete(dir):
-		// Made by a build of this package with other files of ours: put
-		// the new ones in place. Only what depends on them recompiles.
+	case err == nil:
+		// Made by a build of this package with other files of ours, or
+		// when the checkout's modules required other versions: put the new
+		// files in place, and tidy the copy's go.mod again if the
+		// requirements changed. Only what depends on them recompiles.
 		logf(o.Log, "updating dispatch's files in %s", dir)
 		if err := writeOurs(dir); err != nil {
 			return nil, err
 		}
-		return t, writeAtomic(filepath.Join(dir, markerFile), stamp())
+		if !bytes.Equal(modsLine(have), modsLine(want)) {
+			logf(o.Log, "our modules' go.mod changed: tidying the copy's go.mod again")
+			if err := rewriteGoMod(ctx, o, dir); err != nil {
+				return nil, err
+			}
+		}
+		return t, writeAtomic(filepath.Join(dir, markerFile), want)
 	}
 	src, err := moduleDir(ctx, o.Go, "k8s.io/kubernetes@"+Version)
 	if err != nil {
@@ -276,11 +285,11 @@ func Materialise(ctx context.Context, o Options) (*Tree, error) {
 	if err := rewriteGoMod(ctx, o, tmp); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, markerFile), stamp(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, markerFile), want, 0o644); err != nil {
 		return nil, err
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		if current(dir) {
+		if current(dir, want) {
 			return t, nil // another process made it meanwhile
 		}
 		return nil, fmt.Errorf("materialise: %w (remove %s if a crashed run left it incomplete)", err, dir)
@@ -296,21 +305,40 @@ const packageDir = "pkg/scheduler/backend/api_dispatcher"
 // files of ours it holds.
 const markerFile = ".dispatch-materialised"
 
-// complete reports whether dir is a finished copy; current, whether it
-// also holds this build's files of ours.
-func complete(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, markerFile))
-	return err == nil
-}
-
-func current(dir string) bool {
+// current reports whether dir is a finished copy with the files of ours,
+// and the requirements, that stamp want says.
+func current(dir string, want []byte) bool {
 	data, err := os.ReadFile(filepath.Join(dir, markerFile))
-	return err == nil && bytes.Equal(data, stamp())
+	return err == nil && bytes.Equal(data, want)
 }
 
-// stamp identifies the files of ours that a copy holds.
-func stamp() []byte {
-	return fmt.Appendf(nil, "drop-in %x\ndrop-in test %x\ngate %x\n", sha256.Sum256(dropIn), sha256.Sum256(dropInTest), sha256.Sum256([]byte(gateOn)))
+// stamp identifies what a copy holds of ours: the files, and the go.mod
+// files of the checkout's modules at local (if any), whose requirements
+// the copy's go.mod and go.sum take in.
+func stamp(local string) []byte {
+	mods := sha256.New()
+	if local != "" {
+		for _, m := range ourModules {
+			rel := strings.TrimPrefix(strings.TrimPrefix(m, ourModules[0]), "/")
+			data, _ := os.ReadFile(filepath.Join(local, rel, "go.mod")) // a missing one hashes as empty
+			fmt.Fprintf(mods, "%s %x\n", m, sha256.Sum256(data))
+		}
+	}
+	return fmt.Appendf(nil, "drop-in %x\ndrop-in test %x\ngate %x\n%s %x\n", sha256.Sum256(dropIn), sha256.Sum256(dropInTest), sha256.Sum256([]byte(gateOn)), modsPrefix, mods.Sum(nil))
+}
+
+// modsPrefix starts the line of a stamp that covers our modules' go.mod
+// files.
+const modsPrefix = "modules"
+
+// modsLine returns that line of stamp s (nil if it has none).
+func modsLine(s []byte) []byte {
+	for line := range bytes.Lines(s) {
+		if bytes.HasPrefix(line, []byte(modsPrefix+" ")) {
+			return line
+		}
+	}
+	return nil
 }
 
 // key names a copy by what its path must change with: the release, the

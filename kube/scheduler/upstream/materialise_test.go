@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"go/build"
 	"os"
 	"path/filepath"
@@ -149,17 +150,37 @@ func TestRefresh(t *testing.T) {
 	require.NoError(t, os.MkdirAll(pkg, 0o755))
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "pkg", "features"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(pkg, dropInFile), []byte("an older drop-in"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, markerFile), []byte("drop-in 0\n"), 0o644))
-	require.True(t, complete(dir))
-	require.False(t, current(dir))
+	// An older drop-in, with the same modules: only our files change.
+	older := append([]byte("drop-in 0\n"), modsLine(stamp(""))...)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, markerFile), older, 0o644))
+	require.False(t, current(dir, stamp("")))
 
 	tr, err := Materialise(t.Context(), Options{Dir: base})
 	require.NoError(t, err)
 	assert.Equal(t, dir, tr.Dir)
-	assert.True(t, current(dir))
+	assert.True(t, current(dir, stamp("")))
 	got, err := os.ReadFile(filepath.Join(pkg, dropInFile))
 	require.NoError(t, err)
 	assert.Contains(t, string(got), string(dropIn))
 	_, err = os.Stat(filepath.Join(dir, "go.mod"))
 	assert.True(t, os.IsNotExist(err), "nothing else was written")
+}
+
+// TestStampModules: a copy's stamp changes with the go.mod of any of the
+// checkout's modules (whose requirements the copy takes in, so that it is
+// tidied again), and not with anything else in them.
+func TestStampModules(t *testing.T) {
+	local := t.TempDir()
+	for _, rel := range []string{"", "kube", "kube/scheduler"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(local, rel), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(local, rel, "go.mod"), []byte("module x\n"), 0o644))
+	}
+	before := stamp(local)
+	require.NoError(t, os.WriteFile(filepath.Join(local, "kube", "other.go"), []byte("package kube\n"), 0o644))
+	assert.Equal(t, before, stamp(local))
+	require.NoError(t, os.WriteFile(filepath.Join(local, "kube", "go.mod"), []byte("module x\n\nrequire y v1.0.0\n"), 0o644))
+	after := stamp(local)
+	assert.NotEqual(t, modsLine(before), modsLine(after))
+	assert.NotEmpty(t, modsLine(after))
+	assert.Equal(t, bytes.TrimSuffix(before, modsLine(before)), bytes.TrimSuffix(after, modsLine(after)), "the files' lines stay")
 }
