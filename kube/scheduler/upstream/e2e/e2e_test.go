@@ -144,13 +144,20 @@ func prepare(ctx context.Context) error {
 		{"build the api_dispatcher test (drop-in)", append(append([]string{"test", "-c", "-o", throwaway("ours.test")}, upstreamBuildFlags(unit)...), dispatcherPkg)},
 		{"build the api_dispatcher test (upstream's)", append(append([]string{"test", "-c", "-o", throwaway("theirs.test"), "-tags", upstream.BaselineTag}, upstreamBuildFlags(unit)...), dispatcherPkg)},
 		{"build upstream's binding integration test", append(append([]string{"test", "-c", "-o", throwaway("bind.test")}, upstreamBuildFlags(integration)...), bindPkg)},
-		{"build kube-scheduler", append(append([]string{"build", "-o", prepared.scheduler}, upstreamBuildFlags(integration)...), "./cmd/kube-scheduler")},
 	} {
 		if err := step(b.what, func() error { return build(b.args...) }); err != nil {
 			return err
 		}
 	}
-	return nil
+	// kube-scheduler, with the README's one command: go run of
+	// cmd/materialise -build, from this module (in the workspace).
+	return step("build kube-scheduler (cmd/materialise -build)", func() error {
+		cmd := exec.CommandContext(ctx, gotest.GoCommand(), "run", "../cmd/materialise", "-q", "-build", prepared.scheduler)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go run ../cmd/materialise -build: %v\n%s", err, out)
+		}
+		return nil
+	})
 }
 
 // materialised returns the copy TestMain made, and skips under -short.
@@ -254,7 +261,8 @@ func TestIntegrationBind(t *testing.T) {
 }
 
 // TestKubeSchedulerBinary runs k8s.io/kubernetes/cmd/kube-scheduler, as
-// TestMain built it from the copy, against a real kube-apiserver with
+// TestMain built it from the copy with one command (go run
+// ./cmd/materialise -build), against a real kube-apiserver with
 // SchedulerAsyncAPICalls on, and watches it bind a pod through the
 // drop-in.
 func TestKubeSchedulerBinary(t *testing.T) {
