@@ -16,6 +16,7 @@ import (
 	"go/token"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -36,11 +37,21 @@ func main() {
 
 func run(dir string, long, maxParams int) error {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, 0)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
+	}
+	var files []*ast.File // the package's non-test files (no build tags in ours)
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, 0)
+		if err != nil {
+			return err
+		}
+		files = append(files, f)
 	}
 	var names, consts int
 	type fn struct {
@@ -48,43 +59,41 @@ func run(dir string, long, maxParams int) error {
 		lines, param int
 	}
 	var fns []fn
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			for _, decl := range f.Decls {
-				switch d := decl.(type) {
-				case *ast.GenDecl:
-					for _, s := range d.Specs {
-						switch s := s.(type) {
-						case *ast.TypeSpec:
-							if s.Name.IsExported() {
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						if s.Name.IsExported() {
+							names++
+						}
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							if n.IsExported() {
 								names++
-							}
-						case *ast.ValueSpec:
-							for _, n := range s.Names {
-								if n.IsExported() {
-									names++
-									if d.Tok == token.CONST {
-										consts++
-									}
+								if d.Tok == token.CONST {
+									consts++
 								}
 							}
 						}
 					}
-				case *ast.FuncDecl:
-					if d.Recv == nil && d.Name.IsExported() {
-						names++
-					}
-					name := d.Name.Name
-					if d.Recv != nil && len(d.Recv.List) > 0 {
-						name = recvName(d.Recv.List[0].Type) + "." + name
-					}
-					n := 0
-					for _, f := range d.Type.Params.List {
-						n += max(len(f.Names), 1)
-					}
-					lines := fset.Position(d.End()).Line - fset.Position(d.Pos()).Line + 1
-					fns = append(fns, fn{name, lines, n})
 				}
+			case *ast.FuncDecl:
+				if d.Recv == nil && d.Name.IsExported() {
+					names++
+				}
+				name := d.Name.Name
+				if d.Recv != nil && len(d.Recv.List) > 0 {
+					name = recvName(d.Recv.List[0].Type) + "." + name
+				}
+				n := 0
+				for _, f := range d.Type.Params.List {
+					n += max(len(f.Names), 1)
+				}
+				lines := fset.Position(d.End()).Line - fset.Position(d.Pos()).Line + 1
+				fns = append(fns, fn{name, lines, n})
 			}
 		}
 	}
