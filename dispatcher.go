@@ -257,7 +257,9 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	// Outcomes first: an observer that panics or exits must not keep the
 	// waiters this submission displaced from hearing.
 	d.deliver(&ob)
-	d.observeSubmit(*label, &o, coalesced, err)
+	if d.cfg.Observer != nil {
+		d.observeSubmit(*label, &o, coalesced, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +356,9 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	d.count(ten, err)
 	d.mu.Unlock()
 	d.deliver(&ob)
-	d.observeSubmit(label, &o, coalesced, err)
+	if d.cfg.Observer != nil { // not even a call on the hot path without one
+		d.observeSubmit(label, &o, coalesced, err)
+	}
 	return err
 }
 

@@ -146,7 +146,7 @@ func (ctx *execCtx) cancel(cause error) {
 		return
 	}
 	ctx.err = context.Canceled
-	if errors.Is(cause, ErrExpired) {
+	if cause != ErrAttemptEnded && errors.Is(cause, ErrExpired) { // the usual cause needs no walk
 		ctx.err = context.DeadlineExceeded
 	}
 	ctx.cause = cause // causeCtx is made when asked for (Value)
