@@ -1,0 +1,92 @@
+// Package perf runs kube-scheduler's own benchmark harness,
+// k8s.io/kubernetes/test/integration/scheduler_perf, on the workloads of
+// performance-config.yaml: SchedulingBasic and the storm of
+// kubernetes#135900, with SchedulerAsyncAPICalls on. Whose APIDispatcher
+// runs depends on how the package is built: as this module's go.mod says,
+// upstream's; with the go.mod that cmd/modfile prints for "dispatch", the
+// drop-in's. BENCHMARKS.md compares the two with benchstat.
+//
+// scheduler_perf starts an etcd of its own for each workload, the one in
+// $PATH: the tests put the project's there (kube/integration/apiserver's
+// EtcdBinary: $ETCD_BIN, etcd in $PATH, or one built with Go), so that
+// nothing but Go is needed. scheduler_perf checks for leaked goroutines
+// after each workload itself (test/integration/framework's GoleakCheck).
+package perf
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	_ "k8s.io/component-base/logs/json/register"
+	perf "k8s.io/kubernetes/test/integration/scheduler_perf"
+
+	"github.com/coalescer/dispatch/kube/integration/apiserver"
+)
+
+// config is the workloads' file, in this directory (go test runs in it).
+const config = "performance-config.yaml"
+
+// TestMain sets scheduler_perf up. Its workloads log at kube-scheduler's
+// production verbosity (2), thousands of lines each: unless $ARTIFACTS
+// names a directory for them, they go to a temporary one, where
+// scheduler_perf keeps a workload's log only if it fails, and which is
+// removed if every test passes. (Benchmarks also write their data items
+// there as JSON.)
+func TestMain(m *testing.M) {
+	if err := perf.InitTests(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	temp := ""
+	if _, ok := os.LookupEnv("ARTIFACTS"); !ok {
+		dir, err := os.MkdirTemp("", "scheduler-perf-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		temp = dir
+		os.Setenv("ARTIFACTS", dir)
+	}
+	code := m.Run()
+	if temp != "" {
+		if code == 0 {
+			os.RemoveAll(temp)
+		} else {
+			fmt.Fprintf(os.Stderr, "scheduler_perf's logs of the failed workloads: %s\n", temp)
+		}
+	}
+	os.Exit(code)
+}
+
+// TestSchedulerPerf runs the small workloads, labelled integration-test, so
+// that CI keeps performance-config.yaml valid and running.
+func TestSchedulerPerf(t *testing.T) {
+	etcdInPath(t)
+	perf.RunIntegrationPerfScheduling(t, config)
+}
+
+// BenchmarkPerfScheduling runs the workloads labelled performance (see
+// -perf-scheduling-label-filter) and reports scheduler_perf's data items:
+// SchedulingThroughput (pods scheduled per second: average and
+// percentiles) and, for the storm, the measured pods'
+// scheduler_pod_scheduling_sli_duration (queue entry → bound, ms).
+func BenchmarkPerfScheduling(b *testing.B) {
+	etcdInPath(b)
+	perf.RunBenchmarkPerfScheduling(b, config, "dispatch", nil)
+}
+
+// etcdInPath puts the project's etcd first in $PATH, as "etcd", for the
+// test.
+func etcdInPath(tb testing.TB) {
+	bin, err := apiserver.EtcdBinary(tb)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := tb.TempDir()
+	if err := os.Symlink(bin, filepath.Join(dir, "etcd")); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
