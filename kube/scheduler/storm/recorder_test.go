@@ -10,8 +10,8 @@ import (
 
 // recorder keeps what the test's pod informer saw of each pod, in the
 // order the server committed it (one watch carries every pod of the
-// namespace, in resourceVersion order), with the time each event arrived
-// since its clock started (see start: events before come out negative).
+// namespace, in resourceVersion order), with the time each event arrived,
+// and when the run's clock started (see start).
 type recorder struct {
 	mu     sync.Mutex
 	t0     time.Time
@@ -26,16 +26,16 @@ type recorder struct {
 	firstFailure, complete chan struct{}
 }
 
-// podRecord is what the informer saw of one pod. Times are since the
-// recorder's start; seqs count the events observed before.
+// podRecord is what the informer saw of one pod; seqs count the events
+// observed before.
 type podRecord struct {
 	schedulable bool
-	created     time.Duration // first seen
+	created     time.Time // first seen
 	createdSeq  int
-	bound       time.Duration // first seen with spec.nodeName, if boundSeq > 0
+	bound       time.Time // first seen with spec.nodeName, if boundSeq > 0
 	boundSeq    int
 	node        string
-	failed      time.Duration // first seen with PodScheduled=False, if failedSeq > 0
+	failed      time.Time // first seen with PodScheduled=False, if failedSeq > 0
 	failedSeq   int
 	// rebound counts the times spec.nodeName was seen to change once
 	// set: a pod bound twice.
@@ -52,7 +52,7 @@ func newRecorder(w Workload) *recorder {
 	}
 }
 
-// start restarts the recorder's clock.
+// start starts the run's clock.
 func (r *recorder) start() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -65,7 +65,7 @@ func (r *recorder) observe(p *corev1.Pod) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
-	at := now.Sub(r.t0)
+	at := now
 	rec, ok := r.pods[p.Name]
 	if !ok {
 		rec = &podRecord{schedulable: strings.HasPrefix(p.Name, podPrefix), created: at, createdSeq: r.seq}
@@ -120,7 +120,7 @@ func (r *recorder) snapshot() map[string]podRecord {
 	return out
 }
 
-// startTime is when the recorder's clock started.
+// startTime is when the run's clock started.
 func (r *recorder) startTime() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()

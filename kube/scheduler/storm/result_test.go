@@ -155,12 +155,13 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 
 	// The order the informer saw: the storm's conditions, then each
 	// schedulable pod against them.
+	t0 := rec.startTime()
 	var conditionSeqs []int
 	var drained time.Duration
 	for _, p := range seen {
 		if !p.schedulable && p.failedSeq > 0 {
 			conditionSeqs = append(conditionSeqs, p.failedSeq)
-			drained = max(drained, p.failed)
+			drained = max(drained, p.failed.Sub(t0))
 		}
 	}
 	slices.Sort(conditionSeqs)
@@ -180,9 +181,10 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		if !p.schedulable || p.boundSeq == 0 {
 			continue
 		}
-		latencies = append(latencies, p.bound-p.created)
-		firstCreated, lastBound = min(firstCreated, p.created), max(lastBound, p.bound)
-		r.Pods = append(r.Pods, PodTiming{Name: name, Created: ms(p.created), Bound: ms(p.bound)})
+		created, bound := p.created.Sub(t0), p.bound.Sub(t0)
+		latencies = append(latencies, bound-created)
+		firstCreated, lastBound = min(firstCreated, created), max(lastBound, bound)
+		r.Pods = append(r.Pods, PodTiming{Name: name, Created: ms(created), Bound: ms(bound)})
 		if p.boundSeq < lastCondition {
 			r.BoundBeforeDrain++
 		}
@@ -208,7 +210,6 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 	}
 
 	// What the scheduler asked of the server.
-	t0 := rec.startTime()
 	bindings := map[string]int{}
 	for _, q := range reqs {
 		key := q.Verb + " " + q.Resource
