@@ -123,6 +123,17 @@ func Command(verb, modfile string) (args, env []string, err error) {
 // such as ./cmd/scheduler) with modfile into the binary out, with the race
 // detector if race.
 func Build(ctx context.Context, modfile, pkg, out string, race bool) error {
+	return compile(ctx, "build", modfile, pkg, out, race)
+}
+
+// TestBinary compiles the tests of pkg (a path relative to the module,
+// such as ./perf) with modfile into the test binary out (go test -c).
+func TestBinary(ctx context.Context, modfile, pkg, out string, race bool) error {
+	return compile(ctx, "test", modfile, pkg, out, race)
+}
+
+// compile runs go build, or go test -c when verb is "test", in the module.
+func compile(ctx context.Context, verb, modfile, pkg, out string, race bool) error {
 	root, err := Root()
 	if err != nil {
 		return err
@@ -131,9 +142,12 @@ func Build(ctx context.Context, modfile, pkg, out string, race bool) error {
 	if err != nil {
 		return err
 	}
-	args, env, err := Command("build", modfile)
+	args, env, err := Command(verb, modfile)
 	if err != nil {
 		return err
+	}
+	if verb == "test" {
+		args = append(args, "-c")
 	}
 	if race {
 		args = append(args, "-race")
