@@ -114,7 +114,10 @@ func run() error {
 		return fmt.Errorf("creating the scheduler: %w", err)
 	}
 	informers.Start(ctx.Done())
-	defer informers.Shutdown()
+	defer func() {
+		stop() // on an early return too: Shutdown waits for the informers to see ctx end
+		informers.Shutdown()
+	}()
 	informers.WaitForCacheSync(ctx.Done())
 	if err := sched.WaitForHandlersSync(ctx); err != nil {
 		return fmt.Errorf("waiting for the event handlers: %w", err)
