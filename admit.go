@@ -44,7 +44,7 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 	}
 	if supersede {
 		l.gen = o.Generation
-		d.endLane(l, Stale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
+		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, o.Generation), now, withRunning, ob)
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
 			l = d.newLane(key, h, o.Generation)
@@ -60,8 +60,12 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 			}
 			d.deliver(ob)
 		})
+		replaced := false
 		switch err {
 		case nil:
+		case ReplacePending:
+			d.restart(c)
+			replaced = true
 		case SkipIncoming:
 			d.skipIncoming(key, val, t, ob)
 			return true, nil
@@ -72,7 +76,7 @@ func (d *Dispatcher[K, T]) admit(key K, h uint64, val T, o *SubmitOptions, now, 
 			c.droppable = false
 			d.q.unshed(c)
 		}
-		if o.Priority > c.prio && (ten != c.ten || label != c.label) {
+		if (replaced || o.Priority > c.prio) && (ten != c.ten || label != c.label) {
 			d.adopt(c, ten, label)
 		}
 		d.join(c, t, o.Priority, now, deadline)
@@ -113,7 +117,7 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions,
 			return d.refuse(BoundCapacity)
 		}
 	}
-	if o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == BreakerOpen {
+	if o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == CircuitOpen {
 		return ErrCircuitOpen
 	}
 	if quotaVictim != nil {
@@ -133,6 +137,9 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions,
 	d.join(c, t, o.Priority, now, deadline)
 	d.q.push(c)
 	d.wakeWorkerAsync(ob)
+	if d.fallback != nil {
+		d.wakeFallback(now)
+	}
 	return nil
 }
 
@@ -141,7 +148,7 @@ func (d *Dispatcher[K, T]) admitNewKey(key K, h uint64, val T, o *SubmitOptions,
 // comes after the lock is released, so that the worker it wakes does not
 // find the lock still held by the submitter.
 func (d *Dispatcher[K, T]) wakeWorkerAsync(ob *outbox[K, T]) {
-	if d.mode == Async && d.idleWorkers > 0 {
+	if d.mode == ModeAsync && d.idleWorkers > 0 {
 		ob.wake = true
 	}
 }

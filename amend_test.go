@@ -57,8 +57,8 @@ func TestAmend(t *testing.T) {
 		found, err = d.Amend("b", func(v int) (int, error) { return 0, nil })
 		require.NoError(t, err)
 		assert.True(t, found)
-		assert.Equal(t, map[State]int{Skipped: 2}, tally(t, b1, b2))
-		assert.False(t, d.Pending("b"))
+		assert.Equal(t, map[State]int{StateSkipped: 2}, tally(t, b1, b2))
+		assert.False(t, d.Busy("b"))
 
 		// The successor of an in-flight call is pending too.
 		succ := submit(t, d, holdKey, 2, prio(0))
@@ -73,11 +73,11 @@ func TestAmend(t *testing.T) {
 		assert.Equal(t, []int{200}, f.calls(holdKey), "the successor runs as rewritten")
 		assert.Empty(t, f.calls("b"))
 		s := closeD(t, d)
-		assert.Equal(t, uint64(3), s.Outcomes[Skipped], "two tickets and one post")
-		assert.Equal(t, uint64(1), s.Calls[Skipped], "one call, one hook")
+		assert.Equal(t, uint64(3), s.Outcomes[StateSkipped], "two tickets and one post")
+		assert.Equal(t, uint64(1), s.Calls[StateSkipped], "one call, one hook")
 		var skipped int
 		for _, r := range hooks.all() {
-			if r.State == Skipped {
+			if r.State == StateSkipped {
 				skipped++
 				assert.Equal(t, "b", r.Key)
 				assert.Equal(t, 3, r.Waiters)
@@ -119,7 +119,7 @@ func TestAmendRaceWithMerge(t *testing.T) {
 		<-done
 		release()
 		waitAll(a, a2)
-		assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, a, a2))
+		assert.Equal(t, map[State]int{StateSucceeded: 2}, tally(t, a, a2))
 		assert.Equal(t, []int{5}, f.calls("a"))
 		closeD(t, d)
 	})

@@ -625,7 +625,7 @@ func BenchmarkRetryPath(b *testing.B) {
 				return nil
 			}, Config[int, int]{
 				Workers: 1,
-				Retry:   RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)},
+				Retry:   RetryPolicy{InitialBackoff: time.Nanosecond, Jitter: JitterNone, BudgetRatio: math.Inf(1)},
 			})
 			if err != nil {
 				b.Fatal(err)

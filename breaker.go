@@ -3,31 +3,32 @@ package dispatch
 import (
 	"fmt"
 
+	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/coalescer/dispatch/internal/window"
 )
 
-// BreakerState is the state of the circuit breaker.
-type BreakerState uint8
+// Circuit is the state of the circuit breaker.
+type Circuit uint8
 
 const (
-	// BreakerClosed: calls run normally. The zero state, and the only one
+	// CircuitClosed: calls run normally. The zero state, and the only one
 	// when no breaker is configured.
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: no execution starts; queued calls wait (their deadlines
+	CircuitClosed Circuit = iota
+	// CircuitOpen: no execution starts; queued calls wait (their deadlines
 	// still run) until the cool-down ends.
-	BreakerOpen
-	// BreakerHalfOpen: a limited number of probe executions may run; a
+	CircuitOpen
+	// CircuitHalfOpen: a limited number of probe executions may run; a
 	// success closes the breaker, a retryable failure opens it again.
-	BreakerHalfOpen
+	CircuitHalfOpen
 )
 
-func (s BreakerState) String() string {
+func (s Circuit) String() string {
 	switch s {
-	case BreakerClosed:
+	case CircuitClosed:
 		return "closed"
-	case BreakerOpen:
+	case CircuitOpen:
 		return "open"
-	case BreakerHalfOpen:
+	case CircuitHalfOpen:
 		return "half-open"
 	}
 	return fmt.Sprintf("BreakerState(%d)", uint8(s))
@@ -36,7 +37,7 @@ func (s BreakerState) String() string {
 // breaker is the circuit breaker's state, guarded by the Dispatcher's lock.
 type breaker struct {
 	p         *BreakerPolicy // the Dispatcher's validated copy
-	state     BreakerState
+	state     Circuit
 	consec    int      // retryable failures in a row
 	openUntil int64    // while open: when to go half-open
 	probes    int      // probes in flight while half-open
@@ -61,13 +62,13 @@ const (
 // probe if half-open. It moves open → half-open when the cool-down is over.
 func (b *breaker) admits(now int64, ob *notes) bool {
 	switch b.state {
-	case BreakerOpen:
+	case CircuitOpen:
 		if now < b.openUntil {
 			return false
 		}
-		b.set(BreakerHalfOpen, ob)
+		b.set(CircuitHalfOpen, ob)
 		fallthrough
-	case BreakerHalfOpen:
+	case CircuitHalfOpen:
 		if b.probes >= b.p.Probes {
 			return false
 		}
@@ -96,13 +97,13 @@ func (b *breaker) endProbe(id uint64) {
 // probeRunning reports whether a probe runs while the breaker holds other
 // executions back.
 func (b *breaker) probeRunning() bool {
-	return b != nil && b.state != BreakerClosed && len(b.probers) > 0
+	return b != nil && b.state != CircuitClosed && len(b.probers) > 0
 }
 
 // probing reports whether goroutine id runs a probe while the breaker holds
 // other executions back: an execution it waited for would wait for it.
 func (b *breaker) probing(id uint64) bool {
-	if b == nil || b.state == BreakerClosed {
+	if b == nil || b.state == CircuitClosed {
 		return false
 	}
 	for _, p := range b.probers {
@@ -122,17 +123,17 @@ func (b *breaker) record(now int64, v verdict, ob *notes) {
 	bk.Total++
 	if v == verdictHealthy {
 		b.consec = 0
-		if b.state == BreakerHalfOpen {
-			b.set(BreakerClosed, ob)
+		if b.state == CircuitHalfOpen {
+			b.set(CircuitClosed, ob)
 		}
 		return
 	}
 	bk.Marked++
 	b.consec++
 	switch b.state {
-	case BreakerHalfOpen:
+	case CircuitHalfOpen:
 		b.trip(now, ob)
-	case BreakerClosed:
+	case CircuitClosed:
 		s := b.win.Sum(now)
 		if b.consec >= b.p.ConsecutiveFailures ||
 			(s.Total >= uint64(b.p.MinSamples) && float64(s.Marked) >= b.p.FailureRatio*float64(s.Total)) {
@@ -142,25 +143,25 @@ func (b *breaker) record(now int64, v verdict, ob *notes) {
 }
 
 func (b *breaker) trip(now int64, ob *notes) {
-	if b.state == BreakerClosed {
+	if b.state == CircuitClosed {
 		b.since = now
 	}
-	b.openUntil = now + int64(b.p.Cooldown)
+	b.openUntil = sat.Add(now, int64(b.p.Cooldown))
 	b.consec = 0
 	b.win = window.New(b.p.Window)
-	b.set(BreakerOpen, ob)
+	b.set(CircuitOpen, ob)
 }
 
-func (b *breaker) set(to BreakerState, ob *notes) {
+func (b *breaker) set(to Circuit, ob *notes) {
 	from := b.state
 	if from == to {
 		return
 	}
 	b.state = to
-	if to == BreakerClosed {
+	if to == CircuitClosed {
 		b.probes = 0
 	}
 	if o := b.obs; o != nil {
-		*ob = append(*ob, func() { o.OnBreakerChange(from, to) })
+		*ob = append(*ob, func() { o.OnCircuitChange(from, to) })
 	}
 }

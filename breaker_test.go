@@ -41,7 +41,7 @@ type breakerLog struct {
 	changes []string
 }
 
-func (b *breakerLog) OnBreakerChange(from, to BreakerState) {
+func (b *breakerLog) OnCircuitChange(from, to Circuit) {
 	b.mu.Lock()
 	b.changes = append(b.changes, from.String()+">"+to.String())
 	b.mu.Unlock()
@@ -72,7 +72,7 @@ func TestBreakerTransitions(t *testing.T) {
 			<-call(fmt.Sprint("fail", i)).Done()
 		}
 		synctest.Wait()
-		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "3 retryable failures in a row trip it")
+		assert.Equal(t, CircuitOpen, d.Stats().Circuit, "3 retryable failures in a row trip it")
 
 		// While open, nothing runs: the call waits in the queue.
 		f.set(false)
@@ -86,9 +86,9 @@ func TestBreakerTransitions(t *testing.T) {
 		time.Sleep(time.Second)
 		res, err := waiting.Wait(bg)
 		require.NoError(t, err)
-		assert.Equal(t, Succeeded, res.State)
+		assert.Equal(t, StateSucceeded, res.State)
 		synctest.Wait()
-		assert.Equal(t, BreakerClosed, d.Stats().Breaker)
+		assert.Equal(t, CircuitClosed, d.Stats().Circuit)
 
 		// Trip again; a failed probe re-opens it.
 		f.set(true)
@@ -99,7 +99,7 @@ func TestBreakerTransitions(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		<-probe.Done()
 		synctest.Wait()
-		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "a failed probe re-opens it")
+		assert.Equal(t, CircuitOpen, d.Stats().Circuit, "a failed probe re-opens it")
 
 		assert.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed", "closed>open", "open>half-open", "half-open>open"}, obs.all())
 		closeD(t, d)
@@ -116,9 +116,9 @@ func TestBreakerIgnoresPermanentErrors(t *testing.T) {
 		})
 		for i := range 10 {
 			res, _ := submit(t, d, fmt.Sprint(i), 0, SubmitOptions{}).Wait(bg)
-			require.Equal(t, Failed, res.State)
+			require.Equal(t, StateFailed, res.State)
 		}
-		assert.Equal(t, BreakerClosed, d.Stats().Breaker)
+		assert.Equal(t, CircuitClosed, d.Stats().Circuit)
 		closeD(t, d)
 	})
 }
@@ -142,10 +142,10 @@ func TestBreakerFailureRatio(t *testing.T) {
 		})
 		for i := range 9 {
 			<-submit(t, d, fmt.Sprint(i), 0, SubmitOptions{}).Done()
-			require.Equal(t, BreakerClosed, d.Stats().Breaker, "below MinSamples after %d", i+1)
+			require.Equal(t, CircuitClosed, d.Stats().Circuit, "below MinSamples after %d", i+1)
 		}
 		<-submit(t, d, "10th", 0, SubmitOptions{}).Done()
-		assert.Equal(t, BreakerOpen, d.Stats().Breaker, "5 of 10 failed")
+		assert.Equal(t, CircuitOpen, d.Stats().Circuit, "5 of 10 failed")
 		closeD(t, d)
 	})
 }
@@ -162,7 +162,7 @@ func TestBreakerRefusesDroppable(t *testing.T) {
 		})
 		<-submit(t, d, "a", 0, SubmitOptions{}).Done()
 		synctest.Wait()
-		require.Equal(t, BreakerOpen, d.Stats().Breaker)
+		require.Equal(t, CircuitOpen, d.Stats().Circuit)
 		err := d.Post("b", 0, SubmitOptions{Droppable: true})
 		assert.ErrorIs(t, err, ErrCircuitOpen)
 		require.NoError(t, d.Post("c", 0, SubmitOptions{}), "non-droppable work still queues")

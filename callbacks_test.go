@@ -66,7 +66,7 @@ func TestCloseFromCallback(t *testing.T) {
 				require.ErrorIs(t, <-got, ErrReentrant)
 				waitAll(hold, tk, queued)
 				outcome(t, tk)
-				assert.Equal(t, Closed, outcome(t, queued).State)
+				assert.Equal(t, StateClosed, outcome(t, queued).State)
 				closeD(t, d)
 			})
 		})
@@ -95,12 +95,12 @@ func TestSyncSubmitOwnKeyFromExec(t *testing.T) {
 				other = d.Post("other", 2, SubmitOptions{})
 			}
 			return nil
-		}, Config[string, int]{Mode: Sync})
-		assert.Equal(t, Succeeded, outcome(t, submit(t, d, "k", 1, prio(0))).State)
+		}, Config[string, int]{Mode: ModeSync})
+		assert.Equal(t, StateSucceeded, outcome(t, submit(t, d, "k", 1, prio(0))).State)
 		assert.ErrorIs(t, own, ErrReentrant)
 		assert.NoError(t, other)
 		s := closeD(t, d)
-		assert.Equal(t, uint64(2), s.Outcomes[Succeeded])
+		assert.Equal(t, uint64(2), s.Outcomes[StateSucceeded])
 		assert.Equal(t, uint64(1), s.Rejected)
 	})
 }
@@ -114,7 +114,7 @@ func TestSetModeFromExec(t *testing.T) {
 		var err error
 		d = newD(t, func(_ context.Context, k string, _ int) error {
 			if k == "switch" {
-				err = d.SetMode(context.Background(), Sync)
+				err = d.SetMode(context.Background(), ModeSync)
 			}
 			return nil
 		}, Config[string, int]{Workers: 1})
@@ -122,8 +122,8 @@ func TestSetModeFromExec(t *testing.T) {
 		queued := submit(t, d, "queued", 1, prio(0))
 		waitAll(sw, queued)
 		assert.ErrorIs(t, err, ErrReentrant)
-		assert.Equal(t, Sync, d.Mode())
-		assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, sw, queued))
+		assert.Equal(t, ModeSync, d.Mode())
+		assert.Equal(t, map[State]int{StateSucceeded: 2}, tally(t, sw, queued))
 		closeD(t, d)
 	})
 }
@@ -143,7 +143,7 @@ func TestHookAndObserverPanicsOnWorker(t *testing.T) {
 			tks = append(tks, submit(t, d, k, 1, prio(0)))
 		}
 		waitAll(tks...)
-		assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: 3}, tally(t, tks...))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(6), s.CallbackPanics)
 	})
@@ -158,7 +158,7 @@ func TestBlockedObserverDoesNotDelayDeadlines(t *testing.T) {
 		g := f.block("hold")
 		unblock := make(chan struct{})
 		obs := &finishHook{f: func(e Event, o Outcome) {
-			if o.State == Expired {
+			if o.State == StateExpired {
 				<-unblock
 			}
 		}}
@@ -174,7 +174,7 @@ func TestBlockedObserverDoesNotDelayDeadlines(t *testing.T) {
 		at, ok := w.of(second)
 		require.True(t, ok, "the second deadline was told while the observer blocked on the first")
 		assert.Equal(t, 100*time.Millisecond, at)
-		assert.Equal(t, Expired, outcome(t, second).State)
+		assert.Equal(t, StateExpired, outcome(t, second).State)
 		close(unblock)
 		g.open()
 		waitAll(hold)
@@ -212,7 +212,7 @@ func TestCallbackPanicsEndTheCall(t *testing.T) {
 				cfg.Workers, cfg.Retry = 1, noJitter(3)
 				d := newD(t, func(context.Context, string, int) error { runs++; return errAPI }, cfg)
 				r := outcome(t, waitFor(t, submit(t, d, "k", 1, prio(0))))
-				assert.Equal(t, Failed, r.State)
+				assert.Equal(t, StateFailed, r.State)
 				var pe *PanicError
 				require.ErrorAs(t, r.Err, &pe)
 				assert.Equal(t, tc.cb, pe.Callback)
@@ -258,7 +258,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 				}
 				return false
 			}
-		}, submitExit, Failed},
+		}, submitExit, StateFailed},
 		{"before-retry", func(c *Config[string, int]) {
 			c.BeforeRetry = func(_ context.Context, k string, v int, _ error) (int, bool, error) {
 				if exit(k) {
@@ -266,17 +266,17 @@ func TestGoexitInCallbacks(t *testing.T) {
 				}
 				return v, false, nil
 			}
-		}, submitFailingExit, Failed},
+		}, submitFailingExit, StateFailed},
 		{"classify", func(c *Config[string, int]) {
-			c.Classify = func(error) Class { goexit(); return Retry }
-		}, submitFailingExit, Failed},
+			c.Classify = func(error) Class { goexit(); return ClassRetry }
+		}, submitFailingExit, StateFailed},
 		{"on-done", func(c *Config[string, int]) {
 			c.OnDone = func(r Result[string, int]) {
 				if exit(r.Key) {
 					goexit()
 				}
 			}
-		}, submitExit, Succeeded},
+		}, submitExit, StateSucceeded},
 		{"observer", func(c *Config[string, int]) {
 			c.Label = func(k string, _ int) string { return k }
 			c.Observer = &finishHook{f: func(e Event, _ Outcome) {
@@ -284,7 +284,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 					goexit()
 				}
 			}}
-		}, submitExit, Succeeded},
+		}, submitExit, StateSucceeded},
 		{"label", func(c *Config[string, int]) {
 			c.Label = func(k string, _ int) string {
 				if exit(k) {
@@ -294,7 +294,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 			}
 		}, func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
 			e.inGoroutine(func() { _, _ = e.d.Submit(bg, "exit", 1, SubmitOptions{}) })
-			assert.False(t, e.d.Pending("exit"), "nothing was admitted")
+			assert.False(t, e.d.Busy("exit"), "nothing was admitted")
 			return nil
 		}, 0},
 		{"merge on submit", func(c *Config[string, int]) { c.Merge = goexitOn(99) },
@@ -305,7 +305,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 				e.inGoroutine(func() { _, _ = e.d.Submit(bg, "exit", 99, SubmitOptions{}) })
 				e.open()
 				return []*Ticket[string, int]{hold, pending}
-			}, Succeeded},
+			}, StateSucceeded},
 		{"merge in a retry", func(c *Config[string, int]) { c.Merge = goexitOn(99) },
 			func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
 				e.failFirst = true
@@ -314,7 +314,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 				successor := submit(t, e.d, "hold", 99, prio(0))
 				e.open() // the retry merges its successor: the worker exits under the lock
 				return []*Ticket[string, int]{running, successor}
-			}, Succeeded},
+			}, StateSucceeded},
 		{"amend", nil, func(t *testing.T, e *cbEnv) []*Ticket[string, int] {
 			hold := submit(t, e.d, "hold", 1, prio(0))
 			synctest.Wait()
@@ -324,7 +324,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 			})
 			e.open()
 			return []*Ticket[string, int]{hold, pending}
-		}, Succeeded},
+		}, StateSucceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -340,7 +340,7 @@ func TestGoexitInCallbacks(t *testing.T) {
 				for _, tk := range tks {
 					r := outcome(t, tk)
 					assert.Equal(t, tc.want, r.State)
-					if tc.want == Failed {
+					if tc.want == StateFailed {
 						var pe *PanicError
 						require.ErrorAs(t, r.Err, &pe)
 						assert.ErrorIs(t, pe, ErrGoexit)
@@ -348,9 +348,9 @@ func TestGoexitInCallbacks(t *testing.T) {
 				}
 				synctest.Wait()
 				assert.Equal(t, int32(1), goexits.Load(), "the callback exited its goroutine")
-				assert.False(t, e.d.Pending("exit"), "the key is not wedged")
+				assert.False(t, e.d.Busy("exit"), "the key is not wedged")
 				// The dispatcher goes on, on a replaced worker if need be.
-				assert.Equal(t, Succeeded, outcome(t, waitFor(t, submit(t, e.d, "after", 1, prio(0)))).State)
+				assert.Equal(t, StateSucceeded, outcome(t, waitFor(t, submit(t, e.d, "after", 1, prio(0)))).State)
 				closeD(t, e.d)
 			})
 		})
@@ -472,7 +472,7 @@ func TestHookGoexitBeforeNextCall(t *testing.T) {
 		waitFor(t, a)
 		synctest.Wait()
 		if s := d.Stats(); s.InFlight != 0 || !isDone(b) {
-			t.Errorf("after a's hook exited the worker: InFlight %d, b done %v, Pending(b) %v", s.InFlight, isDone(b), d.Pending("b"))
+			t.Errorf("after a's hook exited the worker: InFlight %d, b done %v, Pending(b) %v", s.InFlight, isDone(b), d.Busy("b"))
 		}
 	})
 }
@@ -505,7 +505,7 @@ func TestSyncSubmitFromProbe(t *testing.T) {
 			}
 			return nil
 		}, Config[string, int]{
-			Mode:    Sync,
+			Mode:    ModeSync,
 			Retry:   RetryPolicy{MaxAttempts: 1},
 			Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
 		})
@@ -584,7 +584,7 @@ func TestSyncObserverGoexitOnTheCaller(t *testing.T) {
 					}
 					return nil
 				}, Config[string, int]{
-					Mode:     Sync,
+					Mode:     ModeSync,
 					Workers:  1,
 					Retry:    noJitter(3),
 					Observer: exitOn{submit: onSubmit},
@@ -598,7 +598,7 @@ func TestSyncObserverGoexitOnTheCaller(t *testing.T) {
 				}()
 				<-exited
 				r := <-done
-				assert.Equal(t, Succeeded, r.State)
+				assert.Equal(t, StateSucceeded, r.State)
 				assert.Equal(t, 2, r.Attempts)
 				assert.Equal(t, int32(2), runs.Load())
 				s := closeD(t, d)

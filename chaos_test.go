@@ -253,12 +253,13 @@ type chaosG struct {
 
 // chaosInjected counts what the soak made user code do.
 type chaosInjected struct {
-	panics  [numCallbacks]atomic.Uint64
-	goexits [numCallbacks]atomic.Uint64
-	reenter atomic.Uint64 // calls back into the dispatcher
-	setMode atomic.Uint64
-	skipped atomic.Uint64 // merges that found the incoming call moot
-	done    atomic.Uint64 // before-retry hooks that found the call done
+	panics   [numCallbacks]atomic.Uint64
+	goexits  [numCallbacks]atomic.Uint64
+	reenter  atomic.Uint64 // calls back into the dispatcher
+	setMode  atomic.Uint64
+	skipped  atomic.Uint64 // merges that found the incoming call moot
+	replaced atomic.Uint64 // merges that made the incoming call a new operation
+	done     atomic.Uint64 // before-retry hooks that found the call done
 }
 
 // The callbacks, as indexes into chaosInjected.
@@ -471,6 +472,8 @@ func (c *chaos) run() {
 		Capacity:    p.capacity,
 		MaxWaiters:  p.maxWaiters,
 		Aging:       time.Millisecond,
+		AgingBand:   4,                                         // the priorities (-3..10 and extremes) span several bands
+		Reserve:     Reservation{Workers: 1, MinPriority: 100}, // the band of the side keys' calls
 		Tenants:     map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
 		Merge:       c.merge,
 		NoOp:        c.noop,
@@ -635,7 +638,7 @@ func (c *chaos) quiesce() {
 	c.testG()
 	d := c.d
 	s := d.Stats()
-	if s.Mode != Sync || s.FallbackReason == "" || c.switchCount(SwitchBacklog) == 0 {
+	if s.Mode != ModeSync || s.FallbackReason == "" || c.switchCount(SwitchBacklog) == 0 {
 		c.errorf("the fallback did not switch to Sync on backlog, so the run tested nothing: mode %v, reason %q", s.Mode, s.FallbackReason)
 	}
 	start := time.Now()
@@ -679,7 +682,7 @@ func (c *chaos) isTail(key int) bool { return key >= c.p.keys+c.p.sideKeys }
 func (c *chaos) tail() {
 	d, p := c.d, c.p
 	me := c.current() // the quiesce goroutine
-	if err := d.SetMode(context.Background(), Async); err != nil {
+	if err := d.SetMode(context.Background(), ModeAsync); err != nil {
 		c.errorf("tail: SetMode(Async): %v", err)
 		return
 	}
@@ -702,7 +705,7 @@ func (c *chaos) tail() {
 		c.errorf("tail: the inline call was refused: %v", err)
 		return
 	}
-	if r, _ := tk.tk.Result(); r.State != Succeeded {
+	if r, _ := tk.tk.Result(); r.State != StateSucceeded {
 		c.errorf("tail: the inline call: %+v", r)
 	}
 	start := time.Now()
@@ -941,7 +944,7 @@ func (c *chaos) submitter(gi int) {
 				c.errorf("Wait without a result: %v", err)
 			}
 		default:
-			c.d.Pending(key)
+			c.d.Busy(key)
 			c.checkStats(c.d.Stats(), "submitter")
 		}
 	}
@@ -991,7 +994,7 @@ func (c *chaos) reenter(r *rand.Rand, key int, where string, leaf, ownOK, anyKey
 	case x < 72:
 		c.amend(g, r, target)
 	case x < 80:
-		c.d.Pending(target)
+		c.d.Busy(target)
 	case x < 95:
 		c.checkStats(c.d.Stats(), where)
 	default:
@@ -1006,9 +1009,9 @@ func (c *chaos) setMode(r *rand.Rand, where string) {
 		return // the fallback run's switch to Sync is the fallback's
 	}
 	c.inj.setMode.Add(1)
-	m := Sync
+	m := ModeSync
 	if c.p.flap && r.IntN(3) != 0 {
-		m = Async
+		m = ModeAsync
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*c.p.execMax)
 	err := c.d.SetMode(ctx, m)
@@ -1128,8 +1131,8 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 	case incoming[0]%37 == 0:
 		// The pending call makes the incoming one moot. On arrival (a
 		// submission of one id by this goroutine) it ends Skipped alone,
-		// in no call; a retry's successor ends Skipped as a call, with its
-		// hook.
+		// in no call; a retry's successor stays behind the retry and runs
+		// after it.
 		c.inj.skipped.Add(1)
 		if g := c.current(); g != nil && len(incoming) == 1 && g.submitting == incoming[0] {
 			c.mu.Lock()
@@ -1142,7 +1145,14 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 		return nil, SkipIncoming
 	}
 	out := make([]uint64, 0, len(pending)+len(incoming))
-	return append(append(out, pending...), incoming...), nil
+	out = append(append(out, pending...), incoming...)
+	if incoming[0]%41 == 0 {
+		// Another operation: the call starts over as the union, with no
+		// attempts or backoff carried over (ReplacePending).
+		c.inj.replaced.Add(1)
+		return out, ReplacePending
+	}
+	return out, nil
 }
 
 func (c *chaos) noop(key int, ids []uint64) bool {
@@ -1190,11 +1200,11 @@ func (c *chaos) classify(err error) Class {
 	}
 	switch {
 	case errors.Is(err, errChaosRetry):
-		return Retry
+		return ClassRetry
 	case errors.Is(err, errChaosConflict):
-		return Recompute
+		return ClassRecompute
 	}
-	return Permanent
+	return ClassPermanent
 }
 
 func (c *chaos) beforeRetry(_ context.Context, key int, ids []uint64, _ error) ([]uint64, bool, error) {
@@ -1266,8 +1276,8 @@ func (o chaosObserver) OnModeChange(_, _ Mode, reason SwitchReason) {
 	o.c.observe()
 }
 
-func (o chaosObserver) OnBreakerChange(_, to BreakerState) {
-	if to == BreakerOpen {
+func (o chaosObserver) OnCircuitChange(_, to Circuit) {
+	if to == CircuitOpen {
 		o.c.trips.Add(1)
 	}
 	o.c.observe()
@@ -1294,11 +1304,11 @@ func (c *chaos) observe() {
 // negative, and that a *PanicError in it is one the soak injected.
 func (c *chaos) checkResult(r Result[int, []uint64], where string) {
 	switch {
-	case r.State < Succeeded || r.State > Closed:
+	case r.State < StateSucceeded || r.State > StateClosed:
 		c.errorf("%s: invalid state %v in %+v", where, r.State, r)
-	case r.State.OK() && r.Err != nil, r.State != Failed && !r.State.OK() && !errors.Is(r.Err, sentinel[r.State]):
+	case r.State.OK() && r.Err != nil, r.State != StateFailed && !r.State.OK() && !errors.Is(r.Err, sentinel[r.State]):
 		c.errorf("%s: %v result with error %v", where, r.State, r.Err)
-	case r.State == Failed && r.Err == nil:
+	case r.State == StateFailed && r.Err == nil:
 		c.errorf("%s: Failed result without an error", where)
 	}
 	if r.QueueWait < 0 || r.RunTime < 0 || r.Attempts < 0 || r.Waiters < 0 {
@@ -1446,10 +1456,10 @@ func (c *chaos) verify() {
 		if res.Key != ct.key || !slices.Contains(res.Call, ct.id) {
 			c.errorf("%s: result for key %d with call %v", where, res.Key, res.Call)
 		}
-		if c.skippedIn[ct.id] && (res.State != Skipped || res.Waiters != 1 || res.Attempts != 0 || len(res.Call) != 1) {
+		if c.skippedIn[ct.id] && (res.State != StateSkipped || res.Waiters != 1 || res.Attempts != 0 || len(res.Call) != 1) {
 			c.errorf("%s: skipped on arrival, but %+v", where, res)
 		}
-		if res.State != Succeeded {
+		if res.State != StateSucceeded {
 			continue
 		}
 		ok2, ran := c.okEnd[ct.id]
@@ -1487,8 +1497,8 @@ func (c *chaos) verify() {
 	}
 	t.Logf("%d submissions (%d accepted, %d tickets, %d skipped on arrival), %d hook calls, %d executions, %d retries, %d already done, %d breaker trips; outcomes %v",
 		s.Submitted, len(c.accepted), len(c.tickets), len(c.skippedIn), c.hookCalls, s.Executions, s.Retries, s.AlreadyDone, c.trips.Load(), s.Outcomes)
-	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode, %d merges found the incoming call moot, %d before-retry hooks found it done; %d contained (Stats.CallbackPanics); mode switches: %v",
-		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), c.inj.skipped.Load(), c.inj.done.Load(), s.CallbackPanics, sw)
+	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode, %d merges found the incoming call moot, %d replaced the pending call, %d before-retry hooks found it done; %d contained (Stats.CallbackPanics); mode switches: %v",
+		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), c.inj.skipped.Load(), c.inj.replaced.Load(), c.inj.done.Load(), s.CallbackPanics, sw)
 }
 
 // panicsAgree reports whether Stats.CallbackPanics is what was injected

@@ -39,7 +39,7 @@ func (d *Dispatcher[K, T]) clock() {
 			d.startAt = 0
 			d.wakeWorker() // a token is due, or a hold has ended
 		}
-		if b := d.breaker; b != nil && b.state == BreakerOpen {
+		if b := d.breaker; b != nil && b.state == CircuitOpen {
 			if now >= b.openUntil {
 				d.wakeWorker() // to probe
 			} else {
@@ -73,7 +73,7 @@ func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
 			return
 		}
 		if w.t != nil {
-			d.leaveLocked(w.t, Expired, ErrExpired, now, ob)
+			d.leaveLocked(w.t, StateExpired, ErrExpired, now, ob)
 			continue
 		}
 		// The posts aggregate: later submissions may have pushed its
@@ -83,9 +83,9 @@ func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
 			d.q.addDeadline(w, c.posts.deadline)
 			continue
 		}
-		d.settlePosts(c, Expired)
+		d.settlePosts(c, StateExpired)
 		if c.live() == 0 {
-			d.finish(c, Expired, ErrExpired, now, ob)
+			d.finish(c, StateExpired, ErrExpired, now, ob)
 			continue
 		}
 		d.reprioritize(c)

@@ -230,20 +230,25 @@ func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
 
 // coalesce merges an incoming submission's call value into the pending call
 // c. On error c is untouched; SkipIncoming means the merge function found
-// the incoming call has nothing to add. The merge function runs under the
+// the incoming call has nothing to add. ReplacePending means c's value is
+// now the incoming call's, a new operation: the caller restarts c. The merge function runs under the
 // lock: if it ends the goroutine (runtime.Goexit), onExit finishes the
 // caller's work and releases the lock.
 func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit func(*PanicError)) error {
 	if idem != "" && c.idem != "" && idem != c.idem {
 		return errRejectIdemKey
 	}
+	var replace error
 	if merge := d.cfg.Merge; merge != nil {
 		var v T
 		err, _ := guard(CallbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
-		if err != nil {
-			if errors.Is(err, SkipIncoming) {
-				return SkipIncoming
-			}
+		switch {
+		case err == nil:
+		case errors.Is(err, SkipIncoming):
+			return SkipIncoming
+		case errors.Is(err, ReplacePending):
+			replace = ReplacePending
+		default:
 			return fmt.Errorf("%w: %w", ErrMergeRejected, err)
 		}
 		val = v
@@ -253,7 +258,20 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit fu
 	if idem != "" { // without one, c.idem is not even read
 		c.idem = idem // equal to c.idem, or c.idem was empty
 	}
-	return nil
+	return replace
+}
+
+// restart makes queued call c, whose value was just replaced by another
+// operation (ReplacePending), start fresh: no attempts, last error or run
+// time carried over, its queue wait measured anew, and a retry's backoff
+// dropped. It keeps its place in line (its waiters' enqueue times).
+func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
+	c.attempts, c.lastErr, c.runTime, c.firstStart = 0, nil, 0, -1
+	if c.state == csDelayed {
+		d.q.remove(c)
+		d.q.push(c)
+		d.wakeWorker()
+	}
 }
 
 // skipIncoming ends an accepted submission at once as Skipped: the merge
@@ -261,11 +279,11 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit fu
 // call, so no completion hook fires for it.
 func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], ob *outbox[K, T]) {
 	d.totals.coalesced++
-	d.totals.outcomes[Skipped]++
+	d.totals.outcomes[StateSkipped]++
 	if t == nil {
 		return
 	}
-	t.r = &Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: Skipped, Waiters: 1}}
+	t.r = &Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: StateSkipped, Waiters: 1}}
 	t.state = tsDone
 	ob.tickets = append(ob.tickets, t)
 }
@@ -362,8 +380,8 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
 		c := l.pending
 		now := d.now()
-		d.settleAll(c, Skipped, nil, now, onTime, &ob)
-		d.finish(c, Skipped, nil, now, &ob)
+		d.settleAll(c, StateSkipped, nil, now, onTime, &ob)
+		d.finish(c, StateSkipped, nil, now, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)

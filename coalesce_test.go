@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -77,7 +78,7 @@ func TestMerge(t *testing.T) {
 				assert.Equal(t, []string{tc.want}, f.calls("k"), "one execution with the merged value")
 				for _, tk := range accepted {
 					r := outcome(t, tk)
-					assert.Equal(t, Succeeded, r.State)
+					assert.Equal(t, StateSucceeded, r.State)
 					assert.Equal(t, tc.want, r.Call)
 					assert.Equal(t, len(accepted), r.Waiters)
 				}
@@ -120,7 +121,7 @@ func TestMergeIdempotencyKey(t *testing.T) {
 
 		release()
 		assert.Equal(t, []string{"a+b+c+d"}, f.calls("k"))
-		assert.Equal(t, map[State]int{Succeeded: 4}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: 4}, tally(t, tks...))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(2), s.Rejected)
 	})
@@ -155,11 +156,11 @@ func TestMergePanic(t *testing.T) {
 		// Still working: the lock was released, merges and new keys go on.
 		tks = append(tks, submit(t, d, "k", "b", prio(0)))
 		tks = append(tks, submit(t, d, "other", "x", prio(0)))
-		assert.True(t, d.Pending("k"))
+		assert.True(t, d.Busy("k"))
 		release()
 		assert.Equal(t, []string{"a+b"}, f.calls("k"))
 		assert.Equal(t, []string{"x"}, f.calls("other"))
-		assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: 3}, tally(t, tks...))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(2), s.Rejected)
 	})
@@ -193,18 +194,18 @@ func TestNoOp(t *testing.T) {
 		assert.Equal(t, []string{"run"}, f.keys(), "a no-op call was executed")
 		for _, tk := range []*Ticket[string, int]{skip1, skip2} {
 			r := outcome(t, tk)
-			assert.Equal(t, Skipped, r.State)
+			assert.Equal(t, StateSkipped, r.State)
 			assert.True(t, r.State.OK())
 			assert.Zero(t, r.Attempts)
 			assert.Equal(t, 3, r.Waiters)
 		}
-		assert.Equal(t, Succeeded, outcome(t, run).State)
-		assert.Equal(t, []State{Skipped}, hooks.states("skip"))
+		assert.Equal(t, StateSucceeded, outcome(t, run).State)
+		assert.Equal(t, []State{StateSkipped}, hooks.states("skip"))
 		mu.Lock()
 		assert.ElementsMatch(t, []int{0, 5}, seen, "the no-op test sees each call once, as merged")
 		mu.Unlock()
 		s := closeD(t, d)
-		assert.Equal(t, map[State]int{Succeeded: 2, Skipped: 3}, counts(s.Outcomes))
+		assert.Equal(t, map[State]int{StateSucceeded: 2, StateSkipped: 3}, counts(s.Outcomes))
 		assert.Equal(t, uint64(2), s.Executions)
 	})
 }
@@ -249,7 +250,7 @@ func TestSuccessor(t *testing.T) {
 			synctest.Wait()
 			assert.Equal(t, []int{1, 2}, f.calls("A"))
 			assert.Equal(t, int32(1), maxInflight.Load())
-			assert.Equal(t, map[State]int{Succeeded: 2}, tally(t, first, succ))
+			assert.Equal(t, map[State]int{StateSucceeded: 2}, tally(t, first, succ))
 			closeD(t, d)
 		})
 	})
@@ -280,7 +281,7 @@ func TestSuccessor(t *testing.T) {
 			assert.Equal(t, 23, r.Call)
 			assert.Equal(t, 2, r.Waiters)
 			assert.Equal(t, 2*time.Second, r.QueueWait, "the successor's queue wait does not start at its submission")
-			assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+			assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 			closeD(t, d)
 		})
 	})
@@ -301,13 +302,13 @@ func TestPriorityInheritance(t *testing.T) {
 			a1 := submit(t, d, "A", 0, prio(0))
 			b := submit(t, d, "B", 0, prio(5))
 			a2 := submit(t, d, "A", 0, prio(10))
-			return []string{"A", "B"}, map[State]int{Succeeded: 3}, []*Ticket[string, int]{a1, b, a2}
+			return []string{"A", "B"}, map[State]int{StateSucceeded: 3}, []*Ticket[string, int]{a1, b, a2}
 		}},
 		{"up by fire-and-forget", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			a1 := submit(t, d, "A", 0, prio(0))
 			b := submit(t, d, "B", 0, prio(5))
 			require.NoError(t, d.Post("A", 0, prio(10)))
-			return []string{"A", "B"}, map[State]int{Succeeded: 2}, []*Ticket[string, int]{a1, b}
+			return []string{"A", "B"}, map[State]int{StateSucceeded: 2}, []*Ticket[string, int]{a1, b}
 		}},
 		{"up then down by Ticket.Cancel", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			a1 := submit(t, d, "A", 0, prio(0))
@@ -315,8 +316,8 @@ func TestPriorityInheritance(t *testing.T) {
 			a2 := submit(t, d, "A", 0, prio(10))
 			a2.Cancel()
 			r := outcome(t, a2)
-			assert.Equal(t, Canceled, r.State)
-			return []string{"B", "A"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+			assert.Equal(t, StateCanceled, r.State)
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 2, StateCanceled: 1}, []*Ticket[string, int]{a1, b, a2}
 		}},
 		{"up then down by context", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			a1 := submit(t, d, "A", 0, prio(0))
@@ -326,23 +327,23 @@ func TestPriorityInheritance(t *testing.T) {
 			require.NoError(t, err)
 			cancel()
 			synctest.Wait()
-			assert.Equal(t, Canceled, outcome(t, a2).State)
-			return []string{"B", "A"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+			assert.Equal(t, StateCanceled, outcome(t, a2).State)
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 2, StateCanceled: 1}, []*Ticket[string, int]{a1, b, a2}
 		}},
 		{"up then down by deadline", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			a1 := submit(t, d, "A", 0, prio(0))
 			b := submit(t, d, "B", 0, prio(5))
 			a2 := submit(t, d, "A", 0, SubmitOptions{Priority: 10, Deadline: time.Now().Add(time.Second)})
 			time.Sleep(2 * time.Second)
-			assert.Equal(t, Expired, outcome(t, a2).State)
-			return []string{"B", "A"}, map[State]int{Succeeded: 2, Expired: 1}, []*Ticket[string, int]{a1, b, a2}
+			assert.Equal(t, StateExpired, outcome(t, a2).State)
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 2, StateExpired: 1}, []*Ticket[string, int]{a1, b, a2}
 		}},
 		{"up then down by fire-and-forget deadline", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			a1 := submit(t, d, "A", 0, prio(0))
 			b := submit(t, d, "B", 0, prio(5))
 			require.NoError(t, d.Post("A", 0, SubmitOptions{Priority: 10, Deadline: time.Now().Add(time.Second)}))
 			time.Sleep(2 * time.Second)
-			return []string{"B", "A"}, map[State]int{Succeeded: 2}, []*Ticket[string, int]{a1, b}
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 2}, []*Ticket[string, int]{a1, b}
 		}},
 		{"enqueue time follows live waiters", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			// Aging 1s, equal priorities: order is by enqueue time.
@@ -352,7 +353,7 @@ func TestPriorityInheritance(t *testing.T) {
 			time.Sleep(time.Second)
 			a2 := submit(t, d, "A", 0, prio(0)) // 2s: A keeps 0s
 			a1.Cancel()                         // A's earliest live waiter is now 2s
-			return []string{"B", "A"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 2, StateCanceled: 1}, []*Ticket[string, int]{a1, b, a2}
 		}},
 		{"enqueue time kept while the first waiter stays", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			a1 := submit(t, d, "A", 0, prio(0)) // 0s
@@ -361,7 +362,7 @@ func TestPriorityInheritance(t *testing.T) {
 			time.Sleep(time.Second)
 			a2 := submit(t, d, "A", 0, prio(0)) // 2s
 			a2.Cancel()
-			return []string{"A", "B"}, map[State]int{Succeeded: 2, Canceled: 1}, []*Ticket[string, int]{a1, b, a2}
+			return []string{"A", "B"}, map[State]int{StateSucceeded: 2, StateCanceled: 1}, []*Ticket[string, int]{a1, b, a2}
 		}},
 	}
 	for _, tc := range tests {
@@ -452,9 +453,9 @@ func neverConcurrentPerKey(t *testing.T, retries bool) {
 			}
 			cfg.Classify = func(err error) Class {
 				if errors.Is(err, errFlaky) {
-					return Retry
+					return ClassRetry
 				}
-				return Permanent
+				return ClassPermanent
 			}
 			cfg.Retry = RetryPolicy{
 				MaxAttempts:    4,
@@ -583,7 +584,7 @@ func TestSuccessorWaiters(t *testing.T) {
 			tks = append(tks, submit(t, d, holdKey, 2, prio(10))) // raises it
 			release()
 			assert.Equal(t, []string{holdKey, "B"}, f.keys())
-			assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, tks...))
+			assert.Equal(t, map[State]int{StateSucceeded: 3}, tally(t, tks...))
 			closeD(t, d)
 		})
 	})
@@ -600,11 +601,11 @@ func TestSuccessorWaiters(t *testing.T) {
 			s := checkConservation(t, d)
 			assert.Zero(t, s.Successors, "successor without waiters kept")
 			assert.Equal(t, 1, s.InFlight)
-			assert.Equal(t, Expired, outcome(t, s1).State)
-			assert.Equal(t, Canceled, outcome(t, s2).State)
+			assert.Equal(t, StateExpired, outcome(t, s1).State)
+			assert.Equal(t, StateCanceled, outcome(t, s2).State)
 			release()
 			assert.Empty(t, f.calls(holdKey), "a successor without waiters ran")
-			assert.ElementsMatch(t, []State{Expired, Succeeded}, hooks.states(holdKey))
+			assert.ElementsMatch(t, []State{StateExpired, StateSucceeded}, hooks.states(holdKey))
 			closeD(t, d)
 		})
 	})
@@ -625,13 +626,13 @@ func TestFireAndForgetDeadline(t *testing.T) {
 			require.NoError(t, d.Post("A", 0, SubmitOptions{Deadline: now.Add(time.Second)}))
 			time.Sleep(2 * time.Second)
 			s := checkConservation(t, d)
-			assert.True(t, d.Pending("A"), "expired at the earliest, not the latest, deadline")
+			assert.True(t, d.Busy("A"), "expired at the earliest, not the latest, deadline")
 			assert.Equal(t, 3, s.Live)
 			time.Sleep(2 * time.Second)
 			s = checkConservation(t, d)
-			assert.False(t, d.Pending("A"))
-			assert.Equal(t, uint64(2), s.Outcomes[Expired])
-			assert.Equal(t, []State{Expired}, hooks.states("A"))
+			assert.False(t, d.Busy("A"))
+			assert.Equal(t, uint64(2), s.Outcomes[StateExpired])
+			assert.Equal(t, []State{StateExpired}, hooks.states("A"))
 			release()
 			assert.Empty(t, f.keys(), "a call without waiters ran")
 			closeD(t, d)
@@ -644,11 +645,11 @@ func TestFireAndForgetDeadline(t *testing.T) {
 			require.NoError(t, d.Post("A", 0, SubmitOptions{Deadline: time.Now().Add(time.Second)}))
 			require.NoError(t, d.Post("A", 0, SubmitOptions{}))
 			time.Sleep(time.Hour)
-			assert.True(t, d.Pending("A"))
+			assert.True(t, d.Busy("A"))
 			release()
 			assert.Equal(t, []string{"A"}, f.keys())
 			s := closeD(t, d)
-			assert.Equal(t, map[State]int{Succeeded: 3}, counts(s.Outcomes))
+			assert.Equal(t, map[State]int{StateSucceeded: 3}, counts(s.Outcomes))
 		})
 	})
 }
@@ -704,20 +705,23 @@ func TestMergeSkipIncoming(t *testing.T) {
 			patch := submit(t, d, "pod", "patch", prio(5))
 			require.NoError(t, d.Post("pod", "patch", SubmitOptions{}))
 			r := outcome(t, patch) // at once, while "delete" still waits
-			assert.Equal(t, Skipped, r.State)
+			assert.Equal(t, StateSkipped, r.State)
 			assert.Equal(t, "patch", r.Call)
 			assert.Zero(t, r.Attempts)
-			assert.True(t, d.Pending("pod"))
+			assert.True(t, d.Busy("pod"))
 			s := checkConservation(t, d)
-			assert.Equal(t, uint64(2), s.Outcomes[Skipped])
+			assert.Equal(t, uint64(2), s.Outcomes[StateSkipped])
 			assert.Equal(t, uint64(2), s.Coalesced)
 			release()
-			assert.Equal(t, Succeeded, outcome(t, del).State)
+			assert.Equal(t, StateSucceeded, outcome(t, del).State)
 			assert.Equal(t, []string{"delete"}, f.calls("pod"), "the patch never ran, nor raised the deletion's priority")
 			closeD(t, d)
 		})
 	})
-	t.Run("a successor absorbed by a retry", func(t *testing.T) {
+	t.Run("a successor waits behind a retry that finds it moot", func(t *testing.T) {
+		// Issue 20, item 18: the successor arrived while the deletion ran,
+		// so it was never judged against a pending call; the retry may
+		// still fail. It waits behind the retry and runs after it.
 		synctest.Test(t, func(t *testing.T) {
 			var runs []string
 			first := true
@@ -741,13 +745,15 @@ func TestMergeSkipIncoming(t *testing.T) {
 			synctest.Wait() // in flight
 			patch := submit(t, d, "pod", "patch", prio(0))
 			close(release)
-			synctest.Wait() // the retry absorbed its successor
-			assert.Equal(t, Skipped, outcome(t, patch).State)
-			waitAll(del)
-			assert.Equal(t, Succeeded, outcome(t, del).State)
-			assert.Equal(t, []string{"delete", "delete"}, runs)
+			synctest.Wait()
+			_, ended := patch.Result()
+			assert.False(t, ended, "the successor was skipped by the retry")
+			waitAll(del, patch)
+			assert.Equal(t, StateSucceeded, outcome(t, del).State)
+			assert.Equal(t, StateSucceeded, outcome(t, patch).State)
+			assert.Equal(t, []string{"delete", "delete", "patch"}, runs)
 			s := closeD(t, d)
-			assert.Equal(t, uint64(1), s.Calls[Skipped], "the successor was a call: the hook saw it")
+			assert.Equal(t, uint64(2), s.Calls[StateSucceeded])
 		})
 	})
 }
@@ -789,6 +795,127 @@ func TestMergeAdoptsUrgentTenantAndLabel(t *testing.T) {
 		mu.Lock()
 		assert.Contains(t, seen, Event{Label: "bind", Tenant: "binds"})
 		mu.Unlock()
+		closeD(t, d)
+	})
+}
+
+// TestReplacePendingStartsFresh (issue 20, items 16 and 17): a merge that
+// returns ReplacePending makes the incoming call a new operation. A
+// binding that replaces a status patch waiting out its retry's backoff
+// runs at once, from its first attempt, without the patch's last error
+// (the before-retry hook, which checks an earlier attempt, does not run),
+// and — though at a lower priority than the call it replaced, as a
+// deletion replacing a binding is — in its own tenant and under its own
+// label. A plain merge result keeps the retry state: it is the same
+// operation, updated.
+func TestReplacePendingStartsFresh(t *testing.T) {
+	kind := func(v string) string { return strings.SplitN(v, ":", 2)[0] }
+	merge := func(p, in string) (string, error) {
+		if kind(p) != kind(in) {
+			return in, ReplacePending
+		}
+		return in, nil
+	}
+	for _, tc := range []struct {
+		name, first, second string
+		fresh               bool
+	}{
+		{"another operation", "patch:1", "bind:n1", true},
+		{"the same operation, updated", "patch:1", "patch:2", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				var hookRuns []string
+				attempts := map[string]int{}
+				var seen []Event
+				obs := &finishHook{f: func(e Event, _ Outcome) {
+					mu.Lock()
+					seen = append(seen, e)
+					mu.Unlock()
+				}}
+				d := newD(t, func(_ context.Context, _ string, v string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					attempts[kind(v)]++
+					if kind(v) == "patch" && attempts["patch"] == 1 {
+						return syscall.ECONNRESET // the first attempt only
+					}
+					return nil
+				}, Config[string, string]{
+					Workers:  1,
+					Merge:    merge,
+					Label:    func(_ string, v string) string { return kind(v) },
+					Observer: obs,
+					Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Minute, Jitter: JitterNone},
+					BeforeRetry: func(_ context.Context, _ string, v string, _ error) (string, bool, error) {
+						mu.Lock()
+						hookRuns = append(hookRuns, v)
+						mu.Unlock()
+						return v, false, nil
+					},
+				})
+				first := submit(t, d, "pod", tc.first, SubmitOptions{Priority: 5, Tenant: kind(tc.first)})
+				synctest.Wait() // failed once: waiting out a minute's backoff
+				require.Equal(t, 1, d.Stats().Delayed)
+				at := time.Now()
+				second := submit(t, d, "pod", tc.second, SubmitOptions{Priority: 1, Tenant: kind(tc.second)})
+				waitAll(first, second)
+				r := outcome(t, second)
+				assert.Equal(t, outcome(t, first), r, "both waiters share one outcome")
+				if tc.fresh {
+					assert.Equal(t, StateSucceeded, r.State)
+					assert.Equal(t, 1, r.Attempts, "the replacement inherited the patch's attempts")
+					assert.Equal(t, at, time.Now(), "the replacement waited out the patch's backoff")
+					assert.Empty(t, hookRuns, "the before-retry hook ran on the patch's error")
+					mu.Lock()
+					assert.Equal(t, []Event{{Label: "bind", Tenant: "bind"}}, seen, "not counted as its own operation")
+					mu.Unlock()
+				} else {
+					assert.Equal(t, 2, r.Attempts, "an update keeps the retry's attempts")
+					assert.Equal(t, at.Add(time.Minute), time.Now(), "an update keeps the retry's backoff")
+					assert.Equal(t, []string{tc.second}, hookRuns)
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestRetryBecomesReplacingSuccessor (issue 20, item 16): a successor that
+// arrived while its key's call ran, and whose merge into that call's retry
+// says ReplacePending, replaces the retry and runs at once from its first
+// attempt.
+func TestRetryBecomesReplacingSuccessor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var runs []string
+		d := newD(t, func(_ context.Context, _ string, v string) error {
+			mu.Lock()
+			runs = append(runs, v)
+			mu.Unlock()
+			if v == "patch" {
+				<-release
+				return syscall.ECONNRESET
+			}
+			return nil
+		}, Config[string, string]{
+			Workers: 1,
+			Merge:   func(p, in string) (string, error) { return in, ReplacePending },
+			Retry:   RetryPolicy{InitialBackoff: time.Hour, Jitter: JitterNone},
+		})
+		patch := submit(t, d, "pod", "patch", prio(0))
+		synctest.Wait()
+		bind := submit(t, d, "pod", "bind", prio(0))
+		at := time.Now()
+		close(release)
+		waitAll(patch, bind)
+		r := outcome(t, bind)
+		assert.Equal(t, StateSucceeded, r.State)
+		assert.Equal(t, 1, r.Attempts)
+		assert.Equal(t, at, time.Now(), "the replacement waited out the retry's backoff")
+		assert.Equal(t, []string{"patch", "bind"}, runs)
 		closeD(t, d)
 	})
 }

@@ -1,6 +1,9 @@
 package dispatch
 
-import "runtime/debug"
+import (
+	"fmt"
+	"runtime/debug"
+)
 
 // This file is telling — outcomes reach waiters, the completion hook and
 // the observer outside every lock, after the dispatcher's own bookkeeping is
@@ -132,6 +135,23 @@ func guard(cb Callback, f func() error, onExit func(*PanicError)) (err error, pa
 	returned = true
 	return err, nil
 }
+
+// crash ends the process on a panic in the dispatcher's own code — never
+// user code, which guard contains — on one of its goroutines or during an
+// execution. The lock may be held and the state half changed: a deferred
+// handler that took the lock would deadlock, and a caller that recovered
+// would leave every other goroutine hanging on it, silently. So the panic
+// is raised again on a new goroutine, where no recover can stop it, with
+// the stack of the original.
+func crash(r any) {
+	msg := fmt.Sprintf("dispatch: internal panic, the process cannot go on safely: %v\n\n%s", r, debug.Stack())
+	go panic(msg)
+	select {}
+}
+
+// testHookUnderLock, if set, runs under the lock as an attempt ends: tests
+// use it to panic where only a bug in the dispatcher could.
+var testHookUnderLock func()
 
 // contain counts a contained panic of a callback whose failure has nowhere
 // else to go (a hook, an observer method, a label): Stats reports it. It

@@ -138,7 +138,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		drained:     make(chan struct{}),
 		stopCh:      make(chan struct{}),
 		lanes:       newLaneTable[K, T](),
-		q:           newQueue[K, T](set.aging),
+		q:           newQueue[K, T](set.aging, set.band),
 		timerAt:     maxTime,
 		retryBudget: window.New(set.Retry.BudgetWindow),
 		queueWait:   hist.NewRecent(LatencyWindow),
@@ -150,13 +150,10 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		labelTimes:  map[string]*labelTimes{},
 	}
 	if set.Adaptive != nil {
-		d.adaptive = newAdaptive(set.Adaptive, set.Workers)
+		d.adaptive = newAdaptive(set.Adaptive, set.Workers, set.Retry.MaxBackoff)
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}
-	} else {
-		// Every call has the label "": its execution times are execTime's.
-		d.labelTimes[""] = &labelTimes{recent: &d.execTime}
 	}
 	if set.Fallback != nil {
 		d.fallback = newFallbackState(set.Fallback)
@@ -243,7 +240,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 		err = ctxErr(ctx)
 	case deadline != 0 && deadline <= now:
 		err = errRejectPast
-	case d.mode == Sync && d.runsHere(key):
+	case d.mode == ModeSync && d.runsHere(key):
 		err = ErrReentrant
 	default:
 		coalesced, err = d.admit(key, h, call, &o, now, deadline, t, ten, label, &ob)
@@ -252,7 +249,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 	if err != nil {
 		t.state = tsDone
 	}
-	if err == nil && d.mode == Sync {
+	if err == nil && d.mode == ModeSync {
 		if obs := d.cfg.Observer; obs != nil {
 			// Told by deliver, which contains it: not through observe,
 			// whose own containment would count a Goexit twice.
@@ -319,7 +316,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if d.mode == Sync {
+	if d.mode == ModeSync {
 		d.mu.Unlock()
 		return d.postSync(key, call, o)
 	}
@@ -351,19 +348,19 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 	d.mu.Lock()
 	found := false
 	if l := d.lanes.lookup(key); l != nil {
-		found = d.endLane(l, Canceled, err, d.now(), withRunning, &ob)
+		found = d.endLane(l, StateCanceled, err, d.now(), withRunning, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
 	return found
 }
 
-// Pending reports whether key has a call that has not finished: queued,
+// Busy reports whether key has a call that has not finished: queued,
 // waiting for retry, or running — including an execution that was
 // cancelled but has not returned yet, since it may still take effect. A
 // caller that must not act before an earlier write lands (binding after its
 // prerequisite) checks this.
-func (d *Dispatcher[K, T]) Pending(key K) bool {
+func (d *Dispatcher[K, T]) Busy(key K) bool {
 	d.mu.Lock()
 	ok := d.lanes.lookup(key) != nil
 	d.mu.Unlock()
@@ -373,10 +370,10 @@ func (d *Dispatcher[K, T]) Pending(key K) bool {
 // ctxDone is the AfterFunc of a Submit context. It takes the lock itself.
 func (d *Dispatcher[K, T]) ctxDone(t *Ticket[K, T], ctx context.Context) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		d.leave(t, Expired, ErrExpired)
+		d.leave(t, StateExpired, ErrExpired)
 		return
 	}
-	d.leave(t, Canceled, canceledErr(context.Cause(ctx)))
+	d.leave(t, StateCanceled, canceledErr(context.Cause(ctx)))
 }
 
 // labelOf runs Config.Label, if set. It runs outside the lock, before

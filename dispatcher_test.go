@@ -61,19 +61,19 @@ func TestNewValidation(t *testing.T) {
 	t.Run("valid", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			d := newD(t, nopExec, Config[string, int]{
-				Workers:        1,
-				Capacity:       1,
-				MaxWaiters:     1,
-				StrictPriority: true,
-				RateLimit:      nil,
-				Merge:          func(p, in int) (int, error) { return in, nil },
-				NoOp:           func(string, int) bool { return false },
-				OnDone:         func(Result[string, int]) {},
+				Workers:    1,
+				Capacity:   1,
+				MaxWaiters: 1,
+				AgingBand:  1,
+				RateLimit:  nil,
+				Merge:      func(p, in int) (int, error) { return in, nil },
+				NoOp:       func(string, int) bool { return false },
+				OnDone:     func(Result[string, int]) {},
 			})
 			tk := submit(t, d, "k", 1, SubmitOptions{})
 			r, err := tk.Wait(bg)
 			require.NoError(t, err)
-			assert.Equal(t, Succeeded, r.State)
+			assert.Equal(t, StateSucceeded, r.State)
 			closeD(t, d)
 		})
 	})
@@ -146,7 +146,7 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 						assert.Zero(t, s.Live)
 						assert.Equal(t, uint64(1), s.Submitted)
 						assert.Equal(t, uint64(1), s.Rejected)
-						assert.False(t, d.Pending("k"))
+						assert.False(t, d.Busy("k"))
 						synctest.Wait()
 						assert.Empty(t, f.keys())
 						closeD(t, d)
@@ -179,7 +179,7 @@ func TestSubmitRejectedUpFront(t *testing.T) {
 					release()
 					assert.Zero(t, merges, "a refused submission was merged")
 					assert.Equal(t, []int{1}, f.calls("k"))
-					assert.Equal(t, Succeeded, outcome(t, k).State)
+					assert.Equal(t, StateSucceeded, outcome(t, k).State)
 					closeD(t, d)
 				})
 			})
@@ -213,7 +213,7 @@ func TestCapacity(t *testing.T) {
 		err = d.Post("C", 1, SubmitOptions{})
 		require.ErrorAs(t, err, &bp)
 		assert.Equal(t, BoundCapacity, bp.Bound)
-		assert.False(t, d.Pending("C"))
+		assert.False(t, d.Busy("C"))
 
 		// Tracked keys need no capacity.
 		tks = append(tks, submit(t, d, "B", 10, prio(0))) // merge
@@ -227,7 +227,7 @@ func TestCapacity(t *testing.T) {
 		release()
 		assert.Equal(t, []int{22}, f.calls(holdKey))
 		assert.Equal(t, []int{111}, f.calls("B"))
-		assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: 3}, tally(t, tks...))
 		// Room again.
 		tk = submit(t, d, "C", 1, prio(0))
 		_, err = tk.Wait(bg)
@@ -267,7 +267,7 @@ func TestMaxWaiters(t *testing.T) {
 		b1.Cancel() // frees a slot
 		b2 := submit(t, d, "B", 4, prio(0))
 		release()
-		assert.Equal(t, map[State]int{Succeeded: 1, Canceled: 1}, tally(t, b1, b2))
+		assert.Equal(t, map[State]int{StateSucceeded: 1, StateCanceled: 1}, tally(t, b1, b2))
 		assert.Equal(t, []int{4}, f.calls("B"))
 		closeD(t, d)
 	})
@@ -288,7 +288,7 @@ func TestMaxWaitersDefault(t *testing.T) {
 		require.ErrorAs(t, err, &bp)
 		assert.Equal(t, BoundWaiters, bp.Bound)
 		release()
-		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 		closeD(t, d)
 	})
 }
@@ -308,7 +308,7 @@ func TestOutcomeAfterBookkeeping(t *testing.T) {
 			tk := submit(t, d, key, 0, prio(0))
 			r, _ := tk.Wait(bg)
 			s := checkConservation(t, d)
-			assert.False(t, d.Pending(key), "key still tracked when its outcome was delivered")
+			assert.False(t, d.Busy(key), "key still tracked when its outcome was delivered")
 			assert.Zero(t, s.Live)
 			assert.Zero(t, s.Keys)
 			assert.Zero(t, s.InFlight)
@@ -342,7 +342,7 @@ func TestExecPanic(t *testing.T) {
 		p := submit(t, d, "panic", 0, prio(0))
 		r, err := p.Wait(bg)
 		require.Error(t, err)
-		assert.Equal(t, Failed, r.State)
+		assert.Equal(t, StateFailed, r.State)
 		var pe *PanicError
 		require.ErrorAs(t, err, &pe)
 		assert.Equal(t, "boom", pe.Value)
@@ -362,12 +362,12 @@ func TestExecPanic(t *testing.T) {
 			tk := submit(t, d, "ok", i, prio(0))
 			r, err := tk.Wait(bg)
 			require.NoError(t, err)
-			assert.Equal(t, Succeeded, r.State)
+			assert.Equal(t, StateSucceeded, r.State)
 		}
-		assert.Equal(t, []State{Failed}, hooks.states("panic"))
+		assert.Equal(t, []State{StateFailed}, hooks.states("panic"))
 		synctest.Wait()
 		s := closeD(t, d)
-		assert.Equal(t, map[State]int{Failed: 2, Succeeded: 3}, counts(s.Outcomes))
+		assert.Equal(t, map[State]int{StateFailed: 2, StateSucceeded: 3}, counts(s.Outcomes))
 		assert.Equal(t, uint64(5), s.Executions)
 	})
 }
@@ -388,14 +388,14 @@ func TestNoOpPanic(t *testing.T) {
 		})
 		bad := submit(t, d, "bad", 0, prio(0))
 		r, err := bad.Wait(bg)
-		assert.Equal(t, Failed, r.State)
+		assert.Equal(t, StateFailed, r.State)
 		var pe *PanicError
 		require.ErrorAs(t, err, &pe)
 		assert.Equal(t, "no-op exploded", pe.Value)
 		ok := submit(t, d, "ok", 0, prio(0))
 		r, err = ok.Wait(bg)
 		require.NoError(t, err)
-		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, StateSucceeded, r.State)
 		assert.Equal(t, []string{"ok"}, f.keys())
 		closeD(t, d)
 	})
@@ -438,13 +438,13 @@ func TestTicket(t *testing.T) {
 		s := checkConservation(t, d)
 		assert.Equal(t, 1, s.Live)
 		assert.Equal(t, 1, s.Tickets)
-		assert.True(t, d.Pending("k"))
+		assert.True(t, d.Busy("k"))
 
 		g.open()
 		r, err = tk.Wait(bg)
 		require.NoError(t, err)
 		assert.Equal(t, Result[string, int]{Key: "k", Call: 7, Outcome: Outcome{
-			State: Succeeded, Attempts: 1, Waiters: 1, QueueWait: 0, RunTime: time.Second,
+			State: StateSucceeded, Attempts: 1, Waiters: 1, QueueWait: 0, RunTime: time.Second,
 		}}, r)
 		before := checkConservation(t, d)
 		tk.Cancel()
@@ -471,7 +471,7 @@ func TestOnDone(t *testing.T) {
 		)
 		hook := func(r Result[string, int]) {
 			st := d.Stats() // deadlocks if the hook runs under the lock
-			_ = d.Pending(r.Key)
+			_ = d.Busy(r.Key)
 			mu.Lock()
 			defer mu.Unlock()
 			if st.Calls.Total() < uint64(len(results)+1) {
@@ -544,25 +544,25 @@ func TestOnDone(t *testing.T) {
 		}
 		require.Len(t, results, 4)
 		slow := byKey["slow"][0]
-		assert.Equal(t, Succeeded, slow.State)
+		assert.Equal(t, StateSucceeded, slow.State)
 		assert.Equal(t, 5, slow.Waiters, "3 tickets + 2 posts")
 		assert.Equal(t, 23, slow.Call)
 		assert.Equal(t, 1, slow.Attempts)
 		assert.Equal(t, 3*time.Second, slow.QueueWait)
 		assert.Equal(t, 2*time.Second, slow.RunTime)
 		fail := byKey["fail"][0]
-		assert.Equal(t, Failed, fail.State)
+		assert.Equal(t, StateFailed, fail.State)
 		assert.ErrorIs(t, fail.Err, errUser)
 		gr := byKey["gone"][0]
-		assert.Equal(t, Canceled, gr.State)
+		assert.Equal(t, StateCanceled, gr.State)
 		assert.Equal(t, 1, gr.Waiters)
 		assert.Zero(t, gr.Attempts)
 		assert.Equal(t, 3*time.Second, gr.QueueWait, "a call that never ran waits until its end")
 
-		assert.Equal(t, map[State]int{Succeeded: 4, Failed: 1, Canceled: 1}, tally(t, all...))
+		assert.Equal(t, map[State]int{StateSucceeded: 4, StateFailed: 1, StateCanceled: 1}, tally(t, all...))
 		s := closeD(t, d)
-		assert.Equal(t, map[State]int{Succeeded: 2, Failed: 1, Canceled: 1}, counts(s.Calls))
-		assert.Equal(t, map[State]int{Succeeded: 6, Failed: 1, Canceled: 1}, counts(s.Outcomes))
+		assert.Equal(t, map[State]int{StateSucceeded: 2, StateFailed: 1, StateCanceled: 1}, counts(s.Calls))
+		assert.Equal(t, map[State]int{StateSucceeded: 6, StateFailed: 1, StateCanceled: 1}, counts(s.Outcomes))
 	})
 }
 
@@ -634,7 +634,7 @@ func TestExecContextDeadline(t *testing.T) {
 					assert.True(t, has)
 					assert.Equal(t, tc.want, got)
 				}
-				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+				assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 				closeD(t, d)
 			})
 		})
@@ -664,7 +664,7 @@ func TestTicketDoneLazy(t *testing.T) {
 				<-early.Done()
 				r, ok := early.Result()
 				assert.True(t, ok)
-				assert.Equal(t, Succeeded, r.State)
+				assert.Equal(t, StateSucceeded, r.State)
 			})
 		}
 		release()
@@ -673,7 +673,7 @@ func TestTicketDoneLazy(t *testing.T) {
 
 		r, ok := late.Result()
 		require.True(t, ok, "outcome told without anyone asking for Done")
-		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, StateSucceeded, r.State)
 		select {
 		case <-late.Done():
 		default:
@@ -704,7 +704,7 @@ func TestTicketDoneConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, map[State]int{Succeeded: n}, tally(t, tks...))
+	assert.Equal(t, map[State]int{StateSucceeded: n}, tally(t, tks...))
 	closeD(t, d)
 }
 
@@ -741,7 +741,7 @@ func TestPostClockGuess(t *testing.T) {
 		waits := map[string]time.Duration{}
 		for _, r := range log.all() {
 			if r.Key != holdKey && !strings.HasPrefix(r.Key, "dl") {
-				require.Equal(t, Succeeded, r.State, r.Key)
+				require.Equal(t, StateSucceeded, r.State, r.Key)
 				waits[r.Key] = r.QueueWait
 			}
 		}
@@ -785,7 +785,7 @@ func TestLaneReuse(t *testing.T) {
 		d.mu.Unlock()
 		release()
 		r := outcome(t, tk)
-		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, StateSucceeded, r.State)
 		assert.Equal(t, "new", r.Key)
 		assert.Equal(t, 42, *r.Call)
 		checkConservation(t, d)

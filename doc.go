@@ -15,12 +15,12 @@
 //     its one outcome. A submission for a key whose call is running becomes
 //     the pending successor; it runs after the running call, keeping its
 //     place in line.
-//   - Run by priority. Ready calls wait in a B-tree ordered by effective
-//     priority with aging, then arrival: virtual time = enqueue time −
-//     priority × aging, exact in 128 bits, so a call gains one priority level
-//     per aging interval and a low-priority call cannot starve. A merged call
-//     runs at the highest priority and earliest enqueue time of its live
-//     waiters, in the tenant and under the label of the most urgent.
+//   - Run by priority. Ready calls run highest priority band first; within a
+//     band a waiting call gains one level per aging interval, so a
+//     low-priority call cannot starve behind its own band, and no call ever
+//     passes one of a higher band. A merged call runs at the highest
+//     priority and earliest enqueue time of its live waiters, in the tenant
+//     and under the label of the most urgent.
 //   - Bound everything. Tracked keys and live tickets are capped
 //     (Config.Capacity, Config.MaxWaiters); beyond the cap a submission is
 //     refused at once with ErrBackpressure instead of growing memory. A
@@ -37,26 +37,32 @@
 //
 // # Priority, aging and fairness: the exact rule
 //
-// A worker picks the next call in two steps. Each tenant (SubmitOptions.Tenant)
-// keeps its ready calls ordered by virtual time enqueue − priority × aging,
-// then arrival; without aging, by priority, then arrival. Across tenants, the
-// worker compares each tenant's best call by its effective level at that
-// moment — its priority plus one per aging interval it has waited,
-// floor((now − enqueue) / aging) — and takes the highest. Among tenants
-// whose best calls are at the same level, it takes the tenant with the lowest
-// stride pass; each pick advances a tenant's pass by 2³²/weight, so tenants
-// with backlogs at one level share the workers in proportion to their
-// weights. A tenant at its in-flight cap (TenantConfig.MaxInFlight) is passed
-// over; a call below the reservation's priority waits if the unreserved
-// workers are busy.
+// Priorities fall into bands of Config.AgingBand consecutive levels (10 by
+// default): band = floor(priority / AgingBand). Aging works only within a
+// band. A worker picks the next call in two steps. Each tenant
+// (SubmitOptions.Tenant) keeps its ready calls ordered by band (highest
+// first), then by virtual time within the band, enqueue − offset × aging
+// (offset = priority − band × AgingBand), then arrival. Across tenants,
+// the worker compares each tenant's best call by its band, then by its
+// level within the band at that moment — its offset plus one per aging
+// interval it has waited, floor((now − enqueue) / aging) — and takes the
+// highest. Among tenants whose best calls are at the same level, it takes
+// the tenant with the lowest stride pass; each pick advances a tenant's
+// pass by 2³²/weight, so tenants with backlogs at one level share the
+// workers in proportion to their weights. A tenant at its in-flight cap
+// (TenantConfig.MaxInFlight) is passed over; a call below the
+// reservation's priority (Config.Reserve, judged on priority, never on
+// age) waits if the unreserved workers are busy.
 //
-// Aging bounds starvation: a call of priority p runs before any call of
-// priority q > p that arrives more than (q−p) × aging after it. Behind a
-// stream of priority-q work that keeps the workers busy without an
-// ever-growing backlog, it therefore starts within about (q−p+1) × aging.
-// Work enqueued before it at a higher priority still goes first: aging lifts
-// every waiting call alike. Config.StrictPriority turns aging off, which can
-// starve.
+// So a call never runs before a ready call of a higher band, however long
+// it has waited: a binding at priority 10 never waits behind status
+// patches at 0, however old they are, and the patches run whenever no
+// binding is ready. Within a band aging bounds starvation: a call of
+// priority p runs before any call of its band with priority q > p that
+// arrives more than (q−p) × aging after it; behind a stream of such work
+// that keeps the workers busy without an ever-growing backlog, it starts
+// within about (q−p+1) × aging. Across bands, a lower band waits for the
+// higher ones: that is what a band is for. AgingBand 1 is strict priority.
 //
 // Each submission is a waiter with its own deadline and context. When the
 // last waiter of a call leaves, a pending call is removed and a running

@@ -58,7 +58,22 @@ var (
 // accepted and ends Skipped at once, without waiting for the pending call;
 // the pending call is left as it was. It is a signal, not a failure: no
 // caller ever receives it as an error.
+//
+//lint:ignore ST1012 a signal from Merge, like fs.SkipDir, never an error a caller receives
 var SkipIncoming = errors.New("dispatch: skip incoming call")
+
+// ReplacePending is what Config.Merge returns (or wraps), with the
+// incoming call, to say that the incoming call is a different operation
+// that replaces the pending one — a deletion replacing a pending binding,
+// say. The call then starts fresh as the incoming one: no attempts, no
+// backoff (a retry waiting out its backoff becomes ready at once), no last
+// error for the before-retry hook, and it runs in the tenant and under the
+// label of the incoming submission. Every waiter of the pending call waits
+// for the new one and shares its outcome. Like SkipIncoming it is a
+// signal: no caller ever receives it as an error.
+//
+//lint:ignore ST1012 a signal from Merge, like fs.SkipDir, never an error a caller receives
+var ReplacePending = errors.New("dispatch: replace pending call")
 
 // Bound names a limit that refused a submission or shed a queued call. Its
 // values are a fixed set, safe as a metric label.
@@ -233,15 +248,15 @@ func ctxErr(ctx context.Context) error {
 // failure.
 func stateErr(st State) error {
 	switch st {
-	case Canceled:
+	case StateCanceled:
 		return ErrCanceled
-	case Expired:
+	case StateExpired:
 		return ErrExpired
-	case Dropped:
+	case StateDropped:
 		return ErrDropped
-	case Stale:
+	case StateStale:
 		return ErrStale
-	case Closed:
+	case StateClosed:
 		return ErrClosed
 	}
 	return nil
@@ -250,7 +265,7 @@ func stateErr(st State) error {
 // staleErr is the completion hook's error for a call that ended in st after
 // losing its waiters; execErr is what exec returned, kept for audit.
 func staleErr(st State, execErr error) error {
-	if st != Stale {
+	if st != StateStale {
 		return stateErr(st)
 	}
 	if execErr != nil {

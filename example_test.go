@@ -187,7 +187,7 @@ func ExampleDispatcher_Cancel() {
 	ctx := context.Background()
 	t, _ := d.Submit(ctx, "pod-a", "patch-status", dispatch.SubmitOptions{})
 	errDeleted := errors.New("pod deleted")
-	fmt.Println("cancelled:", d.Cancel("pod-a", errDeleted), "pending:", d.Pending("pod-a"))
+	fmt.Println("cancelled:", d.Cancel("pod-a", errDeleted), "pending:", d.Busy("pod-a"))
 	release()
 
 	res, err := t.Wait(ctx)
@@ -210,9 +210,9 @@ func ExampleTicket_Cancel() {
 	a, _ := d.Submit(ctx, "pod-a", "patch-status", dispatch.SubmitOptions{})
 	b, _ := d.Submit(ctx, "pod-a", "patch-status", dispatch.SubmitOptions{}) // coalesces with a
 	a.Cancel()
-	fmt.Println("after one leaves, pending:", d.Pending("pod-a"))
+	fmt.Println("after one leaves, pending:", d.Busy("pod-a"))
 	b.Cancel()
-	fmt.Println("after both leave, pending:", d.Pending("pod-a"))
+	fmt.Println("after both leave, pending:", d.Busy("pod-a"))
 	release()
 
 	ra, _ := a.Wait(ctx)
@@ -313,7 +313,7 @@ func ExampleNew() {
 	fmt.Println(err)
 	d.Close(context.Background())
 	// Output:
-	// dispatch: Config.Workers: -1 must not be negative
+	// dispatch: Config.Workers: -1 must be in [0, 65536]
 	// dispatch: Config.Retry.Multiplier: 0.5 must be at least 1
 	// <nil>
 }
@@ -332,7 +332,7 @@ func ExampleDispatcher_SetMode() {
 	defer d.Close(context.Background())
 
 	ctx := context.Background()
-	if err := d.SetMode(ctx, dispatch.Sync); err != nil { // gate off: roll back
+	if err := d.SetMode(ctx, dispatch.ModeSync); err != nil { // gate off: roll back
 		panic(err)
 	}
 	t, err := d.Submit(ctx, "pod-a", "Unschedulable", dispatch.SubmitOptions{})

@@ -46,7 +46,7 @@ func TestExecContextCancelCause(t *testing.T) {
 		assert.ErrorIs(t, s.childCause, cause, "a derived context inherits the cause")
 		assert.True(t, s.afterRan, "AfterFunc ran on cancellation")
 		assert.True(t, s.stopped, "stop before cancellation reports true")
-		assert.Equal(t, Canceled, outcome(t, tk).State)
+		assert.Equal(t, StateCanceled, outcome(t, tk).State)
 		closeD(t, d)
 	})
 }

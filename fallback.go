@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/coalescer/dispatch/internal/window"
 )
 
@@ -16,6 +17,7 @@ type fallbackState struct {
 	waits    window.Window   // Total: first starts; Marked: those that waited over MaxQueueWaitP99
 	next     int64           // next check
 	returnAt int64           // automatic return to Async, if set
+	parked   bool            // no check is armed until wakeFallback
 	reason   string
 }
 
@@ -41,28 +43,59 @@ func (f *fallbackState) waited(now int64, wait time.Duration) {
 
 // checkFallback runs on the clock: every tenth of the window it checks the
 // thresholds (switching to Sync when one is crossed) or, after an automatic
-// fallback, whether the cool-down return is due.
+// fallback, whether the cool-down return is due. While nothing it watches
+// can change — Async with no live call, or Sync with no return due — it
+// parks (fallbackIdle), and wakeFallback resumes it: an idle dispatcher
+// does not wake.
 func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 	f := d.fallback
+	if f.parked {
+		return
+	}
 	if now < f.next {
 		d.armTimer(f.next)
 		return
 	}
-	f.next = now + f.calls.Step()
-	d.armTimer(f.next)
-	if d.mode == Sync {
+	f.next = sat.Add(now, f.calls.Step())
+	if d.mode == ModeSync {
 		if f.returnAt != 0 && now >= f.returnAt {
 			f.returnAt = 0
-			d.switchMode(Async, SwitchCoolDown, ob)
+			d.switchMode(ModeAsync, SwitchCoolDown, ob)
 		}
-		return
-	}
-	if code, detail := d.fallbackReason(now); code != "" {
+	} else if code, detail := d.fallbackReason(now); code != "" {
 		f.reason = detail
 		if f.p.ReturnAfter > 0 {
-			f.returnAt = now + int64(f.p.ReturnAfter)
+			f.returnAt = sat.Add(now, int64(f.p.ReturnAfter))
 		}
-		d.switchMode(Sync, code, ob)
+		d.switchMode(ModeSync, code, ob)
+	}
+	if d.fallbackIdle() {
+		f.parked = true
+		return
+	}
+	d.armTimer(f.next)
+}
+
+// fallbackIdle reports whether nothing the fallback watches can change
+// until a call is admitted or the mode is set: Sync with no return due, or
+// Async with no live call and no breaker held open (whose time open is a
+// threshold).
+func (d *Dispatcher[K, T]) fallbackIdle() bool {
+	f := d.fallback
+	if d.mode == ModeSync {
+		return f.returnAt == 0
+	}
+	breakerOpen := d.breaker != nil && d.breaker.state != CircuitClosed && f.p.MaxBreakerOpen > 0
+	return d.liveCalls == 0 && !breakerOpen
+}
+
+// wakeFallback resumes a parked fallback check at now: a call was admitted,
+// or the mode went back to Async.
+func (d *Dispatcher[K, T]) wakeFallback(now int64) {
+	if f := d.fallback; f != nil && f.parked {
+		f.parked = false
+		f.next = now
+		d.armTimer(now)
 	}
 }
 
@@ -89,7 +122,7 @@ func (d *Dispatcher[K, T]) fallbackReason(now int64) (code SwitchReason, detail 
 			return SwitchQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.Marked, s.Total)
 		}
 	}
-	if p.MaxBreakerOpen > 0 && d.breaker != nil && d.breaker.state != BreakerClosed {
+	if p.MaxBreakerOpen > 0 && d.breaker != nil && d.breaker.state != CircuitClosed {
 		if open := time.Duration(now - d.breaker.since); open > p.MaxBreakerOpen {
 			return SwitchBreakerOpen, fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
 		}

@@ -52,7 +52,7 @@ func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
 		}
 		return byte(i)
 	}
-	ai := must(slices.Index(fzAgings[:], cfg.aging), "aging")
+	ai := must(fzAgingIndex(cfg.aging, cfg.band), "aging and band")
 	a := byte(cfg.merge) | bit(cfg.honour, 2) | bit(cfg.noop, 3) | bit(cfg.before, 4) | bit(cfg.drainClose, 5) |
 		(ai&3)<<6
 	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5)
@@ -121,6 +121,7 @@ type fzConfig struct {
 	before      bool // Config.BeforeRetry
 	drainClose  bool // the final Close drains (else its context ends at once)
 	aging       time.Duration
+	band        int // Config.AgingBand
 	capacity    int
 	maxWaiters  int // 0: default
 	maxAttempts int
@@ -131,8 +132,8 @@ type fzConfig struct {
 }
 
 func (c fzConfig) String() string {
-	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v capacity=%d maxWaiters=%d maxAttempts=%d labels=%v",
-		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.capacity, c.maxWaiters, c.maxAttempts, c.labels)
+	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v band=%d capacity=%d maxWaiters=%d maxAttempts=%d labels=%v",
+		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.band, c.capacity, c.maxWaiters, c.maxAttempts, c.labels)
 	if c.breaker {
 		s += fmt.Sprintf(" breaker(failures=%d refuseDroppable=%v)", c.brFailures, c.brRefuse)
 	}
@@ -148,6 +149,33 @@ var fzAgings = [16]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time
 	2 * time.Second, 7 * time.Millisecond, 24 * time.Hour, time.Microsecond,
 	5 * time.Second, 10 * time.Second, time.Hour, math.MaxInt64}
 
+// fzBands are the priority band widths (Config.AgingBand) paired with
+// fzAgings, index for index: 1 (strict priority) with aging 0, the
+// default 10 with most, and narrow, wide and all-but-unbounded bands with
+// the others — the widest narrowed by the dispatcher to what its clock can
+// span.
+var fzBands = [16]int{1, 10, 2, 10,
+	10, 10, 10, 10,
+	3, 10, 1 << 20, 1000,
+	math.MaxInt, 5, 2, 10}
+
+// fzAgingIndex is the index of an aging and band pair in fzAgings and
+// fzBands, or −1. A zero band is the default's: 10, or 1 with aging 0.
+func fzAgingIndex(aging time.Duration, band int) int {
+	if band == 0 {
+		band = 10
+		if aging == 0 {
+			band = 1
+		}
+	}
+	for i := range fzAgings {
+		if fzAgings[i] == aging && fzBands[i] == band {
+			return i
+		}
+	}
+	return -1
+}
+
 func fzDecodeConfig(r *fzReader) fzConfig {
 	a, b, c := r.next(), r.next(), r.next()
 	cfg := fzConfig{
@@ -157,6 +185,7 @@ func fzDecodeConfig(r *fzReader) fzConfig {
 		before:      a&0x10 != 0,
 		drainClose:  a&0x20 != 0,
 		aging:       fzAgings[int(a>>6)|int(c>>5&3)<<2],
+		band:        fzBands[int(a>>6)|int(c>>5&3)<<2],
 		labels:      b&0x20 != 0,
 		capacity:    1 + int(b%4),
 		maxAttempts: 1 + int(c&3)%3,

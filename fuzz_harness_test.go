@@ -68,11 +68,11 @@ func fzRun(t *testing.T, data []byte) {
 	h := &fzHarness{t: t, cfg: cfg, m: newFzModel(cfg), closeDone: make(chan error, 1)}
 	h.trace = append(h.trace, "config: "+cfg.String())
 	dc := dispatch.Config[int, int64]{
-		Workers:        1,
-		Capacity:       cfg.capacity,
-		MaxWaiters:     cfg.maxWaiters,
-		Aging:          cfg.aging,
-		StrictPriority: cfg.aging == 0,
+		Workers:    1,
+		Capacity:   cfg.capacity,
+		MaxWaiters: cfg.maxWaiters,
+		Aging:      cfg.aging,
+		AgingBand:  cfg.band,
 		// The model does not predict which calls the start check would
 		// judge unfinishable; that rule has tests of its own.
 		StartCheck: dispatch.StartCheck{Disabled: true},
@@ -84,18 +84,18 @@ func fzRun(t *testing.T, data []byte) {
 		Classify: func(err error) dispatch.Class {
 			switch {
 			case errors.Is(err, errFuzzRetry):
-				return dispatch.Retry
+				return dispatch.ClassRetry
 			case errors.Is(err, errFuzzRecompute):
-				return dispatch.Recompute
+				return dispatch.ClassRecompute
 			}
-			return dispatch.Permanent
+			return dispatch.ClassPermanent
 		},
 		Retry: dispatch.RetryPolicy{
 			MaxAttempts:    cfg.maxAttempts,
 			InitialBackoff: fzBackoff,
 			MaxBackoff:     fzMaxBackoff,
 			Multiplier:     2,
-			Jitter:         dispatch.NoJitter,
+			Jitter:         dispatch.JitterNone,
 			BudgetRatio:    math.Inf(1),
 		},
 	}
@@ -154,6 +154,10 @@ func fzMerge(mode int, p, in int64) (int64, error) {
 		return 0, fmt.Errorf("fuzz: %d is moot: %w", in, dispatch.SkipIncoming)
 	case mode == 3 && in%4 == 0:
 		return 0, dispatch.SkipIncoming
+	case mode == 3 && in%14 == 0:
+		return in, fmt.Errorf("fuzz: %d is another operation: %w", in, dispatch.ReplacePending)
+	case mode == 3 && in%7 == 0:
+		return in, dispatch.ReplacePending
 	case mode >= 2 && in%3 == 0:
 		return 0, errFuzzMerge
 	}
@@ -324,7 +328,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 		ft := h.tickets[op.idx%len(h.tickets)]
 		h.trace[len(h.trace)-1] += fmt.Sprintf(" = ticket of op %d", ft.op)
 		ft.tk.Cancel()
-		m.leave(ft.m, dispatch.Canceled, "canceled", nil)
+		m.leave(ft.m, dispatch.StateCanceled, "canceled", nil)
 	case fzCtxCancel:
 		if len(h.tickets) == 0 {
 			break
@@ -336,7 +340,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 		}
 		if ft.m.ctxLive {
 			ft.m.ctxLive = false
-			m.leave(ft.m, dispatch.Canceled, "canceled", ft.cause)
+			m.leave(ft.m, dispatch.StateCanceled, "canceled", ft.cause)
 		}
 	case fzCancelKey:
 		cause := fmt.Errorf("fuzz: Cancel in op %d", i)
@@ -553,7 +557,7 @@ func (h *fzHarness) check(step string) {
 		StaleExecutions: m.staleExecs,
 		Retries:         m.retries,
 		AlreadyDone:     m.alreadyDone,
-		Breaker:         m.br,
+		Circuit:         m.br,
 		Outcomes:        m.outcomes,
 		Calls:           m.callsBy,
 		Concurrency:     1, // one worker, no adaptive limit
@@ -584,7 +588,7 @@ func (h *fzHarness) check(step string) {
 	}
 	for k := range fzKeys {
 		_, want := m.slots[k]
-		if got := h.d.Pending(k); got != want {
+		if got := h.d.Busy(k); got != want {
 			h.fail("%s: Pending(k%d) = %v, model says %v", step, k, got, want)
 		}
 	}

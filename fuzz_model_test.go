@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"time"
 
 	"github.com/coalescer/dispatch"
 )
@@ -130,7 +131,7 @@ type fzModel struct {
 
 	submitted, rejected, coalesced, executions, staleExecs, retries, alreadyDone uint64
 
-	br        dispatch.BreakerState
+	br        dispatch.Circuit
 	consec    int   // retryable failures in a row
 	openUntil int64 // while open
 	probes    int   // probes in flight while half-open
@@ -175,27 +176,42 @@ func (m *fzModel) labels() map[string]int {
 	return n
 }
 
-// vt is the virtual time enqueue − priority×aging, exactly: with big
-// integers, so that it shares nothing with the implementation's 128-bit
-// arithmetic, and nothing saturates — every pair of int priorities orders
-// by priority at every aging (issue 10, item 3).
-func (m *fzModel) vt(prio int, enq int64) *big.Int {
-	v := new(big.Int).Mul(big.NewInt(int64(prio)), big.NewInt(int64(m.cfg.aging)))
-	return v.Sub(big.NewInt(enq), v)
+// width is the band width the dispatcher works with: Config.AgingBand,
+// narrowed so that a band spans at most 2⁶² ns of aging, as its docs say.
+func (m *fzModel) width() int64 {
+	return min(int64(m.cfg.band), (1<<62)/m.aging()+1)
 }
 
-// before reports whether a runs before b in the ready order.
-func (m *fzModel) before(aPrio int, aEnq int64, aSeq uint64, bPrio int, bEnq int64, bSeq uint64) bool {
+// aging is the aging interval in ns: Config.Aging, or its default.
+func (m *fzModel) aging() int64 {
 	if m.cfg.aging == 0 {
-		if aPrio != bPrio {
-			return aPrio > bPrio
-		}
-		if aEnq != bEnq {
-			return aEnq < bEnq
-		}
-		return aSeq < bSeq
+		return int64(time.Second)
 	}
-	if c := m.vt(aPrio, aEnq).Cmp(m.vt(bPrio, bEnq)); c != 0 {
+	return int64(m.cfg.aging)
+}
+
+// place is a call's place in the ready order by the contract, with big
+// integers, so that it shares nothing with the implementation: its band
+// floor(prio / width), and its virtual time within the band, enqueue −
+// (prio − band×width)×aging.
+func (m *fzModel) place(prio int, enq int64) (band, vt *big.Int) {
+	w := big.NewInt(m.width())
+	band, off := new(big.Int), new(big.Int)
+	band.DivMod(big.NewInt(int64(prio)), w, off) // Euclidean: off ≥ 0
+	vt = new(big.Int).Mul(off, big.NewInt(m.aging()))
+	return band, vt.Sub(big.NewInt(enq), vt)
+}
+
+// before reports whether a runs before b in the ready order: the higher
+// band first, whatever the ages; within a band the lower virtual time;
+// then arrival.
+func (m *fzModel) before(aPrio int, aEnq int64, aSeq uint64, bPrio int, bEnq int64, bSeq uint64) bool {
+	ab, av := m.place(aPrio, aEnq)
+	bb, bv := m.place(bPrio, bEnq)
+	if c := ab.Cmp(bb); c != 0 {
+		return c > 0
+	}
+	if c := av.Cmp(bv); c != 0 {
 		return c < 0
 	}
 	return aSeq < bSeq
@@ -271,12 +287,12 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		if mt != nil && m.tickets >= m.maxWaiters() {
 			return dispatch.ErrBackpressure
 		}
-		if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.BreakerOpen {
+		if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.CircuitOpen {
 			return dispatch.ErrCircuitOpen
 		}
 		if victim != nil {
-			m.settleAll(victim, dispatch.Dropped, "dropped", nil, false)
-			m.endCall(victim, dispatch.Dropped, "dropped")
+			m.settleAll(victim, dispatch.StateDropped, "dropped", nil, false)
+			m.endCall(victim, dispatch.StateDropped, "dropped")
 			m.releaseSlot(victim.slot)
 		}
 		s = &fmSlot{key: op.key, gen: op.gen}
@@ -296,13 +312,16 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		s.gen = op.gen
 		for _, c := range [2]*fmCall{s.next, s.run} {
 			if c != nil && !c.orphan {
-				m.settleAll(c, dispatch.Stale, "stale", nil, false)
-				m.endCall(c, dispatch.Stale, "stale")
+				m.settleAll(c, dispatch.StateStale, "stale", nil, false)
+				m.endCall(c, dispatch.StateStale, "stale")
 			}
 		}
 	}
 	if c := s.next; c != nil {
+		replaced := false
 		switch m.coalesce(c, val, op.idem) {
+		case fmReplaced:
+			replaced = true
 		case fmRefused:
 			return dispatch.ErrMergeRejected
 		case fmSkipped:
@@ -310,15 +329,19 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 			// Skipped at once, alone, and the pending call is left as it
 			// was (no waiter, priority, deadline or label of this one).
 			m.coalesced++
-			m.outcomes[dispatch.Skipped]++
+			m.outcomes[dispatch.StateSkipped]++
 			if mt != nil {
-				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.Skipped, val, 1, 0, "nil"
+				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.StateSkipped, val, 1, 0, "nil"
 			}
 			return nil
 		}
 		c.droppable = c.droppable && op.drop
-		// A submission that raises the call's priority brings its label.
-		if op.prio > c.prio {
+		// A submission that raises the call's priority brings its label,
+		// and so does one that replaces the call.
+		if replaced {
+			m.restart(c)
+		}
+		if replaced || op.prio > c.prio {
 			c.label = m.label(val)
 		}
 		m.join(c, mt, op.prio, deadline)
@@ -361,9 +384,10 @@ func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp) *fmCall {
 
 // What coalescing a value into a call did.
 const (
-	fmMerged  = iota
-	fmRefused // idempotency keys differ, or the merge function refused
-	fmSkipped // the merge function returned SkipIncoming
+	fmMerged   = iota
+	fmRefused  // idempotency keys differ, or the merge function refused
+	fmSkipped  // the merge function returned SkipIncoming
+	fmReplaced // the merge function returned ReplacePending
 )
 
 // coalesce merges val into c, or reports why not and leaves c as it was.
@@ -377,6 +401,15 @@ func (m *fzModel) coalesce(c *fmCall, val int64, idem string) int {
 	case 3:
 		if val%4 == 0 {
 			return fmSkipped
+		}
+		if val%7 == 0 {
+			// Another operation: it replaces the pending call's value and
+			// the call starts over (restart).
+			c.val = val
+			if c.idem == "" {
+				c.idem = idem
+			}
+			return fmReplaced
 		}
 		fallthrough
 	case 2:
@@ -449,7 +482,7 @@ func (m *fzModel) settleAll(c *fmCall, st dispatch.State, class string, cause er
 	served := false
 	for _, t := range c.tickets {
 		if expire && t.deadline != 0 && t.deadline <= m.now {
-			m.settle(t, c, dispatch.Expired, "expired", nil)
+			m.settle(t, c, dispatch.StateExpired, "expired", nil)
 			continue
 		}
 		served = true
@@ -460,7 +493,7 @@ func (m *fzModel) settleAll(c *fmCall, st dispatch.State, class string, cause er
 	if c.nff > 0 {
 		wst := st
 		if expire && !c.ffForever && c.ffDL <= m.now {
-			wst = dispatch.Expired
+			wst = dispatch.StateExpired
 		} else {
 			served = true
 		}
@@ -524,7 +557,7 @@ func (m *fzModel) leave(t *fmTicket, st dispatch.State, class string, cause erro
 	c.tickets = slices.Delete(c.tickets, i, i+1)
 	m.tickets--
 	m.settle(t, c, st, class, cause)
-	if st == dispatch.Expired && m.cfg.honour && c.where == fmRunning && m.runDL == m.now {
+	if st == dispatch.StateExpired && m.cfg.honour && c.where == fmRunning && m.runDL == m.now {
 		t.hasAlt, t.altVal, t.altAttempt = true, c.val, c.attempts+1
 		if m.runOut.rebuilt {
 			t.altVal = m.runVal
@@ -547,8 +580,8 @@ func (m *fzModel) cancelKey(key int, cause error) bool {
 	for _, c := range [2]*fmCall{s.next, s.run} {
 		if c != nil && !c.orphan {
 			found = true
-			m.settleAll(c, dispatch.Canceled, "canceled", cause, false)
-			m.endCall(c, dispatch.Canceled, "canceled")
+			m.settleAll(c, dispatch.StateCanceled, "canceled", cause, false)
+			m.endCall(c, dispatch.StateCanceled, "canceled")
 		}
 	}
 	m.releaseSlot(s)
@@ -575,15 +608,15 @@ func (m *fzModel) expire() {
 	for _, c := range m.liveCalls() {
 		for _, t := range slices.Clone(c.tickets) {
 			if t.deadline != 0 && t.deadline <= m.now {
-				m.leave(t, dispatch.Expired, "expired", nil)
+				m.leave(t, dispatch.StateExpired, "expired", nil)
 			}
 		}
 		if c.nff > 0 && !c.ffForever && c.ffDL <= m.now {
-			m.outcomes[dispatch.Expired] += uint64(c.nff)
+			m.outcomes[dispatch.StateExpired] += uint64(c.nff)
 			m.liveFF -= c.nff
 			c.nff = 0
 			if c.live() == 0 {
-				m.endCall(c, dispatch.Expired, "expired")
+				m.endCall(c, dispatch.StateExpired, "expired")
 				m.releaseSlot(c.slot)
 			} else {
 				m.reprioritize(c)
@@ -619,7 +652,7 @@ func (m *fzModel) nextEvent() int64 {
 			at(c.notBefore)
 		}
 	}
-	if m.br == dispatch.BreakerOpen && m.openUntil > m.now {
+	if m.br == dispatch.CircuitOpen && m.openUntil > m.now {
 		at(m.openUntil)
 	}
 	return next
@@ -684,7 +717,7 @@ func (m *fzModel) work() {
 		if best == nil {
 			return
 		}
-		probe := m.br != dispatch.BreakerClosed
+		probe := m.br != dispatch.CircuitClosed
 		if m.cfg.breaker && !m.admits() {
 			return
 		}
@@ -762,28 +795,28 @@ func (m *fzModel) finish(c *fmCall, out fzOutcome) {
 	case c.orphan:
 		st, class := c.endState, fzStateClass(c.endState)
 		if out.ran {
-			st, class = dispatch.Stale, "stale"
+			st, class = dispatch.StateStale, "stale"
 			m.staleExecs++
 		}
 		m.hook(c, st, class)
 	case out.hookErr:
-		m.end(c, dispatch.Failed, "retry:before-retry:before", out.ran)
+		m.end(c, dispatch.StateFailed, "retry:before-retry:before", out.ran)
 	case out.done:
 		m.alreadyDone++
-		m.end(c, dispatch.Succeeded, "nil", out.ran)
+		m.end(c, dispatch.StateSucceeded, "nil", out.ran)
 	case out.skipped:
-		m.end(c, dispatch.Skipped, "nil", out.ran)
+		m.end(c, dispatch.StateSkipped, "nil", out.ran)
 	case out.ctxEnded:
 		panic("fzModel: an execution ended by its context must be orphaned")
 	case out.result == fzOK:
-		m.end(c, dispatch.Succeeded, "nil", out.ran)
+		m.end(c, dispatch.StateSucceeded, "nil", out.ran)
 	default:
 		notBefore, reason := m.retryAt(c, out)
 		if reason == "" {
 			m.requeue(c, notBefore)
 			return
 		}
-		m.end(c, dispatch.Failed, fzFailClass(out.result, reason), out.ran)
+		m.end(c, dispatch.StateFailed, fzFailClass(out.result, reason), out.ran)
 	}
 	m.calls--
 	s.run = nil
@@ -800,9 +833,9 @@ func (m *fzModel) end(c *fmCall, st dispatch.State, class string, ran bool) {
 		m.hook(c, st, class)
 	case ran:
 		m.staleExecs++
-		m.hook(c, dispatch.Stale, "stale")
+		m.hook(c, dispatch.StateStale, "stale")
 	default:
-		m.hook(c, dispatch.Expired, "expired")
+		m.hook(c, dispatch.StateExpired, "expired")
 	}
 }
 
@@ -837,17 +870,18 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 		case fmMerged:
 			m.absorb(c, n)
 			s.run, s.next = nil, c
-		case fmSkipped:
-			// The retry makes its successor moot: the successor ends
-			// Skipped for every waiter, and its completion hook fires.
-			m.settleAll(n, dispatch.Skipped, "nil", nil, false)
-			n.where = fmEnded
-			m.calls--
-			m.hook(n, dispatch.Skipped, "nil")
+		case fmReplaced:
+			// The successor is another operation: the retry becomes it,
+			// from its first attempt, at once, with its label.
+			m.restart(c)
+			notBefore = m.now
+			label := n.label
+			m.absorb(c, n)
+			c.label = label
 			s.run, s.next = nil, c
 		}
-		// Refused: the retry stays the key's running call, and its
-		// successor waits behind it.
+		// Refused, or moot: the retry stays the key's running call, and
+		// its successor waits behind it, to run after it.
 	} else {
 		s.run, s.next = nil, c
 	}
@@ -857,6 +891,15 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 	}
 	c.where, c.notBefore = fmDelayed, notBefore
 	m.queue = append(m.queue, c)
+}
+
+// restart is ReplacePending's effect on a queued call: no attempts, no
+// retry pending (so no before-retry hook), and no backoff left to wait.
+func (m *fzModel) restart(c *fmCall) {
+	c.attempts, c.retrying = 0, false
+	if c.where == fmDelayed {
+		c.where, c.notBefore = fmReady, 0
+	}
 }
 
 func (m *fzModel) absorb(c, n *fmCall) {
@@ -891,13 +934,13 @@ func (m *fzModel) absorb(c, n *fmCall) {
 // admits is the breaker's gate for starting an execution.
 func (m *fzModel) admits() bool {
 	switch m.br {
-	case dispatch.BreakerOpen:
+	case dispatch.CircuitOpen:
 		if m.now < m.openUntil {
 			return false
 		}
-		m.br = dispatch.BreakerHalfOpen
+		m.br = dispatch.CircuitHalfOpen
 		fallthrough
-	case dispatch.BreakerHalfOpen:
+	case dispatch.CircuitHalfOpen:
 		if m.probes >= 1 {
 			return false
 		}
@@ -915,14 +958,14 @@ func (m *fzModel) record(probe, counted, failed bool) {
 	}
 	if !failed {
 		m.consec = 0
-		if m.br == dispatch.BreakerHalfOpen {
-			m.br, m.probes = dispatch.BreakerClosed, 0
+		if m.br == dispatch.CircuitHalfOpen {
+			m.br, m.probes = dispatch.CircuitClosed, 0
 		}
 		return
 	}
 	m.consec++
-	if m.br == dispatch.BreakerHalfOpen || (m.br == dispatch.BreakerClosed && m.consec >= m.cfg.brFailures) {
-		m.br, m.openUntil, m.consec = dispatch.BreakerOpen, m.now+int64(fzCooldown), 0
+	if m.br == dispatch.CircuitHalfOpen || (m.br == dispatch.CircuitClosed && m.consec >= m.cfg.brFailures) {
+		m.br, m.openUntil, m.consec = dispatch.CircuitOpen, m.now+int64(fzCooldown), 0
 	}
 }
 
@@ -947,8 +990,8 @@ func (m *fzModel) abort() {
 		}
 		for _, c := range [2]*fmCall{s.next, s.run} {
 			if c != nil && !c.orphan {
-				m.settleAll(c, dispatch.Closed, "closed", nil, false)
-				m.endCall(c, dispatch.Closed, "closed")
+				m.settleAll(c, dispatch.StateClosed, "closed", nil, false)
+				m.endCall(c, dispatch.StateClosed, "closed")
 			}
 		}
 		m.releaseSlot(s)
@@ -959,17 +1002,17 @@ func (m *fzModel) closeReturned() bool { return m.stopped && m.running == nil }
 
 func fzStateClass(st dispatch.State) string {
 	switch st {
-	case dispatch.Succeeded, dispatch.Skipped:
+	case dispatch.StateSucceeded, dispatch.StateSkipped:
 		return "nil"
-	case dispatch.Canceled:
+	case dispatch.StateCanceled:
 		return "canceled"
-	case dispatch.Expired:
+	case dispatch.StateExpired:
 		return "expired"
-	case dispatch.Dropped:
+	case dispatch.StateDropped:
 		return "dropped"
-	case dispatch.Stale:
+	case dispatch.StateStale:
 		return "stale"
-	case dispatch.Closed:
+	case dispatch.StateClosed:
 		return "closed"
 	}
 	return "?"

@@ -57,6 +57,9 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 		d.mu.Unlock()
 		returned := false
 		defer func() {
+			if r := recover(); r != nil {
+				crash(r) // never take the lock the panic may have left held
+			}
 			d.mu.Lock()
 			d.disown(id)
 			if !returned && !d.stopped {
@@ -200,7 +203,7 @@ func (d *Dispatcher[K, T]) stop() {
 		d.stopped = true
 		now := d.now()
 		for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
-			d.endLane(l, Closed, ErrClosed, now, withRunning, &ob)
+			d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
 		}
 		d.baseCancel(ErrClosed)
 		close(d.stopCh)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -105,22 +106,22 @@ func counts(c StateCounts) map[State]int {
 
 // sentinel is the error every non-OK state's Err must match.
 var sentinel = map[State]error{
-	Canceled: ErrCanceled,
-	Expired:  ErrExpired,
-	Dropped:  ErrDropped,
-	Stale:    ErrStale,
-	Closed:   ErrClosed,
+	StateCanceled: ErrCanceled,
+	StateExpired:  ErrExpired,
+	StateDropped:  ErrDropped,
+	StateStale:    ErrStale,
+	StateClosed:   ErrClosed,
 }
 
 // checkStateErr asserts that err agrees with st.
 func checkStateErr(t testing.TB, st State, err error) {
 	t.Helper()
-	require.GreaterOrEqual(t, st, Succeeded, "not a terminal state: %v", st)
-	require.LessOrEqual(t, st, Closed, "not a terminal state: %v", st)
+	require.GreaterOrEqual(t, st, StateSucceeded, "not a terminal state: %v", st)
+	require.LessOrEqual(t, st, StateClosed, "not a terminal state: %v", st)
 	switch {
 	case st.OK():
 		require.NoError(t, err, "state %v", st)
-	case st == Failed:
+	case st == StateFailed:
 		require.Error(t, err, "Failed without an error")
 	default:
 		require.ErrorIs(t, err, sentinel[st], "state %v", st)
@@ -253,7 +254,7 @@ func holdWorker[T any](t *testing.T, exec ExecFunc[string, T], cfg Config[string
 		t.Helper()
 		g.open()
 		synctest.Wait()
-		require.Equal(t, Succeeded, outcome(t, hold).State, "the held call")
+		require.Equal(t, StateSucceeded, outcome(t, hold).State, "the held call")
 	}
 }
 
@@ -413,7 +414,7 @@ var errConflict = errors.New("409 conflict")
 // Recompute.
 func conflictClassifier(err error) Class {
 	if errors.Is(err, errConflict) {
-		return Recompute
+		return ClassRecompute
 	}
 	return DefaultClassifier(err)
 }
@@ -421,7 +422,44 @@ func conflictClassifier(err error) Class {
 // noJitter retries up to attempts executions, 100ms apart and then doubling,
 // with no jitter and no retry budget: a retry schedule a test can predict.
 func noJitter(attempts int) RetryPolicy {
-	return RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: NoJitter, BudgetRatio: math.Inf(1)}
+	return RetryPolicy{MaxAttempts: attempts, InitialBackoff: 100 * time.Millisecond, Jitter: JitterNone, BudgetRatio: math.Inf(1)}
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// strictIf is the Config.AgingBand of strict priority if strict, else of
+// the default.
+func strictIf(strict bool) int {
+	if strict {
+		return 1
+	}
+	return 0
+}
+
+// reflectType is T's reflect.Type.
+func reflectType[T any]() reflect.Type { return reflect.TypeFor[T]() }
+
+// numericFields lists the int, float and duration fields of struct type
+// t, recursing into nested structs and pointers to structs, as dotted
+// paths; maps of structs are listed as their element type under
+// DefaultTenant's name when that is their element (tenant settings).
+func numericFields(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case ft.Kind() == reflect.Struct:
+			out = append(out, numericFields(ft, prefix+f.Name+".")...)
+		case ft.Kind() == reflect.Int, ft.Kind() == reflect.Int64, ft.Kind() == reflect.Float64:
+			out = append(out, prefix+f.Name)
+		}
+	}
+	return out
+}

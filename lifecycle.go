@@ -97,16 +97,19 @@ type call[K comparable, T any] struct {
 	postsForever bool
 	// orphan is set when a running call loses its last waiter; its
 	// execution's result is then reported Stale, never as success.
-	orphan   bool
-	probe    bool         // admitted by a half-open breaker
-	low      bool         // running on a worker below the reservation's priority
-	endState State        // why it was orphaned
-	prio     int          // effective priority: max over live waiters
-	enq      int64        // effective enqueue time: min over live waiters
-	nForever int          // tickets without a deadline
-	nPosts   int          // fire-and-forget submissions
-	joined   int          // submissions served, for Result.Waiters
-	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
+	orphan bool
+	probe  bool // admitted by a half-open breaker
+	// checkProbe is set when the start check would have refused it and let
+	// it start to learn whether the server sped up (labelTimes).
+	checkProbe bool
+	low        bool         // running on a worker below the reservation's priority
+	endState   State        // why it was orphaned
+	prio       int          // effective priority: max over live waiters
+	enq        int64        // effective enqueue time: min over live waiters
+	nForever   int          // tickets without a deadline
+	nPosts     int          // fire-and-forget submissions
+	joined     int          // submissions served, for Result.Waiters
+	posts      waiter[K, T] // every fire-and-forget submission, as one waiter
 
 	gen       uint64
 	runner    uint64 // goroutine id of its last execution
@@ -237,7 +240,7 @@ func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int
 		d.unindex(t)
 		if dl := t.deadline(); late == expireLate && dl != 0 && dl <= now {
 			if expired == nil {
-				expired = ob.newResult(d.result(c, Expired, ErrExpired, now))
+				expired = ob.newResult(d.result(c, StateExpired, ErrExpired, now))
 			}
 			d.told(t, expired, ob)
 			return
@@ -267,7 +270,7 @@ func (d *Dispatcher[K, T]) settleAll(c *call[K, T], st State, err error, now int
 	if c.nPosts > 0 {
 		pst := st
 		if late == expireLate && !c.postsForever && c.posts.deadline <= now {
-			pst = Expired
+			pst = StateExpired
 		} else {
 			served = true
 		}
@@ -362,7 +365,7 @@ func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64,
 	d.untrack(c)
 	d.totals.calls[st]++
 	if d.fallback != nil {
-		d.fallback.finished(now, st == Failed)
+		d.fallback.finished(now, st == StateFailed)
 	}
 	if d.cfg.OnDone == nil && d.cfg.Observer == nil {
 		return
@@ -521,8 +524,8 @@ func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K,
 		e := c.event()
 		ob.notes = append(ob.notes, func() { obs.OnDrop(e, b) })
 	}
-	d.settleAll(c, Dropped, err, now, onTime, ob)
-	d.finish(c, Dropped, err, now, ob)
+	d.settleAll(c, StateDropped, err, now, onTime, ob)
+	d.finish(c, StateDropped, err, now, ob)
 }
 
 // result is what a waiter or the completion hook is told about c.

@@ -37,13 +37,13 @@ func TestWaiterDeadlines(t *testing.T) {
 			at   time.Duration // when Done closes
 		}
 		ws := []waiter{
-			{"no deadline", bg, SubmitOptions{}, Succeeded, 10 * time.Second},
-			{"ctx 1s", withTimeout(time.Second), SubmitOptions{}, Expired, time.Second},
-			{"opts 2s, ctx 5s", withTimeout(5 * time.Second), SubmitOptions{Deadline: now.Add(2 * time.Second)}, Expired, 2 * time.Second},
-			{"opts 5s, ctx 1.5s", withTimeout(1500 * time.Millisecond), SubmitOptions{Deadline: now.Add(5 * time.Second)}, Expired, 1500 * time.Millisecond},
-			{"opts 3s", bg, SubmitOptions{Deadline: now.Add(3 * time.Second)}, Expired, 3 * time.Second},
-			{"opts 20s", bg, SubmitOptions{Deadline: now.Add(20 * time.Second)}, Succeeded, 10 * time.Second},
-			{"ctx 30s", withTimeout(30 * time.Second), SubmitOptions{}, Succeeded, 10 * time.Second},
+			{"no deadline", bg, SubmitOptions{}, StateSucceeded, 10 * time.Second},
+			{"ctx 1s", withTimeout(time.Second), SubmitOptions{}, StateExpired, time.Second},
+			{"opts 2s, ctx 5s", withTimeout(5 * time.Second), SubmitOptions{Deadline: now.Add(2 * time.Second)}, StateExpired, 2 * time.Second},
+			{"opts 5s, ctx 1.5s", withTimeout(1500 * time.Millisecond), SubmitOptions{Deadline: now.Add(5 * time.Second)}, StateExpired, 1500 * time.Millisecond},
+			{"opts 3s", bg, SubmitOptions{Deadline: now.Add(3 * time.Second)}, StateExpired, 3 * time.Second},
+			{"opts 20s", bg, SubmitOptions{Deadline: now.Add(20 * time.Second)}, StateSucceeded, 10 * time.Second},
+			{"ctx 30s", withTimeout(30 * time.Second), SubmitOptions{}, StateSucceeded, 10 * time.Second},
 		}
 		var tks []*Ticket[string, int]
 		for _, w := range ws {
@@ -54,9 +54,9 @@ func TestWaiterDeadlines(t *testing.T) {
 		times := watchDone(tks...)
 		time.Sleep(10 * time.Second)
 		s := checkConservation(t, d)
-		assert.Equal(t, uint64(4), s.Outcomes[Expired], "expired while the call waits")
+		assert.Equal(t, uint64(4), s.Outcomes[StateExpired], "expired while the call waits")
 		assert.Equal(t, 4, s.Live) // hold + three waiters of A
-		assert.True(t, d.Pending("A"), "the call goes on for its other waiters")
+		assert.True(t, d.Busy("A"), "the call goes on for its other waiters")
 		release()
 		for i, w := range ws {
 			r := outcome(t, tks[i])
@@ -95,10 +95,10 @@ func TestExtremeDeadlines(t *testing.T) {
 			tks = append(tks, tk)
 		}
 		time.Sleep(time.Millisecond)
-		assert.Equal(t, Expired, outcome(t, soon).State)
+		assert.Equal(t, StateExpired, outcome(t, soon).State)
 		time.Sleep(24 * time.Hour)
 		release()
-		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 		assert.Equal(t, []string{"far0", "far1", "far2"}, f.keys())
 		closeD(t, d)
 	})
@@ -123,8 +123,8 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 			release()
 			waitAll(short, long)
 			synctest.Wait() // let the watchers record
-			assert.Equal(t, Expired, outcome(t, short).State)
-			assert.Equal(t, Succeeded, outcome(t, long).State)
+			assert.Equal(t, StateExpired, outcome(t, short).State)
+			assert.Equal(t, StateSucceeded, outcome(t, long).State)
 			at, _ := times.of(short)
 			assert.Equal(t, 2*time.Second, at, "expired at its own deadline")
 			at, _ = times.of(long)
@@ -153,13 +153,13 @@ func TestDeadlineWhileInFlight(t *testing.T) {
 			release()
 			waitAll(a, b)
 			synctest.Wait()
-			assert.Equal(t, map[State]int{Expired: 2}, tally(t, a, b))
+			assert.Equal(t, map[State]int{StateExpired: 2}, tally(t, a, b))
 			assert.True(t, sawDone.Load(), "execution context not ended when the last waiter expired")
 			assert.Equal(t, 3*time.Second, time.Since(start))
-			assert.Equal(t, []State{Stale}, hooks.states("A"), "a result after every waiter expired must be Stale")
+			assert.Equal(t, []State{StateStale}, hooks.states("A"), "a result after every waiter expired must be Stale")
 			s := closeD(t, d)
 			assert.Equal(t, uint64(1), s.StaleExecutions)
-			assert.Equal(t, uint64(1), s.Outcomes[Succeeded]) // hold
+			assert.Equal(t, uint64(1), s.Outcomes[StateSucceeded]) // hold
 		})
 	})
 }
@@ -202,26 +202,26 @@ func TestLastWaiterLeaves(t *testing.T) {
 				t2.Cancel()
 				synctest.Wait()
 				assert.Nil(t, cause.Load(), "exec context cancelled while a waiter remained")
-				assert.Equal(t, Canceled, outcome(t, t2).State)
+				assert.Equal(t, StateCanceled, outcome(t, t2).State)
 
 				cancel() // the last waiter leaves
 				synctest.Wait()
 				require.NotNil(t, cause.Load(), "exec context not cancelled when the last waiter left")
 				assert.ErrorIs(t, cause.Load().(error), ErrCanceled)
 				r := outcome(t, t1)
-				assert.Equal(t, Canceled, r.State)
+				assert.Equal(t, StateCanceled, r.State)
 				assert.ErrorIs(t, r.Err, context.Canceled)
 				if late {
-					assert.True(t, d.Pending("A"), "an orphaned execution that has not returned may still take effect")
+					assert.True(t, d.Busy("A"), "an orphaned execution that has not returned may still take effect")
 					lateReturn.open()
 					synctest.Wait()
 				}
-				assert.False(t, d.Pending("A"))
-				assert.Equal(t, []State{Stale}, hooks.states("A"))
+				assert.False(t, d.Busy("A"))
+				assert.Equal(t, []State{StateStale}, hooks.states("A"))
 				s = closeD(t, d)
 				assert.Equal(t, uint64(1), s.StaleExecutions)
-				assert.Equal(t, map[State]int{Stale: 1, Succeeded: 1}, counts(s.Calls))
-				assert.Equal(t, map[State]int{Canceled: 2, Succeeded: 1}, counts(s.Outcomes))
+				assert.Equal(t, map[State]int{StateStale: 1, StateSucceeded: 1}, counts(s.Calls))
+				assert.Equal(t, map[State]int{StateCanceled: 2, StateSucceeded: 1}, counts(s.Outcomes))
 			})
 		})
 	}
@@ -237,16 +237,16 @@ func TestLastWaiterLeaves(t *testing.T) {
 			a3 := submit(t, d, "A", 0, prio(0))
 			a3.Cancel()
 			cancel()
-			assert.True(t, d.Pending("A"))
+			assert.True(t, d.Busy("A"))
 			time.Sleep(2 * time.Second) // a2 expires: the last one
-			assert.False(t, d.Pending("A"), "a pending call without waiters was not removed")
+			assert.False(t, d.Busy("A"), "a pending call without waiters was not removed")
 			s := checkConservation(t, d)
 			assert.Equal(t, 1, s.Keys)
 			assert.Zero(t, s.Ready)
-			assert.Equal(t, []State{Expired}, hooks.states("A"))
+			assert.Equal(t, []State{StateExpired}, hooks.states("A"))
 			release()
 			assert.Empty(t, f.keys(), "a call without waiters ran")
-			assert.Equal(t, map[State]int{Canceled: 2, Expired: 1}, tally(t, a1, a2, a3))
+			assert.Equal(t, map[State]int{StateCanceled: 2, StateExpired: 1}, tally(t, a1, a2, a3))
 			closeD(t, d)
 		})
 	})
@@ -287,14 +287,14 @@ func TestCancelKey(t *testing.T) {
 		synctest.Wait()
 		for _, tk := range []*Ticket[string, int]{inflight, succ1, succ2} {
 			r := outcome(t, tk)
-			assert.Equal(t, Canceled, r.State)
+			assert.Equal(t, StateCanceled, r.State)
 			assert.ErrorIs(t, r.Err, ErrCanceled)
 			assert.ErrorIs(t, r.Err, cause)
 		}
 		require.NotNil(t, execCause.Load())
 		assert.ErrorIs(t, execCause.Load().(error), cause)
 		assert.False(t, d.Cancel("A", cause), "the orphaned execution has no waiter left to cancel")
-		assert.True(t, d.Pending("A"), "the cancelled execution has not returned yet")
+		assert.True(t, d.Busy("A"), "the cancelled execution has not returned yet")
 
 		// A new submission waits for the cancelled execution to return.
 		again := submit(t, d, "A", 5, prio(0))
@@ -304,14 +304,14 @@ func TestCancelKey(t *testing.T) {
 		r, err := again.Wait(bg)
 		require.NoError(t, err)
 		assert.Equal(t, 5, r.Call)
-		assert.Equal(t, Succeeded, outcome(t, other).State)
+		assert.Equal(t, StateSucceeded, outcome(t, other).State)
 
 		assert.False(t, d.Cancel("A", nil), "nothing left to cancel")
 		synctest.Wait()
-		assert.ElementsMatch(t, []State{Canceled, Stale, Succeeded}, hooks.states("A"))
+		assert.ElementsMatch(t, []State{StateCanceled, StateStale, StateSucceeded}, hooks.states("A"))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(1), s.StaleExecutions)
-		assert.Equal(t, map[State]int{Canceled: 4, Succeeded: 2}, counts(s.Outcomes))
+		assert.Equal(t, map[State]int{StateCanceled: 4, StateSucceeded: 2}, counts(s.Outcomes))
 	})
 	t.Run("nil cause", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
@@ -320,9 +320,9 @@ func TestCancelKey(t *testing.T) {
 			a := submit(t, d, "A", 0, prio(0))
 			assert.True(t, d.Cancel("A", nil))
 			r := outcome(t, a)
-			assert.Equal(t, Canceled, r.State)
+			assert.Equal(t, StateCanceled, r.State)
 			assert.ErrorIs(t, r.Err, ErrCanceled)
-			assert.False(t, d.Pending("A"))
+			assert.False(t, d.Busy("A"))
 			release()
 			assert.Empty(t, f.keys(), "a cancelled call ran")
 			closeD(t, d)
@@ -377,7 +377,7 @@ func TestGenerationSupersedes(t *testing.T) {
 
 		for _, tk := range []*Ticket[string, int]{run1, pend1} {
 			r := outcome(t, tk)
-			assert.Equal(t, Stale, r.State)
+			assert.Equal(t, StateStale, r.State)
 			assert.ErrorIs(t, r.Err, ErrStale)
 		}
 		mu.Lock()
@@ -395,7 +395,7 @@ func TestGenerationSupersedes(t *testing.T) {
 		gen2.open()
 		r, err := new2.Wait(bg)
 		require.NoError(t, err)
-		assert.Equal(t, Succeeded, r.State)
+		assert.Equal(t, StateSucceeded, r.State)
 		assert.Equal(t, 3, r.Call)
 		r, err = same.Wait(bg)
 		require.NoError(t, err)
@@ -403,17 +403,17 @@ func TestGenerationSupersedes(t *testing.T) {
 		synctest.Wait()
 		assert.False(t, overlap.Load(), "two generations of one key ran at once")
 
-		assert.ElementsMatch(t, []State{Stale, Stale, Succeeded, Succeeded}, hooks.states("A"),
+		assert.ElementsMatch(t, []State{StateStale, StateStale, StateSucceeded, StateSucceeded}, hooks.states("A"),
 			"superseded in-flight (ran, late success) and pending (never ran) calls are Stale")
 		for _, hr := range hooks.of("A") {
-			if hr.State == Stale {
+			if hr.State == StateStale {
 				assert.ErrorIs(t, hr.Err, ErrStale)
 			}
 		}
 		s := closeD(t, d)
 		assert.Equal(t, uint64(1), s.StaleExecutions)
 		assert.Equal(t, uint64(2), s.Rejected)
-		assert.Equal(t, map[State]int{Stale: 3, Succeeded: 2}, counts(s.Outcomes))
+		assert.Equal(t, map[State]int{StateStale: 3, StateSucceeded: 2}, counts(s.Outcomes))
 	})
 }
 
@@ -438,7 +438,7 @@ func TestGenerationNeverMerges(t *testing.T) {
 		assert.Equal(t, []string{"a1+b1", "a2+b2"}, merges, "merged across generations")
 		release()
 		assert.Equal(t, []string{"a2+b2"}, f.calls("A"))
-		assert.Equal(t, map[State]int{Stale: 2, Succeeded: 2}, tally(t, g1, g1b, g2, g2b))
+		assert.Equal(t, map[State]int{StateStale: 2, StateSucceeded: 2}, tally(t, g1, g1b, g2, g2b))
 		closeD(t, d)
 	})
 }
@@ -454,7 +454,7 @@ func TestGenerationForgotten(t *testing.T) {
 		_, err := tk.Wait(bg)
 		require.NoError(t, err)
 		synctest.Wait()
-		require.False(t, d.Pending("A"))
+		require.False(t, d.Busy("A"))
 		tk = submit(t, d, "A", 2, SubmitOptions{Generation: 1})
 		_, err = tk.Wait(bg)
 		require.NoError(t, err)
@@ -496,7 +496,7 @@ func TestCloseDrainsByPriority(t *testing.T) {
 		release()
 		require.NoError(t, <-closed)
 		assert.Equal(t, []string{"B", "E", "C", "D", "A", holdKey}, f.keys())
-		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(4), s.Rejected)
 	})
@@ -542,24 +542,24 @@ func TestCloseEndsRest(t *testing.T) {
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.Equal(t, 1500*time.Millisecond, time.Since(start), "Close returns when its context ends")
 
-		assert.Equal(t, Succeeded, outcome(t, a).State)
-		assert.Equal(t, Closed, outcome(t, b).State, "in flight when Close gave up")
-		assert.Equal(t, Closed, outcome(t, c).State, "never ran")
-		assert.Equal(t, Closed, outcome(t, a2).State, "successor never ran")
+		assert.Equal(t, StateSucceeded, outcome(t, a).State)
+		assert.Equal(t, StateClosed, outcome(t, b).State, "in flight when Close gave up")
+		assert.Equal(t, StateClosed, outcome(t, c).State, "never ran")
+		assert.Equal(t, StateClosed, outcome(t, a2).State, "successor never ran")
 		mu.Lock()
 		assert.Equal(t, []string{"A", "B"}, ran)
 		assert.ErrorIs(t, causes["B"], ErrClosed)
 		mu.Unlock()
-		assert.Equal(t, []State{Succeeded, Closed}, hooks.states("A"))
-		assert.Equal(t, []State{Stale}, hooks.states("B"), "an execution ended by Close is reported Stale")
-		assert.Equal(t, []State{Closed}, hooks.states("C"))
+		assert.Equal(t, []State{StateSucceeded, StateClosed}, hooks.states("A"))
+		assert.Equal(t, []State{StateStale}, hooks.states("B"), "an execution ended by Close is reported Stale")
+		assert.Equal(t, []State{StateClosed}, hooks.states("C"))
 
 		s := checkConservation(t, d)
 		assert.Zero(t, s.Live)
 		assert.Zero(t, s.Keys)
 		assert.Zero(t, s.InFlight)
 		assert.Equal(t, uint64(1), s.StaleExecutions)
-		assert.Equal(t, map[State]int{Succeeded: 1, Closed: 4}, counts(s.Outcomes))
+		assert.Equal(t, map[State]int{StateSucceeded: 1, StateClosed: 4}, counts(s.Outcomes))
 
 		// Idempotent: nothing left, nothing changes.
 		require.NoError(t, d.Close(bg))
@@ -591,7 +591,7 @@ func TestCloseIdempotentConcurrent(t *testing.T) {
 			assert.NoError(t, err)
 		}
 		assert.Equal(t, 2*time.Second, time.Since(start))
-		assert.Equal(t, map[State]int{Succeeded: 4}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: 4}, tally(t, tks...))
 		for range 3 {
 			require.NoError(t, d.Close(bg))
 		}
@@ -629,7 +629,7 @@ func TestCloseConcurrentContexts(t *testing.T) {
 		assert.ErrorIs(t, d.Close(ctx), context.DeadlineExceeded)
 		assert.Equal(t, time.Minute+time.Second, time.Since(start), "Close waits for the cancelled execution to return")
 		require.NoError(t, <-patient)
-		assert.Equal(t, map[State]int{Closed: 2}, tally(t, a, b))
+		assert.Equal(t, map[State]int{StateClosed: 2}, tally(t, a, b))
 		closeD(t, d)
 	})
 }
@@ -650,10 +650,10 @@ func TestCloseDoneContext(t *testing.T) {
 			ctx, cancel := context.WithCancel(bg)
 			cancel()
 			assert.ErrorIs(t, d.Close(ctx), context.Canceled)
-			assert.Equal(t, map[State]int{Closed: 2}, tally(t, a, b))
+			assert.Equal(t, map[State]int{StateClosed: 2}, tally(t, a, b))
 			assert.Equal(t, []string{"A"}, f.keys())
-			assert.Equal(t, []State{Stale}, hooks.states("A"))
-			assert.Equal(t, []State{Closed}, hooks.states("B"))
+			assert.Equal(t, []State{StateStale}, hooks.states("A"))
+			assert.Equal(t, []State{StateClosed}, hooks.states("B"))
 			closeD(t, d)
 		})
 	})
@@ -684,7 +684,7 @@ func TestCloseUnused(t *testing.T) {
 		assert.Nil(t, tk)
 		assert.ErrorIs(t, d.Post("k", 0, SubmitOptions{}), ErrClosed)
 		assert.False(t, d.Cancel("k", nil))
-		assert.False(t, d.Pending("k"))
+		assert.False(t, d.Busy("k"))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(2), s.Rejected)
 		synctest.Wait()
@@ -779,7 +779,7 @@ func TestCloseUnderLoad(t *testing.T) {
 		s := checkConservation(t, d)
 		if err != nil {
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
-			assert.NotZero(t, s.Outcomes[Closed])
+			assert.NotZero(t, s.Outcomes[StateClosed])
 		}
 		assert.LessOrEqual(t, time.Since(closedAt), time.Duration(perSub)*time.Millisecond)
 		told := tally(t, all...)

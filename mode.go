@@ -13,10 +13,10 @@ import (
 type Mode uint8
 
 const (
-	// Async runs calls on the dispatcher's workers: Submit and Post return
+	// ModeAsync runs calls on the dispatcher's workers: Submit and Post return
 	// at once. It is the default.
-	Async Mode = iota
-	// Sync runs each call inline, in the goroutine that submits it, through
+	ModeAsync Mode = iota
+	// ModeSync runs each call inline, in the goroutine that submits it, through
 	// the same coalescing, retry, breaker, hook and outcome machinery:
 	// Submit and Post return when the call has ended (Post holds a ticket
 	// meanwhile, counted by Config.MaxWaiters, and still returns only
@@ -27,14 +27,14 @@ const (
 	// drained) may be run by a worker, and the caller then just waits for
 	// its outcome. Tenant in-flight caps do not apply: the callers are the
 	// concurrency.
-	Sync
+	ModeSync
 )
 
 func (m Mode) String() string {
 	switch m {
-	case Async:
+	case ModeAsync:
 		return "async"
-	case Sync:
+	case ModeSync:
 		return "sync"
 	}
 	return fmt.Sprintf("Mode(%d)", uint8(m))
@@ -97,7 +97,7 @@ func SwitchReasons() []SwitchReason {
 // switches but does not wait for the drain, which may need that very
 // goroutine: it returns ErrReentrant.
 func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
-	if m > Sync {
+	if m > ModeSync {
 		return fmt.Errorf("dispatch: SetMode(%d): unknown mode", m)
 	}
 	var ob outbox[K, T]
@@ -109,13 +109,13 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	d.switchMode(m, SwitchManual, &ob)
 	d.mu.Unlock()
 	d.deliver(&ob)
-	if m == Async || d.cfg.SwitchPolicy == CancelQueued {
+	if m == ModeAsync || d.cfg.SwitchPolicy == CancelQueued {
 		return nil
 	}
 	checked := false
 	for {
 		d.mu.Lock()
-		if d.mode != Sync || d.asyncBacklog() == 0 {
+		if d.mode != ModeSync || d.asyncBacklog() == 0 {
 			d.mu.Unlock()
 			return nil
 		}
@@ -133,7 +133,7 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 		case <-ch:
 		case <-ctx.Done():
 			d.mu.Lock()
-			if d.mode == Sync {
+			if d.mode == ModeSync {
 				d.cancelQueued(d.now(), &ob)
 			}
 			d.mu.Unlock()
@@ -158,11 +158,12 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason SwitchReason, ob *outbox[K,
 		return
 	}
 	d.mode = m
-	if m == Sync && d.cfg.SwitchPolicy == CancelQueued {
+	if m == ModeSync && d.cfg.SwitchPolicy == CancelQueued {
 		d.cancelQueued(d.now(), ob)
 	}
-	if m == Async {
+	if m == ModeAsync {
 		d.cond.Broadcast() // queued successors and retries run on workers again
+		d.wakeFallback(d.now())
 	}
 	d.kick()
 	if obs := d.cfg.Observer; obs != nil {
@@ -180,7 +181,7 @@ func (d *Dispatcher[K, T]) asyncBacklog() int {
 // are left to finish.
 func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
 	for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
-		d.endLane(l, Canceled, errFallbackCanceled, now, queuedOnly, ob)
+		d.endLane(l, StateCanceled, errFallbackCanceled, now, queuedOnly, ob)
 	}
 }
 
@@ -213,7 +214,7 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 				d.run(c, now, ob, rn)
 				continue
 			}
-			if d.breaker.state == BreakerOpen {
+			if d.breaker.state == CircuitOpen {
 				wait = time.Duration(d.breaker.openUntil - now)
 			}
 		case csDelayed:

@@ -23,7 +23,7 @@ import (
 // bothModes runs a behavioural test against a dispatcher in Async and in
 // Sync mode: the feature gate's two positions share one suite.
 func bothModes(t *testing.T, f func(t *testing.T, mode Mode)) {
-	for _, m := range []Mode{Async, Sync} {
+	for _, m := range []Mode{ModeAsync, ModeSync} {
 		t.Run("mode="+m.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { f(t, m) })
 		})
@@ -46,13 +46,13 @@ func TestModesShareBehaviour(t *testing.T) {
 		calls int
 		why   GiveUp
 	}{
-		{name: "success", want: Succeeded, calls: 1},
-		{name: "retry then success", errs: []error{syscall.ECONNRESET}, want: Succeeded, calls: 2},
-		{name: "permanent", errs: []error{errors.New("403")}, want: Failed, calls: 1, why: "permanent"},
-		{name: "attempts exhausted", errs: []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, want: Failed, calls: 3, why: "attempts"},
-		{name: "recompute", errs: []error{errConflict}, want: Succeeded, calls: 2},
-		{name: "panic", panic: true, want: Failed, calls: 1},
-		{name: "no-op", noop: true, want: Skipped, calls: 0},
+		{name: "success", want: StateSucceeded, calls: 1},
+		{name: "retry then success", errs: []error{syscall.ECONNRESET}, want: StateSucceeded, calls: 2},
+		{name: "permanent", errs: []error{errors.New("403")}, want: StateFailed, calls: 1, why: "permanent"},
+		{name: "attempts exhausted", errs: []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, want: StateFailed, calls: 3, why: "attempts"},
+		{name: "recompute", errs: []error{errConflict}, want: StateSucceeded, calls: 2},
+		{name: "panic", panic: true, want: StateFailed, calls: 1},
+		{name: "no-op", noop: true, want: StateSkipped, calls: 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,7 +78,7 @@ func TestModesShareBehaviour(t *testing.T) {
 					Retry: RetryPolicy{
 						MaxAttempts:    3,
 						InitialBackoff: time.Second,
-						Jitter:         NoJitter,
+						Jitter:         JitterNone,
 						BudgetRatio:    math.Inf(1),
 					},
 					BeforeRetry: func(_ context.Context, _ string, v int, _ error) (int, bool, error) { return v + 1, false, nil },
@@ -86,7 +86,7 @@ func TestModesShareBehaviour(t *testing.T) {
 					OnDone:      func(Result[string, int]) { hooks.Add(1) },
 				})
 				tk := submit(t, d, "k", 1, SubmitOptions{})
-				if mode == Sync {
+				if mode == ModeSync {
 					select {
 					case <-tk.Done():
 					default:
@@ -148,7 +148,7 @@ func TestSyncRunsInCaller(t *testing.T) {
 		d := newD(t, func(context.Context, string, int) error {
 			ranOn = append(ranOn, goroutineID())
 			return nil
-		}, Config[string, int]{Mode: Sync})
+		}, Config[string, int]{Mode: ModeSync})
 		for i := range 5 {
 			require.NoError(t, d.Post(fmt.Sprint(i), i, SubmitOptions{}))
 			require.Len(t, ranOn, i+1, "Post in Sync returns after the call ran")
@@ -191,7 +191,7 @@ func TestPostReturnsRefusalsOnly(t *testing.T) {
 		closeD(t, d)
 		assert.ErrorIs(t, d.Post("k", 1, SubmitOptions{}), ErrClosed)
 		s := checkConservation(t, d)
-		assert.Equal(t, uint64(1), s.Outcomes[Failed])
+		assert.Equal(t, uint64(1), s.Outcomes[StateFailed])
 		require.Len(t, hooks.all(), 1)
 		assert.ErrorIs(t, hooks.all()[0].Err, errAPI)
 	})
@@ -225,7 +225,7 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 				}, Config[string, int]{
 					Workers:      2,
 					SwitchPolicy: policy,
-					Retry:        RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter},
+					Retry:        RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
 				})
 				inflight := submit(t, d, "inflight", 0, SubmitOptions{})
 				backoff := submit(t, d, "backoff", 0, SubmitOptions{})
@@ -238,9 +238,9 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 				require.Equal(t, 1, st.Delayed, "backoff waits")
 
 				done := make(chan error, 1)
-				go func() { done <- d.SetMode(t.Context(), Sync) }()
+				go func() { done <- d.SetMode(t.Context(), ModeSync) }()
 				synctest.Wait()
-				assert.Equal(t, Sync, d.Mode())
+				assert.Equal(t, ModeSync, d.Mode())
 				// New submissions now run inline, while the switch drains.
 				var inlineRan bool
 				go func() {
@@ -255,13 +255,13 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 					require.NoError(t, <-done)
 					for _, tk := range []*Ticket[string, int]{queued, backoff} {
 						res, err := tk.Wait(t.Context())
-						assert.Equal(t, Canceled, res.State)
+						assert.Equal(t, StateCanceled, res.State)
 						assert.ErrorIs(t, err, ErrFallback)
 					}
 					close(release)
 					res, err := inflight.Wait(t.Context())
 					require.NoError(t, err, "in-flight calls run to their end")
-					assert.Equal(t, Succeeded, res.State)
+					assert.Equal(t, StateSucceeded, res.State)
 				} else {
 					select {
 					case <-done:
@@ -273,14 +273,14 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 					for _, tk := range []*Ticket[string, int]{inflight, queued, backoff} {
 						res, err := tk.Wait(t.Context())
 						require.NoError(t, err)
-						assert.Equal(t, Succeeded, res.State)
+						assert.Equal(t, StateSucceeded, res.State)
 					}
 					mu.Lock()
 					assert.Equal(t, 2, ran["backoff"], "the call in backoff was drained, retry included")
 					mu.Unlock()
 				}
 				// Back to Async: submissions queue again.
-				require.NoError(t, d.SetMode(t.Context(), Async))
+				require.NoError(t, d.SetMode(t.Context(), ModeAsync))
 				_, err := submit(t, d, "after", 0, SubmitOptions{}).Wait(t.Context())
 				require.NoError(t, err)
 				closeD(t, d)
@@ -298,9 +298,9 @@ func TestSetModeDrainTimesOut(t *testing.T) {
 		queued := submit(t, d, "queued", 0, SubmitOptions{})
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
-		assert.ErrorIs(t, d.SetMode(ctx, Sync), context.DeadlineExceeded)
+		assert.ErrorIs(t, d.SetMode(ctx, ModeSync), context.DeadlineExceeded)
 		res, err := queued.Wait(t.Context())
-		assert.Equal(t, Canceled, res.State)
+		assert.Equal(t, StateCanceled, res.State)
 		assert.ErrorIs(t, err, ErrFallback)
 		release()
 		closeD(t, d)
@@ -325,7 +325,7 @@ func TestModeSwitchRace(t *testing.T) {
 	stop := make(chan struct{})
 	var flips sync.WaitGroup
 	flips.Go(func() {
-		for m := Sync; ; m = 1 - m {
+		for m := ModeSync; ; m = 1 - m {
 			select {
 			case <-stop:
 				return
@@ -359,13 +359,13 @@ func TestModeSwitchRace(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	flips.Wait()
-	require.NoError(t, d.SetMode(context.Background(), Async))
+	require.NoError(t, d.SetMode(context.Background(), ModeAsync))
 	var all []*Ticket[string, int]
 	for _, tks := range tickets {
 		all = append(all, tks...)
 	}
 	waitAll(all...)
-	assert.Equal(t, map[State]int{Succeeded: len(all)}, tally(t, all...))
+	assert.Equal(t, map[State]int{StateSucceeded: len(all)}, tally(t, all...))
 	closeD(t, d)
 	mu.Lock()
 	defer mu.Unlock()
@@ -516,10 +516,10 @@ func TestFallbackTriggers(t *testing.T) {
 					time.Sleep(cmp.Or(tc.settle, p.Window/5)) // two checks
 					st := d.Stats()
 					if below {
-						assert.Equal(t, Async, st.Mode, "at the threshold, not past it")
+						assert.Equal(t, ModeAsync, st.Mode, "at the threshold, not past it")
 						assert.Empty(t, st.FallbackReason)
 					} else {
-						assert.Equal(t, Sync, st.Mode)
+						assert.Equal(t, ModeSync, st.Mode)
 						assert.Equal(t, tc.want, st.FallbackReason)
 						mu.Lock()
 						assert.Equal(t, []string{"async>sync: " + string(tc.code)}, modes)
@@ -554,10 +554,10 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
 		}
 		time.Sleep(2 * time.Second)
-		assert.Equal(t, Sync, d.Mode())
+		assert.Equal(t, ModeSync, d.Mode())
 		close(release)
 		time.Sleep(time.Minute)
-		assert.Equal(t, Async, d.Mode(), "back to Async after the cool-down")
+		assert.Equal(t, ModeAsync, d.Mode(), "back to Async after the cool-down")
 		closeD(t, d)
 	})
 }
@@ -577,5 +577,5 @@ func TestSetModeValidation(t *testing.T) {
 	d := newD(t, nopExec, Config[string, int]{})
 	assert.Error(t, d.SetMode(bg, 5))
 	closeD(t, d)
-	assert.ErrorIs(t, d.SetMode(bg, Sync), ErrClosed)
+	assert.ErrorIs(t, d.SetMode(bg, ModeSync), ErrClosed)
 }

@@ -39,8 +39,8 @@ type Observer interface {
 	// OnModeChange: the dispatcher switched mode, for reason (see
 	// SwitchReason).
 	OnModeChange(from, to Mode, reason SwitchReason)
-	// OnBreakerChange: the circuit breaker changed state.
-	OnBreakerChange(from, to BreakerState)
+	// OnCircuitChange: the circuit breaker changed state.
+	OnCircuitChange(from, to Circuit)
 	// OnLimitChange: the adaptive concurrency limit (Config.Adaptive)
 	// changed.
 	OnLimitChange(from, to int)
@@ -57,5 +57,5 @@ func (NopObserver) OnRetry(Event, int, time.Duration, error)   {}
 func (NopObserver) OnDrop(Event, Bound)                        {}
 func (NopObserver) OnFinish(Event, Outcome)                    {}
 func (NopObserver) OnModeChange(Mode, Mode, SwitchReason)      {}
-func (NopObserver) OnBreakerChange(BreakerState, BreakerState) {}
+func (NopObserver) OnCircuitChange(Circuit, Circuit) {}
 func (NopObserver) OnLimitChange(int, int)                     {}

@@ -46,7 +46,7 @@ func (o *countingObserver) OnFinish(e Event, f Outcome)                        {
 func (o *countingObserver) OnModeChange(from, to Mode, reason SwitchReason) {
 	o.add("mode:"+to.String(), Event{})
 }
-func (o *countingObserver) OnBreakerChange(from, to BreakerState) {
+func (o *countingObserver) OnCircuitChange(from, to Circuit) {
 	o.add("breaker:"+to.String(), Event{})
 }
 func (o *countingObserver) OnLimitChange(from, to int) { o.add("limit", Event{}) }
@@ -80,7 +80,7 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 				}
 				return "patch"
 			},
-			Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: NoJitter},
+			Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
 			Breaker:  &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
 			Observer: obs,
 		})
@@ -94,7 +94,7 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 		assert.Equal(t, map[string]int{"bind": 1, "patch": 3}, st.Labels)
 		release()
 		time.Sleep(10 * time.Second)
-		require.NoError(t, d.SetMode(t.Context(), Sync))
+		require.NoError(t, d.SetMode(t.Context(), ModeSync))
 		st = closeD(t, d)
 
 		obs.mu.Lock()
@@ -107,7 +107,7 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 		assert.Equal(t, int(st.Retries), c["retry"])
 		assert.Equal(t, int(st.Shed[BoundCapacity]), c["drop:capacity"])
 		finished := 0
-		for s := Succeeded; s <= Closed; s++ {
+		for s := StateSucceeded; s <= StateClosed; s++ {
 			assert.Equal(t, int(st.Calls[s]), c["finish:"+s.String()], s.String())
 			finished += int(st.Calls[s])
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/sat"
 )
 
 // Defaults for the Config fields left zero. They suit a scheduler's API
@@ -21,6 +23,10 @@ const (
 	// DefaultAging is the aging interval when Config.Aging is 0: a waiting
 	// call gains one priority level per second.
 	DefaultAging = time.Second
+	// DefaultAgingBand is the width of a priority band when
+	// Config.AgingBand is 0: priorities ten apart never overtake each
+	// other.
+	DefaultAgingBand = 10
 )
 
 // Config configures a Dispatcher. It carries the Dispatcher's key and call
@@ -33,12 +39,17 @@ const (
 // states what they may do.
 type Config[K comparable, T any] struct {
 	// Workers bounds concurrent executions: the number of worker
-	// goroutines, started on first use. 0 means DefaultWorkers.
+	// goroutines, started on first use, at most 65 536. 0 means
+	// DefaultWorkers.
 	Workers int
 	// RateLimit, if set, bounds the rate of executions (API QPS). Each
 	// execution takes one token, before its call is chosen (see
-	// RateLimiter); a coalesced submission costs none. A limiter that can
-	// never grant a token is an error from New.
+	// RateLimiter); a coalesced submission costs none. nil, or a nil
+	// pointer (a *rate.Limiter left unset), means no limit. New refuses a
+	// limiter that is not a rate (a NaN or negative limit or QPS) or can
+	// grant no token at all (a *rate.Limiter of burst 0 and a finite
+	// limit); one that grants its burst and then stops, or is paused at
+	// run time, holds executions until it grants again.
 	RateLimit RateLimiter
 	// Reserve keeps workers free for urgent calls, so that a bind finds a
 	// worker whatever low-priority work is doing to the rest. The zero
@@ -66,15 +77,24 @@ type Config[K comparable, T any] struct {
 	// onto one key. Fire-and-forget submissions (Post) hold no ticket and
 	// are not counted. 0 means DefaultWaitersPerKey × Capacity.
 	MaxWaiters int
-	// Aging is how fast waiting calls gain priority: one level per
-	// interval. A call of priority p that waits behind an endless stream
-	// of priority q > p runs within about (q−p+1) × Aging. 0 means
+	// Aging is how fast a waiting call gains priority over the other calls
+	// of its priority band (AgingBand): one level per interval. Within a
+	// band, a call of priority p that waits behind an endless stream of
+	// priority q > p runs within about (q−p+1) × Aging. 0 means
 	// DefaultAging.
 	Aging time.Duration
-	// StrictPriority turns aging off: ready calls run by priority, then
-	// arrival, and nothing else. Under sustained high-priority load,
-	// low-priority calls may then never run.
-	StrictPriority bool
+	// AgingBand groups priorities into bands of this many consecutive
+	// levels — [0, AgingBand), [AgingBand, 2×AgingBand), …, and likewise
+	// below 0 — and aging works only within a band: a call never runs
+	// before a ready call of a higher band, however long it has waited,
+	// and runs whenever no call of a higher band is ready. Give call types
+	// that must never overtake one another priorities in different bands
+	// (a binding at 10, a status patch at 0), and grade calls of one type
+	// within a band. 1 is strict priority: every priority is a band of its
+	// own, and nothing ages. 0 means DefaultAgingBand. A band spans at
+	// most 2⁶² ns of aging ((AgingBand−1) × Aging, 146 years); a wider one
+	// is narrowed to that.
+	AgingBand int
 	// Tenants configures named tenants (SubmitOptions.Tenant): quotas,
 	// in-flight caps and weights. The empty name is the tenant of
 	// submissions that give none.
@@ -88,10 +108,21 @@ type Config[K comparable, T any] struct {
 	// one unchanged (overwrite). If it returns SkipIncoming (or an error
 	// wrapping it), the pending call makes the incoming one moot: the
 	// incoming submission ends Skipped at once and the pending call stays
-	// as it was. If it returns any other error, the incoming submission is
-	// refused with an error matching ErrMergeRejected and wrapping it, and
-	// the pending call stays as it was. nil means the incoming call
-	// replaces the pending one.
+	// as it was. If it returns ReplacePending (or an error wrapping it)
+	// with the incoming call, that call replaces the pending one as a new
+	// operation: it starts fresh — no attempts, backoff or last error
+	// carried over — in its own tenant and under its own label. If it
+	// returns any other error, the incoming submission is refused with an
+	// error matching ErrMergeRejected and wrapping it, and the pending call
+	// stays as it was. A returned call without an error keeps the pending
+	// call's attempts and backoff: it is the same operation, updated. nil
+	// means the incoming call replaces the pending one that way.
+	//
+	// A submission that arrived while its key's call was running waits
+	// behind it; if that call is then retried, the waiting one is merged
+	// into the retry the same way, except that SkipIncoming (like a
+	// refusal) leaves it waiting behind the retry, to run after it: it was
+	// never judged against a pending call, and the retry may still fail.
 	//
 	// Merge runs under the dispatcher's lock, so that a merge and the
 	// start of the call it merges into cannot interleave: it must be
@@ -220,22 +251,25 @@ func IdempotencyKey(ctx context.Context) string {
 // copy of the configuration a Dispatcher keeps.
 type settings[K comparable, T any] struct {
 	Config[K, T]
-	aging int64 // ns per priority level; 0: strict priority
+	aging int64 // ns per priority level within a band
+	band  int64 // width of a priority band, narrowed to maxBandSpan
 }
 
 // validate checks c and fills in its defaults. Errors name the field.
 func (c Config[K, T]) validate() (settings[K, T], error) {
 	s := settings[K, T]{Config: c}
 	switch {
-	case c.Workers < 0:
-		return s, fieldErr("Workers", c.Workers, "must not be negative")
+	case c.Workers < 0 || c.Workers > maxWorkers:
+		return s, fieldErr("Workers", c.Workers, fmt.Sprintf("must be in [0, %d]", maxWorkers))
 	case c.Capacity < 0:
 		return s, fieldErr("Capacity", c.Capacity, "must not be negative")
 	case c.MaxWaiters < 0:
 		return s, fieldErr("MaxWaiters", c.MaxWaiters, "must not be negative")
 	case c.Aging < 0:
 		return s, fieldErr("Aging", c.Aging, "must not be negative")
-	case c.Mode > Sync:
+	case c.AgingBand < 0:
+		return s, fieldErr("AgingBand", c.AgingBand, "must not be negative")
+	case c.Mode > ModeSync:
 		return s, fieldErr("Mode", c.Mode, "is not a Mode")
 	case c.SwitchPolicy > CancelQueued:
 		return s, fieldErr("SwitchPolicy", c.SwitchPolicy, "is not a SwitchPolicy")
@@ -247,14 +281,16 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 		s.Capacity = DefaultCapacity
 	}
 	if s.MaxWaiters == 0 {
-		s.MaxWaiters = s.Capacity * DefaultWaitersPerKey
+		s.MaxWaiters = int(sat.Mul(int64(s.Capacity), DefaultWaitersPerKey))
 	}
 	if s.Aging == 0 {
 		s.Aging = DefaultAging
 	}
-	if !s.StrictPriority {
-		s.aging = int64(s.Aging)
+	if s.AgingBand == 0 {
+		s.AgingBand = DefaultAgingBand
 	}
+	s.aging = int64(s.Aging)
+	s.band = min(int64(s.AgingBand), maxBandSpan/s.aging+1)
 	if s.Classify == nil {
 		s.Classify = DefaultClassifier
 	}
@@ -275,10 +311,13 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 	case c.Reserve.Workers >= s.Workers:
 		return s, fieldErr("Reserve.Workers", c.Reserve.Workers, fmt.Sprintf("must be less than Workers (%d)", s.Workers))
 	}
-	if c.RateLimit != nil {
-		if err := checkLimiter(c.RateLimit); err != nil {
-			return s, err
-		}
+	if _, off := bandOf(int64(c.Reserve.MinPriority), s.band); c.Reserve.Workers > 0 && off != 0 {
+		return s, fieldErr("Reserve.MinPriority", c.Reserve.MinPriority, fmt.Sprintf("must start a priority band (a multiple of AgingBand, %d)", s.band))
+	}
+	if isNil(c.RateLimit) {
+		s.RateLimit = nil
+	} else if err := checkLimiter(c.RateLimit); err != nil {
+		return s, err
 	}
 	if c.Adaptive != nil {
 		a, err := c.Adaptive.withDefaults(s.Workers)
@@ -308,39 +347,59 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 	return s, nil
 }
 
-// Reservation keeps Workers of the dispatcher's workers for calls whose
-// effective priority (their priority, raised by aging) is at least
-// MinPriority: other calls may hold at most the rest, and at least one. It
-// applies to what workers run, on top of tenant caps; inline (Sync)
-// executions are their callers' own. Stats reports it.
+// Reservation keeps Workers of the dispatcher's workers for urgent calls:
+// those whose priority — the highest of their live waiters', never raised
+// by aging — is at least MinPriority. Other calls may hold at most the rest
+// of the workers, and at least one. MinPriority must start a priority band
+// (Config.AgingBand), so that every urgent call runs before every other
+// call, whatever their ages. It applies to what workers run, on top of
+// tenant caps; inline (Sync) executions are their callers' own. Stats
+// reports it.
 type Reservation struct {
 	// Workers is the number of workers kept; 0 keeps none. It must be less
 	// than Config.Workers.
 	Workers int
-	// MinPriority is the effective priority a call needs to use a kept
-	// worker.
+	// MinPriority is the priority a call needs to use a kept worker.
 	MinPriority int
 }
 
 // AdaptivePolicy adapts the number of concurrent executions to the API
 // server (Config.Adaptive), in the spirit of TCP Vegas and gradient
-// limiters: the limit grows by one for every limit's worth of healthy
-// executions, and shrinks when the server shows strain — by 10% when
-// latency rises past Tolerance times its baseline, by a quarter on a
-// timeout, by half on an answer that carries a Retry-After hint (429, 503).
-// Such an answer also holds every new execution until the time the server
-// asked for, not only the call that got it. Decreases happen at most once
-// per baseline round trip, so one burst of failures counts once. Stats and
-// the observer (OnLimitChange) show the limit. The zero value of each field
-// means its default.
+// limiters. The limit grows by one for every limit's worth of executions
+// within the latency tolerance, and shrinks when the server shows strain:
+//
+//   - Latency, judged per block of executions (at least 64, and twice the
+//     limit), never one by one: when a block's median exceeds Tolerance ×
+//     the baseline — the lowest block median of the last Window, what the
+//     server does when least loaded — the limit falls in proportion, by a
+//     tenth to a half. A server whose latency varies but does not grow
+//     with load keeps its full concurrency; one that queues (its latency
+//     grows with requests in flight) sheds concurrency until its median is
+//     back within the tolerance, so the queue forms in the dispatcher,
+//     where priority holds. A server that stays slower for a Window
+//     becomes the new baseline, and the limit grows back. The baseline is
+//     learnt from lighter load: a dispatcher that has only ever seen the
+//     server saturated cannot tell queueing from a slow server.
+//   - A timeout: by a quarter.
+//   - An answer that carries a Retry-After hint (429, 503): by half. It
+//     also holds new executions until the time the server asked for, at
+//     most Retry.MaxBackoff, except calls that may use reserved workers
+//     (Config.Reserve), which are never held: a binding does not wait out
+//     a hold a status patch drew (if the server throttles it too, its own
+//     retry waits). The call that got the answer retries after the full
+//     Retry-After.
+//
+// Decreases happen at most once per twice the baseline (and 10ms), so one
+// burst of failures counts once. Stats and the observer (OnLimitChange)
+// show the limit. The zero value of each field means its default.
 type AdaptivePolicy struct {
 	// MinWorkers is the floor of the limit (default 1).
 	MinWorkers int
-	// Tolerance is how many times its baseline an execution's latency may
-	// be before it counts as strain (default 2). The baseline is a low
-	// quantile of recent latencies.
+	// Tolerance is how many times the baseline a block's median latency
+	// may be before it counts as strain (default 2).
 	Tolerance float64
-	// Window is the span the baseline latency is taken over (default 30s).
+	// Window is the span the baseline latency is taken over: how long the
+	// dispatcher remembers the server's best (default 30s).
 	Window time.Duration
 }
 
@@ -372,7 +431,12 @@ func (p AdaptivePolicy) withDefaults(workers int) (AdaptivePolicy, error) {
 // quantile of the recent execution times of calls with its label
 // (Config.Label). Such a call could only end Expired, so its waiters end
 // Expired at once (Stats.Unfinishable counts it) and the worker and token
-// go to work that can still succeed. The zero value turns the check on.
+// go to work that can still succeed. Refused calls add no samples, so that
+// the estimate cannot outlive a slow spell, one refused call of a label
+// starts anyway — a probe — once nothing of the label has run for
+// max(1s, twice the estimate); a probe faster than the estimate drops the
+// label's history, and its calls start again. The zero value turns the
+// check on.
 type StartCheck struct {
 	// Disabled turns the check off: every call is started.
 	Disabled bool
@@ -414,7 +478,10 @@ type RetryPolicy struct {
 	MaxAttempts int
 	// InitialBackoff is the delay before the first retry (default 100ms).
 	InitialBackoff time.Duration
-	// MaxBackoff caps the delay (default 10s).
+	// MaxBackoff caps the computed delay (default 10s), and the hold that
+	// a Retry-After puts on other calls (AdaptivePolicy). A server's
+	// Retry-After sets the delay of the call that got it in full, bounded
+	// by the call's deadline.
 	MaxBackoff time.Duration
 	// Multiplier grows the delay per retry (default 2).
 	Multiplier float64
@@ -459,7 +526,7 @@ func (p RetryPolicy) withDefaults() (RetryPolicy, error) {
 		return p, fieldErr("Retry.BudgetWindow", p.BudgetWindow, "must not be negative")
 	case p.Multiplier < 0 || math.IsNaN(p.Multiplier) || (p.Multiplier > 0 && p.Multiplier < 1):
 		return p, fieldErr("Retry.Multiplier", p.Multiplier, "must be at least 1")
-	case p.Jitter > NoJitter:
+	case p.Jitter > JitterNone:
 		return p, fieldErr("Retry.Jitter", p.Jitter, "is not a Jitter")
 	case p.BudgetRatio < 0 || math.IsNaN(p.BudgetRatio):
 		return p, fieldErr("Retry.BudgetRatio", p.BudgetRatio, "must not be negative")
@@ -565,7 +632,9 @@ func (p BreakerPolicy) withDefaults() (BreakerPolicy, error) {
 // threshold's SwitchReason.
 type FallbackPolicy struct {
 	// Window is the span the thresholds are measured over, and how often
-	// they are checked (a tenth of it). Default 10s.
+	// they are checked (a tenth of it, even while idle). Default 10s; at
+	// least 10ms, so that an idle dispatcher wakes at most once a
+	// millisecond.
 	Window time.Duration
 	// MaxBacklog trips when more than this many calls are queued (not in
 	// flight).
@@ -587,10 +656,17 @@ type FallbackPolicy struct {
 	ReturnAfter time.Duration
 }
 
+// maxWorkers bounds Config.Workers: each worker is a goroutine, started
+// with the dispatcher.
+const maxWorkers = 1 << 16
+
+// minFallbackWindow is the shortest FallbackPolicy.Window.
+const minFallbackWindow = 10 * time.Millisecond
+
 func (p FallbackPolicy) withDefaults() (FallbackPolicy, error) {
 	switch {
-	case p.Window < 0:
-		return p, fieldErr("Fallback.Window", p.Window, "must not be negative")
+	case p.Window < 0 || (p.Window > 0 && p.Window < minFallbackWindow):
+		return p, fieldErr("Fallback.Window", p.Window, fmt.Sprintf("must be at least %v (0 means the default)", minFallbackWindow))
 	case p.MaxQueueWaitP99 < 0:
 		return p, fieldErr("Fallback.MaxQueueWaitP99", p.MaxQueueWaitP99, "must not be negative")
 	case p.MaxBreakerOpen < 0:
@@ -631,7 +707,8 @@ type TenantConfig struct {
 	// always find one. 0 means no cap beyond the worker count.
 	MaxInFlight int
 	// Weight is the tenant's share of workers among ready calls of equal
-	// effective priority (see the package documentation). 0 means 1.
+	// effective priority (see the package documentation). 0 means 1;
+	// weights beyond 2³² count as 2³².
 	Weight int
 }
 

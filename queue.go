@@ -1,8 +1,7 @@
 package dispatch
 
 import (
-	"math/bits"
-
+	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/google/btree"
 )
 
@@ -22,7 +21,8 @@ import (
 // keeps a timer, goroutine or context per entry: one timer, armed for the
 // earliest entry of delayed and deadlines, drives both (see clock.go).
 type queue[K comparable, T any] struct {
-	aging     int64 // ns per priority level; 0 = strict priority
+	aging     int64 // ns per priority level within a band
+	band      int64 // the width of a priority band; 1 = strict priority
 	nready    int   // ready calls over all tenants
 	active    []*tenant[K, T]
 	vpass     uint64 // pass of the tenant picked last
@@ -36,12 +36,13 @@ type queue[K comparable, T any] struct {
 	shed *btree.BTreeG[entry[K, T]]
 }
 
-// orderKey is a call's place in the ready order: lower runs first. With
-// aging it is the call's virtual time (see orderOf); without, its priority
-// (descending), then its enqueue time. It is a signed 128-bit number,
-// hi·2⁶⁴ + lo, so that the virtual time is exact for every int priority and
-// every aging interval: nothing saturates, and higher priority runs first
-// for every pair of priorities.
+// orderKey is a call's place in the ready order: lower runs first. hi is
+// the call's priority band, complemented (^band = −band−1, no overflow) so
+// that a higher band sorts first; lo is its virtual time within the band,
+// enq − offset×aging (see orderOf), as an order-preserving unsigned number.
+// Both are exact for every int priority: nothing saturates, and within the
+// dispatcher's clock range (below 2⁶² ns, 146 years after New) and the
+// band's span (settings.band) nothing overflows.
 type orderKey struct {
 	hi int64
 	lo uint64
@@ -54,35 +55,31 @@ func (a orderKey) less(b orderKey) bool {
 	return a.lo < b.lo
 }
 
-// wide sign-extends v to 128 bits.
-func wide(v int64) orderKey { return orderKey{v >> 63, uint64(v)} }
-
-// add returns a + b; it cannot overflow for the values the queue forms
-// (sums of two products or values below 2¹²⁶).
-func (a orderKey) add(b orderKey) orderKey {
-	lo, carry := bits.Add64(a.lo, b.lo, 0)
-	return orderKey{a.hi + b.hi + int64(carry), lo}
-}
-
-// neg returns −a.
-func (a orderKey) neg() orderKey {
-	lo, borrow := bits.Sub64(0, a.lo, 0)
-	return orderKey{-a.hi - int64(borrow), lo}
-}
-
-// mulWide returns p × m exactly, for any p and any m ≥ 0.
-func mulWide(p, m int64) orderKey {
-	mag := uint64(p)
-	if p < 0 {
-		mag = -mag // |p|, exact even for MinInt64
+// bandOf splits prio into its band, floor(prio / width), and its offset in
+// the band, 0 ≤ off < width, exactly for every prio and every width ≥ 1.
+func bandOf(prio, width int64) (band, off int64) {
+	band, off = prio/width, prio%width
+	if off < 0 {
+		band--
+		off += width
 	}
-	hi, lo := bits.Mul64(mag, uint64(m))
-	r := orderKey{int64(hi), lo} // < 2¹²⁶: hi fits
-	if p < 0 {
-		r = r.neg()
-	}
-	return r
+	return band, off
 }
+
+// orderKeyOf is the order of a call of priority prio enqueued at enq, with
+// bands of width levels and aging ns per level: band descending, then the
+// virtual time enq − off×aging ascending, where off is prio's offset in its
+// band. With width 1 (strict priority) off is 0: priority, then arrival.
+// The caller keeps |enq| ≤ 2⁶² and (width−1)×aging ≤ 2⁶² (maxBandSpan), so
+// the virtual time fits in an int64.
+func orderKeyOf(enq, prio, width, aging int64) orderKey {
+	band, off := bandOf(prio, width)
+	return orderKey{^band, uint64(enq-off*aging) ^ 1<<63}
+}
+
+// maxBandSpan bounds how much virtual time a band spans, (width−1)×aging:
+// a band is narrowed to fit (settings), so that orderKeyOf cannot overflow.
+const maxBandSpan = 1 << 62
 
 // entry is a call's place in a ready-ordered index (a tenant's ready index,
 // or a shed index). The order is held in the entry itself, so that a B-tree
@@ -104,9 +101,10 @@ func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.order, c.seq, c}
 // ahead at 1e5 and 1e6 queued.
 const btreeDegree = 32
 
-func newQueue[K comparable, T any](aging int64) queue[K, T] {
+func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 	return queue[K, T]{
 		aging:     aging,
+		band:      band,
 		delayed:   btree.NewG(btreeDegree, delayedLess[K, T]),
 		deadlines: btree.NewG(btreeDegree, deadlineLess[K, T]),
 		shed:      btree.NewG(btreeDegree, readyLess[K, T]),
@@ -135,21 +133,13 @@ func deadlineLess[K comparable, T any](a, b *waiter[K, T]) bool {
 }
 
 // orderOf computes the ready order of a call with effective priority prio
-// and enqueue time enq. With aging, the order is by virtual time
-// enq − prio×aging: a call gains one level per aging interval it waits, so
-// one static key orders calls of every age and nothing is re-sorted as time
-// passes. Without aging, the order is priority (descending), then enq.
+// and enqueue time enq: its band first, then, within the band, the virtual
+// time enq − offset×aging, so that a call gains one level per aging
+// interval it waits over the calls of its band and never passes a call of
+// a higher band. One static key orders calls of every age: nothing is
+// re-sorted as time passes.
 func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey {
-	if q.aging == 0 {
-		return orderKey{^int64(prio), uint64(enq)} // ^p = −p−1: descending, no overflow
-	}
-	return virtualTime(enq, int64(prio), q.aging)
-}
-
-// virtualTime returns enq − prio×aging, exactly, for any prio and any
-// aging > 0.
-func virtualTime(enq, prio, aging int64) orderKey {
-	return wide(enq).add(mulWide(prio, aging).neg())
+	return orderKeyOf(enq, int64(prio), q.band, q.aging)
 }
 
 // push makes c ready.
@@ -314,19 +304,32 @@ func (q *queue[K, T]) nextWake() int64 {
 	return next
 }
 
-// level is a ready call's effective priority at now: its priority plus one
-// per aging interval waited, floor((now − enq) / aging), exactly. Without
-// aging it is the priority.
-func (q *queue[K, T]) level(c *call[K, T], now int64) orderKey {
-	if q.aging == 0 {
-		return wide(int64(c.prio))
+// level is a ready call's effective priority at now: its band, and its
+// lift within the band — its offset there plus one per aging interval
+// waited, floor((now − enq) / aging), saturating. With strict priority
+// (bands of width 1) the lift is 0.
+type level struct {
+	band, lift int64
+}
+
+func (a level) less(b level) bool {
+	if a.band != b.band {
+		return a.band < b.band
+	}
+	return a.lift < b.lift
+}
+
+func (q *queue[K, T]) level(c *call[K, T], now int64) level {
+	band, off := bandOf(int64(c.prio), q.band)
+	if q.band == 1 {
+		return level{band, 0}
 	}
 	waited := now - c.enq
 	age := waited / q.aging
 	if waited%q.aging != 0 && waited < 0 {
 		age-- // floor
 	}
-	return wide(int64(c.prio)).add(wide(age))
+	return level{band, sat.Add(off, age)}
 }
 
 // pick chooses the tenant whose best ready call runs next: the highest
@@ -342,7 +345,7 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 		return nil
 	}
 	var best *tenant[K, T]
-	var bestLvl orderKey
+	var bestLvl level
 	for _, t := range q.active {
 		if t.capped() {
 			continue

@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
+	"golang.org/x/time/rate"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -14,18 +16,37 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// --- virtualTime: enq − prio×aging, exact in 128 bits ---
+// --- the ready order: band, then virtual time within the band ---
 
-// refVirtualTime is virtualTime computed with math/big.
-func refVirtualTime(enq, prio, aging int64) *big.Int {
-	x := new(big.Int).Mul(big.NewInt(prio), big.NewInt(aging))
-	return x.Sub(big.NewInt(enq), x)
+// refBand is bandOf computed with math/big: floor(prio / width) and the
+// non-negative remainder.
+func refBand(prio, width int64) (band, off *big.Int) {
+	band, off = new(big.Int), new(big.Int)
+	band.DivMod(big.NewInt(prio), big.NewInt(width), off) // Euclidean: off ≥ 0
+	return band, off
 }
 
-// bigOf is k as a math/big integer: hi·2⁶⁴ + lo.
-func bigOf(k orderKey) *big.Int {
-	x := new(big.Int).Lsh(big.NewInt(k.hi), 64)
-	return x.Add(x, new(big.Int).SetUint64(k.lo))
+// refCmp compares two calls' places in the ready order with math/big:
+// the higher band first, then the lower virtual time enq − off×aging.
+func refCmp(e1, p1, e2, p2, width, aging int64) int {
+	b1, o1 := refBand(p1, width)
+	b2, o2 := refBand(p2, width)
+	if c := b2.Cmp(b1); c != 0 {
+		return c
+	}
+	v1 := new(big.Int).Sub(big.NewInt(e1), new(big.Int).Mul(o1, big.NewInt(aging)))
+	v2 := new(big.Int).Sub(big.NewInt(e2), new(big.Int).Mul(o2, big.NewInt(aging)))
+	return v1.Cmp(v2)
+}
+
+func keyCmp(a, b orderKey) int {
+	switch {
+	case a.less(b):
+		return -1
+	case b.less(a):
+		return 1
+	}
+	return 0
 }
 
 // extremes are the int64 values where overflow bugs live.
@@ -34,67 +55,76 @@ var extremes = []int64{
 	0, 1, 2, 1e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64,
 }
 
-// TestVirtualTime (internal) checks the ready index's sort key, enqueue
-// time − priority × aging, on a table of ordinary and extreme inputs, each
-// checked against math/big first.
-func TestVirtualTime(t *testing.T) {
-	tests := []struct {
-		name             string
-		enq, prio, aging int64
-		want             string // decimal, exact
-	}{
-		{"zero", 0, 0, 1, "0"},
-		{"priority zero is enq", 12345, 0, math.MaxInt64, "12345"},
-		{"one level per aging", 10e9, 3, 1e9, "7000000000"},
-		{"negative priority is later", 10e9, -3, 1e9, "13000000000"},
-		{"negative enq", -5, 2, 10, "-25"},
-		{"below MinInt64", -2, 1, math.MaxInt64, "-9223372036854775809"},
-		{"above MaxInt64", 1, -1, math.MaxInt64, "9223372036854775808"},
-		{"MaxInt64 priority", 0, math.MaxInt64, 2, "-18446744073709551614"},
-		{"MinInt64 priority", 0, math.MinInt64, 1, "9223372036854775808"},
-		{"MinInt64 priority, huge aging", math.MinInt64, math.MinInt64, math.MaxInt64, "85070591730234615847396907784232501248"},
-		{"largest product", 0, math.MaxInt64, math.MaxInt64, "-85070591730234615847396907784232501249"},
-		// kube-scheduler's system-node-critical and system-cluster-critical
-		// at 5s aging: 5 µs of virtual time apart, not tied.
-		{"system-node-critical", 1e9, 2000001000, 5e9, "-10000004999000000000"},
-		{"system-cluster-critical", 1e9, 2000000000, 5e9, "-9999999999000000000"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			want, ok := new(big.Int).SetString(tc.want, 10)
-			require.True(t, ok)
-			require.Zero(t, want.Cmp(refVirtualTime(tc.enq, tc.prio, tc.aging)), "the table disagrees with math/big")
-			assert.Equal(t, tc.want, bigOf(virtualTime(tc.enq, tc.prio, tc.aging)).String())
-		})
-	}
-}
-
-// TestVirtualTimeMatchesBig (internal) compares virtualTime with the exact value for
-// every combination of extreme values and for many random ones, full range
-// and small.
-func TestVirtualTimeMatchesBig(t *testing.T) {
-	check := func(enq, prio, aging int64) {
-		t.Helper()
-		want := refVirtualTime(enq, prio, aging)
-		if got := bigOf(virtualTime(enq, prio, aging)); got.Cmp(want) != 0 {
-			t.Fatalf("virtualTime(%d, %d, %d) = %v, want %v", enq, prio, aging, got, want)
-		}
-	}
-	agings := []int64{1, 2, 3, 1e6, 1e9, 5e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64}
-	for _, enq := range extremes {
-		for _, prio := range extremes {
-			for _, aging := range agings {
-				check(enq, prio, aging)
+// TestBandOf (internal) checks the split of a priority into band and
+// offset against math/big, at the extremes of priority and width.
+func TestBandOf(t *testing.T) {
+	widths := []int64{1, 2, 3, 10, 1e9, math.MaxInt64 / 2, math.MaxInt64}
+	for _, p := range extremes {
+		for _, w := range widths {
+			band, off := bandOf(p, w)
+			wb, wo := refBand(p, w)
+			if band != wb.Int64() || off != wo.Int64() {
+				t.Fatalf("bandOf(%d, %d) = %d, %d; want %v, %v", p, w, band, off, wb, wo)
 			}
 		}
 	}
+}
+
+// TestOrderKey (internal) checks the ready index's sort key against the
+// contract, computed with math/big, on ordinary and extreme priorities,
+// for every band width and aging interval the dispatcher can be
+// configured with (the width narrowed as settings narrows it), and
+// enqueue times within the dispatcher's clock range.
+func TestOrderKey(t *testing.T) {
+	widths := []int64{1, 2, 10, 1000, 1 << 40, math.MaxInt64}
+	agings := []int64{1, 1e6, 1e9, 5e9, 1 << 40, math.MaxInt64}
+	enqs := []int64{0, 1, 1e9, 1 << 40, 1<<62 - 1, 1 << 62}
 	r := rand.New(rand.NewPCG(1, 2))
-	for range 200_000 {
-		aging := pickInt64(r)
-		if aging <= 0 {
-			aging = 1 + r.Int64N(math.MaxInt64)
+	check := func(e1, p1, e2, p2, width, aging int64) {
+		t.Helper()
+		want := refCmp(e1, p1, e2, p2, width, aging)
+		if got := keyCmp(orderKeyOf(e1, p1, width, aging), orderKeyOf(e2, p2, width, aging)); got != want {
+			t.Fatalf("width %d aging %d: (enq %d, prio %d) vs (enq %d, prio %d): %d, want %d", width, aging, e1, p1, e2, p2, got, want)
 		}
-		check(pickInt64(r), pickInt64(r), aging)
+	}
+	for _, w := range widths {
+		for _, a := range agings {
+			w := min(w, maxBandSpan/a+1) // as settings narrows it
+			for _, p1 := range extremes {
+				for _, p2 := range extremes {
+					check(enqs[r.IntN(len(enqs))], p1, enqs[r.IntN(len(enqs))], p2, w, a)
+				}
+			}
+			for range 2000 {
+				check(r.Int64N(1<<62), pickInt64(r), r.Int64N(1<<62), pickInt64(r), w, a)
+			}
+		}
+	}
+}
+
+// TestOrderKeyBands (internal) checks the two properties the rule rests
+// on, across the whole range: a call of a higher band sorts before one of
+// a lower band whatever their enqueue times (aging never crosses a band),
+// and within a band a higher priority sorts strictly earlier at the same
+// enqueue time, and a later enqueue time never sorts earlier.
+func TestOrderKeyBands(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 100_000 {
+		aging := 1 + r.Int64N(math.MaxInt64)
+		width := min(1+r.Int64N(1000), maxBandSpan/aging+1)
+		e1, e2 := r.Int64N(1<<62), r.Int64N(1<<62)
+		p1, p2 := pickInt64(r), pickInt64(r)
+		b1, _ := bandOf(p1, width)
+		b2, _ := bandOf(p2, width)
+		k1, k2 := orderKeyOf(e1, p1, width, aging), orderKeyOf(e2, p2, width, aging)
+		switch {
+		case b1 > b2 && !k1.less(k2), b2 > b1 && !k2.less(k1):
+			t.Fatalf("width %d: bands %d and %d out of order (enq %d, %d)", width, b1, b2, e1, e2)
+		case b1 == b2 && p1 < p2 && !orderKeyOf(e1, p2, width, aging).less(k1):
+			t.Fatalf("width %d aging %d: priority %d does not sort before %d at one enqueue time", width, aging, p2, p1)
+		case b1 == b2 && e1 < e2 && orderKeyOf(e2, p1, width, aging).less(k1):
+			t.Fatalf("width %d aging %d: enq %d sorts before %d", width, aging, e2, e1)
+		}
 	}
 }
 
@@ -113,35 +143,6 @@ func pickInt64(r *rand.Rand) int64 {
 	}
 }
 
-// TestVirtualTimeMonotone (internal) checks the order properties the ready
-// index relies on, across the whole range: a higher priority always sorts
-// strictly earlier at the same enqueue time (no two priorities tie, however
-// large they or the aging interval are), and a later enqueue time never
-// sorts earlier.
-func TestVirtualTimeMonotone(t *testing.T) {
-	r := rand.New(rand.NewPCG(3, 4))
-	for range 100_000 {
-		enq, aging := pickInt64(r), 1+r.Int64N(math.MaxInt64)
-		p1, p2 := pickInt64(r), pickInt64(r)
-		if r.IntN(2) == 0 {
-			p1, p2 = extremes[r.IntN(len(extremes))], extremes[r.IntN(len(extremes))]
-		}
-		if p1 > p2 {
-			p1, p2 = p2, p1
-		}
-		if v1, v2 := virtualTime(enq, p1, aging), virtualTime(enq, p2, aging); p1 < p2 && !v2.less(v1) {
-			t.Fatalf("enq=%d aging=%d: priority %d (vt %v) does not sort after priority %d (vt %v)", enq, aging, p1, v1, p2, v2)
-		}
-		e1, e2 := pickInt64(r), pickInt64(r)
-		if e1 > e2 {
-			e1, e2 = e2, e1
-		}
-		if v1, v2 := virtualTime(e1, p1, aging), virtualTime(e2, p1, aging); v2.less(v1) {
-			t.Fatalf("prio=%d aging=%d: enq %d (vt %v) sorts after enq %d (vt %v)", p1, aging, e1, v1, e2, v2)
-		}
-	}
-}
-
 // --- the ready index ---
 
 type qEntry struct {
@@ -150,29 +151,12 @@ type qEntry struct {
 	seq  uint64
 }
 
-// refLess is the contract's ready order: virtual time then arrival, or with
-// aging 0, priority (descending) then enqueue time then arrival.
-func refLess(aging int64) func(a, b qEntry) int {
+// refLess is the contract's ready order: band, then virtual time within
+// the band, then arrival.
+func refLess(width, aging int64) func(a, b qEntry) int {
 	return func(a, b qEntry) int {
-		if aging == 0 {
-			if a.prio != b.prio {
-				if a.prio > b.prio {
-					return -1
-				}
-				return 1
-			}
-			if a.enq != b.enq {
-				if a.enq < b.enq {
-					return -1
-				}
-				return 1
-			}
-		} else {
-			va := refVirtualTime(a.enq, int64(a.prio), aging)
-			vb := refVirtualTime(b.enq, int64(b.prio), aging)
-			if c := va.Cmp(vb); c != 0 {
-				return c
-			}
+		if c := refCmp(a.enq, int64(a.prio), b.enq, int64(b.prio), width, aging); c != 0 {
+			return c
 		}
 		if a.seq < b.seq {
 			return -1
@@ -185,10 +169,13 @@ func refLess(aging int64) func(a, b qEntry) int {
 // re-keys some of them, and checks that popReady returns them in the
 // contract's order.
 func TestQueueReadyOrder(t *testing.T) {
-	for _, aging := range []int64{0, 1, int64(time.Second), math.MaxInt64} {
-		t.Run("aging="+time.Duration(aging).String(), func(t *testing.T) {
+	for _, tc := range []struct{ width, aging int64 }{
+		{1, int64(time.Second)}, {2, 1}, {10, int64(time.Second)}, {1 << 40, 1}, {2, 1 << 62},
+	} {
+		width, aging := tc.width, tc.aging
+		t.Run(fmt.Sprintf("band=%d/aging=%v", width, time.Duration(aging)), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(aging), 5))
-			q := newQueue[int, int](aging)
+			q := newQueue[int, int](aging, width)
 			ten := newTenant[int, int]("", TenantConfig{})
 			prios := []int{math.MinInt, math.MinInt + 1, -1, 0, 1, 2, 3, math.MaxInt - 1, math.MaxInt}
 			randPrio := func() int {
@@ -224,7 +211,7 @@ func TestQueueReadyOrder(t *testing.T) {
 					want = append(want, qEntry{c.prio, c.enq, c.seq})
 				}
 			}
-			slices.SortFunc(want, refLess(aging))
+			slices.SortFunc(want, refLess(width, aging))
 			require.Equal(t, len(want), q.nready)
 			var got []qEntry
 			for q.nready > 0 {
@@ -290,8 +277,8 @@ func runPriorityOrder(t *testing.T, aging time.Duration, subs []struct {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		d, _, release := holdWorker(t, f.exec, Config[string, int]{
-			Aging:          aging,
-			StrictPriority: aging == 0,
+			Aging:     aging,
+			AgingBand: strictIf(aging == 0),
 		})
 		var tks []*Ticket[string, int]
 		for _, s := range subs {
@@ -302,7 +289,7 @@ func runPriorityOrder(t *testing.T, aging time.Duration, subs []struct {
 		assert.Equal(t, 1, st.InFlight)
 		release()
 		assert.Equal(t, want, f.keys())
-		assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+		assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 		closeD(t, d)
 	})
 }
@@ -327,7 +314,7 @@ func TestAgingOvertake(t *testing.T) {
 				tks := []*Ticket[string, int]{submit(t, d, "low", 0, prio(0))}
 				var before, after []string
 				for k := 1; k <= 2*tc.delta+4; k++ { // arrivals every Aging/2 up to (Δ+2)×Aging
-					time.Sleep(start.Add(time.Duration(k) * tc.aging / 2).Sub(time.Now()))
+					time.Sleep(time.Until(start.Add(time.Duration(k) * tc.aging / 2)))
 					key := "high@" + itoa(k) + "/2"
 					tks = append(tks, submit(t, d, key, 0, prio(tc.delta)))
 					if time.Since(start) < time.Duration(tc.delta)*tc.aging {
@@ -342,7 +329,7 @@ func TestAgingOvertake(t *testing.T) {
 				want := append(before, "low")
 				want = append(want, after...)
 				assert.Equal(t, want, f.keys())
-				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+				assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 				closeD(t, d)
 			})
 		})
@@ -352,7 +339,7 @@ func TestAgingOvertake(t *testing.T) {
 // TestAgingStream: one worker, an endless stream of priority-2 calls that
 // keeps a backlog, and one priority-0 call. With aging it starts within
 // (Δ+1)×Aging of its submission, while the stream is still going; with
-// Config.StrictPriority (strict priority, starvation-prone) it waits for the stream
+// AgingBand 1 (strict priority, starvation-prone) it waits for the stream
 // to end and runs last.
 func TestAgingStream(t *testing.T) {
 	const (
@@ -370,9 +357,9 @@ func TestAgingStream(t *testing.T) {
 					return nil
 				}
 				d := newD(t, exec, Config[string, int]{
-					Workers:        1,
-					Aging:          aging,
-					StrictPriority: aging == 0,
+					Workers:   1,
+					Aging:     aging,
+					AgingBand: strictIf(aging == 0),
 				})
 				start := time.Now()
 				var tks []*Ticket[string, int]
@@ -391,7 +378,7 @@ func TestAgingStream(t *testing.T) {
 						if at >= streamT {
 							break
 						}
-						time.Sleep(start.Add(at).Sub(time.Now()))
+						time.Sleep(time.Until(start.Add(at)))
 						tk, err := d.Submit(bg, "high"+itoa(i), 0, prio(delta))
 						if err != nil {
 							out.err = err
@@ -406,7 +393,7 @@ func TestAgingStream(t *testing.T) {
 				low := submit(t, d, "low", 0, prio(0))
 				r, err := low.Wait(bg)
 				require.NoError(t, err)
-				require.Equal(t, Succeeded, r.State)
+				require.Equal(t, StateSucceeded, r.State)
 				out := <-stream
 				require.NoError(t, out.err)
 				tks = append(tks, out.tks...)
@@ -424,8 +411,54 @@ func TestAgingStream(t *testing.T) {
 					assert.Equal(t, "low", keys[len(keys)-1], "strict priority: low is not last")
 				}
 				waitAll(tks...)
-				assert.Equal(t, map[State]int{Succeeded: len(tks)}, tally(t, tks...))
+				assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestAgedStormNeverPassesBinding (issue 20, item 1): aging never lifts a
+// call past a higher priority band. A storm of priority-0 status patches
+// of any age — 12 s is past the ten levels between it and a priority-10
+// binding, at one level per second — never runs before a binding, and
+// never holds the worker kept for urgent calls: a binding submitted into
+// the storm waits for one token (10 a second here), however old the
+// storm. While no binding is ready the patches take every token.
+func TestAgedStormNeverPassesBinding(t *testing.T) {
+	for _, age := range []time.Duration{12 * time.Second, 100 * time.Second, 1000 * time.Second} {
+		t.Run("age="+age.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				log := newStartLog()
+				const qps = 10
+				d := newD(t, log.exec(20*time.Millisecond), Config[string, int]{
+					Workers:   4,
+					Capacity:  20000,
+					RateLimit: rate.NewLimiter(qps, 1),
+					Reserve:   Reservation{Workers: 1, MinPriority: 10},
+				})
+				storm := int(age.Seconds())*qps + 100 // outlasts the binding
+				for i := range storm {
+					require.NoError(t, d.Post(fmt.Sprint("patch", i), 0, SubmitOptions{Tenant: "status"}))
+				}
+				time.Sleep(age)
+				synctest.Wait()
+				ran := d.Stats().Executions
+				assert.InDelta(t, float64(age.Seconds()*qps), float64(ran), 2, "patches take every token while no binding is ready")
+				submitted := time.Now()
+				bind := submit(t, d, "bind", 1, SubmitOptions{Priority: 10, Tenant: "binding"})
+				<-bind.Done()
+				assert.Equal(t, StateSucceeded, outcome(t, bind).State)
+				start, ok := log.startOf("bind")
+				require.True(t, ok)
+				assert.LessOrEqual(t, start.Sub(submitted), time.Second/qps, "the binding waited for more than one token")
+				time.Sleep(time.Second)
+				synctest.Wait()
+				assert.InDelta(t, float64(ran+qps+1), float64(d.Stats().Executions), 2, "the patches drain again at the full rate")
+				ctx, cancel := context.WithCancel(bg)
+				cancel() // end the rest of the storm
+				assert.ErrorIs(t, d.Close(ctx), context.Canceled)
+				checkConservation(t, d)
 			})
 		})
 	}

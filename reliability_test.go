@@ -34,7 +34,7 @@ func TestNoStrandedCallAfterSyncSwitch(t *testing.T) {
 		b := submit(t, d, "b", 1, on) // ready, but "t" is at its cap
 		synctest.Wait()
 		switched := make(chan error, 1)
-		go func() { switched <- d.SetMode(context.Background(), Sync) }()
+		go func() { switched <- d.SetMode(context.Background(), ModeSync) }()
 		synctest.Wait()
 		inline := make(chan *Ticket[string, int], 1)
 		go func() {
@@ -49,7 +49,7 @@ func TestNoStrandedCallAfterSyncSwitch(t *testing.T) {
 		synctest.Wait()
 		require.NoError(t, <-switched, "SetMode's drain finished")
 		c := <-inline
-		assert.Equal(t, map[State]int{Succeeded: 3}, tally(t, a, b, c))
+		assert.Equal(t, map[State]int{StateSucceeded: 3}, tally(t, a, b, c))
 		closeD(t, d)
 	})
 }
@@ -73,9 +73,9 @@ func TestObserverPanicOnSubmitLosesNothing(t *testing.T) {
 		old := submit(t, d, "gen", 1, SubmitOptions{Generation: 1})
 		newcomer := submit(t, d, "newcomer", 1, prio(5))                   // full: evicts victim; OnSubmit panics
 		require.NoError(t, d.Post("gen", 2, SubmitOptions{Generation: 2})) // supersedes old; OnSubmit panics
-		assert.Equal(t, Dropped, outcome(t, victim).State)
-		assert.Equal(t, Stale, outcome(t, old).State)
-		assert.Equal(t, []State{Dropped}, hooks.states("victim"))
+		assert.Equal(t, StateDropped, outcome(t, victim).State)
+		assert.Equal(t, StateStale, outcome(t, old).State)
+		assert.Equal(t, []State{StateDropped}, hooks.states("victim"))
 		g.open()
 		waitAll(hold, newcomer)
 		s := closeD(t, d)
@@ -114,10 +114,10 @@ func (p *panicky) OnFinish(Event, Outcome) {
 func TestObserverPanicInSyncDoesNotWedge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		d := newD(t, f.exec, Config[string, int]{Mode: Sync, Observer: &panicky{on: "start"}})
+		d := newD(t, f.exec, Config[string, int]{Mode: ModeSync, Observer: &panicky{on: "start"}})
 		tk := submit(t, d, "k", 1, prio(0))
-		assert.Equal(t, Succeeded, outcome(t, tk).State)
-		assert.False(t, d.Pending("k"))
+		assert.Equal(t, StateSucceeded, outcome(t, tk).State)
+		assert.False(t, d.Busy("k"))
 		s := closeD(t, d)
 		assert.Equal(t, uint64(1), s.CallbackPanics)
 	})
@@ -133,9 +133,9 @@ func TestPanicsAreNotReexecuted(t *testing.T) {
 		d := newD(t, func(context.Context, string, int) error {
 			runs++
 			panic(timeout) // DefaultClassifier says Retry for a net timeout
-		}, Config[string, int]{Workers: 1, Classify: func(error) Class { return Retry }})
+		}, Config[string, int]{Workers: 1, Classify: func(error) Class { return ClassRetry }})
 		r := outcome(t, waitFor(t, submit(t, d, "k", 1, prio(0))))
-		assert.Equal(t, Failed, r.State)
+		assert.Equal(t, StateFailed, r.State)
 		var pe *PanicError
 		require.ErrorAs(t, r.Err, &pe)
 		assert.Equal(t, CallbackExec, pe.Callback)
@@ -161,7 +161,7 @@ func TestCloseInSyncWaitsForInlineExecution(t *testing.T) {
 			<-release // ignores ctx: Close must still wait for it
 			close(returned)
 			return nil
-		}, Config[string, int]{Mode: Sync})
+		}, Config[string, int]{Mode: ModeSync})
 		go func() { _, _ = d.Submit(context.Background(), "k", 1, SubmitOptions{}) }()
 		synctest.Wait()
 		closed := make(chan error, 1)
@@ -191,13 +191,13 @@ func TestGoexitInExec(t *testing.T) {
 			return nil
 		}, Config[string, int]{Workers: 1})
 		r := outcome(t, waitFor(t, submit(t, d, "exit", 1, prio(0))))
-		assert.Equal(t, Failed, r.State)
+		assert.Equal(t, StateFailed, r.State)
 		var pe *PanicError
 		require.ErrorAs(t, r.Err, &pe)
 		assert.Equal(t, CallbackExec, pe.Callback)
 		assert.ErrorIs(t, r.Err, ErrGoexit)
-		assert.False(t, d.Pending("exit"), "the key is not wedged")
-		assert.Equal(t, Succeeded, outcome(t, waitFor(t, submit(t, d, "next", 1, prio(0)))).State)
+		assert.False(t, d.Busy("exit"), "the key is not wedged")
+		assert.Equal(t, StateSucceeded, outcome(t, waitFor(t, submit(t, d, "next", 1, prio(0)))).State)
 		closeD(t, d)
 	})
 }
@@ -238,8 +238,8 @@ func TestRetryRespectsTenantQuota(t *testing.T) {
 		droppable bool
 		want      State
 	}{
-		{"gives up", false, Failed},
-		{"evicts a droppable call", true, Succeeded},
+		{"gives up", false, StateFailed},
+		{"evicts a droppable call", true, StateSucceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -268,13 +268,13 @@ func TestRetryRespectsTenantQuota(t *testing.T) {
 				waitAll(r, other)
 				rr := outcome(t, r)
 				assert.Equal(t, tc.want, rr.State)
-				if tc.want == Failed {
+				if tc.want == StateFailed {
 					var re *RetryError
 					require.ErrorAs(t, rr.Err, &re)
 					assert.Equal(t, GiveUpQuota, re.Reason)
-					assert.Equal(t, Succeeded, outcome(t, other).State)
+					assert.Equal(t, StateSucceeded, outcome(t, other).State)
 				} else {
-					assert.Equal(t, Dropped, outcome(t, other).State)
+					assert.Equal(t, StateDropped, outcome(t, other).State)
 				}
 				closeD(t, d)
 			})

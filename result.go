@@ -12,32 +12,32 @@ type State uint8
 // The terminal states. The zero State is not a terminal state: a Result with
 // State 0 has not been delivered.
 const (
-	// Succeeded: the call ran and exec returned nil.
-	Succeeded State = iota + 1
-	// Skipped: the call was not run because it would change nothing: the
+	// StateSucceeded: the call ran and exec returned nil.
+	StateSucceeded State = iota + 1
+	// StateSkipped: the call was not run because it would change nothing: the
 	// no-op test said so (Config.NoOp, also after Amend), or the merge
-	// function found the pending call made it moot (SkipIncoming). Skipped
+	// function found the pending call made it moot (SkipIncoming). StateSkipped
 	// counts as success.
-	Skipped
-	// Failed: exec returned an error (or panicked) that was not retried, or
+	StateSkipped
+	// StateFailed: exec returned an error (or panicked) that was not retried, or
 	// retries were exhausted. Result.Err holds the error.
-	Failed
-	// Canceled: the waiter left (ticket or context cancelled) or Cancel was
+	StateFailed
+	// StateCanceled: the waiter left (ticket or context cancelled) or Cancel was
 	// called for the key.
-	Canceled
-	// Expired: the waiter's deadline passed before the call finished.
-	Expired
-	// Dropped: the call was shed under load.
-	Dropped
-	// Stale: the waiter's generation was superseded by a newer one, or (for
+	StateCanceled
+	// StateExpired: the waiter's deadline passed before the call finished.
+	StateExpired
+	// StateDropped: the call was shed under load.
+	StateDropped
+	// StateStale: the waiter's generation was superseded by a newer one, or (for
 	// the completion hook) an execution finished after its call had lost all
-	// its waiters. A Stale execution may have taken effect; it is reported
+	// its waiters. A StateStale execution may have taken effect; it is reported
 	// for audit and never as success.
-	Stale
-	// Closed: the dispatcher was closed before the call could finish.
-	Closed
+	StateStale
+	// StateClosed: the dispatcher was closed before the call could finish.
+	StateClosed
 
-	numStates = int(Closed) + 1
+	numStates = int(StateClosed) + 1
 )
 
 var stateNames = [...]string{"", "Succeeded", "Skipped", "Failed", "Canceled", "Expired", "Dropped", "Stale", "Closed"}
@@ -51,7 +51,7 @@ func (s State) String() string {
 }
 
 // OK reports whether s counts as success: Succeeded or Skipped.
-func (s State) OK() bool { return s == Succeeded || s == Skipped }
+func (s State) OK() bool { return s == StateSucceeded || s == StateSkipped }
 
 // Outcome is how a submission or a call ended: everything of a Result but
 // the key and the call value, which the Observer (not typed by K and T)

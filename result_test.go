@@ -9,6 +9,6 @@ import (
 // TestStateCountsTotal: StateCounts.Total sums every state.
 func TestStateCountsTotal(t *testing.T) {
 	var c StateCounts
-	c[Succeeded], c[Failed], c[Closed] = 3, 2, 1
+	c[StateSucceeded], c[StateFailed], c[StateClosed] = 3, 2, 1
 	assert.Equal(t, uint64(6), c.Total())
 }

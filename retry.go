@@ -10,33 +10,35 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/sat"
 )
 
 // Class is the judgement on a failed execution.
 type Class uint8
 
 const (
-	// Permanent: retrying cannot help (invalid, unauthorised, forbidden).
+	// ClassPermanent: retrying cannot help (invalid, unauthorised, forbidden).
 	// The call ends Failed. It is the zero Class, so a classifier that does
 	// not know an error fails safe.
-	Permanent Class = iota
-	// Retry: a transient failure (timeout, connection reset, 429, 5xx). The
+	ClassPermanent Class = iota
+	// ClassRetry: a transient failure (timeout, connection reset, 429, 5xx). The
 	// call waits out a backoff in the queue, then runs again.
-	Retry
-	// Recompute: the call is no longer valid as built (a conflict); it must
+	ClassRetry
+	// ClassRecompute: the call is no longer valid as built (a conflict); it must
 	// be rebuilt from fresh state by the before-retry hook
 	// (Config.BeforeRetry) before it runs again. Without that hook it ends
 	// Failed.
-	Recompute
+	ClassRecompute
 )
 
 func (c Class) String() string {
 	switch c {
-	case Permanent:
+	case ClassPermanent:
 		return "Permanent"
-	case Retry:
+	case ClassRetry:
 		return "Retry"
-	case Recompute:
+	case ClassRecompute:
 		return "Recompute"
 	}
 	return fmt.Sprintf("Class(%d)", uint8(c))
@@ -58,9 +60,9 @@ func DefaultClassifier(err error) Class {
 		errors.Is(err, io.ErrUnexpectedEOF),
 		errors.As(err, &ne) && ne.Timeout(),
 		errors.As(err, &hint):
-		return Retry
+		return ClassRetry
 	}
-	return Permanent
+	return ClassPermanent
 }
 
 // retryAfter returns a server's hint for the next delay, if err carries
@@ -79,30 +81,32 @@ func retryAfter(err error) (time.Duration, bool) {
 type Jitter uint8
 
 const (
-	// FullJitter waits a uniform random time in [0, backoff]. It spreads
+	// JitterFull waits a uniform random time in [0, backoff]. It spreads
 	// retries best; it is the default.
-	FullJitter Jitter = iota
-	// EqualJitter waits backoff/2 plus a uniform random time in
+	JitterFull Jitter = iota
+	// JitterEqual waits backoff/2 plus a uniform random time in
 	// [0, backoff/2]: never much less than the backoff.
-	EqualJitter
-	// NoJitter waits exactly the backoff.
-	NoJitter
+	JitterEqual
+	// JitterNone waits exactly the backoff.
+	JitterNone
 )
 
 // backoff returns the delay before retry number n (n ≥ 1: the delay after
-// the n-th failed attempt), jittered.
+// the n-th failed attempt), jittered. Every step saturates: a policy of
+// maximal durations or an infinite multiplier means "as late as can be",
+// never an overflow into the past or a panic.
 func (p *RetryPolicy) backoff(n int) time.Duration {
 	b := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(n-1))
 	if b > float64(p.MaxBackoff) || math.IsInf(b, 0) || math.IsNaN(b) {
 		b = float64(p.MaxBackoff)
 	}
-	d := time.Duration(b)
+	d := sat.Duration(b)
 	switch p.Jitter {
-	case FullJitter:
-		return time.Duration(rand.Int64N(int64(d) + 1))
-	case EqualJitter:
+	case JitterFull:
+		return time.Duration(rand.Uint64N(uint64(d) + 1)) // ≤ 2⁶³: no overflow
+	case JitterEqual:
 		half := d / 2
-		return half + time.Duration(rand.Int64N(int64(d-half)+1))
+		return half + time.Duration(rand.Uint64N(uint64(d-half)+1))
 	}
 	return d
 }
@@ -121,13 +125,13 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 		return 0, giveUpPanic
 	case a.callDone:
 		return 0, GiveUpDeadline
-	case a.class == Permanent:
+	case a.class == ClassPermanent:
 		return 0, GiveUpPermanent
-	case a.class == Recompute && d.cfg.BeforeRetry == nil:
+	case a.class == ClassRecompute && d.cfg.BeforeRetry == nil:
 		return 0, GiveUpRecompute
 	case c.attempts >= p.MaxAttempts:
 		return 0, GiveUpAttempts
-	case a.class == Recompute:
+	case a.class == ClassRecompute:
 		// Rebuild from fresh state at once: waiting does not resolve a
 		// conflict, re-reading does.
 	default:
@@ -137,7 +141,7 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 			delay = p.backoff(c.attempts)
 		}
 	}
-	notBefore := now + int64(delay)
+	notBefore := sat.Add(now, int64(delay))
 	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
 		return 0, GiveUpDeadline
 	}
@@ -171,8 +175,9 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // holds no worker: it waits in the delay index. While it waits it is the
 // key's pending call, so new submissions coalesce into it and keep its
 // backoff. A successor that arrived during the attempt is coalesced into it
-// now (or skipped, if the merge says it is moot); if the merge refuses, the
-// retry stays the lane's running call and the successor waits behind it.
+// now (ReplacePending: the retry becomes the successor, afresh); if the
+// merge refuses or finds it moot, the retry stays the lane's running call
+// and the successor waits behind it, to run next.
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
 	l := c.lane
 	c.ten.queued++
@@ -191,13 +196,21 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 		case nil:
 			d.absorb(c, n)
 			l.running, l.pending = nil, c
-		case SkipIncoming:
-			// The retry makes its successor moot.
-			d.settleAll(n, Skipped, nil, now, onTime, ob)
-			d.finish(n, Skipped, nil, now, ob)
+		case ReplacePending:
+			// The successor is a new operation: the retry becomes it,
+			// at once and from its first attempt.
+			d.restart(c)
+			notBefore = now
+			ten, label := n.ten, n.label
+			d.absorb(c, n)
+			if ten != c.ten || label != c.label {
+				d.adopt(c, ten, label)
+			}
 			l.running, l.pending = nil, c
 		}
-		// else: l.running stays c, and n stays its successor.
+		// else — refused, or moot (SkipIncoming): l.running stays c, and n
+		// stays its successor, to run after it. It was never judged
+		// against a pending call, and the retry may yet fail.
 	} else {
 		l.running, l.pending = nil, c
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -85,11 +87,11 @@ func TestRetryClasses(t *testing.T) {
 		wantCalls int
 		wantWhy   GiveUp
 	}{
-		{"retry then success", []error{syscall.ECONNRESET, syscall.ECONNREFUSED}, false, Succeeded, 3, ""},
-		{"permanent", []error{errors.New("403 forbidden")}, false, Failed, 1, GiveUpPermanent},
-		{"recompute without hook", []error{errConflict}, false, Failed, 1, GiveUpRecompute},
-		{"recompute with hook", []error{errConflict}, true, Succeeded, 2, ""},
-		{"attempts exhausted", []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, false, Failed, 3, GiveUpAttempts},
+		{"retry then success", []error{syscall.ECONNRESET, syscall.ECONNREFUSED}, false, StateSucceeded, 3, ""},
+		{"permanent", []error{errors.New("403 forbidden")}, false, StateFailed, 1, GiveUpPermanent},
+		{"recompute without hook", []error{errConflict}, false, StateFailed, 1, GiveUpRecompute},
+		{"recompute with hook", []error{errConflict}, true, StateSucceeded, 2, ""},
+		{"attempts exhausted", []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, false, StateFailed, 3, GiveUpAttempts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,7 +135,7 @@ func TestRetryBackoffSequence(t *testing.T) {
 				InitialBackoff: 100 * time.Millisecond,
 				MaxBackoff:     300 * time.Millisecond,
 				Multiplier:     2,
-				Jitter:         NoJitter,
+				Jitter:         JitterNone,
 				BudgetRatio:    math.Inf(1),
 			},
 		}, SubmitOptions{})
@@ -149,12 +151,12 @@ func TestRetryBackoffSequence(t *testing.T) {
 // range — full jitter [0, backoff], equal jitter [backoff/2, backoff], none
 // exactly the backoff — and the random ones spread over it.
 func TestRetryJitterBounds(t *testing.T) {
-	for _, j := range []Jitter{FullJitter, EqualJitter, NoJitter} {
+	for _, j := range []Jitter{JitterFull, JitterEqual, JitterNone} {
 		p, err := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: 8 * time.Second, Jitter: j}.withDefaults()
 		require.NoError(t, err)
 		for n := 1; n <= 6; n++ {
 			base := min(time.Second<<(n-1), 8*time.Second)
-			lo := map[Jitter]time.Duration{FullJitter: 0, EqualJitter: base / 2, NoJitter: base}[j]
+			lo := map[Jitter]time.Duration{JitterFull: 0, JitterEqual: base / 2, JitterNone: base}[j]
 			var seenLow, seenHigh bool
 			for range 2000 {
 				got := p.backoff(n)
@@ -163,7 +165,7 @@ func TestRetryJitterBounds(t *testing.T) {
 				seenLow = seenLow || got < lo+(base-lo)/4
 				seenHigh = seenHigh || got > base-(base-lo)/4
 			}
-			if j != NoJitter {
+			if j != JitterNone {
 				assert.True(t, seenLow && seenHigh, "jitter %d spreads over its range", j)
 			}
 		}
@@ -191,11 +193,11 @@ func TestRetryStoppedByDeadline(t *testing.T) {
 			Retry: RetryPolicy{
 				MaxAttempts:    10,
 				InitialBackoff: time.Second,
-				Jitter:         NoJitter,
+				Jitter:         JitterNone,
 				BudgetRatio:    math.Inf(1),
 			},
 		}, SubmitOptions{Deadline: time.Now().Add(1500 * time.Millisecond)})
-		assert.Equal(t, Failed, res.State)
+		assert.Equal(t, StateFailed, res.State)
 		assert.ErrorIs(t, res.Err, ErrExpired, "a deadline that stops retries matches ErrExpired")
 		var re *RetryError
 		require.ErrorAs(t, res.Err, &re)
@@ -221,7 +223,7 @@ func TestRetryHoldsNoWorker(t *testing.T) {
 			return nil
 		}, Config[string, int]{
 			Workers: 1,
-			Retry:   RetryPolicy{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: NoJitter},
+			Retry:   RetryPolicy{InitialBackoff: time.Hour, MaxBackoff: time.Hour, Jitter: JitterNone},
 		})
 		a := submit(t, d, "slow", 1, SubmitOptions{})
 		synctest.Wait()
@@ -252,7 +254,7 @@ func TestRetryMergesSubmissionsDuringBackoff(t *testing.T) {
 		})
 		first := submit(t, d, "k", 1, SubmitOptions{})
 		synctest.Wait() // first attempt failed; the call waits out 100ms
-		require.True(t, d.Pending("k"))
+		require.True(t, d.Busy("k"))
 		require.NoError(t, d.Post("k", 10, SubmitOptions{}))
 		second := submit(t, d, "k", 100, SubmitOptions{})
 		r1, err := first.Wait(bg)
@@ -281,8 +283,8 @@ func TestRetrySuccessorAbsorbed(t *testing.T) {
 		close(release)
 		r1, _ := first.Wait(bg)
 		r2, _ := second.Wait(bg)
-		assert.Equal(t, Succeeded, r1.State)
-		assert.Equal(t, Succeeded, r2.State)
+		assert.Equal(t, StateSucceeded, r1.State)
+		assert.Equal(t, StateSucceeded, r2.State)
 		assert.Equal(t, []int{1, 2}, s.vals, "the retry took the successor's (newer) value")
 		assert.Equal(t, 2, int(s.calls.Load()), "one retry served both, no third execution")
 		closeD(t, d)
@@ -314,8 +316,8 @@ func TestRetryRefusedMergeKeepsOrder(t *testing.T) {
 		assert.Equal(t, 1, d.Stats().Delayed, "the retry waits; the successor waits behind it")
 		r1, _ := first.Wait(bg)
 		r2, _ := second.Wait(bg)
-		assert.Equal(t, Succeeded, r1.State)
-		assert.Equal(t, Succeeded, r2.State)
+		assert.Equal(t, StateSucceeded, r1.State)
+		assert.Equal(t, StateSucceeded, r2.State)
 		assert.Equal(t, []int{1, 1, 2}, s.vals, "retry first, then the successor: order kept")
 		closeD(t, d)
 	})
@@ -338,7 +340,7 @@ func TestBeforeRetryDoneSkipsExecution(t *testing.T) {
 			},
 		}, SubmitOptions{IdempotencyKey: "create-42"})
 		require.NoError(t, res.Err)
-		assert.Equal(t, Succeeded, res.State)
+		assert.Equal(t, StateSucceeded, res.State)
 		assert.Equal(t, 1, int(s.calls.Load()), "never created twice")
 		assert.Equal(t, 1, hookCalls)
 		assert.Equal(t, []string{"create-42"}, s.idem)
@@ -356,7 +358,7 @@ func TestBeforeRetryError(t *testing.T) {
 			Retry:       noJitter(3),
 			BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { return 0, false, boom },
 		}, SubmitOptions{})
-		assert.Equal(t, Failed, res.State)
+		assert.Equal(t, StateFailed, res.State)
 		assert.ErrorIs(t, res.Err, boom)
 		var re *RetryError
 		require.ErrorAs(t, res.Err, &re)
@@ -388,7 +390,7 @@ func TestAttemptTimeoutRetried(t *testing.T) {
 			}
 			return nil
 		}, Config[string, int]{
-			Retry: RetryPolicy{AttemptTimeout: time.Second, Jitter: NoJitter},
+			Retry: RetryPolicy{AttemptTimeout: time.Second, Jitter: JitterNone},
 		}, SubmitOptions{})
 		require.NoError(t, res.Err)
 		assert.Equal(t, 2, res.Attempts)
@@ -404,7 +406,7 @@ func TestPanicNotRetried(t *testing.T) {
 			calls.Add(1)
 			panic("boom")
 		}, Config[string, int]{Retry: noJitter(5)}, SubmitOptions{})
-		assert.Equal(t, Failed, res.State)
+		assert.Equal(t, StateFailed, res.State)
 		var pe *PanicError
 		require.ErrorAs(t, res.Err, &pe)
 		assert.Equal(t, "boom", pe.Value)
@@ -422,7 +424,7 @@ func TestRetryBudget(t *testing.T) {
 			Retry: RetryPolicy{
 				MaxAttempts:    2,
 				InitialBackoff: time.Millisecond,
-				Jitter:         NoJitter,
+				Jitter:         JitterNone,
 				BudgetRatio:    0.1,
 				BudgetMin:      2,
 				BudgetWindow:   time.Minute,
@@ -467,13 +469,13 @@ func TestCancelledCallNeverRetried(t *testing.T) {
 		synctest.Wait()
 		assert.True(t, d.Cancel("k", errors.New("pod deleted")))
 		res, err := tk.Wait(bg)
-		assert.Equal(t, Canceled, res.State)
+		assert.Equal(t, StateCanceled, res.State)
 		assert.ErrorIs(t, err, ErrCanceled)
 		synctest.Wait()
 		st := closeD(t, d)
 		assert.Equal(t, int32(1), calls.Load())
 		assert.Equal(t, uint64(0), st.Retries)
-		assert.Equal(t, BreakerClosed, st.Breaker, "a cancellation does not trip the breaker")
+		assert.Equal(t, CircuitClosed, st.Circuit, "a cancellation does not trip the breaker")
 		assert.Equal(t, uint64(1), st.StaleExecutions)
 	})
 }
@@ -515,4 +517,153 @@ func TestRetryAbsorbsUrgentTenantAndLabel(t *testing.T) {
 		close(gate)
 		waitAll(a, b)
 	})
+}
+
+// extremePolicies are retry policies at the edge of the duration range
+// (issue 20, item 3): each used to overflow the backoff's float-to-Duration
+// conversion and panic in rand.Int64N under the dispatcher's lock.
+var extremePolicies = map[string]RetryPolicy{
+	"InitialBackoff max/full":    {InitialBackoff: math.MaxInt64, Jitter: JitterFull},
+	"InitialBackoff max/equal":   {InitialBackoff: math.MaxInt64, Jitter: JitterEqual},
+	"InitialBackoff max/none":    {InitialBackoff: math.MaxInt64, Jitter: JitterNone},
+	"MaxBackoff max, ×Inf/full":  {MaxBackoff: math.MaxInt64, Multiplier: math.Inf(1), Jitter: JitterFull},
+	"MaxBackoff max, ×Inf/equal": {MaxBackoff: math.MaxInt64, Multiplier: math.Inf(1), Jitter: JitterEqual},
+	"MaxBackoff max, ×1e300":     {MaxBackoff: math.MaxInt64, Multiplier: 1e300},
+}
+
+// TestBackoffSaturates (internal): at every attempt of every extreme
+// policy, the backoff is within [0, MaxBackoff] and never panics.
+func TestBackoffSaturates(t *testing.T) {
+	for name, p := range extremePolicies {
+		p, err := p.withDefaults()
+		require.NoError(t, err, name)
+		for n := 1; n <= 70; n++ {
+			for range 50 {
+				b := p.backoff(n)
+				require.GreaterOrEqual(t, b, time.Duration(0), "%s attempt %d", name, n)
+				require.LessOrEqual(t, b, p.MaxBackoff, "%s attempt %d", name, n)
+			}
+		}
+	}
+}
+
+// TestExtremeBackoffNoDeadlock (issue 20, item 3): with any extreme retry
+// policy, a retryable failure schedules a retry as late as can be, and
+// nothing hangs: Stats answers, a call with a deadline gives up at once
+// (its retry could not start in time), and one without waits until Close
+// ends it.
+func TestExtremeBackoffNoDeadlock(t *testing.T) {
+	for name, p := range extremePolicies {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newD(t, func(context.Context, string, int) error { return syscall.ECONNRESET }, Config[string, int]{
+					Workers: 2, Retry: p,
+				})
+				withDL := submit(t, d, "deadline", 1, SubmitOptions{Deadline: time.Now().Add(time.Hour)})
+				forever := submit(t, d, "forever", 1, SubmitOptions{})
+				<-withDL.Done()
+				r := outcome(t, withDL)
+				assert.Equal(t, StateFailed, r.State)
+				assert.ErrorIs(t, r.Err, ErrExpired, "gave up: the retry could not start before the deadline")
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				s := d.Stats()
+				assert.Equal(t, 1, s.Delayed, "the other call waits for its retry")
+				_, ended := forever.Result()
+				assert.False(t, ended)
+				ctx, cancel := context.WithCancel(bg)
+				cancel()
+				assert.ErrorIs(t, d.Close(ctx), context.Canceled)
+				<-forever.Done()
+				assert.Equal(t, StateClosed, outcome(t, forever).State)
+				checkConservation(t, d)
+			})
+		})
+	}
+}
+
+// TestHugeRetryAfterAndCooldown (issue 20, item 9): a Retry-After near the
+// largest duration delays the retry (it used to overflow into the past and
+// run at once), and a breaker Cooldown of the largest duration keeps the
+// breaker open (it used to probe within a second).
+func TestHugeRetryAfterAndCooldown(t *testing.T) {
+	t.Run("Retry-After", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := newScript(hintErr(math.MaxInt64 - 1))
+			d := newD(t, s.exec, Config[string, int]{Workers: 1})
+			tk := submit(t, d, "k", 1, SubmitOptions{})
+			time.Sleep(time.Hour)
+			synctest.Wait()
+			assert.Equal(t, int32(1), s.calls.Load(), "retried at once")
+			tk.Cancel()
+			<-tk.Done()
+			assert.Equal(t, StateCanceled, outcome(t, tk).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("Cooldown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var calls atomic.Int32
+			d := newD(t, func(context.Context, string, int) error {
+				calls.Add(1)
+				return syscall.ECONNRESET
+			}, Config[string, int]{
+				Workers: 1,
+				Retry:   RetryPolicy{MaxAttempts: 1},
+				Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: math.MaxInt64},
+			})
+			first := submit(t, d, "a", 1, SubmitOptions{})
+			<-first.Done()
+			assert.Equal(t, StateFailed, outcome(t, first).State)
+			require.Equal(t, CircuitOpen, d.Stats().Circuit)
+			second := submit(t, d, "b", 1, SubmitOptions{})
+			time.Sleep(time.Hour)
+			synctest.Wait()
+			assert.Equal(t, int32(1), calls.Load(), "probed while the breaker should stay open")
+			assert.Equal(t, CircuitOpen, d.Stats().Circuit)
+			second.Cancel()
+			closeD(t, d)
+		})
+	})
+}
+
+// TestPanicUnderLockCrashes (issue 20, item 3): a panic in the
+// dispatcher's own code while it holds its lock — only a bug could cause
+// one; testHookUnderLock stands in for it — ends the process loudly, with
+// the panic's value, instead of deadlocking on the lock. On a worker; and
+// inline, in a Sync-mode caller that recovers panics, which would otherwise
+// walk away with the lock held. The test runs itself in a subprocess.
+func TestPanicUnderLockCrashes(t *testing.T) {
+	if mode := os.Getenv("DISPATCH_CRASH_TEST"); mode != "" {
+		testHookUnderLock = func() { panic("injected under the lock") }
+		cfg := Config[string, int]{Workers: 1}
+		if mode == "sync" {
+			cfg.Mode = ModeSync
+		}
+		d, err := New(nopExec, cfg)
+		if err != nil {
+			panic(err)
+		}
+		func() {
+			defer func() { _ = recover() }() // a caller that recovers everything
+			_, _ = d.Submit(bg, "k", 1, SubmitOptions{})
+		}()
+		d.Stats() // hangs if the lock was left held
+		time.Sleep(time.Minute)
+		os.Exit(0) // not reached: the process has crashed
+	}
+	for _, mode := range []string{"async", "sync"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(bg, 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestPanicUnderLockCrashes$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "DISPATCH_CRASH_TEST="+mode)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, ctx.Err(), "the process hung instead of crashing:\n%s", out)
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee, "the process did not crash:\n%s", out)
+			assert.Contains(t, string(out), "dispatch: internal panic")
+			assert.Contains(t, string(out), "injected under the lock")
+		})
+	}
 }

@@ -49,7 +49,7 @@ func TestShareOutcome(t *testing.T) {
 		leavers := map[*Ticket[string, int]]bool{tks[1]: true, tks[plain-2]: true}
 		for tk := range leavers {
 			tk.Cancel()
-			assert.Equal(t, Canceled, outcome(t, tk).State, "a ticket that leaves hears at once")
+			assert.Equal(t, StateCanceled, outcome(t, tk).State, "a ticket that leaves hears at once")
 		}
 		for i, tk := range tks {
 			if leavers[tk] {
@@ -78,7 +78,7 @@ func TestShareOutcome(t *testing.T) {
 			}
 			assert.Equal(t, want, r, "ticket %d heard another outcome than its call's", i)
 		}
-		assert.Equal(t, Succeeded, want.State)
+		assert.Equal(t, StateSucceeded, want.State)
 		assert.Equal(t, 101, want.Call, "the call as executed")
 		assert.Equal(t, plain+2, want.Waiters, "every submission the call served")
 		for i, ch := range append(early, late) {
@@ -89,10 +89,10 @@ func TestShareOutcome(t *testing.T) {
 			}
 		}
 		for tk := range leavers {
-			assert.Equal(t, Canceled, outcome(t, tk).State, "a leaver keeps its own outcome")
+			assert.Equal(t, StateCanceled, outcome(t, tk).State, "a leaver keeps its own outcome")
 		}
 		s := closeD(t, d)
-		assert.Equal(t, uint64(plain), s.Outcomes[Succeeded]-1, "A's tickets but the leavers")
+		assert.Equal(t, uint64(plain), s.Outcomes[StateSucceeded]-1, "A's tickets but the leavers")
 	})
 }
 
@@ -121,10 +121,10 @@ func TestShareAbsorbed(t *testing.T) {
 		for _, ch := range dones {
 			<-ch // a channel never closed deadlocks the bubble: synctest fails the test
 		}
-		assert.Equal(t, Canceled, outcome(t, second[0]).State)
+		assert.Equal(t, StateCanceled, outcome(t, second[0]).State)
 		for i, tk := range append(first, second[1:]...) {
 			r := outcome(t, tk)
-			assert.Equal(t, Succeeded, r.State, "ticket %d", i)
+			assert.Equal(t, StateSucceeded, r.State, "ticket %d", i)
 			assert.Equal(t, 10+shareMin+1, r.Call, "ticket %d: the retry ran the successor's value", i)
 		}
 		assert.Equal(t, 2, int(s.calls.Load()), "one retry served both")
@@ -144,9 +144,9 @@ func TestShareSync(t *testing.T) {
 			}
 			return nil
 		}, Config[string, int]{Workers: 1})
-		require.NoError(t, d.SetMode(bg, Sync))
+		require.NoError(t, d.SetMode(bg, ModeSync))
 		var wg sync.WaitGroup
-		wg.Go(func() { assert.Equal(t, Succeeded, outcome(t, submit(t, d, "A", 0, SubmitOptions{})).State) })
+		wg.Go(func() { assert.Equal(t, StateSucceeded, outcome(t, submit(t, d, "A", 0, SubmitOptions{})).State) })
 		synctest.Wait() // "A" 0 runs inline, and blocks
 		res := make([]Result[string, int], 2*shareMin)
 		for i := range res {
@@ -160,7 +160,7 @@ func TestShareSync(t *testing.T) {
 		g.open()
 		wg.Wait()
 		for i, r := range res {
-			assert.Equal(t, Succeeded, r.State, "submitter %d", i)
+			assert.Equal(t, StateSucceeded, r.State, "submitter %d", i)
 			assert.Equal(t, 2*shareMin, r.Waiters, "submitter %d", i)
 		}
 		closeD(t, d)
@@ -182,7 +182,7 @@ func TestShareClose(t *testing.T) {
 		require.Error(t, d.Close(ctx))
 		<-w
 		for i, tk := range tks {
-			assert.Equal(t, Closed, outcome(t, tk).State, "ticket %d", i)
+			assert.Equal(t, StateClosed, outcome(t, tk).State, "ticket %d", i)
 		}
 		outcome(t, hold)
 		checkConservation(t, d)

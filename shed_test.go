@@ -19,10 +19,10 @@ func TestShedding(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var hooks []Result[string, int]
 		d, _, release := holdWorker(t, nopExec, Config[string, int]{ // the held call takes one key
-			Capacity:       5,
-			StrictPriority: true,
+			Capacity:  5,
+			AgingBand: 1,
 			OnDone: func(r Result[string, int]) {
-				if r.State == Dropped {
+				if r.State == StateDropped {
 					hooks = append(hooks, r)
 				}
 			},
@@ -48,20 +48,20 @@ func TestShedding(t *testing.T) {
 		_, err = d.Submit(ctx, "bind", 0, SubmitOptions{Priority: 10})
 		require.NoError(t, err)
 		res, err := low2.Wait(ctx)
-		assert.Equal(t, Dropped, res.State)
+		assert.Equal(t, StateDropped, res.State)
 		assert.ErrorIs(t, err, ErrDropped)
 		assert.Contains(t, err.Error(), "capacity")
 		assert.Equal(t, 2, res.Waiters)
 		require.Len(t, hooks, 1)
 		assert.Equal(t, "low2", hooks[0].Key)
-		assert.False(t, d.Pending("low2"))
+		assert.False(t, d.Busy("low2"))
 
 		// Next eviction takes low1; after that only "mid" is droppable and it
 		// outranks a priority-3 newcomer.
 		_, err = d.Submit(ctx, "bind2", 0, SubmitOptions{Priority: 10})
 		require.NoError(t, err)
 		res, _ = low1.Wait(ctx)
-		assert.Equal(t, Dropped, res.State)
+		assert.Equal(t, StateDropped, res.State)
 		_, err = d.Submit(ctx, "p3", 0, SubmitOptions{Priority: 3})
 		assert.ErrorIs(t, err, ErrBackpressure)
 
@@ -72,8 +72,8 @@ func TestShedding(t *testing.T) {
 		assert.ErrorIs(t, err, ErrBackpressure, "nothing droppable is left")
 
 		release()
-		assert.Equal(t, Succeeded, outcome(t, keep).State)
+		assert.Equal(t, StateSucceeded, outcome(t, keep).State)
 		st := closeD(t, d)
-		assert.Equal(t, uint64(3), st.Outcomes[Dropped]) // low2 (ticket + post), low1
+		assert.Equal(t, uint64(3), st.Outcomes[StateDropped]) // low2 (ticket + post), low1
 	})
 }

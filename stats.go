@@ -90,8 +90,8 @@ type Stats struct {
 	// running below the reservation's priority, which may be at most
 	// Concurrency − Reserved (and at least one).
 	Reserved, BelowReserve int
-	// Breaker is the circuit breaker's state.
-	Breaker BreakerState
+	// Circuit is the circuit breaker's state.
+	Circuit Circuit
 	// Backpressure counts submissions refused with ErrBackpressure, by the
 	// bound that refused them.
 	Backpressure map[Bound]uint64
@@ -182,7 +182,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	}
 	s.Successors = d.liveCalls - s.Ready - s.Delayed - s.InFlight
 	if d.breaker != nil {
-		s.Breaker = d.breaker.state
+		s.Circuit = d.breaker.state
 	}
 	s.Backpressure = make(map[Bound]uint64, numBounds)
 	s.Shed = make(map[Bound]uint64, numBounds)

@@ -78,7 +78,7 @@ func TestReadyIndex(t *testing.T) {
 				enq -= int64(r.IntN(1000)) // a retry or a successor: out of order
 			}
 			seq++
-			c := &call[int, int]{prio: prio, enq: enq, seq: seq, order: virtualTime(enq, int64(prio), 10)}
+			c := &call[int, int]{prio: prio, enq: enq, seq: seq, order: orderKeyOf(enq, int64(prio), 10, 10)}
 			ri.insert(c)
 			ref = append(ref, c)
 		case op < 8: // pop the best
@@ -111,7 +111,7 @@ func TestReadyIndexHoles(t *testing.T) {
 	var seq uint64
 	mk := func(enq int64) *call[int, int] {
 		seq++
-		c := &call[int, int]{prio: 1, enq: enq, seq: seq, order: virtualTime(enq, 1, 10)}
+		c := &call[int, int]{prio: 1, enq: enq, seq: seq, order: orderKeyOf(enq, 1, 10, 10)}
 		ri.insert(c)
 		return c
 	}

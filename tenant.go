@@ -42,7 +42,7 @@ func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T]
 	t := &tenant[K, T]{
 		name:   name,
 		cfg:    cfg,
-		stride: strideBase / uint64(w),
+		stride: max(strideBase/uint64(w), 1), // weights beyond 2³² count as 2³²,
 		ready:  newReadyIndex[K, T](),
 		active: -1,
 	}

@@ -117,7 +117,7 @@ func TestTenantQuotaShedsOwnWorst(t *testing.T) {
 		// other tenant's (worse) one.
 		submit(t, d, "patch/high", 0, SubmitOptions{Tenant: "patch", Priority: 5})
 		res, err := low.Wait(t.Context())
-		assert.Equal(t, Dropped, res.State)
+		assert.Equal(t, StateDropped, res.State)
 		assert.ErrorIs(t, err, ErrDropped)
 		assert.Contains(t, err.Error(), "quota")
 		st := d.Stats()

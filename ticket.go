@@ -303,5 +303,5 @@ func (t *Ticket[K, T]) Result() (Result[K, T], bool) {
 // pending call is removed and an in-flight call's context is cancelled.
 // Cancel after the outcome is known does nothing.
 func (t *Ticket[K, T]) Cancel() {
-	t.d.leave(t, Canceled, ErrCanceled)
+	t.d.leave(t, StateCanceled, ErrCanceled)
 }

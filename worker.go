@@ -65,25 +65,25 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 		if d.workerRunning >= d.concurrency() {
 			return nil
 		}
-		if a := d.adaptive; a != nil && now < a.hold {
-			d.lookAgainAt(a.hold)
-			return nil
-		}
 		ten := d.q.pick(now)
 		if ten == nil {
 			return nil // every tenant with ready calls is at its in-flight cap
 		}
 		c := ten.ready.min().c
+		if a := d.adaptive; a != nil && now < a.hold && !d.mayProbe(c) {
+			d.lookAgainAt(a.hold)
+			return nil
+		}
 		if d.unfinishable(c, now) {
 			d.q.popFrom(ten)
 			d.expireUnfinishable(c, now, ob)
 			continue
 		}
-		low := d.cfg.Reserve.Workers > 0 && !d.urgent(c, now)
+		low := d.cfg.Reserve.Workers > 0 && !d.urgent(c)
 		if low && d.lowRunning >= d.lowLimit() {
-			// The rest of the workers are kept for urgent calls; aging
-			// makes this one urgent in time.
-			d.lookAgainAt(d.urgentAt(c))
+			// The rest of the workers are kept for urgent calls, which
+			// would be c's band or above: none is ready. A worker is
+			// woken when a low call ends (endAttempt).
 			return nil
 		}
 		if ok, at := d.tokens.ready(now, d.wall); !ok {
@@ -123,8 +123,8 @@ func (d *Dispatcher[K, T]) wall(now int64) time.Time { return d.epoch.Add(time.D
 // waiters' deadline is closer than its label's usual execution time.
 func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outbox[K, T]) {
 	d.totals.unfinishable++
-	d.settleAll(c, Expired, errUnfinishable, now, onTime, ob)
-	d.finish(c, Expired, errUnfinishable, now, ob)
+	d.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+	d.finish(c, StateExpired, errUnfinishable, now, ob)
 }
 
 // breakerAdmits reports whether the circuit breaker lets an execution start
@@ -134,9 +134,9 @@ func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok
 	if b == nil {
 		return false, true
 	}
-	probe = b.state != BreakerClosed
+	probe = b.state != CircuitClosed
 	if !b.admits(now, &ob.notes) {
-		if b.state == BreakerOpen {
+		if b.state == CircuitOpen {
 			d.armTimer(b.openUntil)
 		}
 		return false, false
@@ -168,6 +168,9 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 	d.mu.Unlock()
 	ended := false
 	defer func() {
+		if r := recover(); r != nil {
+			crash(r) // the dispatcher's own code panicked, perhaps under the lock
+		}
 		if ended {
 			return
 		}
@@ -365,7 +368,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		// caller waits for one here, under the call's own context (not
 		// AttemptTimeout's, which bounds one execution). It fails only when
 		// that context ends, which ends the call.
-		if err := l.Wait(a.callCtx); err != nil {
+		if err := waitToken(a.callCtx, l); err != nil {
 			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
 			a.callDone = true
 			return
@@ -401,6 +404,9 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 // retryable failure sends the call back to the queue (requeue); otherwise
 // its waiters are told and it finishes.
 func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], now int64) {
+	if testHookUnderLock != nil {
+		testHookUnderLock()
+	}
 	d.running--
 	c.ten.inflight--
 	if d.q.nready > 0 {
@@ -412,9 +418,9 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	if a.rebuilt {
 		c.val = a.val
 	}
+	d.observeExec(c, now, a.runTime, a.ran)
 	if a.ran {
 		d.execTime.Observe(now, a.runTime)
-		d.observeExec(c, now, a.runTime)
 		c.attempts++
 		d.totals.executions++
 	}
@@ -425,7 +431,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	case c.orphan:
 		st := c.endState
 		if a.ran {
-			st = Stale
+			st = StateStale
 			d.totals.staleExecutions++
 		}
 		d.finish(c, st, staleErr(st, a.err), now, ob)
@@ -434,14 +440,14 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		d.requeue(c, c.lastErr, now, now, ob)
 		d.kick()
 	case a.hookErr != nil:
-		d.conclude(c, a, Failed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, ob)
+		d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, ob)
 	case a.done:
 		d.totals.alreadyDone++
-		d.conclude(c, a, Succeeded, nil, now, ob)
+		d.conclude(c, a, StateSucceeded, nil, now, ob)
 	case a.skipped:
-		d.conclude(c, a, Skipped, nil, now, ob)
+		d.conclude(c, a, StateSkipped, nil, now, ob)
 	case a.err == nil:
-		d.conclude(c, a, Succeeded, nil, now, ob)
+		d.conclude(c, a, StateSucceeded, nil, now, ob)
 	default:
 		notBefore, reason := d.retryAt(c, a, now, ob)
 		if reason == "" {
@@ -458,7 +464,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		if reason != giveUpPanic {
 			err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
 		}
-		d.conclude(c, a, Failed, err, now, ob)
+		d.conclude(c, a, StateFailed, err, now, ob)
 	}
 }
 
@@ -470,9 +476,9 @@ func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, e
 	case d.settleAll(c, st, err, now, expireLate, ob):
 	case a.ran:
 		d.totals.staleExecutions++
-		st, err = Stale, staleErr(Stale, err)
+		st, err = StateStale, staleErr(StateStale, err)
 	default:
-		st, err = Expired, ErrExpired
+		st, err = StateExpired, ErrExpired
 	}
 	d.finish(c, st, err, now, ob)
 }
@@ -486,13 +492,13 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 	if b == nil {
 		return
 	}
-	wasClosed := b.state == BreakerClosed
+	wasClosed := b.state == CircuitClosed
 	v := verdictIgnored
 	if a.ran && !c.orphan && !a.callDone {
 		switch {
 		case a.err == nil:
 			v = verdictHealthy
-		case a.class == Retry:
+		case a.class == ClassRetry:
 			v = verdictFailed
 		}
 	}
@@ -502,9 +508,9 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 	}
 	b.record(now, v, &ob.notes)
 	switch {
-	case b.state == BreakerClosed && !wasClosed:
+	case b.state == CircuitClosed && !wasClosed:
 		d.cond.Broadcast() // resume every worker
-	case b.state == BreakerOpen:
+	case b.state == CircuitOpen:
 		d.armTimer(b.openUntil)
 	}
 }

@@ -39,7 +39,6 @@ type window struct{ from, to time.Duration }
 func (w window) zero() bool                    { return w.to <= w.from }
 func (w window) contains(t time.Duration) bool { return w.from <= t && t < w.to }
 func (w window) length() time.Duration         { return w.to - w.from }
-func (w window) shift(d time.Duration) window  { return window{w.from + d, w.to + d} }
 func (w window) count(ts []time.Duration) (n int) {
 	for _, t := range ts {
 		if w.contains(t) {

@@ -1,11 +1,12 @@
+// Unpublished: benchmarks against client-go's workqueue, controller-runtime's
+// priorityqueue and kube-scheduler's APIDispatcher, which need
+// k8s.io/kubernetes and so pin its staging modules with replace below.
 module github.com/coalescer/dispatch/benchmarks
 
 go 1.26.0
 
-replace github.com/coalescer/dispatch => ../
-
 require (
-	github.com/coalescer/dispatch v0.0.0-00010101000000-000000000000
+	github.com/coalescer/dispatch v0.1.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/time v0.16.0
 	k8s.io/apimachinery v0.37.2

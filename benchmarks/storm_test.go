@@ -358,7 +358,7 @@ func run(tb testing.TB, sc scenario, cfg dispatch.Config[string, call]) metrics 
 	if int(s.Submitted) != submitted {
 		tb.Errorf("Stats.Submitted = %d, the storm submitted %d", s.Submitted, submitted)
 	}
-	if notOK := s.Outcomes.Total() - s.Outcomes[dispatch.Succeeded] - s.Outcomes[dispatch.Skipped]; notOK > 0 {
+	if notOK := s.Outcomes.Total() - s.Outcomes[dispatch.StateSucceeded] - s.Outcomes[dispatch.StateSkipped]; notOK > 0 {
 		tb.Errorf("%d submissions did not succeed: %v", notOK, s.Outcomes)
 	}
 

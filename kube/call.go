@@ -109,8 +109,10 @@ type StatusPatch struct {
 // PatchStatus returns a call that patches pod's status with p, as a
 // strategic-merge patch on pods/status computed against pod's status.
 // pod is the baseline: the call is a no-op (Skipped, never sent) if p
-// changes nothing in it. PatchStatus copies what it needs; pod may be
-// changed afterwards.
+// changes nothing in it. The patch carries pod's UID as a precondition,
+// Unconditional or not, so that it never lands on a newer pod of the same
+// name: one whose pod was replaced ends Failed. PatchStatus copies what it
+// needs; pod may be changed afterwards.
 func PatchStatus(pod *v1.Pod, p StatusPatch) Call {
 	c := fromPod(PodStatusPatch, pod)
 	if c.err != nil {
@@ -155,8 +157,15 @@ func Bind(pod *v1.Pod, node string) Call {
 // so that a newer pod of the same name is never deleted. If condition is
 // not nil (a DisruptionTarget condition for a preemption victim, say), it
 // is first patched onto the pod's status unless the baseline already has
-// it. A pod that is already gone — NotFound, or a different UID under the
-// name — counts as deleted: the call succeeds.
+// it, with the same UID precondition, so that a newer pod of the same name
+// never gets it either.
+//
+// The call's goal is that pod is gone. A pod that is already gone —
+// deleted (NotFound), or replaced by a newer pod of the same name (the
+// server refuses the UID precondition of the condition patch or of the
+// deletion) — counts as deleted: the call ends Succeeded at the first
+// request that finds out, and the newer pod is neither patched nor
+// deleted.
 func Delete(pod *v1.Pod, condition *v1.PodCondition) Call {
 	c := fromPod(PodDeletion, pod)
 	if c.err != nil {

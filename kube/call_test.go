@@ -176,9 +176,10 @@ func TestMerge(t *testing.T) {
 		name              string
 		pending, incoming Call
 		skip              bool
+		replace           bool // a new operation (ReplacePending)
 		want              Call
 	}{
-		{name: "more relevant call overwrites", pending: patch(old, nil, sched), incoming: Bind(cur, "n1"), want: Bind(cur, "n1")},
+		{name: "more relevant call overwrites", pending: patch(old, nil, sched), incoming: Bind(cur, "n1"), replace: true, want: Bind(cur, "n1")},
 		{name: "less relevant call is skipped", pending: Bind(old, "n1"), incoming: patch(cur, nil, sched), skip: true},
 		{name: "same type merges", pending: patch(old, nil, sched), incoming: patch(cur, nil, ready),
 			want: func() Call { c := patch(cur, nil, ready, sched); return c }()},
@@ -190,8 +191,8 @@ func TestMerge(t *testing.T) {
 			want: patch(cur, ptr("n2"), sched)},
 		{name: "newer clearing of the nomination wins", pending: patch(old, ptr("n1")), incoming: patch(cur, ptr("")),
 			want: patch(cur, ptr(""))},
-		{name: "deletion overwrites a status patch", pending: patch(old, nil, sched), incoming: Delete(cur, nil), want: Delete(cur, nil)},
-		{name: "deletion overwrites a binding", pending: Bind(old, "n1"), incoming: Delete(cur, &disrupt), want: Delete(cur, &disrupt)},
+		{name: "deletion overwrites a status patch", pending: patch(old, nil, sched), incoming: Delete(cur, nil), replace: true, want: Delete(cur, nil)},
+		{name: "deletion overwrites a binding", pending: Bind(old, "n1"), incoming: Delete(cur, &disrupt), replace: true, want: Delete(cur, &disrupt)},
 		{name: "newer binding wins", pending: Bind(old, "n1"), incoming: Bind(cur, "n2"), want: Bind(cur, "n2")},
 		{name: "status patch onto a deletion is skipped", pending: Delete(old, nil), incoming: patch(cur, nil, sched), skip: true},
 		{name: "binding onto a deletion is skipped", pending: Delete(old, nil), incoming: Bind(cur, "n1"), skip: true},
@@ -207,7 +208,11 @@ func TestMerge(t *testing.T) {
 				assert.Equal(t, c.pending, got)
 				return
 			}
-			require.NoError(t, err)
+			if c.replace {
+				require.ErrorIs(t, err, dispatch.ReplacePending)
+			} else {
+				require.NoError(t, err)
+			}
 			assert.Equal(t, c.want, got)
 		})
 	}
@@ -231,9 +236,9 @@ func TestMerge(t *testing.T) {
 }
 
 // TestStatusPatchBody: the patch is a strategic-merge patch that takes the
-// baseline to the wanted status, with the baseline's resourceVersion as a
-// precondition unless Unconditional; applied to the pod it gives what
-// kube-scheduler would write.
+// baseline to the wanted status, with the pod's UID as a precondition, and
+// the baseline's resourceVersion too unless Unconditional; applied to the
+// pod it gives what kube-scheduler would write.
 func TestStatusPatchBody(t *testing.T) {
 	now := metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	then := metav1.NewTime(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -257,20 +262,20 @@ func TestStatusPatchBody(t *testing.T) {
 		require.NoError(t, json.Unmarshal(out, &got))
 		return got
 	}
-	precondition := func(t *testing.T, body []byte) string {
+	precondition := func(t *testing.T, body []byte) map[string]string {
 		t.Helper()
 		var m struct {
 			Metadata map[string]string `json:"metadata"`
 		}
 		require.NoError(t, json.Unmarshal(body, &m))
-		return m.Metadata["resourceVersion"]
+		return m.Metadata
 	}
 
 	t.Run("same status, new message: transition time kept", func(t *testing.T) {
 		c := PatchStatus(pod, StatusPatch{Conditions: []v1.PodCondition{unschedulable("new")}})
 		body, err := c.statusPatch(now)
 		require.NoError(t, err)
-		assert.Equal(t, "42", precondition(t, body))
+		assert.Equal(t, map[string]string{"uid": "uid-p", "resourceVersion": "42"}, precondition(t, body))
 		got := apply(t, body)
 		require.Len(t, got.Status.Conditions, 2)
 		assert.Equal(t, "new", got.Status.Conditions[0].Message)
@@ -305,14 +310,14 @@ func TestStatusPatchBody(t *testing.T) {
 		c := PatchStatus(pod, StatusPatch{NominatedNodeName: ptr(""), Unconditional: true})
 		body, err := c.statusPatch(now)
 		require.NoError(t, err)
-		assert.Empty(t, precondition(t, body))
+		assert.Equal(t, map[string]string{"uid": "uid-p"}, precondition(t, body), "the UID fence stays")
 		assert.Empty(t, apply(t, body).Status.NominatedNodeName)
 	})
-	t.Run("a pod without resourceVersion gets no precondition", func(t *testing.T) {
+	t.Run("a pod without resourceVersion is fenced by its UID only", func(t *testing.T) {
 		c := PatchStatus(newPod("q"), StatusPatch{NominatedNodeName: ptr("n2")})
 		body, err := c.statusPatch(now)
 		require.NoError(t, err)
-		assert.JSONEq(t, `{"status":{"nominatedNodeName":"n2"}}`, string(body))
+		assert.JSONEq(t, `{"metadata":{"uid":"uid-q"},"status":{"nominatedNodeName":"n2"}}`, string(body))
 	})
 	t.Run("nothing to change: no patch", func(t *testing.T) {
 		c := PatchStatus(pod, StatusPatch{NominatedNodeName: ptr("n1")})
@@ -320,11 +325,11 @@ func TestStatusPatchBody(t *testing.T) {
 		require.NoError(t, err)
 		assert.Nil(t, body)
 	})
-	t.Run("a deletion's condition carries no precondition", func(t *testing.T) {
+	t.Run("a deletion's condition is fenced by the UID only", func(t *testing.T) {
 		c := Delete(pod, &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler})
 		body, err := c.disruptionPatch(now)
 		require.NoError(t, err)
-		assert.Empty(t, precondition(t, body))
+		assert.Equal(t, map[string]string{"uid": "uid-p"}, precondition(t, body))
 		assert.Len(t, apply(t, body).Status.Conditions, 3)
 		plain := Delete(pod, nil)
 		none, err := plain.disruptionPatch(now)

@@ -42,16 +42,16 @@ func Classify(err error) dispatch.Class {
 		code := status.Status().Code
 		switch {
 		case code == http.StatusConflict || apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
-			return dispatch.Recompute
+			return dispatch.ClassRecompute
 		case code >= 500,
 			apierrors.IsTooManyRequests(err),
 			apierrors.IsServerTimeout(err),
 			apierrors.IsTimeout(err),
 			apierrors.IsServiceUnavailable(err),
 			apierrors.IsInternalError(err):
-			return dispatch.Retry
+			return dispatch.ClassRetry
 		}
-		return dispatch.Permanent
+		return dispatch.ClassPermanent
 	}
 	switch {
 	case utilnet.IsConnectionRefused(err),
@@ -59,7 +59,7 @@ func Classify(err error) dispatch.Class {
 		utilnet.IsProbableEOF(err),
 		utilnet.IsHTTP2ConnectionLost(err),
 		isStreamReset(err):
-		return dispatch.Retry
+		return dispatch.ClassRetry
 	}
 	return dispatch.DefaultClassifier(err)
 }

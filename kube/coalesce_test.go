@@ -39,8 +39,8 @@ func TestCoalescing(t *testing.T) {
 		return c != nil && c.Status == v1.ConditionFalse
 	}
 	const (
-		ok      = dispatch.Succeeded
-		skipped = dispatch.Skipped
+		ok      = dispatch.StateSucceeded
+		skipped = dispatch.StateSkipped
 	)
 	cases := []struct {
 		name     string
@@ -160,7 +160,7 @@ func TestCoalescing(t *testing.T) {
 			// and fails once the pod is read back on the first node.
 			name: "a binding to another node behind an in-flight one fails", inFlight: true,
 			calls: []func(*v1.Pod) Call{bind("n1"), bind("n2")},
-			want:  []dispatch.State{ok, dispatch.Failed}, requests: []string{"create/binding", "create/binding", "get/"},
+			want:  []dispatch.State{ok, dispatch.StateFailed}, requests: []string{"create/binding", "create/binding", "get/"},
 			check: func(t *testing.T, p *v1.Pod) { assert.Equal(t, "n1", p.Spec.NodeName) },
 		},
 		{
@@ -213,7 +213,7 @@ func TestCoalescing(t *testing.T) {
 				for i, tk := range tickets {
 					r, done := tk.Result()
 					if assert.Equal(t, contains(c.skippedAtOnce, i), done, "submission %d ended before anything ran", i) && done {
-						assert.Equal(t, dispatch.Skipped, r.State)
+						assert.Equal(t, dispatch.StateSkipped, r.State)
 						assert.Zero(t, r.Attempts)
 					}
 				}
@@ -270,7 +270,7 @@ func TestSkippedSubmissionDoesNotRaisePriority(t *testing.T) {
 		require.NoError(t, err)
 		sk, err := d.Submit(t.Context(), PatchStatus(api.pod("p"), StatusPatch{NominatedNodeName: ptr("n1")}), dispatch.SubmitOptions{Priority: 100})
 		require.NoError(t, err)
-		assert.Equal(t, dispatch.Skipped, outcome(t, sk).State)
+		assert.Equal(t, dispatch.StateSkipped, outcome(t, sk).State)
 		release()
 		outcome(t, bq)
 		outcome(t, bp)
@@ -282,6 +282,6 @@ func TestSkippedSubmissionDoesNotRaisePriority(t *testing.T) {
 		}
 		assert.Equal(t, []string{"q", "p"}, order, "p's binding kept its priority 1 < q's 10")
 		s := closeD(t, d)
-		assert.Equal(t, 1, int(s.Outcomes[dispatch.Skipped]))
+		assert.Equal(t, 1, int(s.Outcomes[dispatch.StateSkipped]))
 	})
 }

@@ -24,11 +24,16 @@ const (
 
 	// The default priorities: a binding first (a pod waits on it), then a
 	// deletion (a preemptor waits for its room), then status patches
-	// (reports nobody waits on).
-	DefaultBindingPriority     = 10
-	DefaultDeletionPriority    = 5
+	// (reports nobody waits on), each in a priority band of its own
+	// (dispatch's Config.AgingBand, 10 by default), so that aging never
+	// lifts a call past one of a more urgent type, however long it waits.
+	DefaultBindingPriority     = 20
+	DefaultDeletionPriority    = 10
 	DefaultStatusPatchPriority = 0
 )
+
+// minQPS is the slowest positive Options.QPS: one call a minute.
+const minQPS = 1.0 / 60
 
 // Options configures NewDispatcher. The zero value gives the defaults.
 type Options struct {
@@ -45,8 +50,12 @@ type Options struct {
 
 	// QPS is the API rate the dispatcher allows, taken per execution after
 	// calls are ordered by priority. 0 means DefaultQPS; a negative value
-	// means no limit. Ignored if Config.RateLimit is set. Give the
-	// clientset no limit of its own (see RESTConfig).
+	// means no limit. A positive value must allow at least one call a
+	// minute (1.0/60): a slower limiter would hold calls past any deadline a
+	// scheduler or controller sets, and one so slow that its interval
+	// overflows a time.Duration never grants at all. NaN and +Inf are
+	// refused too. Ignored if Config.RateLimit is set. Give the clientset no
+	// limit of its own (see RESTConfig).
 	QPS float64
 	// Burst is the rate limiter's burst. 0 means DefaultBurst.
 	Burst int
@@ -60,8 +69,9 @@ type Options struct {
 	// a storm of status patches never leaves a binding without a worker
 	// (kubernetes#135900), whether the limit is tokens, connections or the
 	// server's latency. 0 means a quarter of the workers, at least 1 (none
-	// with a single worker); a negative value keeps none. Ignored if
-	// Config.Reserve is set.
+	// with a single worker); a negative value keeps none; a positive value
+	// must be less than the workers (Config.Workers, or its default).
+	// Ignored if Config.Reserve is set.
 	ReservedWorkers int
 	// StatusPatchMaxInFlight, if positive, caps how many workers status
 	// patches may hold at once (their tenant's MaxInFlight). The
@@ -84,7 +94,13 @@ type Dispatcher struct {
 // configured by o: the classifier, merge and no-op rules, SyncObject,
 // labels, priorities, the workers kept for bindings and deletions, and the
 // QPS limit.
-// Bad options are reported here, naming the field.
+//
+// Bad options are reported here, each error naming the Options field the
+// user set: "kube: Options.QPS …" for a field of the preset's own, and
+// "kube: Options.Config: " followed by dispatch.New's error for a field of
+// Config. What the preset derives from its own fields (the rate limiter,
+// the reservation, the status-patch tenant) is checked before dispatch.New
+// sees it.
 func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) {
 	if client == nil {
 		return nil, errors.New("kube: NewDispatcher: client is nil")
@@ -97,7 +113,7 @@ func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) 
 	cfg.BeforeRetry = a.beforeRetry
 	d, err := dispatch.New(a.exec, cfg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kube: Options.Config: %w", err)
 	}
 	a.amend = d.Amend // before any call can run: workers start on the first submission
 	return &Dispatcher{Dispatcher: d, prio: prio}, nil
@@ -118,6 +134,8 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		return cfg, nil, optErr("Config.BeforeRetry", "is the preset's: leave it nil")
 	case math.IsNaN(o.QPS) || math.IsInf(o.QPS, 1):
 		return cfg, nil, optErr("QPS", fmt.Sprintf("%v is not a rate", o.QPS))
+	case o.QPS > 0 && o.QPS < minQPS:
+		return cfg, nil, optErr("QPS", fmt.Sprintf("%.3g is below one call a minute (%.3g)", o.QPS, minQPS))
 	case o.Burst < 0:
 		return cfg, nil, optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))
 	case o.StatusPatchMaxInFlight < 0:
@@ -133,6 +151,17 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 			return cfg, nil, optErr("Priorities", fmt.Sprintf("%q is not a CallType", t))
 		}
 		prio[t] = p
+	}
+	band := cfg.AgingBand
+	if band <= 0 {
+		band = dispatch.DefaultAgingBand
+	}
+	for _, u := range []CallType{PodBinding, PodDeletion} {
+		if p := prio[PodStatusPatch]; p < prio[u] && bandOf(p, band) == bandOf(prio[u], band) {
+			return cfg, nil, optErr("Priorities", fmt.Sprintf(
+				"puts status patches (%d) below %s (%d) in one priority band (of %d): aging would lift old patches past them",
+				p, u, prio[u], band))
+		}
 	}
 	cfg.Merge, cfg.NoOp, cfg.Label = merge, noOp, label
 	if cfg.Classify == nil {
@@ -152,12 +181,19 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 	if workers == 0 {
 		workers = dispatch.DefaultWorkers
 	}
-	if cfg.Reserve == (dispatch.Reservation{}) && o.ReservedWorkers >= 0 && workers > 1 {
+	if cfg.Reserve == (dispatch.Reservation{}) && workers > 0 {
 		kept := o.ReservedWorkers
-		if kept == 0 {
+		switch {
+		case kept >= workers:
+			return cfg, nil, optErr("ReservedWorkers", fmt.Sprintf("%d must be less than the workers (%d)", kept, workers))
+		case kept == 0 && workers > 1:
 			kept = max(1, workers/4)
 		}
-		cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: min(prio[PodBinding], prio[PodDeletion])}
+		if kept > 0 {
+			// The reservation starts the band of the less urgent of the two.
+			urgent := bandOf(min(prio[PodBinding], prio[PodDeletion]), band) * band
+			cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: urgent}
+		}
 	}
 	if _, named := cfg.Tenants[string(PodStatusPatch)]; !named && o.StatusPatchMaxInFlight > 0 {
 		tenants := maps.Clone(cfg.Tenants)
@@ -168,6 +204,15 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		cfg.Tenants = tenants
 	}
 	return cfg, prio, nil
+}
+
+// bandOf is p's priority band (floor division).
+func bandOf(p, band int) int {
+	b := p / band
+	if p%band < 0 {
+		b--
+	}
+	return b
 }
 
 func optErr(field, why string) error {
@@ -220,11 +265,14 @@ func (d *Dispatcher) Post(c Call, o dispatch.SubmitOptions) error {
 
 // SyncObject returns pod as it will look once its pending call lands —
 // with a pending status patch's fields or a deletion's condition set, or a
-// pending binding's node — and makes pod the pending call's new baseline:
-// the newest view of the pod, which the no-op test and the patch are
-// computed against and whose resourceVersion a status patch sends as its
-// precondition. If the call then has nothing left to change, it ends
-// Skipped for every waiter, at once. It is kube-scheduler's
+// pending binding's node if pod is unbound — and makes pod the pending
+// call's new baseline: the newest view of the pod, which the no-op test and
+// the patch are computed against and whose resourceVersion a status patch
+// sends as its precondition. If the call then has nothing left to change,
+// it ends Skipped for every waiter, at once. A pod bound to another node
+// than its pending binding's is returned as it is: a pod's node never
+// changes once set, so the server's truth wins over a binding that cannot
+// land (it ends Failed when it runs). It is kube-scheduler's
 // APIDispatcher.SyncObject, for an informer's update handler or the
 // scheduler's cache.
 //
@@ -259,9 +307,9 @@ func (d *Dispatcher) SyncObject(pod *v1.Pod) (*v1.Pod, error) {
 // machinery. Use it for Options.Config.Mode at start-up.
 func ModeOf(enabled bool) dispatch.Mode {
 	if enabled {
-		return dispatch.Async
+		return dispatch.ModeAsync
 	}
-	return dispatch.Sync
+	return dispatch.ModeSync
 }
 
 // SetEnabled flips the dispatcher with a feature gate at run time:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -18,7 +19,8 @@ import (
 )
 
 // TestOptionsErrors: bad options are reported by NewDispatcher, naming the
-// field, and nothing starts.
+// Options field the user set — never a core field the preset derived from
+// it — and nothing starts.
 func TestOptionsErrors(t *testing.T) {
 	api := newFakeAPI()
 	cases := []struct {
@@ -36,13 +38,25 @@ func TestOptionsErrors(t *testing.T) {
 		{"QPS +Inf", Options{QPS: math.Inf(1)}, "Options.QPS +Inf is not a rate"},
 		{"Burst negative", Options{Burst: -1}, "Options.Burst -1 must not be negative"},
 		{"unknown call type", Options{Priorities: map[CallType]int{"pod_eviction": 3}}, `Options.Priorities "pod_eviction" is not a CallType`},
-		{"core validation", Options{Config: dispatch.Config[types.UID, Call]{Workers: -2}}, "dispatch: Config.Workers: -2"},
+		{"QPS far below the minimum", Options{QPS: 1e-300}, "Options.QPS 1e-300 is below one call a minute"},
+		{"QPS just below the minimum", Options{QPS: 0.99 / 60}, "Options.QPS 0.0165 is below one call a minute"},
+		{"ReservedWorkers as many as the workers", Options{ReservedWorkers: dispatch.DefaultWorkers},
+			"Options.ReservedWorkers 16 must be less than the workers (16)"},
+		{"ReservedWorkers with one worker", Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}, ReservedWorkers: 1},
+			"Options.ReservedWorkers 1 must be less than the workers (1)"},
+		{"StatusPatchMaxInFlight negative", Options{StatusPatchMaxInFlight: -1}, "Options.StatusPatchMaxInFlight -1 must not be negative"},
+		{"core validation", Options{Config: dispatch.Config[types.UID, Call]{Workers: -2}}, "kube: Options.Config: dispatch: Config.Workers: -2"},
+		{"core validation of a field the preset also sets", Options{Config: dispatch.Config[types.UID, Call]{Reserve: dispatch.Reservation{Workers: 99}}},
+			"kube: Options.Config: dispatch: Config.Reserve.Workers: 99"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d, err := NewDispatcher(api.client(), c.o)
 			assert.Nil(t, d)
 			assert.ErrorContains(t, err, c.want)
+			if assert.Error(t, err) {
+				assert.True(t, strings.HasPrefix(err.Error(), "kube: Options."), "names an Options field: %v", err)
+			}
 		})
 	}
 	_, err := NewDispatcher(nil, Options{})
@@ -62,11 +76,11 @@ func TestPresetConfig(t *testing.T) {
 		assert.Empty(t, cfg.Tenants, "no status-patch cap unless asked for")
 		assert.Equal(t, dispatch.Reservation{Workers: dispatch.DefaultWorkers / 4, MinPriority: DefaultDeletionPriority}, cfg.Reserve,
 			"a quarter of the workers kept for deletions and bindings")
-		assert.Equal(t, map[CallType]int{PodBinding: 10, PodDeletion: 5, PodStatusPatch: 0}, prio)
+		assert.Equal(t, map[CallType]int{PodBinding: 20, PodDeletion: 10, PodStatusPatch: 0}, prio)
 		assert.NotNil(t, cfg.Merge)
 		assert.NotNil(t, cfg.NoOp)
 		assert.NotNil(t, cfg.Label)
-		assert.Equal(t, dispatch.Recompute, cfg.Classify(errConflict()), "Classify")
+		assert.Equal(t, dispatch.ClassRecompute, cfg.Classify(errConflict()), "Classify")
 	})
 	t.Run("the reservation follows the workers", func(t *testing.T) {
 		for workers, want := range map[int]int{1: 0, 3: 1, 8: 2, 64: 16} {
@@ -87,7 +101,7 @@ func TestPresetConfig(t *testing.T) {
 	t.Run("user settings are kept", func(t *testing.T) {
 		userLimit := rate.NewLimiter(7, 1)
 		userTenants := map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}}
-		classify := func(error) dispatch.Class { return dispatch.Retry }
+		classify := func(error) dispatch.Class { return dispatch.ClassRetry }
 		cfg, prio, err := Options{
 			Config:                 dispatch.Config[types.UID, Call]{RateLimit: userLimit, Tenants: userTenants, Classify: classify, Capacity: 17},
 			QPS:                    1000,
@@ -97,7 +111,7 @@ func TestPresetConfig(t *testing.T) {
 		require.NoError(t, err)
 		assert.Same(t, userLimit, cfg.RateLimit)
 		assert.Equal(t, 17, cfg.Capacity)
-		assert.Equal(t, dispatch.Retry, cfg.Classify(errConflict()))
+		assert.Equal(t, dispatch.ClassRetry, cfg.Classify(errConflict()))
 		assert.Equal(t, map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}, "pod_status_patch": {MaxInFlight: 3}}, cfg.Tenants)
 		assert.Len(t, userTenants, 1, "the user's map is not written")
 		assert.Equal(t, -1, prio[PodStatusPatch])
@@ -106,6 +120,11 @@ func TestPresetConfig(t *testing.T) {
 		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Tenants: map[string]dispatch.TenantConfig{"pod_status_patch": {MaxQueued: 9}}}}.config()
 		require.NoError(t, err)
 		assert.Equal(t, dispatch.TenantConfig{MaxQueued: 9}, cfg.Tenants["pod_status_patch"], "a tenant the user names is theirs")
+	})
+	t.Run("the slowest rate accepted", func(t *testing.T) {
+		cfg, _, err := Options{QPS: 1.0 / 60, Burst: 1}.config()
+		require.NoError(t, err)
+		assert.Equal(t, rate.Limit(1.0/60), cfg.RateLimit.(*rate.Limiter).Limit())
 	})
 	t.Run("no limit, no reservation", func(t *testing.T) {
 		cfg, _, err := Options{QPS: -1, ReservedWorkers: -1}.config()
@@ -139,7 +158,7 @@ func TestPriorities(t *testing.T) {
 		require.NoError(t, err)
 		release()
 		for _, tk := range append(tks, urgent) {
-			assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 		}
 		var order []string
 		for _, r := range api.requests() {
@@ -192,7 +211,7 @@ func TestPassThrough(t *testing.T) {
 		s := closeD(t, d)
 		assert.Len(t, done.got, 3)
 		for _, r := range done.got {
-			assert.Equal(t, dispatch.Succeeded, r.State)
+			assert.Equal(t, dispatch.StateSucceeded, r.State)
 			assert.Equal(t, r.Key, r.Call.UID())
 		}
 		assert.Equal(t, map[dispatch.Event]int{
@@ -210,8 +229,8 @@ func TestPassThrough(t *testing.T) {
 // TestFeatureGate: the gate's position maps to the mode, at start and at
 // run time; off, a submission runs inline in its caller.
 func TestFeatureGate(t *testing.T) {
-	assert.Equal(t, dispatch.Async, ModeOf(true))
-	assert.Equal(t, dispatch.Sync, ModeOf(false))
+	assert.Equal(t, dispatch.ModeAsync, ModeOf(true))
+	assert.Equal(t, dispatch.ModeSync, ModeOf(false))
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("a"), newPod("b"))
 		api.latency = time.Second
@@ -220,17 +239,17 @@ func TestFeatureGate(t *testing.T) {
 		tk := submit(t, d, Bind(api.pod("a"), "n1"))
 		r, done := tk.Result()
 		require.True(t, done, "gate off: Submit returned with the outcome")
-		assert.Equal(t, dispatch.Succeeded, r.State)
+		assert.Equal(t, dispatch.StateSucceeded, r.State)
 		assert.Equal(t, time.Second, time.Since(start))
 
 		require.NoError(t, d.SetEnabled(t.Context(), true))
-		assert.Equal(t, dispatch.Async, d.Mode())
+		assert.Equal(t, dispatch.ModeAsync, d.Mode())
 		tk = submit(t, d, Bind(api.pod("b"), "n1"))
 		_, done = tk.Result()
 		assert.False(t, done, "gate on: Submit returns at once")
-		assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 		require.NoError(t, d.SetEnabled(t.Context(), false))
-		assert.Equal(t, dispatch.Sync, d.Mode())
+		assert.Equal(t, dispatch.ModeSync, d.Mode())
 	})
 }
 
@@ -260,7 +279,7 @@ func TestKeyMismatch(t *testing.T) {
 	tk, err := d.Dispatcher.Submit(t.Context(), "other-uid", Bind(api.pod("a"), "n1"), dispatch.SubmitOptions{})
 	require.NoError(t, err)
 	r := outcome(t, tk)
-	assert.Equal(t, dispatch.Failed, r.State)
+	assert.Equal(t, dispatch.StateFailed, r.State)
 	assert.ErrorIs(t, r.Err, ErrInvalidCall)
 	assert.ErrorContains(t, r.Err, `under key "other-uid"`)
 	assert.Empty(t, api.requests())

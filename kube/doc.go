@@ -24,6 +24,12 @@
 //   - Delete deletes the pod (a preemption victim), first patching a
 //     DisruptionTarget condition onto it if given one.
 //
+// Every write is fenced by the pod's UID — the binding's and the
+// deletion's UID precondition, a status patch's metadata.uid — so a call
+// never writes to a newer pod that took its pod's name: a status patch or
+// binding whose pod was replaced ends Failed, and a deletion whose pod is
+// gone, deleted or replaced, has met its goal and ends Succeeded.
+//
 // Calls are keyed by pod UID: one lane per pod, so every write to a pod
 // happens in order, at most one at a time. While a call waits, later calls
 // for the same pod coalesce into it by relevance, as in kube-scheduler:
@@ -43,7 +49,9 @@
 // pod back and rebuilds the patch, dropping a PodScheduled=False or a
 // nomination once the pod is bound. Dispatcher.SyncObject refreshes a pending
 // call's baseline from your informer and tells you how the pod will look
-// once the call lands.
+// once the call lands; where the informer already shows what the server
+// decided — the pod bound to another node than a pending binding's — the
+// server's truth wins over a call that cannot land.
 //
 // # Errors and retries
 //
@@ -52,17 +60,21 @@
 // resolved by reading the pod back before anything is sent again (a binding
 // whose earlier attempt landed ends Succeeded without binding twice; one the
 // pod is bound elsewhere for ends Failed); auth, validation and NotFound
-// errors fail at once, except that a deletion whose pod is gone has
-// succeeded. Retries wait in the dispatcher's queue, never in a worker: with
-// a clientset built from a rest.Config, the adapter turns client-go's own
-// retry loop off for its requests, so that the server's delay comes back to
-// the dispatcher instead of being slept out inside the worker.
+// errors fail at once, except that a deletion whose pod is gone (NotFound,
+// or the server's refusal of its UID preconditions) has succeeded. Retries
+// wait in the dispatcher's queue, never in a worker: with a clientset built
+// from a rest.Config, the adapter turns client-go's own retry loop off for
+// its requests, so that the server's delay comes back to the dispatcher
+// instead of being slept out inside the worker.
 //
 // # The preset
 //
 // NewDispatcher wires all of this into a dispatch.Dispatcher, with defaults
 // for a scheduler: bindings run before deletions before status patches
-// (priorities 10, 5, 0); each call type is its own tenant; a quarter of the
+// (priorities 20, 10, 0, each in a priority band of its own, so that aging
+// never lifts an old status patch past a binding or a deletion: a binding
+// waits for one token, however long the storm); each call type is its own
+// tenant; a quarter of the
 // workers is kept for bindings and deletions, so a storm of status patches
 // never leaves a binding without a worker (kubernetes#135900); and the API
 // rate (50 qps, burst 100: kube-scheduler's client defaults) is limited by

@@ -78,19 +78,25 @@ func (a *calls) successor(uid types.UID, f func(Call) (Call, error)) {
 }
 
 // patch sends the status patch c, and returns the pod as the server
-// answered, or nil if there was nothing to send.
+// answered, or nil if there was nothing to send. A patch refused because
+// the name holds a newer pod (see replaced) fails for good, saying so.
 func (a *calls) patch(ctx context.Context, c *Call) (*v1.Pod, error) {
 	body, err := c.statusPatch(metav1.Now())
 	if err != nil || body == nil {
 		return nil, err
 	}
-	return a.pods.patchStatus(ctx, c.namespace, c.name, body)
+	pod, err := a.pods.patchStatus(ctx, c.namespace, c.name, body)
+	if replaced(err) {
+		return nil, fmt.Errorf("kube: %s: the pod was replaced (UID %s is gone): %w", c, c.uid, err)
+	}
+	return pod, err
 }
 
 // delete patches the deletion's condition, if any, then deletes the pod
 // with its UID as a precondition. A pod that is gone — NotFound, or a
-// conflict on the UID precondition (the name now holds a newer pod) — is
-// deleted as far as this call is concerned.
+// refusal of the UID precondition of either request (the name now holds a
+// newer pod) — is deleted as far as this call is concerned: the call has
+// met its goal, and the newer pod is left alone.
 func (a *calls) delete(ctx context.Context, c *Call) error {
 	body, err := c.disruptionPatch(metav1.Now())
 	if err != nil {
@@ -98,7 +104,7 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 	}
 	if body != nil {
 		if _, err := a.pods.patchStatus(ctx, c.namespace, c.name, body); err != nil {
-			if apierrors.IsNotFound(err) {
+			if apierrors.IsNotFound(err) || replaced(err) {
 				return nil
 			}
 			return err
@@ -149,7 +155,7 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
 	case err != nil:
-		if Classify(err) == dispatch.Retry {
+		if Classify(err) == dispatch.ClassRetry {
 			return c, false, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)

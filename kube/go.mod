@@ -2,10 +2,8 @@ module github.com/coalescer/dispatch/kube
 
 go 1.26.0
 
-replace github.com/coalescer/dispatch => ../
-
 require (
-	github.com/coalescer/dispatch v0.0.0-00010101000000-000000000000
+	github.com/coalescer/dispatch v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/net v0.57.0

@@ -11,7 +11,9 @@ import (
 
 // merge is the Config.Merge of kube calls: how a submission coalesces into
 // the pod's pending call. Relevance decides between types, as in
-// kube-scheduler: a more relevant incoming call replaces the pending one; a
+// kube-scheduler: a more relevant incoming call replaces the pending one,
+// as a new operation (ReplacePending: no attempts, backoff or last error
+// carried over); a
 // less relevant one is moot (SkipIncoming: it ends Skipped at once, without
 // waiting for the pending call). Within a type, status patches combine —
 // what the newer one sets wins, what it leaves out is kept — and bindings
@@ -31,7 +33,10 @@ func merge(pending, incoming Call) (Call, error) {
 	case ri < rp:
 		return pending, dispatch.SkipIncoming
 	case ri > rp:
-		return incoming, nil
+		// Another operation: it starts fresh, in its own tenant and
+		// under its own label, whatever the call it replaces had been
+		// through.
+		return incoming, dispatch.ReplacePending
 	}
 	switch incoming.typ {
 	case PodStatusPatch:
@@ -88,9 +93,11 @@ func label(_ types.UID, c Call) string {
 }
 
 // project returns pod as it will look once c lands: with a status patch's
-// fields or a deletion's condition set, or a binding's node. It returns
-// pod itself if c changes nothing in it, and a changed copy otherwise;
-// pod is never written.
+// fields or a deletion's condition set, or, if pod is unbound, a binding's
+// node. A pod bound elsewhere stays where it is: a pod's node never
+// changes once set, so the binding cannot land (it will end Failed), and
+// the server's truth wins. It returns pod itself if c changes nothing in
+// it, and a changed copy otherwise; pod is never written.
 func (c *Call) project(pod *v1.Pod) *v1.Pod {
 	now := metav1.Now()
 	switch c.typ {
@@ -105,7 +112,7 @@ func (c *Call) project(pod *v1.Pod) *v1.Pod {
 			return out
 		}
 	case PodBinding:
-		if pod.Spec.NodeName != c.node {
+		if pod.Spec.NodeName == "" {
 			out := pod.DeepCopy()
 			out.Spec.NodeName = c.node
 			return out

@@ -9,8 +9,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // podStore keeps pods with the semantics of kube-apiserver that the calls
@@ -55,7 +57,8 @@ func (s *podStore) patchStatus(name string, patch []byte) (*v1.Pod, error) {
 	}
 	var pre struct {
 		Metadata struct {
-			ResourceVersion string `json:"resourceVersion"`
+			UID             types.UID `json:"uid"`
+			ResourceVersion string    `json:"resourceVersion"`
 		} `json:"metadata"`
 	}
 	if err := json.Unmarshal(patch, &pre); err != nil {
@@ -63,6 +66,11 @@ func (s *podStore) patchStatus(name string, patch []byte) (*v1.Pod, error) {
 	}
 	if rv := pre.Metadata.ResourceVersion; rv != "" && rv != p.ResourceVersion {
 		return nil, apierrors.NewConflict(podsResource, name, errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+	}
+	if uid := pre.Metadata.UID; uid != "" && uid != p.UID {
+		return nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, name, field.ErrorList{
+			field.Invalid(field.NewPath("metadata", "uid"), uid, "field is immutable"),
+		})
 	}
 	cur, err := json.Marshal(p)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"strconv"
 	"sync"
 	"testing"
@@ -214,30 +215,31 @@ func TestRESTErrors(t *testing.T) {
 		delay   time.Duration
 		check   func(error) bool
 	}{
-		{"429 text with Retry-After (max-in-flight)", text(429, 3), patch, dispatch.Retry, 3 * time.Second, apierrors.IsTooManyRequests},
-		{"429 Status with retryAfterSeconds (APF)", status(apierrors.NewTooManyRequests("throttled", 2)), patch, dispatch.Retry, 2 * time.Second, apierrors.IsTooManyRequests},
-		{"500 Status", status(apierrors.NewInternalError(errors.New("etcd"))), patch, dispatch.Retry, 0, apierrors.IsInternalError},
-		{"503 text with Retry-After", text(503, 1), bind, dispatch.Retry, time.Second, apierrors.IsServiceUnavailable},
-		{"504 Status ServerTimeout", status(apierrors.NewServerTimeout(podsResource, "patch", 1)), patch, dispatch.Retry, time.Second, apierrors.IsServerTimeout},
-		{"502 text", text(502, 0), patch, dispatch.Retry, 0, apierrors.IsInternalError},
-		{"409 Status Conflict", status(apierrors.NewConflict(podsResource, "p", errors.New("modified"))), patch, dispatch.Recompute, 0, apierrors.IsConflict},
-		{"409 Status already assigned", status(apierrors.NewConflict(podsResource, "p", errors.New("already assigned"))), bind, dispatch.Recompute, 0, apierrors.IsConflict},
-		{"409 text to a POST", text(409, 0), bind, dispatch.Recompute, 0, apierrors.IsAlreadyExists},
-		{"404 Status", status(apierrors.NewNotFound(podsResource, "p")), patch, dispatch.Permanent, 0, apierrors.IsNotFound},
-		{"401 Status", status(apierrors.NewUnauthorized("no")), patch, dispatch.Permanent, 0, apierrors.IsUnauthorized},
-		{"403 Status", status(apierrors.NewForbidden(podsResource, "p", errors.New("rbac"))), bind, dispatch.Permanent, 0, apierrors.IsForbidden},
-		{"422 text", text(422, 0), patch, dispatch.Permanent, 0, apierrors.IsInvalid},
-		{"400 Status", status(apierrors.NewBadRequest("bad")), patch, dispatch.Permanent, 0, apierrors.IsBadRequest},
-		{"405 text", text(405, 0), patch, dispatch.Permanent, 0, apierrors.IsMethodNotSupported},
-		{"413 Status", status(apierrors.NewRequestEntityTooLargeError("big")), patch, dispatch.Permanent, 0, apierrors.IsRequestEntityTooLargeError},
-		{"410 Status", status(apierrors.NewGone("gone")), patch, dispatch.Permanent, 0, apierrors.IsGone},
+		{"429 text with Retry-After (max-in-flight)", text(429, 3), patch, dispatch.ClassRetry, 3 * time.Second, apierrors.IsTooManyRequests},
+		{"429 Status with retryAfterSeconds (APF)", status(apierrors.NewTooManyRequests("throttled", 2)), patch, dispatch.ClassRetry, 2 * time.Second, apierrors.IsTooManyRequests},
+		{"500 Status", status(apierrors.NewInternalError(errors.New("etcd"))), patch, dispatch.ClassRetry, 0, apierrors.IsInternalError},
+		{"503 text with Retry-After", text(503, 1), bind, dispatch.ClassRetry, time.Second, apierrors.IsServiceUnavailable},
+		{"504 Status ServerTimeout", status(apierrors.NewServerTimeout(podsResource, "patch", 1)), patch, dispatch.ClassRetry, time.Second, apierrors.IsServerTimeout},
+		{"502 text", text(502, 0), patch, dispatch.ClassRetry, 0, apierrors.IsInternalError},
+		{"409 Status Conflict", status(apierrors.NewConflict(podsResource, "p", errors.New("modified"))), patch, dispatch.ClassRecompute, 0, apierrors.IsConflict},
+		{"409 Status already assigned", status(apierrors.NewConflict(podsResource, "p", errors.New("already assigned"))), bind, dispatch.ClassRecompute, 0, apierrors.IsConflict},
+		{"409 text to a POST", text(409, 0), bind, dispatch.ClassRecompute, 0, apierrors.IsAlreadyExists},
+		{"404 Status", status(apierrors.NewNotFound(podsResource, "p")), patch, dispatch.ClassPermanent, 0, apierrors.IsNotFound},
+		{"401 Status", status(apierrors.NewUnauthorized("no")), patch, dispatch.ClassPermanent, 0, apierrors.IsUnauthorized},
+		{"403 Status", status(apierrors.NewForbidden(podsResource, "p", errors.New("rbac"))), bind, dispatch.ClassPermanent, 0, apierrors.IsForbidden},
+		{"422 text", text(422, 0), patch, dispatch.ClassPermanent, 0, apierrors.IsInvalid},
+		{"400 Status", status(apierrors.NewBadRequest("bad")), patch, dispatch.ClassPermanent, 0, apierrors.IsBadRequest},
+		{"405 text", text(405, 0), patch, dispatch.ClassPermanent, 0, apierrors.IsMethodNotSupported},
+		{"413 Status", status(apierrors.NewRequestEntityTooLargeError("big")), patch, dispatch.ClassPermanent, 0, apierrors.IsRequestEntityTooLargeError},
+		//lint:ignore SA1019 a 410 Gone from the server must still be classified
+		{"410 Status", status(apierrors.NewGone("gone")), patch, dispatch.ClassPermanent, 0, apierrors.IsGone},
 		{"connection dropped mid-request", func(w http.ResponseWriter, r *http.Request, n int) bool {
 			conn, _, err := w.(http.Hijacker).Hijack()
 			if err == nil {
 				_ = conn.Close()
 			}
 			return true
-		}, bind, dispatch.Retry, 0, func(error) bool { return true }},
+		}, bind, dispatch.ClassRetry, 0, func(error) bool { return true }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -265,7 +267,7 @@ func TestRESTErrors(t *testing.T) {
 		require.NoError(t, err)
 		_, err = podsFor(cs).get(t.Context(), ns, "p")
 		require.Error(t, err)
-		assert.Equal(t, dispatch.Retry, Classify(err), "%v", err)
+		assert.Equal(t, dispatch.ClassRetry, Classify(err), "%v", err)
 	})
 	t.Run("client timeout", func(t *testing.T) {
 		s.setRespond(func(w http.ResponseWriter, r *http.Request, n int) bool {
@@ -281,15 +283,16 @@ func TestRESTErrors(t *testing.T) {
 		require.NoError(t, err)
 		_, err = podsFor(cs).get(t.Context(), ns, "p")
 		require.Error(t, err)
-		assert.Equal(t, dispatch.Retry, Classify(err), "%v", err)
+		assert.Equal(t, dispatch.ClassRetry, Classify(err), "%v", err)
 	})
 }
 
 // TestRESTCalls: each call, through the real REST client, makes the
 // request kube-apiserver expects — the binding with the pod's UID, the
-// status patch with its resourceVersion precondition, the deletion with
-// its UID precondition — and the 409 of a binding that had landed is
-// resolved by reading the pod back.
+// status patch with its UID and resourceVersion preconditions, the
+// deletion with its UID precondition — and the 409 of a binding that had
+// landed is resolved by reading the pod back; the 422 of a condition patch
+// whose pod was replaced ends the deletion, with nothing written.
 func TestRESTCalls(t *testing.T) {
 	s := newAPIServer(t, newPod("a"), newPod("b"), newPod("c"))
 	d, err := NewDispatcher(s.client(t), Options{})
@@ -304,7 +307,7 @@ func TestRESTCalls(t *testing.T) {
 
 	// Status patch with precondition.
 	r := outcome(t, submit(t, d, PatchStatus(get("a"), StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/1 nodes")}})))
-	require.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+	require.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 	assert.Equal(t, "0/1 nodes", findCondition(&get("a").Status, v1.PodScheduled).Message)
 
 	// Binding whose first response is lost: the server binds, then drops
@@ -323,17 +326,18 @@ func TestRESTCalls(t *testing.T) {
 		return true
 	})
 	r = outcome(t, submit(t, d, Bind(get("b"), "n1")))
-	require.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+	require.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 	assert.Equal(t, 1, r.Attempts)
 	assert.Equal(t, uint64(1), d.Stats().AlreadyDone)
 	s.setRespond(nil)
 
 	// Binding refused: the pod is on another node.
 	r = outcome(t, submit(t, d, Bind(get("b"), "n2")))
-	assert.Equal(t, dispatch.Failed, r.State)
+	assert.Equal(t, dispatch.StateFailed, r.State)
 	assert.ErrorContains(t, r.Err, "bound to node n1")
 
-	// Deletion of a pod that was replaced: the newer pod stays.
+	// Deletion of a pod that was replaced: the newer pod stays, without
+	// the condition.
 	victim := get("c")
 	s.mu.Lock()
 	newer := victim.DeepCopy()
@@ -341,8 +345,12 @@ func TestRESTCalls(t *testing.T) {
 	s.store.add(newer)
 	s.mu.Unlock()
 	r = outcome(t, submit(t, d, Delete(victim, &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue})))
-	assert.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+	assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 	require.NotNil(t, get("c"))
+	assert.Nil(t, findCondition(&get("c").Status, v1.DisruptionTarget))
+	r = outcome(t, submit(t, d, Delete(get("c"), nil)))
+	assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
+	assert.Nil(t, get("c"))
 
 	var methods []string
 	for _, q := range s.requests() {
@@ -352,10 +360,11 @@ func TestRESTCalls(t *testing.T) {
 			if q.Path == "/api/v1/namespaces/default/pods/a/status" {
 				assert.Contains(t, q.Body, `"resourceVersion":"1"`)
 			}
+			assert.Contains(t, q.Body, `"uid":"uid-`+path.Base(path.Dir(q.Path))+`"`, "fenced by the UID of the call's pod")
 		case http.MethodPost:
 			assert.Contains(t, q.Body, `"uid":"uid-b"`)
 		case http.MethodDelete:
-			assert.Contains(t, q.Body, `"preconditions":{"uid":"uid-c"}`)
+			assert.Contains(t, q.Body, `"preconditions":{"uid":"uid-newer"}`)
 		}
 	}
 	assert.Equal(t, []string{
@@ -399,7 +408,7 @@ func TestRESTRetryAfter(t *testing.T) {
 			require.NoError(t, err)
 			defer closeD(t, d)
 			r := outcome(t, submit(t, d, PatchStatus(newPod("p"), StatusPatch{NominatedNodeName: ptr("n1")})))
-			require.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+			require.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 			reqs := s.requests()
 			require.Len(t, reqs, 2)
 			assert.GreaterOrEqual(t, reqs[1].At.Sub(reqs[0].At), time.Second, "not before the server's Retry-After")
@@ -447,7 +456,7 @@ func TestRESTThrottling(t *testing.T) {
 		tks = append(tks, submit(t, d, Bind(p, "n1")))
 	}
 	for _, tk := range tks {
-		require.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+		require.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 	}
 	reqs := s.requests()
 	require.Len(t, reqs, n)

@@ -87,29 +87,29 @@ func TestErrorPaths(t *testing.T) {
 	}{
 		// Retry.
 		{name: "patch: 500 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewInternalError(errors.New("etcd")), false),
-			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
+			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
 		{name: "patch: 503 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewServiceUnavailable("down"), false),
-			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
+			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
 		{name: "patch: 504 is retried", call: patch, fault: failFirst("patch/status", apierrors.NewTimeoutError("slow", 0), false),
-			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
+			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"patch/status", "patch/status"}},
 		{
 			// The patch landed but its response was lost: the resend carries
 			// the old resourceVersion, is refused, and the pod read back
 			// shows there is nothing left to do.
 			name: "patch: a lost response ends Skipped on the resend", call: patch, fault: failFirst("patch/status", connReset(), true),
-			state: dispatch.Skipped, attempts: 2, requests: []string{"patch/status", "patch/status", "get/"},
+			state: dispatch.StateSkipped, attempts: 2, requests: []string{"patch/status", "patch/status", "get/"},
 			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
 				assert.Equal(t, "0/3 nodes", findCondition(&api.pod("p").Status, v1.PodScheduled).Message)
 			},
 		},
 		{name: "patch: every attempt fails", call: patch, fault: func(r request) (bool, error) { return false, apierrors.NewServiceUnavailable("down") },
-			state: dispatch.Failed, attempts: 3, reason: dispatch.GiveUpAttempts, requests: []string{"patch/status", "patch/status", "patch/status"}},
+			state: dispatch.StateFailed, attempts: 3, reason: dispatch.GiveUpAttempts, requests: []string{"patch/status", "patch/status", "patch/status"}},
 
 		// Recompute.
 		{
 			name: "patch: a conflict is rebuilt from the pod read back", call: patch,
 			fault: failFirst("patch/status", apierrors.NewConflict(gr, "p", errors.New("modified")), false),
-			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "get/", "patch/status"},
+			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"patch/status", "get/", "patch/status"},
 		},
 		{
 			name: "patch: a conflict on a pod that is gone", call: patch,
@@ -122,7 +122,7 @@ func TestErrorPaths(t *testing.T) {
 				}
 				return true, nil
 			},
-			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"patch/status", "get/"},
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"patch/status", "get/"},
 			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
 				assert.True(t, apierrors.IsNotFound(r.Err))
 			},
@@ -130,7 +130,7 @@ func TestErrorPaths(t *testing.T) {
 		{
 			name: "bind: a lost response is found bound and ends Succeeded without binding again", call: bind,
 			fault: failFirst("create/binding", connReset(), true),
-			state: dispatch.Succeeded, attempts: 1, requests: []string{"create/binding", "get/"},
+			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"create/binding", "get/"},
 		},
 		{
 			// The read after the lost response fails too, so the binding is
@@ -146,13 +146,13 @@ func TestErrorPaths(t *testing.T) {
 				}
 				return true, nil
 			},
-			state: dispatch.Succeeded, attempts: 2, requests: []string{"create/binding", "get/", "create/binding", "get/"},
+			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"create/binding", "get/", "create/binding", "get/"},
 			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) { assert.NoError(t, r.Err) },
 		},
 		{
 			name: "bind: already assigned to another node ends Failed", call: bind,
 			after: func(api *fakeAPI) { api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "n2" }) },
-			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"create/binding", "get/"},
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"create/binding", "get/"},
 			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
 				assert.True(t, apierrors.IsConflict(r.Err), "the server's answer is kept in the chain")
 				assert.ErrorContains(t, r.Err, "bound to node n2")
@@ -161,42 +161,67 @@ func TestErrorPaths(t *testing.T) {
 
 		// Permanent.
 		{name: "patch: NotFound, the pod is gone", call: patch, noPod: true,
-			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
 		{name: "bind: NotFound, the pod is gone", call: bind, noPod: true,
-			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
 		{name: "patch: Forbidden", call: patch, fault: failFirst("patch/status", apierrors.NewForbidden(gr, "p", errors.New("rbac")), false),
-			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
 		{name: "bind: Invalid", call: bind, fault: failFirst("create/binding", apierrors.NewBadRequest("no such node"), false),
-			state: dispatch.Failed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
 
 		// Deletion: gone is done.
 		{name: "delete: NotFound is success", call: del, noPod: true,
-			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/"}},
+			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"delete/"}},
 		{name: "preempt: NotFound on the condition patch is success, and nothing is deleted", call: preempt, noPod: true,
-			state: dispatch.Succeeded, attempts: 1, requests: []string{"patch/status"}},
+			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"patch/status"}},
 		{
 			name: "delete: a pod replaced under the same name is not deleted", call: del,
-			after: func(api *fakeAPI) {
-				newer := newPod("p")
-				newer.UID = "uid-newer"
-				api.add(newer)
-			},
-			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/"},
+			after: replacePod,
+			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"delete/"},
 			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
 				require.NotNil(t, api.pod("p"), "the newer pod stays")
 				assert.Equal(t, types.UID("uid-newer"), api.pod("p").UID)
 			},
 		},
 		{
+			// The victim was replaced before its call ran: the condition
+			// patch, fenced by the victim's UID, is refused (422) and the
+			// call has met its goal — the victim is gone. The newer pod is
+			// neither marked for disruption nor deleted.
+			name: "preempt: a pod replaced under the same name is neither patched nor deleted", call: preempt,
+			after: replacePod,
+			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"patch/status"},
+			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) {
+				newer := api.pod("p")
+				require.NotNil(t, newer, "the newer pod stays")
+				assert.Equal(t, types.UID("uid-newer"), newer.UID)
+				assert.Nil(t, findCondition(&newer.Status, v1.DisruptionTarget), "the condition landed on the newer pod")
+			},
+		},
+		{
+			// An unconditional status patch carries no resourceVersion, but
+			// still the pod's UID: it never lands on a newer pod.
+			name: "patch: unconditional, a pod replaced under the same name is not patched", call: func(p *v1.Pod) Call {
+				return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}, Unconditional: true})
+			},
+			after: replacePod,
+			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"},
+			check: func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call]) {
+				assert.ErrorContains(t, r.Err, "the pod was replaced")
+				assert.True(t, apierrors.IsInvalid(r.Err), "the server's answer is kept in the chain")
+				assert.Nil(t, findCondition(&api.pod("p").Status, v1.PodScheduled), "the patch landed on the newer pod")
+			},
+		},
+		{
 			name: "preempt: a failed deletion is retried without patching the condition twice", call: preempt,
 			fault: failFirst("delete/", apierrors.NewServiceUnavailable("down"), false),
-			state: dispatch.Succeeded, attempts: 2, requests: []string{"patch/status", "delete/", "get/", "delete/"},
+			state: dispatch.StateSucceeded, attempts: 2, requests: []string{"patch/status", "delete/", "get/", "delete/"},
 			check: func(t *testing.T, api *fakeAPI, _ dispatch.Result[types.UID, Call]) { assert.Nil(t, api.pod("p")) },
 		},
 		{
 			name: "delete: lost response, the pod read back is gone", call: del,
 			fault: failFirst("delete/", connReset(), true),
-			state: dispatch.Succeeded, attempts: 1, requests: []string{"delete/", "get/"},
+			state: dispatch.StateSucceeded, attempts: 1, requests: []string{"delete/", "get/"},
 		},
 	}
 	for _, c := range cases {
@@ -216,7 +241,7 @@ func TestErrorPaths(t *testing.T) {
 				r := outcome(t, submit(t, d, call))
 				assert.Equal(t, c.state, r.State, "%v", r.Err)
 				assert.Equal(t, c.attempts, r.Attempts)
-				if c.state == dispatch.Failed {
+				if c.state == dispatch.StateFailed {
 					var re *dispatch.RetryError
 					if assert.ErrorAs(t, r.Err, &re) {
 						assert.Equal(t, c.reason, re.Reason)
@@ -236,6 +261,14 @@ func TestErrorPaths(t *testing.T) {
 	}
 }
 
+// replacePod deletes pod p on the server and creates a newer pod under its
+// name, with UID uid-newer.
+func replacePod(api *fakeAPI) {
+	newer := newPod("p")
+	newer.UID = "uid-newer"
+	api.add(newer)
+}
+
 // TestRetryAfterReachesTheBackoff: a 429 with Retry-After: 2 makes the
 // dispatcher wait exactly 2s before the next attempt — the server's delay,
 // not the default backoff — and the wait holds no worker: another pod's
@@ -251,10 +284,10 @@ func TestRetryAfterReachesTheBackoff(t *testing.T) {
 		synctest.Wait()
 		tq := submit(t, d, Bind(api.pod("q"), "n1"))
 		rq := outcome(t, tq)
-		assert.Equal(t, dispatch.Succeeded, rq.State)
+		assert.Equal(t, dispatch.StateSucceeded, rq.State)
 		assert.Equal(t, start, time.Now(), "the binding ran at once: the patch's wait held no worker")
 		rp := outcome(t, tp)
-		assert.Equal(t, dispatch.Succeeded, rp.State)
+		assert.Equal(t, dispatch.StateSucceeded, rp.State)
 		assert.Equal(t, 2, rp.Attempts)
 		reqs := api.requests()
 		require.Len(t, reqs, 3)

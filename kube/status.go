@@ -2,10 +2,14 @@ package kube
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 )
 
@@ -74,8 +78,9 @@ func applyConditions(base *v1.PodStatus, conds []v1.PodCondition, now metav1.Tim
 }
 
 // statusPatchBody returns the strategic-merge patch that takes base to
-// status, with rv as a resourceVersion precondition if it is not empty.
-func statusPatchBody(base, status *v1.PodStatus, rv string) ([]byte, error) {
+// status, fenced by the pod's UID and, if rv is not empty, by its
+// resourceVersion.
+func statusPatchBody(base, status *v1.PodStatus, uid types.UID, rv string) ([]byte, error) {
 	oldJSON, err := json.Marshal(v1.Pod{Status: *base})
 	if err != nil {
 		return nil, err
@@ -88,12 +93,15 @@ func statusPatchBody(base, status *v1.PodStatus, rv string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: computing the status patch: %w", err)
 	}
-	if rv == "" || len(patch) < 2 || patch[0] != '{' {
+	if len(patch) < 2 || patch[0] != '{' {
 		return patch, nil
 	}
-	// A resourceVersion in a patch is a precondition: the server refuses
-	// the patch with a conflict if the pod has changed since.
-	meta, err := json.Marshal(map[string]map[string]string{"metadata": {"resourceVersion": rv}})
+	// metadata in a patch is a precondition. A resourceVersion: the server
+	// refuses the patch with a conflict if the pod has changed since. A
+	// UID: kube-apiserver refuses it as a change to an immutable field
+	// (422, cause metadata.uid; see replaced) if the name now holds
+	// another pod, which a patch by name would otherwise write to.
+	meta, err := json.Marshal(map[string]patchMeta{"metadata": {UID: uid, ResourceVersion: rv}})
 	if err != nil {
 		return nil, err
 	}
@@ -104,6 +112,25 @@ func statusPatchBody(base, status *v1.PodStatus, rv string) ([]byte, error) {
 	out = append(out, meta[:len(meta)-1]...) // without its closing brace
 	out = append(out, ',')
 	return append(out, patch[1:]...), nil
+}
+
+// patchMeta is the metadata a status patch sends as its preconditions.
+type patchMeta struct {
+	UID             types.UID `json:"uid,omitempty"`
+	ResourceVersion string    `json:"resourceVersion,omitempty"`
+}
+
+// replaced reports whether err is kube-apiserver's refusal of a status
+// patch whose metadata.uid is not the pod's: the pod the call was built
+// for is gone and its name holds a newer pod.
+func replaced(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	return slices.ContainsFunc(status.Status().Details.Causes, func(c metav1.StatusCause) bool {
+		return c.Field == "metadata.uid"
+	})
 }
 
 // statusPatch returns the body of the status patch c, or nil if it would
@@ -120,12 +147,13 @@ func (c *Call) statusPatch(now metav1.Time) ([]byte, error) {
 	if c.unconditional {
 		rv = ""
 	}
-	return statusPatchBody(c.base, status, rv)
+	return statusPatchBody(c.base, status, c.uid, rv)
 }
 
 // disruptionPatch returns the body of a deletion's condition patch, or nil
-// if there is none to send. It carries no precondition: the condition is
-// true whatever else changed, and the deletion is fenced by UID.
+// if there is none to send. It is fenced by the pod's UID only: the
+// condition is true of the victim whatever else changed, and of no newer
+// pod of its name.
 func (c *Call) disruptionPatch(now metav1.Time) ([]byte, error) {
 	if c.disruption == nil {
 		return nil, nil
@@ -134,5 +162,5 @@ func (c *Call) disruptionPatch(now metav1.Time) ([]byte, error) {
 	if !changed {
 		return nil, nil
 	}
-	return statusPatchBody(c.base, status, "")
+	return statusPatchBody(c.base, status, c.uid, "")
 }

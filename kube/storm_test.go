@@ -92,13 +92,13 @@ func runStorm(t *testing.T, o Options, so dispatch.SubmitOptions) stormResult {
 		}
 		for _, tk := range tickets {
 			r := outcome(t, tk)
-			require.Equal(t, dispatch.Succeeded, r.State, "%v", r.Err)
+			require.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
 		}
 		res.lastBindDone = time.Now()
 		res.stats = closeD(t, d) // drains every patch
 		assert.Equal(t, patches, api.count("patch/status"), "every patch written once")
 		assert.Equal(t, binds, api.count("create/binding"))
-		assert.Equal(t, uint64(patches), res.stats.Calls[dispatch.Succeeded]-binds)
+		assert.Equal(t, uint64(patches), res.stats.Calls[dispatch.StateSucceeded]-binds)
 		for _, name := range bound {
 			assert.Equal(t, "n1", api.pod(name).Spec.NodeName)
 		}

@@ -75,9 +75,9 @@ func TestSyncObject(t *testing.T) {
 			assert.Equal(t, sched.Message, c.Message)
 			assert.False(t, c.LastTransitionTime.IsZero())
 			assert.Equal(t, "n2", got.Status.NominatedNodeName)
-			assert.True(t, f.d.Pending(pod.UID))
+			assert.True(t, f.d.Busy(pod.UID))
 			f.release()
-			assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 			assert.Equal(t, "n2", f.api.pod("p").Status.NominatedNodeName)
 		})
 	})
@@ -92,8 +92,8 @@ func TestSyncObject(t *testing.T) {
 			assert.Same(t, seen, got, "nothing left to project")
 			r, done := tk.Result()
 			require.True(t, done, "ended without waiting for a worker")
-			assert.Equal(t, dispatch.Skipped, r.State)
-			assert.False(t, f.d.Pending(seen.UID))
+			assert.Equal(t, dispatch.StateSkipped, r.State)
+			assert.False(t, f.d.Busy(seen.UID))
 			f.release()
 			assert.Empty(t, f.requestsFor("p"), "never sent")
 		})
@@ -110,7 +110,7 @@ func TestSyncObject(t *testing.T) {
 					require.NoError(t, err)
 				}
 				f.release()
-				assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+				assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 				if synced {
 					assert.Equal(t, []string{"patch/status"}, f.requestsFor("p"))
 				} else {
@@ -129,7 +129,7 @@ func TestSyncObject(t *testing.T) {
 			require.NoError(t, err)
 			assert.Nil(t, findCondition(&got.Status, v1.PodScheduled))
 			assert.Empty(t, got.Status.NominatedNodeName)
-			assert.Equal(t, dispatch.Skipped, outcome(t, tk).State)
+			assert.Equal(t, dispatch.StateSkipped, outcome(t, tk).State)
 			f.release()
 			assert.Empty(t, f.requestsFor("p"))
 		})
@@ -149,9 +149,25 @@ func TestSyncObject(t *testing.T) {
 			got, err = f.d.SyncObject(seen)
 			require.NoError(t, err)
 			assert.Same(t, seen, got)
-			assert.Equal(t, dispatch.Skipped, outcome(t, tk).State)
+			assert.Equal(t, dispatch.StateSkipped, outcome(t, tk).State)
 			f.release()
 			assert.Empty(t, f.requestsFor("p"))
+		})
+	})
+
+	t.Run("pending binding, the pod bound elsewhere: shown where the server has it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newSyncFixture(t)
+			tk := submit(t, f.d, Bind(f.api.pod("p"), "n1"))
+			seen := f.update(func(p *v1.Pod) { p.Spec.NodeName = "n2" }) // another scheduler's binding
+			got, err := f.d.SyncObject(seen)
+			require.NoError(t, err)
+			assert.Same(t, seen, got, "the server's truth wins over a binding that cannot land")
+			f.release()
+			r := outcome(t, tk)
+			assert.Equal(t, dispatch.StateFailed, r.State)
+			assert.ErrorContains(t, r.Err, "bound to node n2")
+			assert.Equal(t, "n2", f.api.pod("p").Spec.NodeName)
 		})
 	})
 
@@ -164,7 +180,7 @@ func TestSyncObject(t *testing.T) {
 			require.NoError(t, err)
 			assert.NotNil(t, findCondition(&got.Status, v1.DisruptionTarget))
 			f.release()
-			assert.Equal(t, dispatch.Succeeded, outcome(t, tk).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
 		})
 	})
 
@@ -185,8 +201,8 @@ func TestSyncObject(t *testing.T) {
 			require.NoError(t, err)
 			assert.NotNil(t, findCondition(&got.Status, "example.com/Ready"), "the successor is pending: projected")
 			release()
-			assert.Equal(t, dispatch.Succeeded, outcome(t, bind).State)
-			assert.Equal(t, dispatch.Succeeded, outcome(t, patch).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, bind).State)
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, patch).State)
 		})
 	})
 

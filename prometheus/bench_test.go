@@ -27,7 +27,7 @@ func BenchmarkEvents(b *testing.B) {
 		{"event=start", func() { obs.OnStart(e, 1, time.Millisecond) }},
 		{"event=retry", func() { obs.OnRetry(e, 1, time.Millisecond, retryErr) }},
 		{"event=finish", func() {
-			obs.OnFinish(e, dispatch.Outcome{State: dispatch.Succeeded, Attempts: 1, RunTime: time.Millisecond})
+			obs.OnFinish(e, dispatch.Outcome{State: dispatch.StateSucceeded, Attempts: 1, RunTime: time.Millisecond})
 		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

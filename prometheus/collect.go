@@ -52,7 +52,7 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	gauge(o.inFlight, s.InFlight)
 	gauge(o.keys, s.Keys)
 	gauge(o.mode, int(s.Mode))
-	gauge(o.breaker, int(s.Breaker))
+	gauge(o.breaker, int(s.Circuit))
 	gauge(o.limit, s.Concurrency)
 	gauge(o.reserved, s.Reserved)
 	gauge(o.belowReserve, s.BelowReserve)

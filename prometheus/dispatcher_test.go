@@ -86,7 +86,7 @@ func TestDispatcherMetrics(t *testing.T) {
 		Workers:  1,
 		Capacity: 4,
 		Retry: dispatch.RetryPolicy{
-			MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: dispatch.NoJitter,
+			MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: dispatch.JitterNone,
 		},
 	})
 	ctx := t.Context()
@@ -126,7 +126,7 @@ func TestDispatcherMetrics(t *testing.T) {
 	for _, tk := range []*dispatch.Ticket[string, call]{tA, tA2} {
 		res, err := tk.Wait(ctx)
 		require.ErrorIs(t, err, dispatch.ErrDropped)
-		assert.Equal(t, dispatch.Dropped, res.State)
+		assert.Equal(t, dispatch.StateDropped, res.State)
 	}
 	// Nothing droppable is left: the next new key is refused.
 	_, err = h.d.Submit(ctx, "e", call{typ: "status"}, patch)
@@ -141,7 +141,7 @@ func TestDispatcherMetrics(t *testing.T) {
 
 	close(gate)
 	for tk, want := range map[*dispatch.Ticket[string, call]]dispatch.State{
-		tBlock: dispatch.Succeeded, tB: dispatch.Failed, tC: dispatch.Succeeded, tD: dispatch.Succeeded,
+		tBlock: dispatch.StateSucceeded, tB: dispatch.StateFailed, tC: dispatch.StateSucceeded, tD: dispatch.StateSucceeded,
 	} {
 		res, _ := tk.Wait(ctx)
 		assert.Equal(t, want, res.State, "%s: %v", res.Key, res.Err)
@@ -229,7 +229,7 @@ dispatch_breaker_state 0
 func TestDispatcherModeChanges(t *testing.T) {
 	h := newHarness(t, dispatch.Config[string, call]{})
 	ctx := t.Context()
-	require.NoError(t, h.d.SetMode(ctx, dispatch.Sync))
+	require.NoError(t, h.d.SetMode(ctx, dispatch.ModeSync))
 	assert.Equal(t, 1.0, h.value(t, "dispatch_mode"))
 
 	// In Sync the call runs inline, through the same observer events.
@@ -237,11 +237,11 @@ func TestDispatcherModeChanges(t *testing.T) {
 	require.NoError(t, err)
 	res, err := tk.Wait(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, dispatch.Succeeded, res.State)
+	assert.Equal(t, dispatch.StateSucceeded, res.State)
 	assert.Equal(t, 1.0, h.value(t, "dispatch_async_api_call_execution_total", "call_type", "bind", "result", "succeeded"))
 	assert.Equal(t, 1.0, h.value(t, "dispatch_submissions_total", "call_type", "bind"))
 
-	require.NoError(t, h.d.SetMode(ctx, dispatch.Async))
+	require.NoError(t, h.d.SetMode(ctx, dispatch.ModeAsync))
 	assert.Equal(t, 0.0, h.value(t, "dispatch_mode"))
 	require.NoError(t, h.d.Close(ctx))
 
@@ -287,7 +287,7 @@ func TestDispatcherBreaker(t *testing.T) {
 		h := newHarness(t, dispatch.Config[string, call]{
 			Workers: 1,
 			Breaker: &dispatch.BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
-			Retry:   dispatch.RetryPolicy{InitialBackoff: 10 * time.Millisecond, Jitter: dispatch.NoJitter},
+			Retry:   dispatch.RetryPolicy{InitialBackoff: 10 * time.Millisecond, Jitter: dispatch.JitterNone},
 		})
 		ctx := context.Background()
 		tk, err := h.d.Submit(ctx, "k", call{typ: "bind", failFirst: io.ErrUnexpectedEOF}, dispatch.SubmitOptions{})
@@ -299,7 +299,7 @@ func TestDispatcherBreaker(t *testing.T) {
 
 		res, err := tk.Wait(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, dispatch.Succeeded, res.State)
+		assert.Equal(t, dispatch.StateSucceeded, res.State)
 		assert.Equal(t, 2, res.Attempts)
 		require.NoError(t, h.d.Close(ctx))
 

@@ -132,9 +132,9 @@ func result(s dispatch.State) string {
 	return "unknown"
 }
 
-func breakerValue(s dispatch.BreakerState) string {
+func breakerValue(s dispatch.Circuit) string {
 	switch s {
-	case dispatch.BreakerClosed, dispatch.BreakerOpen, dispatch.BreakerHalfOpen:
+	case dispatch.CircuitClosed, dispatch.CircuitOpen, dispatch.CircuitHalfOpen:
 		return s.String()
 	}
 	return "unknown"
@@ -142,7 +142,7 @@ func breakerValue(s dispatch.BreakerState) string {
 
 func modeValue(m dispatch.Mode) string {
 	switch m {
-	case dispatch.Async, dispatch.Sync:
+	case dispatch.ModeAsync, dispatch.ModeSync:
 		return m.String()
 	}
 	return "unknown"

@@ -54,17 +54,17 @@ func TestDropReason(t *testing.T) {
 
 func TestResultNames(t *testing.T) {
 	want := map[dispatch.State]string{
-		dispatch.Succeeded: "succeeded", dispatch.Skipped: "skipped", dispatch.Failed: "failed",
-		dispatch.Canceled: "canceled", dispatch.Expired: "expired", dispatch.Dropped: "dropped",
-		dispatch.Stale: "stale", dispatch.Closed: "closed",
+		dispatch.StateSucceeded: "succeeded", dispatch.StateSkipped: "skipped", dispatch.StateFailed: "failed",
+		dispatch.StateCanceled: "canceled", dispatch.StateExpired: "expired", dispatch.StateDropped: "dropped",
+		dispatch.StateStale: "stale", dispatch.StateClosed: "closed",
 	}
 	for s, name := range want {
 		assert.Equal(t, name, result(s))
 	}
 	assert.Equal(t, "unknown", result(0))
-	assert.Equal(t, "unknown", result(dispatch.Closed+1))
-	assert.Equal(t, "unknown", breakerValue(dispatch.BreakerHalfOpen+1))
-	assert.Equal(t, "unknown", modeValue(dispatch.Sync+1))
+	assert.Equal(t, "unknown", result(dispatch.StateClosed+1))
+	assert.Equal(t, "unknown", breakerValue(dispatch.CircuitHalfOpen+1))
+	assert.Equal(t, "unknown", modeValue(dispatch.ModeSync+1))
 }
 
 func TestBoundedConcurrent(t *testing.T) {

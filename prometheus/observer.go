@@ -302,7 +302,7 @@ func (o *Observer) OnLimitChange(from, to int) {
 	o.limitChanges.WithLabelValues(dir).Inc()
 }
 
-// OnBreakerChange counts a circuit breaker transition.
-func (o *Observer) OnBreakerChange(from, to dispatch.BreakerState) {
+// OnCircuitChange counts a circuit breaker transition.
+func (o *Observer) OnCircuitChange(from, to dispatch.Circuit) {
 	o.breakerChanges.WithLabelValues(breakerValue(from), breakerValue(to)).Inc()
 }

@@ -48,14 +48,14 @@ func TestObserverEvents(t *testing.T) {
 	obs.OnRetry(bind, 1, 5*time.Millisecond, errors.New("connection reset by peer"))
 	obs.OnDrop(patch, dispatch.BoundCapacity)
 	obs.OnDrop(patch, dispatch.BoundQuota)
-	obs.OnFinish(bind, dispatch.Outcome{State: dispatch.Succeeded, Attempts: 2, Waiters: 1, RunTime: 50 * time.Millisecond})
-	obs.OnFinish(patch, dispatch.Outcome{State: dispatch.Failed, Attempts: 1, Waiters: 3, RunTime: 500 * time.Millisecond, Err: errors.New("forbidden: uid-9")})
-	obs.OnFinish(patch, dispatch.Outcome{State: dispatch.Dropped, Err: dispatch.ErrDropped}) // never ran
-	obs.OnModeChange(dispatch.Async, dispatch.Sync, dispatch.SwitchBacklog)
-	obs.OnModeChange(dispatch.Sync, dispatch.Async, dispatch.SwitchManual)
-	obs.OnBreakerChange(dispatch.BreakerClosed, dispatch.BreakerOpen)
-	obs.OnBreakerChange(dispatch.BreakerOpen, dispatch.BreakerHalfOpen)
-	obs.OnBreakerChange(dispatch.BreakerHalfOpen, dispatch.BreakerClosed)
+	obs.OnFinish(bind, dispatch.Outcome{State: dispatch.StateSucceeded, Attempts: 2, Waiters: 1, RunTime: 50 * time.Millisecond})
+	obs.OnFinish(patch, dispatch.Outcome{State: dispatch.StateFailed, Attempts: 1, Waiters: 3, RunTime: 500 * time.Millisecond, Err: errors.New("forbidden: uid-9")})
+	obs.OnFinish(patch, dispatch.Outcome{State: dispatch.StateDropped, Err: dispatch.ErrDropped}) // never ran
+	obs.OnModeChange(dispatch.ModeAsync, dispatch.ModeSync, dispatch.SwitchBacklog)
+	obs.OnModeChange(dispatch.ModeSync, dispatch.ModeAsync, dispatch.SwitchManual)
+	obs.OnCircuitChange(dispatch.CircuitClosed, dispatch.CircuitOpen)
+	obs.OnCircuitChange(dispatch.CircuitOpen, dispatch.CircuitHalfOpen)
+	obs.OnCircuitChange(dispatch.CircuitHalfOpen, dispatch.CircuitClosed)
 
 	const want = `
 # HELP scheduler_async_api_call_attempts_total Executions started (API attempts, retries included), by call type.
@@ -157,8 +157,8 @@ func TestSnapshotGauges(t *testing.T) {
 		Keys: 7, Ready: 3, Delayed: 2, Successors: 1, InFlight: 1,
 		Labels:  map[string]int{"bind": 4, "status-patch": 3},
 		Tenants: map[string]dispatch.TenantStats{"": {Queued: 4, InFlight: 1}, "plugin-a": {Queued: 2}},
-		Mode:    dispatch.Sync,
-		Breaker: dispatch.BreakerHalfOpen,
+		Mode:    dispatch.ModeSync,
+		Circuit: dispatch.CircuitHalfOpen,
 	}
 	obs.SetStats(func() dispatch.Stats { return stats })
 
@@ -225,8 +225,8 @@ func TestCardinalityBound(t *testing.T) {
 		e := dispatch.Event{Label: fmt.Sprintf("key-%d", i), Tenant: fmt.Sprintf("tenant-%d", i%10)}
 		obs.OnSubmit(e, i%2 == 0)
 		obs.OnReject(e, fmt.Errorf("%w: key-%d", dispatch.ErrMergeRejected, i))
-		obs.OnFinish(e, dispatch.Outcome{State: dispatch.Succeeded, Attempts: 1, RunTime: time.Millisecond})
-		obs.OnModeChange(dispatch.Async, dispatch.Sync, dispatch.SwitchReason(fmt.Sprintf("reason-%d", i)))
+		obs.OnFinish(e, dispatch.Outcome{State: dispatch.StateSucceeded, Attempts: 1, RunTime: time.Millisecond})
+		obs.OnModeChange(dispatch.ModeAsync, dispatch.ModeSync, dispatch.SwitchReason(fmt.Sprintf("reason-%d", i)))
 		labels[e.Label] = 1
 	}
 	obs.SetStats(func() dispatch.Stats { return dispatch.Stats{Labels: labels} })

@@ -497,7 +497,7 @@ func printReports(rs []*report, lat time.Duration) {
 // states lists the states that any report counts.
 func states(rs []*report, count func(*report, dispatch.State) uint64) []dispatch.State {
 	var out []dispatch.State
-	for st := dispatch.Succeeded; st <= dispatch.Closed; st++ {
+	for st := dispatch.StateSucceeded; st <= dispatch.StateClosed; st++ {
 		for _, r := range rs {
 			if count(r, st) > 0 {
 				out = append(out, st)

@@ -116,14 +116,14 @@ func testBindStorm(t *testing.T, s *apiserver.Server) {
 	latency := make([]time.Duration, binds)
 	for i, r := range runs {
 		require.NoError(t, r.err, "binding %d", i)
-		require.Equal(t, dispatch.Succeeded, r.res.State, "binding %d: %v", i, r.res.Err)
+		require.Equal(t, dispatch.StateSucceeded, r.res.State, "binding %d: %v", i, r.res.Err)
 		latency[i] = r.done.Sub(r.submitted)
 		lastBind = later(lastBind, r.done)
 	}
 	// Close drains the patch backlog.
 	require.NoError(t, d.Close(ctx), "the patch backlog did not drain")
 	st := d.Stats()
-	assert.Equal(t, uint64(0), st.Outcomes[dispatch.Failed], "failed submissions")
+	assert.Equal(t, uint64(0), st.Outcomes[dispatch.StateFailed], "failed submissions")
 
 	reqs := s.Proxy.Filter(inNamespace(ns))
 	bindReq := map[string][]apiserver.Request{}

@@ -27,8 +27,11 @@ import (
 // pod is gone gets NotFound, which is permanent — it ends Failed after one
 // attempt, with the NotFound in its error; a deletion whose pod is gone
 // has succeeded, whether the pod is missing or its name holds another pod
-// (the UID precondition keeps the newcomer alive); a status patch or a
-// binding never lands on the newcomer. Nothing retries on: every call is
+// (the UID precondition keeps the newcomer alive); a status patch, a
+// binding or a deletion's DisruptionTarget condition never lands on the
+// newcomer: a status patch's metadata.uid is refused by the server (422,
+// the UID is immutable), and a deletion whose condition patch is refused
+// so ends there. Nothing retries on: every call is
 // executed once and ends within callTimeout.
 func testDeletedWhileQueued(t *testing.T, s *apiserver.Server) {
 	ns := createNamespace(t, s.AdminClient, "gone")
@@ -47,20 +50,25 @@ func testDeletedWhileQueued(t *testing.T, s *apiserver.Server) {
 	cases := []tcase{
 		{name: "status patch", call: func(p *corev1.Pod) kube.Call {
 			return kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("0/3 nodes are available")}})
-		}, want: dispatch.Failed, notFound: true, writes: []string{"PATCH status 404"}},
+		}, want: dispatch.StateFailed, notFound: true, writes: []string{"PATCH status 404"}},
 		{name: "binding", call: func(p *corev1.Pod) kube.Call { return kube.Bind(p, "node-gone") },
-			want: dispatch.Failed, notFound: true, writes: []string{"POST binding 404"}},
+			want: dispatch.StateFailed, notFound: true, writes: []string{"POST binding 404"}},
 		{name: "deletion", call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, nil) },
-			want: dispatch.Succeeded, writes: []string{"DELETE 404"}},
+			want: dispatch.StateSucceeded, writes: []string{"DELETE 404"}},
 		{name: "deletion with a condition", call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, disruption) },
-			want: dispatch.Succeeded, writes: []string{"PATCH status 404"}},
+			want: dispatch.StateSucceeded, writes: []string{"PATCH status 404"}},
 		{name: "status patch, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call {
 			return kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("0/3 nodes are available")}})
-		}, want: dispatch.Failed, writes: []string{"PATCH status 409"}},
+		}, want: dispatch.StateFailed, writes: []string{"PATCH status 409"}},
 		{name: "binding, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call { return kube.Bind(p, "node-gone") },
-			want: dispatch.Failed, writes: []string{"POST binding 409"}},
+			want: dispatch.StateFailed, writes: []string{"POST binding 409"}},
 		{name: "deletion, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, nil) },
-			want: dispatch.Succeeded, writes: []string{"DELETE 409"}},
+			want: dispatch.StateSucceeded, writes: []string{"DELETE 409"}},
+		{name: "deletion with a condition, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call { return kube.Delete(p, disruption) },
+			want: dispatch.StateSucceeded, writes: []string{"PATCH status 422"}},
+		{name: "unconditional status patch, pod replaced", replace: true, call: func(p *corev1.Pod) kube.Call {
+			return kube.PatchStatus(p, kube.StatusPatch{Conditions: []corev1.PodCondition{unschedulable("0/3 nodes are available")}, Unconditional: true})
+		}, want: dispatch.StateFailed, writes: []string{"PATCH status 422"}},
 	}
 	pods := make([]*corev1.Pod, len(cases))
 	tickets := make([]*dispatch.Ticket[types.UID, kube.Call], len(cases))
@@ -106,6 +114,7 @@ func testDeletedWhileQueued(t *testing.T, s *apiserver.Server) {
 				assert.NotEqual(t, pods[i].UID, p.UID)
 				assert.Empty(t, p.Spec.NodeName, "newcomer bound")
 				assert.Nil(t, condition(p, corev1.PodScheduled), "newcomer patched")
+				assert.Nil(t, condition(p, corev1.DisruptionTarget), "newcomer marked for disruption")
 			} else {
 				_, err := s.AdminClient.CoreV1().Pods(ns).Get(t.Context(), pods[i].Name, metav1.GetOptions{})
 				assert.True(t, apierrors.IsNotFound(err), "pod recreated: %v", err)

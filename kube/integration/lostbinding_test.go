@@ -62,7 +62,7 @@ func testLostBinding(t *testing.T, s *apiserver.Server) {
 			res := wait(t, tk)
 
 			binds := s.Proxy.Filter(func(r apiserver.Request) bool { return isBinding(r) && r.Namespace == ns && r.Name == pod.Name })
-			require.Equal(t, dispatch.Succeeded, res.State, "outcome: %v; binding requests %v", res.Err, statuses(binds))
+			require.Equal(t, dispatch.StateSucceeded, res.State, "outcome: %v; binding requests %v", res.Err, statuses(binds))
 			assert.Equal(t, tc.want, statuses(binds), "binding requests at the server (* = answer lost)")
 			created := 0
 			for _, r := range binds {

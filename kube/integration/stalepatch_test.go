@@ -36,15 +36,15 @@ func testStalePatch(t *testing.T, s *apiserver.Server) {
 		want  dispatch.State
 		codes []string // status writes at the server
 	}{
-		{"PodScheduled=False only", []corev1.PodCondition{unschedulable("0/3 nodes are available")}, dispatch.Skipped, []string{"409"}},
-		{"PodScheduled=False and another condition", []corev1.PodCondition{unschedulable("0/3 nodes are available"), reported}, dispatch.Succeeded, []string{"409", "200"}},
+		{"PodScheduled=False only", []corev1.PodCondition{unschedulable("0/3 nodes are available")}, dispatch.StateSkipped, []string{"409"}},
+		{"PodScheduled=False and another condition", []corev1.PodCondition{unschedulable("0/3 nodes are available"), reported}, dispatch.StateSucceeded, []string{"409", "200"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := createPods(t, s.AdminClient, ns, fmt.Sprintf("case%d", i), 1)[0]
 			tk, err := d.Submit(t.Context(), kube.Bind(before, node), dispatch.SubmitOptions{})
 			require.NoError(t, err)
 			res := wait(t, tk)
-			require.Equal(t, dispatch.Succeeded, res.State, "binding: %v", res.Err)
+			require.Equal(t, dispatch.StateSucceeded, res.State, "binding: %v", res.Err)
 
 			// The stale view: the pod as it was before the binding.
 			tk, err = d.Submit(t.Context(), kube.PatchStatus(before, kube.StatusPatch{Conditions: tc.conds}), dispatch.SubmitOptions{})

@@ -124,7 +124,7 @@ func throttleRun(t *testing.T, s *apiserver.Server, prefix string, n int, o kube
 		res := wait(t, tk)
 		var re *dispatch.RetryError
 		switch {
-		case res.State == dispatch.Succeeded:
+		case res.State == dispatch.StateSucceeded:
 			r.succeeded++
 		case errors.As(res.Err, &re):
 			r.failures[string(re.Reason)]++

@@ -119,7 +119,7 @@ func run(ctx context.Context, w io.Writer, c config) error {
 	fmt.Fprintf(w, "  API requests:   %d bindings, %d status patches, %d reads\n",
 		api.count("create"), api.count("patch"), api.count("get"))
 	fmt.Fprintf(w, "  dispatcher:     %d retries, %d found done by reading back, %d calls failed\n",
-		st.Retries, st.AlreadyDone, st.Calls[dispatch.Failed])
+		st.Retries, st.AlreadyDone, st.Calls[dispatch.StateFailed])
 	return nil
 }
 

@@ -174,8 +174,7 @@ func goCommand() (string, error) {
 	if runtime.GOOS == "windows" {
 		exe = ".exe"
 	}
-	// runtime.GOROOT is deprecated for finding the running program's
-	// toolchain, but a test binary's is exactly the one wanted here.
+	//lint:ignore SA1019 runtime.GOROOT is deprecated for finding the running program's toolchain, but a test binary's is exactly the one wanted here.
 	if root := runtime.GOROOT(); root != "" {
 		if p := filepath.Join(root, "bin", "go"+exe); isFile(p) {
 			return p, nil

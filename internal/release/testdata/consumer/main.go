@@ -1,0 +1,84 @@
+// Command consumer is what a new user of dispatch writes first, with nothing
+// but the README's go get lines: a binding and a status patch through the
+// kube preset on client-go's fake clientset, counted by the prometheus
+// module's Observer. internal/release builds and runs it in an empty module
+// outside the repository; its output must be want.txt.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"strings"
+
+	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube"
+	dispatchprom "github.com/coalescer/dispatch/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func main() {
+	ctx := context.Background()
+	web0 := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-0", UID: "uid-0"}}
+	web1 := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1", UID: "uid-1"}}
+	client := fake.NewClientset(web0, web1)
+
+	metrics, err := dispatchprom.NewObserver(dispatchprom.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := kube.NewDispatcher(client, kube.Options{
+		Config: dispatch.Config[types.UID, kube.Call]{Observer: metrics},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	t, err := d.Submit(ctx, kube.Bind(web0, "node-a"), dispatch.SubmitOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := t.Wait(ctx)
+	fmt.Println("bind web-0:", res.State, err)
+
+	unschedulable := v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable}
+	err = d.Post(kube.PatchStatus(web1, kube.StatusPatch{Conditions: []v1.PodCondition{unschedulable}}), dispatch.SubmitOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := d.Close(ctx); err != nil { // runs what is queued
+		log.Fatal(err)
+	}
+	pod, err := client.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, c := range pod.Status.Conditions {
+		fmt.Printf("web-1: %s=%s %s\n", c.Type, c.Status, c.Reason)
+	}
+
+	registry := prometheus.NewRegistry()
+	if err := registry.Register(metrics); err != nil {
+		log.Fatal(err)
+	}
+	families, err := registry.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "dispatch_async_api_call_execution_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			fmt.Printf("%s{%s} %v\n", f.GetName(), strings.Join(labels, ","), m.GetCounter().GetValue())
+		}
+	}
+}
