@@ -1,9 +1,12 @@
+// Unpublished: the storm of kubernetes#135900 in the real kube-scheduler, on
+// a real kube-apiserver and etcd, which need k8s.io/kubernetes and so pin its
+// staging modules with replace below.
 module github.com/coalescer/dispatch/kube/scheduler/storm
 
 go 1.26.0
 
 require (
-	github.com/coalescer/dispatch/kube/integration v0.0.0-00010101000000-000000000000
+	github.com/coalescer/dispatch/kube/integration v0.1.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -146,13 +149,6 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
-)
-
-// The local tree: the core library and the sibling kube/ module.
-replace (
-	github.com/coalescer/dispatch => ../../..
-	github.com/coalescer/dispatch/kube => ../..
-	github.com/coalescer/dispatch/kube/integration => ../../integration
 )
 
 // k8s.io/kubernetes requires each of its staging repositories at v0.0.0 and

@@ -14,9 +14,11 @@
 package perf
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 
 	_ "k8s.io/component-base/logs/json/register"
@@ -32,8 +34,9 @@ const config = "performance-config.yaml"
 // production verbosity (2), thousands of lines each: unless $ARTIFACTS
 // names a directory for them, they go to a temporary one, where
 // scheduler_perf keeps a workload's log only if it fails, and which is
-// removed if every test passes. (Benchmarks also write their data items
-// there as JSON.)
+// removed if every test passes. Benchmarks also write their data items
+// (JSON, and a .dat file of throughput samples) into -data-items-dir,
+// which defaults to the same directory here rather than to the package's.
 func TestMain(m *testing.M) {
 	if err := perf.InitTests(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -48,6 +51,12 @@ func TestMain(m *testing.M) {
 		}
 		temp = dir
 		os.Setenv("ARTIFACTS", dir)
+	}
+	if f := flag.Lookup("data-items-dir"); f != nil && f.Value.String() == "" {
+		if err := f.Value.Set(os.Getenv("ARTIFACTS")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	if temp != "" {
@@ -72,9 +81,27 @@ func TestSchedulerPerf(t *testing.T) {
 // SchedulingThroughput (pods scheduled per second: average and
 // percentiles) and, for the storm, the measured pods'
 // scheduler_pod_scheduling_sli_duration (queue entry → bound, ms).
+//
+// The data items' file names carry the build: "upstream" or "dispatch".
 func BenchmarkPerfScheduling(b *testing.B) {
 	etcdInPath(b)
-	perf.RunBenchmarkPerfScheduling(b, config, "dispatch", nil)
+	perf.RunBenchmarkPerfScheduling(b, config, build(), nil)
+}
+
+// build tells which APIDispatcher this test binary links: "dispatch" when
+// it contains github.com/coalescer/dispatch (the drop-in), "upstream"
+// otherwise.
+func build() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	for _, m := range info.Deps {
+		if m.Path == "github.com/coalescer/dispatch" {
+			return "dispatch"
+		}
+	}
+	return "upstream"
 }
 
 // etcdInPath puts the project's etcd first in $PATH, as "etcd", for the
