@@ -10,7 +10,9 @@
 // the two test binaries one after the other, -count times, each run one
 // iteration of every benchmark -bench selects (scheduler_perf workloads
 // run once per iteration). The binaries run in ./perf, where the workloads'
-// config is; their logs go to a temporary directory, kept if a run fails.
+// config is; their logs go to a temporary directory, kept if a run fails,
+// and scheduler_perf's data items (JSON, one file per run) to upstream/ and
+// dispatch/ under the output directory.
 package main
 
 import (
@@ -50,6 +52,10 @@ func run() error {
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
+	abs, err := filepath.Abs(*out)
+	if err != nil {
+		return err
+	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
@@ -84,7 +90,8 @@ func run() error {
 		for _, build := range builds {
 			start := time.Now()
 			cmd := exec.CommandContext(ctx, filepath.Join(bins, build+".test"),
-				"-test.run=^$", "-test.bench="+*bench, "-test.benchtime=1x")
+				"-test.run=^$", "-test.bench="+*bench, "-test.benchtime=1x",
+				"-data-items-dir="+filepath.Join(abs, build))
 			cmd.Dir = filepath.Join(root, "perf")
 			cmd.Stdout = results[build]
 			cmd.Stderr = os.Stderr
