@@ -1,8 +1,11 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -10,11 +13,58 @@ import (
 	"github.com/coalescer/dispatch/internal/sat"
 )
 
-// This file decides whether the next execution may start at all: the
-// adaptive concurrency limit (AdaptivePolicy), the reservation of workers
-// for urgent calls (Reservation), and the check that a call can still
-// finish by its deadline (StartCheck). Everything here runs under the
-// dispatcher's lock.
+// This file is adaptive concurrency (StartPolicy.Adaptive): the limit on
+// concurrent executions that follows what the server says. It runs under
+// the dispatcher's lock.
+
+// AdaptivePolicy adapts the number of concurrent executions to the API
+// server (Config.Start.Adaptive), in the spirit of TCP Vegas and gradient
+// limiters. The limit grows by one per limit's worth of executions within
+// the latency tolerance, and shrinks on strain:
+//
+//   - latency, judged per block of executions (at least 64, and twice the
+//     limit): when a block's median exceeds Tolerance × the baseline — the
+//     lowest block median of the last Window, the server least loaded — the
+//     limit falls in proportion, by a tenth to a half. A server whose
+//     latency varies but does not grow with load keeps its concurrency;
+//     one that queues sheds it until its median is back within the
+//     tolerance, so the queue forms in the dispatcher, where priority
+//     holds. The baseline is learnt from lighter load, and forgotten after
+//     Window: a server that stays slower becomes the new normal;
+//   - a timeout: by a quarter;
+//   - a Retry-After (429, 503): by half. It also holds new executions
+//     until the time the server asked for, at most Retry.MaxBackoff,
+//     except calls that may use reserved workers, which are never held.
+//
+// Decreases come at most once per twice the baseline (and 10ms). Stats and
+// Observer.OnLimitChange show the limit. Zero fields mean their defaults.
+type AdaptivePolicy struct {
+	// MinWorkers is the floor of the limit (default 1).
+	MinWorkers int
+	// Tolerance is how many times the baseline a block's median latency
+	// may be before it counts as strain (default 2).
+	Tolerance float64
+	// Window is the span the baseline latency is taken over: how long the
+	// dispatcher remembers the server's best (default 30s).
+	Window time.Duration
+}
+
+func (p *AdaptivePolicy) validate(workers int) error {
+	switch {
+	case p.MinWorkers < 0:
+		return fieldErr("Start.Adaptive.MinWorkers", p.MinWorkers, "must not be negative")
+	case p.MinWorkers > workers:
+		return fieldErr("Start.Adaptive.MinWorkers", p.MinWorkers, fmt.Sprintf("must not exceed Workers (%d)", workers))
+	case p.Tolerance < 0 || math.IsNaN(p.Tolerance) || (p.Tolerance > 0 && p.Tolerance < 1):
+		return fieldErr("Start.Adaptive.Tolerance", p.Tolerance, "must be at least 1")
+	case p.Window < 0:
+		return fieldErr("Start.Adaptive.Window", p.Window, "must not be negative")
+	}
+	p.MinWorkers = cmp.Or(p.MinWorkers, 1)
+	p.Tolerance = cmp.Or(p.Tolerance, 2)
+	p.Window = cmp.Or(p.Window, 30*time.Second)
+	return nil
+}
 
 // adaptive is the running state of an AdaptivePolicy.
 //
@@ -178,118 +228,4 @@ func (d *Dispatcher[K, T]) concurrency() int {
 		return d.adaptive.limit
 	}
 	return d.cfg.Workers
-}
-
-// lowLimit is how many worker executions below the reservation's priority
-// may run: the rest of the concurrency, and at least one.
-func (d *Dispatcher[K, T]) lowLimit() int {
-	return max(d.concurrency()-d.cfg.Reserve.Workers, 1)
-}
-
-// mayProbe reports whether c may start while a server's Retry-After holds
-// the other calls (AdaptivePolicy): a call that may use a reserved worker
-// is never held, so that a binding does not wait out a hold that a status
-// patch drew; if the server throttles it too, its own retry waits.
-func (d *Dispatcher[K, T]) mayProbe(c *call[K, T]) bool {
-	return d.cfg.Reserve.Workers > 0 && d.urgent(c)
-}
-
-// urgent reports whether c may use a reserved worker: its priority is at
-// least the reservation's. Aging never makes a call urgent: the reservation
-// starts a band (Config.validate), and aging stays within bands.
-func (d *Dispatcher[K, T]) urgent(c *call[K, T]) bool {
-	return c.prio >= d.cfg.Reserve.MinPriority
-}
-
-// labelTimes are the recent execution times of one label, and the
-// StartCheck estimate taken from them, refreshed at most every
-// estimateEvery.
-//
-// Calls the check refuses add no sample, so an estimate could outlive the
-// server's slowness: after a speed-up nothing would ever show it. So the
-// check lets one refused call of a label start anyway — a probe — once no
-// call of the label has ended, nor been let through as a probe, for
-// max(1s, 2 × estimate); a probe that finishes faster than the
-// estimate shows the server changed, and the label's history is dropped,
-// so its calls start again until new samples judge them.
-type labelTimes struct {
-	label   string
-	recent  hist.Recent
-	est     time.Duration // 0: not enough samples
-	at      int64         // when est was taken
-	probeAt int64         // when a refused call last started as a probe
-	last    int64         // when an execution of the label last ended
-}
-
-const (
-	// maxLabelTimes bounds the labels whose execution times are kept for
-	// StartCheck; calls of labels beyond it are not checked. Labels come
-	// from a small fixed set by contract; this is the safety net.
-	maxLabelTimes = 64
-	estimateEvery = int64(100 * time.Millisecond)
-)
-
-// observeExec records an execution time for c's label, and ends a probe.
-func (d *Dispatcher[K, T]) observeExec(c *call[K, T], now int64, rt time.Duration, ran bool) {
-	if d.cfg.StartCheck.Disabled {
-		return
-	}
-	lt := d.lastTimes
-	if lt == nil || lt.label != c.label { // one label, the usual case: no map lookup
-		lt = d.labelTimes[c.label]
-	}
-	if lt == nil {
-		if len(d.labelTimes) >= maxLabelTimes {
-			return
-		}
-		lt = &labelTimes{label: c.label, recent: hist.NewRecent(LatencyWindow)}
-		d.labelTimes[c.label] = lt
-	}
-	d.lastTimes = lt
-	if c.checkProbe {
-		c.checkProbe = false
-		if ran && rt < lt.est {
-			// The server is faster than the estimate says: start over.
-			lt.recent, lt.est, lt.at = hist.NewRecent(LatencyWindow), 0, 0
-		}
-	}
-	if ran {
-		lt.recent.Observe(now, rt)
-		lt.last = now
-	}
-}
-
-// unfinishable reports whether c cannot finish by its waiters' latest
-// deadline: it is closer than the StartCheck estimate for c's label. A
-// call it would refuse starts as a probe if none of its label has for a
-// while (see labelTimes).
-func (d *Dispatcher[K, T]) unfinishable(c *call[K, T], now int64) bool {
-	sc := &d.cfg.StartCheck
-	if sc.Disabled {
-		return false
-	}
-	dl := c.execDeadline()
-	if dl == 0 {
-		return false
-	}
-	lt := d.labelTimes[c.label]
-	if lt == nil {
-		return false
-	}
-	if lt.at == 0 || now-lt.at >= estimateEvery {
-		h := lt.recent.Sum(now)
-		lt.est, lt.at = 0, now
-		if h.Count() >= uint64(sc.MinSamples) {
-			lt.est = h.QuantileAtLeast(sc.Quantile)
-		}
-	}
-	if lt.est == 0 || dl-now >= int64(lt.est) {
-		return false
-	}
-	if now-max(lt.last, lt.probeAt) >= max(int64(time.Second), 2*int64(lt.est)) {
-		lt.probeAt = now
-		c.checkProbe = true
-		return false
-	}
-	return true
 }

@@ -1,7 +1,10 @@
 package dispatch
 
 import (
+	"cmp"
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/coalescer/dispatch/internal/window"
@@ -29,9 +32,9 @@ func (s Circuit) String() string {
 	case CircuitOpen:
 		return "open"
 	case CircuitHalfOpen:
-		return "half-open"
+		return "half_open"
 	}
-	return fmt.Sprintf("BreakerState(%d)", uint8(s))
+	return fmt.Sprintf("circuit_%d", uint8(s))
 }
 
 // breaker is the circuit breaker's state, guarded by the Dispatcher's lock.
@@ -164,4 +167,52 @@ func (b *breaker) set(to Circuit, ob *notes) {
 	if o := b.obs; o != nil {
 		*ob = append(*ob, func() { o.OnCircuitChange(from, to) })
 	}
+}
+
+// BreakerPolicy configures the circuit breaker (Config.Breaker). It counts
+// retryable failures only: permanent errors, Recompute and cancellations
+// say nothing of the API's health. The zero value of each field means its
+// default. State changes reach Observer.OnCircuitChange.
+type BreakerPolicy struct {
+	// ConsecutiveFailures opens the circuit after this many retryable
+	// failures in a row (default 5).
+	ConsecutiveFailures int
+	// FailureRatio opens it when retryable failures reach this fraction
+	// of the executions of the last Window (default 10s), once there were
+	// MinSamples (default 20). Default 0.5; math.Inf(1) disables the rule.
+	FailureRatio float64
+	Window       time.Duration
+	MinSamples   int
+	// Cooldown is how long the circuit stays open before probing (default
+	// 5s); Probes is how many executions may run while half-open (default
+	// 1).
+	Cooldown time.Duration
+	Probes   int
+	// RefuseDroppable refuses droppable submissions for a new key with
+	// ErrCircuitOpen while the circuit is open, instead of queueing them.
+	RefuseDroppable bool
+}
+
+func (p *BreakerPolicy) validate() error {
+	switch {
+	case p.ConsecutiveFailures < 0:
+		return fieldErr("Breaker.ConsecutiveFailures", p.ConsecutiveFailures, "must not be negative")
+	case p.MinSamples < 0:
+		return fieldErr("Breaker.MinSamples", p.MinSamples, "must not be negative")
+	case p.Probes < 0:
+		return fieldErr("Breaker.Probes", p.Probes, "must not be negative")
+	case p.Window < 0:
+		return fieldErr("Breaker.Window", p.Window, "must not be negative")
+	case p.Cooldown < 0:
+		return fieldErr("Breaker.Cooldown", p.Cooldown, "must not be negative")
+	case p.FailureRatio < 0 || math.IsNaN(p.FailureRatio) || (p.FailureRatio > 1 && !math.IsInf(p.FailureRatio, 1)):
+		return fieldErr("Breaker.FailureRatio", p.FailureRatio, "must be in (0, 1] or +Inf")
+	}
+	p.ConsecutiveFailures = cmp.Or(p.ConsecutiveFailures, 5)
+	p.FailureRatio = cmp.Or(p.FailureRatio, 0.5)
+	p.Window = cmp.Or(p.Window, 10*time.Second)
+	p.MinSamples = cmp.Or(p.MinSamples, 20)
+	p.Cooldown = cmp.Or(p.Cooldown, 5*time.Second)
+	p.Probes = cmp.Or(p.Probes, 1)
+	return nil
 }

@@ -101,7 +101,7 @@ func TestBreakerTransitions(t *testing.T) {
 		synctest.Wait()
 		assert.Equal(t, CircuitOpen, d.Stats().Circuit, "a failed probe re-opens it")
 
-		assert.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed", "closed>open", "open>half-open", "half-open>open"}, obs.all())
+		assert.Equal(t, []string{"closed>open", "open>half_open", "half_open>closed", "closed>open", "open>half_open", "half_open>open"}, obs.all())
 		closeD(t, d)
 	})
 }

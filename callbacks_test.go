@@ -95,7 +95,7 @@ func TestSyncSubmitOwnKeyFromExec(t *testing.T) {
 				other = d.Post("other", 2, SubmitOptions{})
 			}
 			return nil
-		}, Config[string, int]{Mode: ModeSync})
+		}, Config[string, int]{Rollout: RolloutPolicy{Mode: ModeSync}})
 		assert.Equal(t, StateSucceeded, outcome(t, submit(t, d, "k", 1, prio(0))).State)
 		assert.ErrorIs(t, own, ErrReentrant)
 		assert.NoError(t, other)
@@ -197,13 +197,13 @@ func (h *finishHook) OnFinish(e Event, o Outcome) { h.f(e, o) }
 func TestCallbackPanicsEndTheCall(t *testing.T) {
 	errAPI := syscall.ECONNRESET
 	for _, tc := range []struct {
-		cb   Callback
+		cb   string
 		cfg  Config[string, int]
 		runs int
 	}{
-		{CallbackNoOp, Config[string, int]{NoOp: func(string, int) bool { panic("no-op") }}, 0},
-		{CallbackBeforeRetry, Config[string, int]{BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { panic("before") }}, 1},
-		{CallbackClassify, Config[string, int]{Classify: func(error) Class { panic("classify") }}, 1},
+		{callbackNoOp, Config[string, int]{NoOp: func(string, int) bool { panic("no-op") }}, 0},
+		{callbackBeforeRetry, Config[string, int]{BeforeRetry: func(context.Context, string, int, error) (int, bool, error) { panic("before") }}, 1},
+		{callbackClassify, Config[string, int]{Classify: func(error) Class { panic("classify") }}, 1},
 	} {
 		t.Run(string(tc.cb), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -217,7 +217,7 @@ func TestCallbackPanicsEndTheCall(t *testing.T) {
 				require.ErrorAs(t, r.Err, &pe)
 				assert.Equal(t, tc.cb, pe.Callback)
 				assert.Contains(t, r.Err.Error(), string(tc.cb)+" panicked")
-				if tc.cb == CallbackClassify {
+				if tc.cb == callbackClassify {
 					assert.ErrorIs(t, r.Err, errAPI, "the error being judged is kept")
 				}
 				assert.Equal(t, tc.runs, runs)
@@ -505,7 +505,7 @@ func TestSyncSubmitFromProbe(t *testing.T) {
 			}
 			return nil
 		}, Config[string, int]{
-			Mode:    ModeSync,
+			Rollout: RolloutPolicy{Mode: ModeSync},
 			Retry:   RetryPolicy{MaxAttempts: 1},
 			Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
 		})
@@ -584,7 +584,7 @@ func TestSyncObserverGoexitOnTheCaller(t *testing.T) {
 					}
 					return nil
 				}, Config[string, int]{
-					Mode:     ModeSync,
+					Rollout:  RolloutPolicy{Mode: ModeSync},
 					Workers:  1,
 					Retry:    noJitter(3),
 					Observer: exitOn{submit: onSubmit},

@@ -263,12 +263,12 @@ type chaosInjected struct {
 }
 
 // The callbacks, as indexes into chaosInjected.
-var chaosCallbacks = [...]Callback{CallbackExec, CallbackMerge, CallbackNoOp, CallbackLabel, CallbackOnDone,
-	CallbackClassify, CallbackBeforeRetry, CallbackObserver, CallbackAmend}
+var chaosCallbacks = [...]string{callbackExec, callbackMerge, callbackNoOp, callbackLabel, callbackOnDone,
+	callbackClassify, callbackBeforeRetry, callbackObserver, callbackAmend}
 
 const numCallbacks = len(chaosCallbacks)
 
-func cbIndex(cb Callback) int { return slices.Index(chaosCallbacks[:], cb) }
+func cbIndex(cb string) int { return slices.Index(chaosCallbacks[:], cb) }
 
 type chaos struct {
 	t       *testing.T
@@ -285,7 +285,7 @@ type chaos struct {
 
 	submitted, rejected, execs atomic.Uint64
 	trips                      atomic.Uint64 // circuit breaker openings
-	switches                   sync.Map      // SwitchReason → *atomic.Uint64
+	switches                   sync.Map      // string → *atomic.Uint64
 	workerExecs                atomic.Int32  // executions on workers now
 	draws                      atomic.Uint64 // for chance
 	inj                        chaosInjected
@@ -308,8 +308,8 @@ type chaos struct {
 	keyCancels []chaosKeyCancel
 	tickets    []*chaosTicket
 	cancels    []context.CancelFunc
-	panicked   map[uint64]Callback // id → the callback whose panic (or Goexit) ended its call
-	skippedIn  map[uint64]bool     // ids the merge found moot on arrival
+	panicked   map[uint64]string // id → the callback whose panic (or Goexit) ended its call
+	skippedIn  map[uint64]bool   // ids the merge found moot on arrival
 }
 
 func newChaos(t *testing.T, seed uint64, p chaosParams, virtual bool) *chaos {
@@ -322,7 +322,7 @@ func newChaos(t *testing.T, seed uint64, p chaosParams, virtual bool) *chaos {
 		accepted:  map[uint64]bool{},
 		okEnd:     map[uint64]uint64{},
 		hookIDs:   map[uint64]int{},
-		panicked:  map[uint64]Callback{},
+		panicked:  map[uint64]string{},
 		skippedIn: map[uint64]bool{},
 	}
 }
@@ -408,7 +408,7 @@ func (c *chaos) onWorker() bool { return c.mayExit() }
 
 // injectPanic panics in callback cb. contained says the dispatcher counts
 // it in Stats.CallbackPanics.
-func (c *chaos) injectPanic(cb Callback, contained bool) {
+func (c *chaos) injectPanic(cb string, contained bool) {
 	c.inj.panics[cbIndex(cb)].Add(1)
 	if contained {
 		c.containedPanics.Add(1)
@@ -418,7 +418,7 @@ func (c *chaos) injectPanic(cb Callback, contained bool) {
 
 // injectExit ends the calling goroutine from callback cb, if it may (see
 // mayExit), and otherwise returns. before runs just before the exit.
-func (c *chaos) injectExit(cb Callback, contained bool, before func()) {
+func (c *chaos) injectExit(cb string, contained bool, before func()) {
 	if !c.mayExit() {
 		return
 	}
@@ -441,7 +441,7 @@ func chaosRunning() bool {
 
 // ended records that the call with ids was ended by a panic (or Goexit) of
 // cb: it must never run again.
-func (c *chaos) ended(ids []uint64, cb Callback) {
+func (c *chaos) ended(ids []uint64, cb string) {
 	c.mu.Lock()
 	for _, id := range ids {
 		c.panicked[id] = cb
@@ -451,7 +451,7 @@ func (c *chaos) ended(ids []uint64, cb Callback) {
 
 // notAgain checks that no id of a call about to run (in exec, or in the
 // before-retry hook) was in a call a panic ended.
-func (c *chaos) notAgain(key int, ids []uint64, where Callback) {
+func (c *chaos) notAgain(key int, ids []uint64, where string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range ids {
@@ -472,8 +472,8 @@ func (c *chaos) run() {
 		Capacity:    p.capacity,
 		MaxWaiters:  p.maxWaiters,
 		Aging:       time.Millisecond,
-		AgingBand:   4,                                         // the priorities (-3..10 and extremes) span several bands
-		Reserve:     Reservation{Workers: 1, MinPriority: 100}, // the band of the side keys' calls
+		AgingBand:   4,                                                    // the priorities (-3..10 and extremes) span several bands
+		Start:       StartPolicy{ReservedWorkers: 1, UrgentPriority: 100}, // the band of the side keys' calls
 		Tenants:     map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
 		Merge:       c.merge,
 		NoOp:        c.noop,
@@ -483,7 +483,7 @@ func (c *chaos) run() {
 		BeforeRetry: c.beforeRetry,
 		Retry:       RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax},
 		Breaker:     &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
-		Fallback:    &FallbackPolicy{MaxBacklog: p.maxBacklog, Window: p.fbWindow, ReturnAfter: p.returnAfter},
+		Rollout:     RolloutPolicy{Fallback: &FallbackPolicy{MaxBacklog: p.maxBacklog, Window: p.fbWindow, ReturnAfter: p.returnAfter}},
 		Observer:    chaosObserver{c},
 	})
 	if err != nil {
@@ -638,7 +638,7 @@ func (c *chaos) quiesce() {
 	c.testG()
 	d := c.d
 	s := d.Stats()
-	if s.Mode != ModeSync || s.FallbackReason == "" || c.switchCount(SwitchBacklog) == 0 {
+	if s.Mode != ModeSync || s.FallbackReason == "" || c.switchCount(reasonBacklog) == 0 {
 		c.errorf("the fallback did not switch to Sync on backlog, so the run tested nothing: mode %v, reason %q", s.Mode, s.FallbackReason)
 	}
 	start := time.Now()
@@ -686,14 +686,14 @@ func (c *chaos) tail() {
 		c.errorf("tail: SetMode(Async): %v", err)
 		return
 	}
-	backlogs := c.switchCount(SwitchBacklog)
+	backlogs := c.switchCount(reasonBacklog)
 	r := rand.New(rand.NewPCG(c.seed, 1<<34))
 	first := p.keys + p.sideKeys
 	for i := range min(2*p.maxBacklog, chaosTailKeys-1) {
 		key := first + 1 + i
 		c.post(me, r, key, SubmitOptions{Tenant: "capped", Generation: c.gens[key].Load()}, false)
 	}
-	for start := time.Now(); c.switchCount(SwitchBacklog) == backlogs; time.Sleep(p.fbWindow / 20) {
+	for start := time.Now(); c.switchCount(reasonBacklog) == backlogs; time.Sleep(p.fbWindow / 20) {
 		if time.Since(start) > time.Second {
 			c.errorf("tail: the burst did not trip the fallback: %+v", d.Stats())
 			return
@@ -721,7 +721,7 @@ func (c *chaos) tail() {
 	c.t.Logf("tail: drained %v after the inline call ended", time.Since(start))
 }
 
-func (c *chaos) switchCount(r SwitchReason) uint64 {
+func (c *chaos) switchCount(r string) uint64 {
 	if n, ok := c.switches.Load(r); ok {
 		return n.(*atomic.Uint64).Load()
 	}
@@ -867,7 +867,7 @@ func (c *chaos) amend(g *chaosG, r *rand.Rand, key int) {
 	_, err := c.d.Amend(key, func(ids []uint64) ([]uint64, error) {
 		switch {
 		case x < 5:
-			c.injectPanic(CallbackAmend, false)
+			c.injectPanic(callbackAmend, false)
 		case x < 10:
 			return nil, errChaosAmend
 		}
@@ -879,7 +879,7 @@ func (c *chaos) amend(g *chaosG, r *rand.Rand, key int) {
 	var pe *PanicError
 	switch {
 	case err == nil, errors.Is(err, errChaosAmend):
-	case errors.As(err, &pe) && (pe.Callback == CallbackAmend || pe.Callback == CallbackNoOp):
+	case errors.As(err, &pe) && (pe.Callback == callbackAmend || pe.Callback == callbackNoOp):
 		c.checkPanicError(pe, "Amend")
 	default:
 		c.errorf("Amend(%d): %v", key, err)
@@ -1005,7 +1005,7 @@ func (c *chaos) reenter(r *rand.Rand, key int, where string, leaf, ownOK, anyKey
 // setMode switches the mode from a callback: to Sync, or (with flap) back
 // to Async.
 func (c *chaos) setMode(r *rand.Rand, where string) {
-	if c.p.quiesce && c.switchCount(SwitchBacklog) == 0 {
+	if c.p.quiesce && c.switchCount(reasonBacklog) == 0 {
 		return // the fallback run's switch to Sync is the fallback's
 	}
 	c.inj.setMode.Add(1)
@@ -1052,7 +1052,7 @@ func (c *chaos) exec(ctx context.Context, key int, ids []uint64) error {
 	}
 	defer c.running[key].Add(-1)
 	c.execs.Add(1)
-	c.notAgain(key, ids, CallbackExec)
+	c.notAgain(key, ids, callbackExec)
 	if c.isTail(key) {
 		lat := 2 * time.Millisecond
 		if key == c.p.keys+c.p.sideKeys {
@@ -1094,10 +1094,10 @@ func (c *chaos) exec(ctx context.Context, key int, ids []uint64) error {
 	case x < 180:
 		return &chaosErr{ids, fmt.Errorf("key %d: %w", key, errChaosConflict)}
 	case x < 210:
-		c.ended(ids, CallbackExec)
-		c.injectPanic(CallbackExec, false)
+		c.ended(ids, callbackExec)
+		c.injectPanic(callbackExec, false)
 	case x < 220:
-		c.injectExit(CallbackExec, false, func() { c.ended(ids, CallbackExec) })
+		c.injectExit(callbackExec, false, func() { c.ended(ids, callbackExec) })
 	}
 	c.okAt(ids)
 	return nil
@@ -1121,9 +1121,9 @@ func (c *chaos) okAt(ids []uint64) {
 func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 	switch {
 	case c.chance(30):
-		c.injectPanic(CallbackMerge, false)
+		c.injectPanic(callbackMerge, false)
 	case c.chance(20):
-		c.injectExit(CallbackMerge, false, nil)
+		c.injectExit(callbackMerge, false, nil)
 	}
 	switch {
 	case incoming[0]%29 == 0:
@@ -1163,11 +1163,11 @@ func (c *chaos) noop(key int, ids []uint64) bool {
 		// Asked by Amend, the call is left to run: only a worker's
 		// no-op test ends it.
 		if g := c.current(); g == nil || g.amending == 0 {
-			c.ended(ids, CallbackNoOp)
+			c.ended(ids, callbackNoOp)
 		}
-		c.injectPanic(CallbackNoOp, false)
+		c.injectPanic(callbackNoOp, false)
 	case c.chance(20):
-		c.injectExit(CallbackNoOp, false, func() { c.ended(ids, CallbackNoOp) })
+		c.injectExit(callbackNoOp, false, func() { c.ended(ids, callbackNoOp) })
 	}
 	return ids[0]%41 == 0
 }
@@ -1177,7 +1177,7 @@ var chaosLabels = [...]string{"bind", "patch", "delete"}
 
 func (c *chaos) label(key int, ids []uint64) string {
 	if !c.isTail(key) && c.chance(20) {
-		c.injectPanic(CallbackLabel, true)
+		c.injectPanic(callbackLabel, true)
 	}
 	return chaosLabels[ids[0]%3]
 }
@@ -1188,13 +1188,13 @@ func (c *chaos) classify(err error) Class {
 	switch {
 	case c.chance(50):
 		if ce != nil {
-			c.ended(ce.ids, CallbackClassify)
+			c.ended(ce.ids, callbackClassify)
 		}
-		c.injectPanic(CallbackClassify, false)
+		c.injectPanic(callbackClassify, false)
 	case c.chance(30):
-		c.injectExit(CallbackClassify, false, func() {
+		c.injectExit(callbackClassify, false, func() {
 			if ce != nil {
-				c.ended(ce.ids, CallbackClassify)
+				c.ended(ce.ids, callbackClassify)
 			}
 		})
 	}
@@ -1208,14 +1208,14 @@ func (c *chaos) classify(err error) Class {
 }
 
 func (c *chaos) beforeRetry(_ context.Context, key int, ids []uint64, _ error) ([]uint64, bool, error) {
-	c.notAgain(key, ids, CallbackBeforeRetry)
+	c.notAgain(key, ids, callbackBeforeRetry)
 	r := rand.New(rand.NewPCG(c.seed^ids[0], c.order.Add(1)))
 	switch x := r.IntN(1000); {
 	case x < 10:
-		c.ended(ids, CallbackBeforeRetry)
-		c.injectPanic(CallbackBeforeRetry, false)
+		c.ended(ids, callbackBeforeRetry)
+		c.injectPanic(callbackBeforeRetry, false)
 	case x < 15:
-		c.injectExit(CallbackBeforeRetry, false, func() { c.ended(ids, CallbackBeforeRetry) })
+		c.injectExit(callbackBeforeRetry, false, func() { c.ended(ids, callbackBeforeRetry) })
 	case x < 65:
 		c.reenter(r, key, "before-retry", key >= c.p.keys, true, false)
 	}
@@ -1245,9 +1245,9 @@ func (c *chaos) hook(r Result[int, []uint64]) {
 	switch {
 	case c.isTail(r.Key):
 	case c.chance(100):
-		c.injectPanic(CallbackOnDone, true)
+		c.injectPanic(callbackOnDone, true)
 	case c.chance(50):
-		c.injectExit(CallbackOnDone, true, nil)
+		c.injectExit(callbackOnDone, true, nil)
 	case c.chance(300):
 		rr := rand.New(rand.NewPCG(c.seed, c.order.Add(1)))
 		// Its own key only on a goroutine that executes nothing: this hook
@@ -1270,7 +1270,7 @@ func (o chaosObserver) OnDrop(Event, Bound)                      { o.c.observe()
 func (o chaosObserver) OnFinish(Event, Outcome)                  { o.c.observe() }
 func (o chaosObserver) OnLimitChange(int, int)                   { o.c.observe() }
 
-func (o chaosObserver) OnModeChange(_, _ Mode, reason SwitchReason) {
+func (o chaosObserver) OnModeChange(_, _ Mode, reason string) {
 	n, _ := o.c.switches.LoadOrStore(reason, new(atomic.Uint64))
 	n.(*atomic.Uint64).Add(1)
 	o.c.observe()
@@ -1289,9 +1289,9 @@ func (c *chaos) observe() {
 	}
 	switch {
 	case c.chance(20):
-		c.injectPanic(CallbackObserver, true)
+		c.injectPanic(callbackObserver, true)
 	case c.chance(10):
-		c.injectExit(CallbackObserver, true, nil)
+		c.injectExit(callbackObserver, true, nil)
 	case c.chance(5):
 		c.checkStats(c.d.Stats(), "observer")
 	}
@@ -1317,8 +1317,8 @@ func (c *chaos) checkResult(r Result[int, []uint64], where string) {
 	if pe := (*PanicError)(nil); errors.As(r.Err, &pe) {
 		c.checkPanicError(pe, where)
 		switch {
-		case pe.Callback == CallbackExec, pe.Callback == CallbackNoOp, pe.Callback == CallbackBeforeRetry, pe.Callback == CallbackClassify:
-		case pe.Callback == CallbackObserver && pe.Value == ErrGoexit:
+		case pe.Callback == callbackExec, pe.Callback == callbackNoOp, pe.Callback == callbackBeforeRetry, pe.Callback == callbackClassify:
+		case pe.Callback == callbackObserver && pe.Value == ErrGoexit:
 			// OnStart exited the worker about to execute: the attempt it
 			// interrupted ends Failed.
 		default:
@@ -1329,7 +1329,7 @@ func (c *chaos) checkResult(r Result[int, []uint64], where string) {
 
 // checkPanicError checks that pe is a panic or Goexit the soak injected.
 func (c *chaos) checkPanicError(pe *PanicError, where string) {
-	if v, ok := pe.Value.(chaosPanic); ok && Callback(v) == pe.Callback {
+	if v, ok := pe.Value.(chaosPanic); ok && string(v) == pe.Callback {
 		return
 	}
 	if pe.Value == ErrGoexit {
@@ -1339,7 +1339,7 @@ func (c *chaos) checkPanicError(pe *PanicError, where string) {
 }
 
 func (c *chaos) checkStats(s Stats, where string) {
-	sum := s.Outcomes.Total()
+	sum := total(s.Outcomes)
 	contained := c.containedPanics.Load() + c.containedExits.Load() // after the snapshot
 	switch {
 	case s.Submitted != s.Rejected+sum+uint64(s.Live):
@@ -1414,7 +1414,7 @@ func (c *chaos) verify() {
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	outcomes, calls := s.Outcomes.Total(), s.Calls.Total()
+	outcomes, calls := total(s.Outcomes), total(s.Calls)
 	if outcomes != uint64(len(c.accepted)) {
 		c.errorf("final: Σ Outcomes %d, %d submissions were accepted", outcomes, len(c.accepted))
 	}
@@ -1444,7 +1444,7 @@ func (c *chaos) verify() {
 		}
 	}
 
-	var byState StateCounts
+	var byState stateCounts
 	for _, ct := range c.tickets {
 		res, ok := ct.tk.Result()
 		if !ok {
@@ -1479,8 +1479,8 @@ func (c *chaos) verify() {
 		}
 	}
 	for st := range byState {
-		if byState[st] > s.Outcomes[st] {
-			c.errorf("final: tickets ended %v %d times, Stats.Outcomes says %d", State(st), byState[st], s.Outcomes[st])
+		if byState[st] > s.Outcomes[State(st)] {
+			c.errorf("final: tickets ended %v %d times, Stats.Outcomes says %d", State(st), byState[st], s.Outcomes[State(st)])
 		}
 	}
 	var inj []string
@@ -1490,7 +1490,7 @@ func (c *chaos) verify() {
 		}
 	}
 	var sw []string
-	for _, r := range SwitchReasons() {
+	for _, r := range []string{reasonManual, reasonCoolDown, reasonBacklog, reasonFailureRatio, reasonQueueWait, reasonCircuitOpen} {
 		if n := c.switchCount(r); n > 0 {
 			sw = append(sw, fmt.Sprintf("%s %d", r, n))
 		}

@@ -241,7 +241,7 @@ func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit fu
 	var replace error
 	if merge := d.cfg.Merge; merge != nil {
 		var v T
-		err, _ := guard(CallbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
+		err, _ := guard(callbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
 		switch {
 		case err == nil:
 		case errors.Is(err, SkipIncoming):
@@ -356,7 +356,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	}
 	c := l.pending
 	var v T
-	err, _ := guard(CallbackAmend, func() (err error) { v, err = f(c.val); return err }, func(*PanicError) { d.mu.Unlock() })
+	err, _ := guard(callbackAmend, func() (err error) { v, err = f(c.val); return err }, func(*PanicError) { d.mu.Unlock() })
 	if err != nil {
 		d.mu.Unlock()
 		return true, err
@@ -369,7 +369,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 		return true, nil
 	}
 	var noop bool
-	if _, pe := guard(CallbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
+	if _, pe := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
 		if pe != nil {
 			return true, pe
 		}

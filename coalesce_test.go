@@ -149,7 +149,7 @@ func TestMergePanic(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMergeRejected)
 		var pe *PanicError
 		require.ErrorAs(t, err, &pe, "the panic, with its stack")
-		assert.Equal(t, CallbackMerge, pe.Callback)
+		assert.Equal(t, callbackMerge, pe.Callback)
 		assert.Equal(t, "merge exploded", pe.Value)
 		require.ErrorIs(t, d.Post("k", "boom", SubmitOptions{}), ErrMergeRejected)
 
@@ -556,7 +556,7 @@ func neverConcurrentPerKey(t *testing.T, retries bool) {
 		assert.Equal(t, execs.Load(), s.Executions)
 		assert.Equal(t, attempts.Load(), s.Submitted)
 		assert.Equal(t, rejected.Load(), s.Rejected)
-		assert.Equal(t, hooks.Load(), s.Calls.Total(), "hook calls vs Stats.Calls")
+		assert.Equal(t, hooks.Load(), total(s.Calls), "hook calls vs Stats.Calls")
 		told := tally(t, all...)
 		for st, n := range told {
 			assert.LessOrEqual(t, uint64(n), s.Outcomes[st], "tickets with state %v", st)

@@ -33,15 +33,17 @@ var configFields = []field{
 	{"MaxWaiters", "int", func(c *Config[string, int], v float64) { c.MaxWaiters = int(v) }},
 	{"Aging", "duration", func(c *Config[string, int], v float64) { c.Aging = time.Duration(v) }},
 	{"AgingBand", "int", func(c *Config[string, int], v float64) { c.AgingBand = int(v) }},
-	{"Reserve.Workers", "int", func(c *Config[string, int], v float64) { c.Reserve.Workers = int(v) }},
-	{"Reserve.MinPriority", "int", func(c *Config[string, int], v float64) {
-		c.Reserve = Reservation{Workers: 1, MinPriority: int(v)}
+	{"Start.ReservedWorkers", "int", func(c *Config[string, int], v float64) { c.Start.ReservedWorkers = int(v) }},
+	{"Start.UrgentPriority", "int", func(c *Config[string, int], v float64) {
+		c.Start = StartPolicy{ReservedWorkers: 1, UrgentPriority: int(v)}
 	}},
-	{"Adaptive.MinWorkers", "int", func(c *Config[string, int], v float64) { c.Adaptive = &AdaptivePolicy{MinWorkers: int(v)} }},
-	{"Adaptive.Tolerance", "float", func(c *Config[string, int], v float64) { c.Adaptive = &AdaptivePolicy{Tolerance: v} }},
-	{"Adaptive.Window", "duration", func(c *Config[string, int], v float64) { c.Adaptive = &AdaptivePolicy{Window: time.Duration(v)} }},
-	{"StartCheck.Quantile", "float", func(c *Config[string, int], v float64) { c.StartCheck.Quantile = v }},
-	{"StartCheck.MinSamples", "int", func(c *Config[string, int], v float64) { c.StartCheck.MinSamples = int(v) }},
+	{"Start.Adaptive.MinWorkers", "int", func(c *Config[string, int], v float64) { c.Start.Adaptive = &AdaptivePolicy{MinWorkers: int(v)} }},
+	{"Start.Adaptive.Tolerance", "float", func(c *Config[string, int], v float64) { c.Start.Adaptive = &AdaptivePolicy{Tolerance: v} }},
+	{"Start.Adaptive.Window", "duration", func(c *Config[string, int], v float64) {
+		c.Start.Adaptive = &AdaptivePolicy{Window: time.Duration(v)}
+	}},
+	{"Start.DeadlineQuantile", "float", func(c *Config[string, int], v float64) { c.Start.DeadlineQuantile = v }},
+	{"Start.DeadlineSamples", "int", func(c *Config[string, int], v float64) { c.Start.DeadlineSamples = int(v) }},
 	{"Retry.MaxAttempts", "int", func(c *Config[string, int], v float64) { c.Retry.MaxAttempts = int(v) }},
 	{"Retry.InitialBackoff", "duration", func(c *Config[string, int], v float64) { c.Retry.InitialBackoff = time.Duration(v) }},
 	{"Retry.MaxBackoff", "duration", func(c *Config[string, int], v float64) { c.Retry.MaxBackoff = time.Duration(v) }},
@@ -58,26 +60,26 @@ var configFields = []field{
 	{"Breaker.MinSamples", "int", func(c *Config[string, int], v float64) { c.Breaker = &BreakerPolicy{MinSamples: int(v)} }},
 	{"Breaker.Cooldown", "duration", func(c *Config[string, int], v float64) { c.Breaker = &BreakerPolicy{Cooldown: time.Duration(v)} }},
 	{"Breaker.Probes", "int", func(c *Config[string, int], v float64) { c.Breaker = &BreakerPolicy{Probes: int(v)} }},
-	{"Fallback.Window", "duration", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{Window: time.Duration(v), MaxBacklog: 100}
+	{"Rollout.Fallback.Window", "duration", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{Window: time.Duration(v), MaxBacklog: 100}
 	}},
-	{"Fallback.MaxBacklog", "int", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{MaxBacklog: int(v), MaxBreakerOpen: time.Hour}
+	{"Rollout.Fallback.MaxBacklog", "int", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{MaxBacklog: int(v), MaxCircuitOpen: time.Hour}
 	}},
-	{"Fallback.MaxQueueWaitP99", "duration", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{MaxQueueWaitP99: time.Duration(v), MaxBacklog: 100}
+	{"Rollout.Fallback.MaxQueueWaitP99", "duration", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{MaxQueueWaitP99: time.Duration(v), MaxBacklog: 100}
 	}},
-	{"Fallback.MaxFailureRatio", "float", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{MaxFailureRatio: v, MaxBacklog: 100}
+	{"Rollout.Fallback.MaxFailureRatio", "float", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{MaxFailureRatio: v, MaxBacklog: 100}
 	}},
-	{"Fallback.MinSamples", "int", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{MinSamples: int(v), MaxBacklog: 100}
+	{"Rollout.Fallback.MinSamples", "int", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{MinSamples: int(v), MaxBacklog: 100}
 	}},
-	{"Fallback.MaxBreakerOpen", "duration", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{MaxBreakerOpen: time.Duration(v), MaxBacklog: 100}
+	{"Rollout.Fallback.MaxCircuitOpen", "duration", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{MaxCircuitOpen: time.Duration(v), MaxBacklog: 100}
 	}},
-	{"Fallback.ReturnAfter", "duration", func(c *Config[string, int], v float64) {
-		c.Fallback = &FallbackPolicy{ReturnAfter: time.Duration(v), MaxBacklog: 100}
+	{"Rollout.Fallback.ReturnAfter", "duration", func(c *Config[string, int], v float64) {
+		c.Rollout.Fallback = &FallbackPolicy{ReturnAfter: time.Duration(v), MaxBacklog: 100}
 	}},
 	{`Tenants["t"].MaxQueued`, "int", func(c *Config[string, int], v float64) {
 		c.Tenants = map[string]TenantConfig{"t": {MaxQueued: int(v)}}
@@ -212,8 +214,8 @@ func TestHugeCapacity(t *testing.T) {
 // parks instead of waking every tenth of its window (at 1ns it burned a
 // fifth of a core); the next call wakes it, and it still switches.
 func TestFallbackWindow(t *testing.T) {
-	_, err := New(nopExec, Config[string, int]{Fallback: &FallbackPolicy{Window: time.Nanosecond, MaxBacklog: 1}})
-	assert.ErrorContains(t, err, "Config.Fallback.Window")
+	_, err := New(nopExec, Config[string, int]{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{Window: time.Nanosecond, MaxBacklog: 1}}})
+	assert.ErrorContains(t, err, "Config.Rollout.Fallback.Window")
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
 		d := newD(t, func(ctx context.Context, k string, _ int) error {
@@ -221,7 +223,7 @@ func TestFallbackWindow(t *testing.T) {
 				<-gate
 			}
 			return nil
-		}, Config[string, int]{Workers: 1, Fallback: &FallbackPolicy{Window: 10 * time.Millisecond, MaxBacklog: 3}})
+		}, Config[string, int]{Workers: 1, Rollout: RolloutPolicy{Fallback: &FallbackPolicy{Window: 10 * time.Millisecond, MaxBacklog: 3}}})
 		tk := submit(t, d, "idle", 1, SubmitOptions{})
 		<-tk.Done()
 		time.Sleep(time.Second)

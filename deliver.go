@@ -96,7 +96,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		r := ob.hooks[ob.nh]
 		ob.hooks[ob.nh] = Result[K, T]{}
 		ob.nh++
-		_, pe := guard(CallbackOnDone, func() error { d.cfg.OnDone(r); return nil }, rest)
+		_, pe := guard(callbackOnDone, func() error { d.cfg.OnDone(r); return nil }, rest)
 		d.contain(pe)
 	}
 	ob.hooks, ob.nh = ob.hooks[:0], 0
@@ -104,7 +104,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		f := ob.notes[ob.nn]
 		ob.notes[ob.nn] = nil
 		ob.nn++
-		_, pe := guard(CallbackObserver, func() error { f(); return nil }, rest)
+		_, pe := guard(callbackObserver, func() error { f(); return nil }, rest)
 		d.contain(pe)
 	}
 	ob.notes, ob.nn = ob.notes[:0], 0
@@ -116,7 +116,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 // *PanicError of Value ErrGoexit, to finish the work f interrupted, and then
 // the goroutine ends. guard needs no lock; if the caller holds one across f,
 // onExit must release it.
-func guard(cb Callback, f func() error, onExit func(*PanicError)) (err error, panicked *PanicError) {
+func guard(cb string, f func() error, onExit func(*PanicError)) (err error, panicked *PanicError) {
 	returned := false
 	defer func() {
 		if returned {
@@ -167,6 +167,6 @@ func (d *Dispatcher[K, T]) contain(pe *PanicError) {
 // ends the goroutine, it is counted on the way out; the caller's own
 // deferred work finishes what it interrupted.
 func (d *Dispatcher[K, T]) observe(f func()) {
-	_, pe := guard(CallbackObserver, func() error { f(); return nil }, d.contain)
+	_, pe := guard(callbackObserver, func() error { f(); return nil }, d.contain)
 	d.contain(pe)
 }

@@ -141,22 +141,22 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		q:           newQueue[K, T](set.aging, set.band),
 		timerAt:     maxTime,
 		retryBudget: window.New(set.Retry.BudgetWindow),
-		queueWait:   hist.NewRecent(LatencyWindow),
-		execTime:    hist.NewRecent(LatencyWindow),
-		mode:        set.Mode,
+		queueWait:   hist.NewRecent(latencyWindow),
+		execTime:    hist.NewRecent(latencyWindow),
+		mode:        set.Rollout.Mode,
 		tenants:     map[string]*tenant[K, T]{},
 		owned:       map[uint64]int{},
 		tokens:      newTokens(set.RateLimit),
 		labelTimes:  map[string]*labelTimes{},
 	}
-	if set.Adaptive != nil {
-		d.adaptive = newAdaptive(set.Adaptive, set.Workers, set.Retry.MaxBackoff)
+	if set.Start.Adaptive != nil {
+		d.adaptive = newAdaptive(set.Start.Adaptive, set.Workers, set.Retry.MaxBackoff)
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}
 	}
-	if set.Fallback != nil {
-		d.fallback = newFallbackState(set.Fallback)
+	if set.Rollout.Fallback != nil {
+		d.fallback = newFallbackState(set.Rollout.Fallback)
 	}
 	if set.Breaker != nil {
 		d.breaker = &breaker{p: set.Breaker, win: window.New(set.Breaker.Window), obs: set.Observer}
@@ -385,7 +385,7 @@ func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
 		return ""
 	}
 	var label string
-	_, pe := guard(CallbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.contain)
+	_, pe := guard(callbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.contain)
 	d.contain(pe)
 	return label
 }

@@ -32,8 +32,7 @@ func TestNewValidation(t *testing.T) {
 		{"Capacity -1", nopExec, cfg{Capacity: -1}, "Config.Capacity"},
 		{"MaxWaiters -1", nopExec, cfg{MaxWaiters: -1}, "Config.MaxWaiters"},
 		{"Aging -1", nopExec, cfg{Aging: -1}, "Config.Aging"},
-		{"unknown Mode", nopExec, cfg{Mode: 7}, "Config.Mode"},
-		{"unknown SwitchPolicy", nopExec, cfg{SwitchPolicy: 7}, "Config.SwitchPolicy"},
+		{"unknown Mode", nopExec, cfg{Rollout: RolloutPolicy{Mode: 7}}, "Config.Rollout.Mode"},
 		{"Retry.MaxAttempts -1", nopExec, cfg{Retry: RetryPolicy{MaxAttempts: -1}}, "Config.Retry.MaxAttempts"},
 		{"Retry.Multiplier 0.5", nopExec, cfg{Retry: RetryPolicy{Multiplier: 0.5}}, "Config.Retry.Multiplier"},
 		{"Retry.Jitter unknown", nopExec, cfg{Retry: RetryPolicy{Jitter: 9}}, "Config.Retry.Jitter"},
@@ -42,9 +41,9 @@ func TestNewValidation(t *testing.T) {
 		{"Breaker.Cooldown -1", nopExec, cfg{Breaker: &BreakerPolicy{Cooldown: -1}}, "Config.Breaker.Cooldown"},
 		{"Breaker.Probes -1", nopExec, cfg{Breaker: &BreakerPolicy{Probes: -1}}, "Config.Breaker.Probes"},
 		{"Breaker.FailureRatio 2", nopExec, cfg{Breaker: &BreakerPolicy{FailureRatio: 2}}, "Config.Breaker.FailureRatio"},
-		{"Fallback without threshold", nopExec, cfg{Fallback: &FallbackPolicy{}}, "Config.Fallback"},
-		{"Fallback.MaxBacklog -1", nopExec, cfg{Fallback: &FallbackPolicy{MaxBacklog: -1}}, "Config.Fallback.MaxBacklog"},
-		{"Fallback.MaxFailureRatio 2", nopExec, cfg{Fallback: &FallbackPolicy{MaxFailureRatio: 2}}, "Config.Fallback.MaxFailureRatio"},
+		{"Fallback without threshold", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{}}}, "Config.Rollout.Fallback"},
+		{"Fallback.MaxBacklog -1", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{MaxBacklog: -1}}}, "Config.Rollout.Fallback.MaxBacklog"},
+		{"Fallback.MaxFailureRatio 2", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{MaxFailureRatio: 2}}}, "Config.Rollout.Fallback.MaxFailureRatio"},
 		{"tenant MaxQueued -1", nopExec, cfg{Tenants: map[string]TenantConfig{"a": {MaxQueued: -1}}}, `Config.Tenants["a"].MaxQueued`},
 		{"default tenant Weight -1", nopExec, cfg{DefaultTenant: TenantConfig{Weight: -1}}, "Config.DefaultTenant.Weight"},
 	}
@@ -274,13 +273,13 @@ func TestMaxWaiters(t *testing.T) {
 }
 
 // TestMaxWaitersDefault: without Config.MaxWaiters, live tickets are bounded
-// by DefaultWaitersPerKey × capacity.
+// by defaultWaitersPerKey × capacity.
 func TestMaxWaitersDefault(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
 		d, hold, release := holdWorker(t, f.exec, Config[string, int]{Capacity: 2})
 		tks := []*Ticket[string, int]{hold}
-		for len(tks) < 2*DefaultWaitersPerKey {
+		for len(tks) < 2*defaultWaitersPerKey {
 			tks = append(tks, submit(t, d, "B", 0, prio(0)))
 		}
 		_, err := d.Submit(bg, "B", 0, prio(0))
@@ -474,7 +473,7 @@ func TestOnDone(t *testing.T) {
 			_ = d.Busy(r.Key)
 			mu.Lock()
 			defer mu.Unlock()
-			if st.Calls.Total() < uint64(len(results)+1) {
+			if total(st.Calls) < uint64(len(results)+1) {
 				bad = append(bad, r.Key+": hook before Stats counted its call")
 			}
 			for _, tk := range tickets[r.Key] {

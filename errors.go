@@ -6,8 +6,12 @@ import (
 	"fmt"
 )
 
-// Sentinel errors. Every error the dispatcher returns or delivers matches one
-// of them with [errors.Is]; the typed errors below carry the details.
+// Sentinel errors. A refused submission's error, and the error of every
+// outcome but a Failed one, matches one of them with [errors.Is] (a
+// refusal for a done context also matches the context's error); the typed
+// errors below carry the details. A Failed outcome's error is the call's
+// own: the API's error, a *RetryError wrapping it or a *PanicError. New's
+// and SetMode's errors for bad arguments name the argument and match none.
 var (
 	// ErrBackpressure reports that a submission was refused because the
 	// dispatcher is full. Nothing was enqueued; the caller decides whether to
@@ -89,9 +93,6 @@ const (
 	BoundQuota Bound = "quota"
 )
 
-// Bounds lists every Bound, for callers that set up one counter per value.
-func Bounds() []Bound { return []Bound{BoundCapacity, BoundWaiters, BoundQuota} }
-
 // BackpressureError is the error a refused submission gets. It matches
 // [ErrBackpressure].
 type BackpressureError struct {
@@ -108,30 +109,16 @@ func (e *BackpressureError) Error() string {
 // Is reports whether target is [ErrBackpressure].
 func (e *BackpressureError) Is(target error) bool { return target == ErrBackpressure }
 
-// GiveUp says why a failed call was not retried (further). Its values are
-// a fixed set, safe as a metric label.
-type GiveUp string
-
-// The reasons a call is not retried.
+// The reasons a call is not retried (RetryError.Reason).
 const (
-	// GiveUpPermanent: the classifier judged the error Permanent.
-	GiveUpPermanent GiveUp = "permanent"
-	// GiveUpAttempts: Retry.MaxAttempts executions were made.
-	GiveUpAttempts GiveUp = "attempts"
-	// GiveUpDeadline: the next attempt could not start before the call's
-	// deadline.
-	GiveUpDeadline GiveUp = "deadline"
-	// GiveUpBudget: the retry budget (Retry.BudgetRatio) was spent.
-	GiveUpBudget GiveUp = "budget"
-	// GiveUpRecompute: the error needs the call rebuilt (Recompute) and no
-	// BeforeRetry hook is configured to rebuild it.
-	GiveUpRecompute GiveUp = "recompute"
-	// GiveUpBeforeRetry: the BeforeRetry hook returned an error.
-	GiveUpBeforeRetry GiveUp = "before-retry"
-	// GiveUpQuota: the call's tenant had no room left under its
-	// TenantConfig.MaxQueued for the retry to wait in, and no worse
-	// droppable call of its own to make room.
-	GiveUpQuota GiveUp = "quota"
+	giveUpPermanent   = "permanent"    // the classifier judged the error permanent
+	giveUpAttempts    = "attempts"     // Retry.MaxAttempts executions were made
+	giveUpDeadline    = "deadline"     // the next attempt could not start before the deadline
+	giveUpBudget      = "budget"       // the retry budget was spent
+	giveUpRecompute   = "recompute"    // ClassRecompute, and no BeforeRetry hook to rebuild the call
+	giveUpBeforeRetry = "before_retry" // the BeforeRetry hook returned an error
+	giveUpQuota       = "quota"        // no room under the tenant's MaxQueued to wait in
+	giveUpPanic       = "panic"        // exec panicked: Failed with the *PanicError itself
 )
 
 // RetryError is the error of a call that failed for good after it was
@@ -142,8 +129,13 @@ type RetryError struct {
 	Attempts int
 	// Last is the last execution's error (or the before-retry hook's).
 	Last error
-	// Reason says why the call was not retried (further).
-	Reason GiveUp
+	// Reason says why the call was not retried (further), from a fixed
+	// set: "permanent" (judged so), "attempts" (Retry.MaxAttempts made),
+	// "deadline" (the next attempt could not start in time), "budget" (the
+	// retry budget was spent), "recompute" (ClassRecompute without a
+	// BeforeRetry hook), "before_retry" (the hook failed), "quota" (no
+	// room under the tenant's MaxQueued to wait in).
+	Reason string
 }
 
 func (e *RetryError) Error() string {
@@ -153,26 +145,22 @@ func (e *RetryError) Error() string {
 // Unwrap returns the last error.
 func (e *RetryError) Unwrap() error { return e.Last }
 
-// Is matches ErrExpired for Reason GiveUpDeadline.
+// Is matches ErrExpired for Reason "deadline".
 func (e *RetryError) Is(target error) bool {
-	return target == ErrExpired && e.Reason == GiveUpDeadline
+	return target == ErrExpired && e.Reason == giveUpDeadline
 }
 
-// Callback names a piece of user code the dispatcher calls. Its values are
-// a fixed set, safe as a metric label.
-type Callback string
-
-// The callbacks.
+// The callbacks a PanicError can name.
 const (
-	CallbackExec        Callback = "exec"
-	CallbackMerge       Callback = "merge"
-	CallbackNoOp        Callback = "no-op"
-	CallbackLabel       Callback = "label"
-	CallbackOnDone      Callback = "on-done"
-	CallbackClassify    Callback = "classify"
-	CallbackBeforeRetry Callback = "before-retry"
-	CallbackObserver    Callback = "observer"
-	CallbackAmend       Callback = "amend"
+	callbackExec        = "exec"
+	callbackMerge       = "merge"
+	callbackNoOp        = "no_op"
+	callbackLabel       = "label"
+	callbackOnDone      = "on_done"
+	callbackClassify    = "classify"
+	callbackBeforeRetry = "before_retry"
+	callbackObserver    = "observer"
+	callbackAmend       = "amend"
 )
 
 // PanicError is the error of a callback that panicked or exited its
@@ -181,8 +169,9 @@ const (
 // or classifier panicked ends Failed with this error and is never retried,
 // since a half-done side effect must not be repeated.
 type PanicError struct {
-	// Callback says whose code it was.
-	Callback Callback
+	// Callback says whose code it was: "exec", "merge", "no_op", "label",
+	// "on_done", "classify", "before_retry", "observer" or "amend".
+	Callback string
 	// Value is what was passed to panic, or ErrGoexit if the callback called
 	// runtime.Goexit (as t.FailNow does).
 	Value any

@@ -59,7 +59,7 @@ func Example() {
 	fmt.Println(res.State, res.Attempts, err)
 	// Output:
 	// PATCH pod-a: Unschedulable
-	// Succeeded 1 <nil>
+	// succeeded 1 <nil>
 }
 
 // Ready calls run by priority, highest first: a bind does not wait behind
@@ -98,7 +98,7 @@ func ExampleDispatcher_Submit() {
 	// bind pod-c
 	// patch-status pod-a
 	// patch-status pod-b
-	// [pod-a: Succeeded pod-b: Succeeded pod-c: Succeeded]
+	// [pod-a: succeeded pod-b: succeeded pod-c: succeeded]
 }
 
 // Post is for callers that never wait: it returns no ticket, and a Post onto
@@ -129,7 +129,7 @@ func ExampleDispatcher_Post() {
 	fmt.Println("submitted", s.Submitted, "coalesced", s.Coalesced, "executions", s.Executions)
 	// Output:
 	// PATCH pod-a: attempt 3: 0/5 nodes
-	// done pod-a: Succeeded, 3 submissions, 1 API call
+	// done pod-a: succeeded, 3 submissions, 1 API call
 	// submitted 4 coalesced 2 executions 2
 }
 
@@ -171,7 +171,7 @@ func ExampleConfig_merge() {
 	// Output:
 	// refused: true dispatch: merge rejected: resourceVersion 8 is not 7
 	// PATCH pod-a 7 map[phase:Pending reason:Unschedulable]
-	// Succeeded Succeeded waiters: 2
+	// succeeded succeeded waiters: 2
 }
 
 // Cancel ends everything for a key — the pod was deleted or preempted: the
@@ -194,7 +194,7 @@ func ExampleDispatcher_Cancel() {
 	fmt.Println(res.State, errors.Is(err, dispatch.ErrCanceled), errors.Is(err, errDeleted))
 	// Output:
 	// cancelled: true pending: false
-	// Canceled true true
+	// canceled true true
 }
 
 // Ticket.Cancel withdraws one waiter: the call goes on for the others. When
@@ -221,7 +221,7 @@ func ExampleTicket_Cancel() {
 	// Output:
 	// after one leaves, pending: true
 	// after both leave, pending: false
-	// Canceled Canceled
+	// canceled canceled
 }
 
 // Generations fence stale work: a submission for a newer scheduling attempt
@@ -247,7 +247,7 @@ func ExampleSubmitOptions_generation() {
 	// Output:
 	// late attempt 1 refused: true
 	// bind pod-a to node-2
-	// attempt 1: Stale attempt 2: Succeeded
+	// attempt 1: stale attempt 2: succeeded
 }
 
 // Capacity bounds the keys a dispatcher tracks. A new key beyond it is
@@ -297,7 +297,7 @@ func ExampleDispatcher_Close() {
 	fmt.Println("after Close:", err)
 	// Output:
 	// Close: context canceled
-	// Closed true
+	// closed true
 	// after Close: dispatch: closed
 }
 
@@ -343,7 +343,7 @@ func ExampleDispatcher_SetMode() {
 	fmt.Println(res.State, d.Stats().Mode)
 	// Output:
 	// PATCH pod-a: Unschedulable
-	// Succeeded sync
+	// succeeded sync
 }
 
 // Tenants keep one caller from starving the others: here status patches may
@@ -426,5 +426,5 @@ func ExampleDispatcher_Amend() {
 	// Output:
 	// pod-b pending: true <nil> will be Unschedulable
 	// PATCH pod-a Unschedulable
-	// pod-a: Succeeded pod-b: Skipped
+	// pod-a: succeeded pod-b: skipped
 }

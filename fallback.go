@@ -1,7 +1,10 @@
 package dispatch
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/sat"
@@ -60,7 +63,7 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 	if d.mode == ModeSync {
 		if f.returnAt != 0 && now >= f.returnAt {
 			f.returnAt = 0
-			d.switchMode(ModeAsync, SwitchCoolDown, ob)
+			d.switchMode(ModeAsync, reasonCoolDown, ob)
 		}
 	} else if code, detail := d.fallbackReason(now); code != "" {
 		f.reason = detail
@@ -85,7 +88,7 @@ func (d *Dispatcher[K, T]) fallbackIdle() bool {
 	if d.mode == ModeSync {
 		return f.returnAt == 0
 	}
-	breakerOpen := d.breaker != nil && d.breaker.state != CircuitClosed && f.p.MaxBreakerOpen > 0
+	breakerOpen := d.breaker != nil && d.breaker.state != CircuitClosed && f.p.MaxCircuitOpen > 0
 	return d.liveCalls == 0 && !breakerOpen
 }
 
@@ -99,33 +102,91 @@ func (d *Dispatcher[K, T]) wakeFallback(now int64) {
 	}
 }
 
-// fallbackReason says which threshold is exceeded, if any: its SwitchReason
+// fallbackReason says which threshold is exceeded, if any: its reason
 // for the observer, and a detail with the measured values for
 // Stats.FallbackReason.
-func (d *Dispatcher[K, T]) fallbackReason(now int64) (code SwitchReason, detail string) {
-	p := d.cfg.Fallback
+func (d *Dispatcher[K, T]) fallbackReason(now int64) (code, detail string) {
+	p := d.cfg.Rollout.Fallback
 	if p.MaxBacklog > 0 {
 		if n := d.liveCalls - d.running; n > p.MaxBacklog {
-			return SwitchBacklog, fmt.Sprintf("backlog %d > %d", n, p.MaxBacklog)
+			return reasonBacklog, fmt.Sprintf("backlog %d > %d", n, p.MaxBacklog)
 		}
 	}
 	if p.MaxFailureRatio > 0 {
 		s := d.fallback.calls.Sum(now)
 		if s.Total >= uint64(p.MinSamples) && float64(s.Marked) > p.MaxFailureRatio*float64(s.Total) {
-			return SwitchFailureRatio, fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.Marked)/float64(s.Total), p.MaxFailureRatio)
+			return reasonFailureRatio, fmt.Sprintf("failure ratio %.3f > %.3f", float64(s.Marked)/float64(s.Total), p.MaxFailureRatio)
 		}
 	}
 	if p.MaxQueueWaitP99 > 0 {
 		// p99 > max exactly when more than 1% of the waits exceed max.
 		s := d.fallback.waits.Sum(now)
 		if s.Total >= uint64(p.MinSamples) && float64(s.Marked) > 0.01*float64(s.Total) {
-			return SwitchQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.Marked, s.Total)
+			return reasonQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.Marked, s.Total)
 		}
 	}
-	if p.MaxBreakerOpen > 0 && d.breaker != nil && d.breaker.state != CircuitClosed {
-		if open := time.Duration(now - d.breaker.since); open > p.MaxBreakerOpen {
-			return SwitchBreakerOpen, fmt.Sprintf("breaker open for %v > %v", open, p.MaxBreakerOpen)
+	if p.MaxCircuitOpen > 0 && d.breaker != nil && d.breaker.state != CircuitClosed {
+		if open := time.Duration(now - d.breaker.since); open > p.MaxCircuitOpen {
+			return reasonCircuitOpen, fmt.Sprintf("circuit open for %v > %v", open, p.MaxCircuitOpen)
 		}
 	}
 	return "", ""
+}
+
+// FallbackPolicy switches the dispatcher to ModeSync by itself when the
+// async path does harm (Config.Rollout.Fallback). Each threshold is
+// checked over a sliding Window; a zero threshold is not checked, and one
+// at least must be set. Crossing one switches with the rollout policy,
+// records the measured values (Stats.FallbackReason) and tells
+// Observer.OnModeChange the threshold's reason: "backlog", "queue_wait",
+// "failure_ratio" or "circuit_open".
+type FallbackPolicy struct {
+	// Window is the span the thresholds are measured over; they are
+	// checked every tenth of it while there is work. Default 10s; at least
+	// 10ms.
+	Window time.Duration
+	// MaxBacklog trips when more calls than this wait to run.
+	MaxBacklog int
+	// MaxQueueWaitP99 trips when the 99th percentile of the window's queue
+	// waits exceeds it, and MaxFailureRatio when more than this fraction
+	// of the window's finished calls failed — each once MinSamples calls
+	// (default 20) counted.
+	MaxQueueWaitP99 time.Duration
+	MaxFailureRatio float64
+	MinSamples      int
+	// MaxCircuitOpen trips when the breaker's circuit has stayed open (or
+	// half-open) longer than this.
+	MaxCircuitOpen time.Duration
+	// ReturnAfter, if set, switches back to ModeAsync this long after an
+	// automatic fallback (reason "cool_down"); zero leaves the return to
+	// SetMode.
+	ReturnAfter time.Duration
+}
+
+// minFallbackWindow is the shortest FallbackPolicy.Window.
+const minFallbackWindow = 10 * time.Millisecond
+
+func (p *FallbackPolicy) validate() error {
+	const f = "Rollout.Fallback."
+	switch {
+	case p.Window < 0 || (p.Window > 0 && p.Window < minFallbackWindow):
+		return fieldErr(f+"Window", p.Window, fmt.Sprintf("must be at least %v (0 means the default)", minFallbackWindow))
+	case p.MaxQueueWaitP99 < 0:
+		return fieldErr(f+"MaxQueueWaitP99", p.MaxQueueWaitP99, "must not be negative")
+	case p.MaxCircuitOpen < 0:
+		return fieldErr(f+"MaxCircuitOpen", p.MaxCircuitOpen, "must not be negative")
+	case p.ReturnAfter < 0:
+		return fieldErr(f+"ReturnAfter", p.ReturnAfter, "must not be negative")
+	case p.MaxBacklog < 0:
+		return fieldErr(f+"MaxBacklog", p.MaxBacklog, "must not be negative")
+	case p.MinSamples < 0:
+		return fieldErr(f+"MinSamples", p.MinSamples, "must not be negative")
+	case p.MaxFailureRatio < 0 || p.MaxFailureRatio > 1 || math.IsNaN(p.MaxFailureRatio):
+		return fieldErr(f+"MaxFailureRatio", p.MaxFailureRatio, "must be in [0, 1]")
+	case p.MaxBacklog == 0 && p.MaxQueueWaitP99 == 0 && p.MaxFailureRatio == 0 && p.MaxCircuitOpen == 0:
+		return errors.New("dispatch: Config.Rollout.Fallback: no threshold set")
+	}
+	p.Window = cmp.Or(p.Window, 10*time.Second)
+	p.MinSamples = cmp.Or(p.MinSamples, 20)
+	return nil
 }

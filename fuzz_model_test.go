@@ -136,21 +136,25 @@ type fzModel struct {
 	openUntil int64 // while open
 	probes    int   // probes in flight while half-open
 
-	outcomes dispatch.StateCounts
-	callsBy  dispatch.StateCounts
+	outcomes map[dispatch.State]uint64
+	callsBy  map[dispatch.State]uint64
 	starts   []fzStart
 	hooks    []fzHookRec
 }
 
 func newFzModel(cfg fzConfig) *fzModel {
-	return &fzModel{cfg: cfg, slots: map[int]*fmSlot{}}
+	m := &fzModel{cfg: cfg, slots: map[int]*fmSlot{}, outcomes: map[dispatch.State]uint64{}, callsBy: map[dispatch.State]uint64{}}
+	for st := dispatch.StateSucceeded; st <= dispatch.StateClosed; st++ {
+		m.outcomes[st], m.callsBy[st] = 0, 0 // Stats reports every state
+	}
+	return m
 }
 
 func (m *fzModel) maxWaiters() int {
 	if m.cfg.maxWaiters > 0 {
 		return m.cfg.maxWaiters
 	}
-	return m.cfg.capacity * dispatch.DefaultWaitersPerKey
+	return m.cfg.capacity * 4 /* Config.MaxWaiters: 0 means 4 × Capacity */
 }
 
 func (m *fzModel) noop(v int64) bool { return m.cfg.noop && v%5 == 0 }

@@ -130,7 +130,7 @@ func TestRateLimiterRefusals(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var runs atomic.Int32 // sync-mode execs run on the submitting goroutines
 				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
-					Mode:      mode,
+					Rollout:   RolloutPolicy{Mode: mode},
 					Workers:   2,
 					RateLimit: rate.NewLimiter(2, 1), // a token every 500ms
 					Retry:     RetryPolicy{AttemptTimeout: 10 * time.Millisecond, BudgetRatio: inf},
@@ -168,7 +168,7 @@ func TestReservation(t *testing.T) {
 		log := newStartLog()
 		d := newD(t, log.exec(100*time.Millisecond), Config[string, int]{
 			Workers: 4,
-			Reserve: Reservation{Workers: 1, MinPriority: 10},
+			Start:   StartPolicy{ReservedWorkers: 1, UrgentPriority: 10},
 			Aging:   time.Hour, // no call ages into urgency in this test
 		})
 		for i := range 40 {
@@ -195,7 +195,7 @@ func TestReservation(t *testing.T) {
 			log := newStartLog()
 			d := newD(t, log.exec(10*time.Minute), Config[string, int]{
 				Workers: 2,
-				Reserve: Reservation{Workers: 1, MinPriority: 10},
+				Start:   StartPolicy{ReservedWorkers: 1, UrgentPriority: 10},
 				Aging:   time.Second,
 			})
 			for i := range 10 { // 100 minutes of work for one worker
@@ -285,7 +285,7 @@ func TestAdaptiveThrottle(t *testing.T) {
 				Observer: obs,
 			}
 			if adaptiveOn {
-				cfg.Adaptive = &AdaptivePolicy{}
+				cfg.Start.Adaptive = &AdaptivePolicy{}
 			}
 			d := newD(t, api.exec, cfg)
 			stop := make(chan struct{})
@@ -334,7 +334,7 @@ func TestAdaptiveLatency(t *testing.T) {
 			mu.Unlock()
 			time.Sleep(l)
 			return nil
-		}, Config[string, int]{Workers: 8, Adaptive: &AdaptivePolicy{MinWorkers: 2}})
+		}, Config[string, int]{Workers: 8, Start: StartPolicy{Adaptive: &AdaptivePolicy{MinWorkers: 2}}})
 		post := func(n int, prefix string) {
 			var tks []*Ticket[string, int]
 			for i := range n {
@@ -367,8 +367,8 @@ func TestStartCheck(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				log := newStartLog()
 				cfg := Config[string, int]{
-					Workers:    1,
-					StartCheck: StartCheck{Disabled: disabled},
+					Workers: 1,
+					Start:   StartPolicy{NoDeadlineCheck: disabled},
 				}
 				if c.labelled {
 					cfg.Label = func(string, int) string { return "patch" }
@@ -403,11 +403,11 @@ func TestStartCheck(t *testing.T) {
 // TestIssue12Validation: the new settings' bad values are errors from New.
 func TestIssue12Validation(t *testing.T) {
 	for name, cfg := range map[string]Config[string, int]{
-		"Reserve.Workers":       {Workers: 4, Reserve: Reservation{Workers: 4}},
-		"Adaptive.MinWorkers":   {Workers: 4, Adaptive: &AdaptivePolicy{MinWorkers: 5}},
-		"Adaptive.Tolerance":    {Adaptive: &AdaptivePolicy{Tolerance: 0.5}},
-		"StartCheck.Quantile":   {StartCheck: StartCheck{Quantile: 2}},
-		"StartCheck.MinSamples": {StartCheck: StartCheck{MinSamples: -1}},
+		"Start.ReservedWorkers":     {Workers: 4, Start: StartPolicy{ReservedWorkers: 4}},
+		"Start.Adaptive.MinWorkers": {Workers: 4, Start: StartPolicy{Adaptive: &AdaptivePolicy{MinWorkers: 5}}},
+		"Start.Adaptive.Tolerance":  {Start: StartPolicy{Adaptive: &AdaptivePolicy{Tolerance: 0.5}}},
+		"Start.DeadlineQuantile":    {Start: StartPolicy{DeadlineQuantile: 2}},
+		"Start.DeadlineSamples":     {Start: StartPolicy{DeadlineSamples: -1}},
 	} {
 		_, err := New(nopExec, cfg)
 		assert.ErrorContains(t, err, "Config."+name, name)
@@ -580,7 +580,7 @@ func TestFailingWaitLimiter(t *testing.T) {
 				lim := &failingLimiter{}
 				var runs atomic.Int32
 				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
-					Config[string, int]{Workers: 2, RateLimit: lim, Mode: mode})
+					Config[string, int]{Workers: 2, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode}})
 				tk, err := d.Submit(bg, "k", 1, SubmitOptions{Deadline: time.Now().Add(10 * time.Second)})
 				require.NoError(t, err)
 				<-tk.Done()
@@ -716,7 +716,7 @@ func TestAdaptiveModelledServers(t *testing.T) {
 			obs := &limitRange{low: workers, last: workers}
 			cfg := Config[string, int]{Workers: workers, Capacity: calls, Observer: obs}
 			if adaptiveOn {
-				cfg.Adaptive = &AdaptivePolicy{}
+				cfg.Start.Adaptive = &AdaptivePolicy{}
 			}
 			d := newD(t, s.exec, cfg)
 			// A light load first, one call at a time: what the server
@@ -781,10 +781,9 @@ func TestRetryAfterHoldRule(t *testing.T) {
 			}
 			return nil
 		}, Config[string, int]{
-			Workers:  4,
-			Reserve:  Reservation{Workers: 1, MinPriority: 100},
-			Adaptive: &AdaptivePolicy{},
-			Retry:    RetryPolicy{MaxBackoff: time.Second},
+			Workers: 4,
+			Start:   StartPolicy{ReservedWorkers: 1, UrgentPriority: 100, Adaptive: &AdaptivePolicy{}},
+			Retry:   RetryPolicy{MaxBackoff: time.Second},
 		})
 		patch := submit(t, d, "patch", 1, prio(0))
 		time.Sleep(10 * time.Millisecond)

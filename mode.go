@@ -37,60 +37,28 @@ func (m Mode) String() string {
 	case ModeSync:
 		return "sync"
 	}
-	return fmt.Sprintf("Mode(%d)", uint8(m))
+	return fmt.Sprintf("mode_%d", uint8(m))
 }
 
-// SwitchPolicy says what a switch to Sync does with the calls already
-// queued (Config.SwitchPolicy). Calls in flight always run to their end.
-type SwitchPolicy uint8
-
+// The reasons Observer.OnModeChange is given: a fixed set, safe as metric
+// label values. The measured values behind an automatic switch are in
+// Stats.FallbackReason.
 const (
-	// DrainQueued keeps running the queued calls on the workers until they
-	// are done (SetMode waits for them until its ctx ends, then cancels the
-	// rest with ErrFallback). It is the default.
-	DrainQueued SwitchPolicy = iota
-	// CancelQueued ends every queued call at once: waiters get Canceled
-	// with ErrFallback.
-	CancelQueued
+	reasonManual       = "manual"        // SetMode was called
+	reasonCoolDown     = "cool_down"     // FallbackPolicy.ReturnAfter passed after a fallback
+	reasonBacklog      = "backlog"       // FallbackPolicy.MaxBacklog was exceeded
+	reasonFailureRatio = "failure_ratio" // FallbackPolicy.MaxFailureRatio was exceeded
+	reasonQueueWait    = "queue_wait"    // FallbackPolicy.MaxQueueWaitP99 was exceeded
+	reasonCircuitOpen  = "circuit_open"  // FallbackPolicy.MaxCircuitOpen was exceeded
 )
 
-// SwitchReason says why the dispatcher changed mode. Its values are a fixed
-// set, safe as a metric label; the measured values behind an automatic
-// switch are in Stats.FallbackReason.
-type SwitchReason string
-
-// The reasons for a mode change.
-const (
-	// SwitchManual: SetMode was called.
-	SwitchManual SwitchReason = "manual"
-	// SwitchCoolDown: FallbackPolicy.ReturnAfter passed after an automatic
-	// fallback, and the dispatcher returned to Async.
-	SwitchCoolDown SwitchReason = "cool-down"
-	// SwitchBacklog: FallbackPolicy.MaxBacklog was exceeded.
-	SwitchBacklog SwitchReason = "backlog"
-	// SwitchFailureRatio: FallbackPolicy.MaxFailureRatio was exceeded.
-	SwitchFailureRatio SwitchReason = "failure-ratio"
-	// SwitchQueueWait: FallbackPolicy.MaxQueueWaitP99 was exceeded.
-	SwitchQueueWait SwitchReason = "queue-wait"
-	// SwitchBreakerOpen: the breaker stayed open longer than
-	// FallbackPolicy.MaxBreakerOpen.
-	SwitchBreakerOpen SwitchReason = "breaker-open"
-)
-
-// SwitchReasons lists every SwitchReason, for callers that set up one
-// counter per value.
-func SwitchReasons() []SwitchReason {
-	return []SwitchReason{SwitchManual, SwitchCoolDown, SwitchBacklog, SwitchFailureRatio, SwitchQueueWait, SwitchBreakerOpen}
-}
-
-// SetMode switches the dispatcher between Async and Sync at run time — the
-// feature gate's lever, and the manual rollback. Switching to Sync stops
-// async admission at once: from then on each submission runs inline in its
-// caller. What was already queued follows Config.SwitchPolicy: with
-// CancelQueued its waiters end Canceled with ErrFallback at once; with
-// DrainQueued the workers keep running it, and
-// SetMode waits until it is done or ctx ends, then cancels the rest the same
-// way and returns ctx's error. Calls in flight always run to their end.
+// SetMode switches the dispatcher between ModeAsync and ModeSync at run
+// time — the feature gate's lever, and the manual rollback. Switching to
+// ModeSync stops async admission at once: from then on each submission
+// runs inline in its caller. What was queued is ended Canceled with
+// ErrFallback at once if Config.Rollout.CancelQueued is set; otherwise the
+// workers drain it, and SetMode waits until that is done or ctx ends, then
+// cancels the rest the same way and returns ctx's error. Calls in flight always run to their end.
 // Switching back to Async resumes the workers. Every submission sees one
 // mode or the other, so a switch never loses a call or runs one twice.
 // Called from a callback on one of the dispatcher's goroutines, SetMode
@@ -106,10 +74,10 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 		d.mu.Unlock()
 		return ErrClosed
 	}
-	d.switchMode(m, SwitchManual, &ob)
+	d.switchMode(m, reasonManual, &ob)
 	d.mu.Unlock()
 	d.deliver(&ob)
-	if m == ModeAsync || d.cfg.SwitchPolicy == CancelQueued {
+	if m == ModeAsync || d.cfg.Rollout.CancelQueued {
 		return nil
 	}
 	checked := false
@@ -152,13 +120,13 @@ func (d *Dispatcher[K, T]) Mode() Mode {
 
 // switchMode changes the mode under the lock; reason is what the observer
 // is told.
-func (d *Dispatcher[K, T]) switchMode(m Mode, reason SwitchReason, ob *outbox[K, T]) {
+func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	from := d.mode
 	if from == m {
 		return
 	}
 	d.mode = m
-	if m == ModeSync && d.cfg.SwitchPolicy == CancelQueued {
+	if m == ModeSync && d.cfg.Rollout.CancelQueued {
 		d.cancelQueued(d.now(), ob)
 	}
 	if m == ModeAsync {

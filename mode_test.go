@@ -44,7 +44,7 @@ func TestModesShareBehaviour(t *testing.T) {
 		noop  bool
 		want  State
 		calls int
-		why   GiveUp
+		why   string
 	}{
 		{name: "success", want: StateSucceeded, calls: 1},
 		{name: "retry then success", errs: []error{syscall.ECONNRESET}, want: StateSucceeded, calls: 2},
@@ -72,7 +72,7 @@ func TestModesShareBehaviour(t *testing.T) {
 					return nil
 				}
 				d := newD(t, exec, Config[string, int]{
-					Mode:     mode,
+					Rollout:  RolloutPolicy{Mode: mode},
 					Workers:  1,
 					Classify: conflictClassifier,
 					Retry: RetryPolicy{
@@ -122,7 +122,7 @@ func TestModesShareBehaviour(t *testing.T) {
 // anything after Close (ErrClosed) — and count it.
 func TestModesShareAdmission(t *testing.T) {
 	bothModes(t, func(t *testing.T, mode Mode) {
-		d := newD(t, nopExec, Config[string, int]{Mode: mode, Capacity: 1})
+		d := newD(t, nopExec, Config[string, int]{Rollout: RolloutPolicy{Mode: mode}, Capacity: 1})
 		submit(t, d, "k", 1, SubmitOptions{Generation: 5})
 		_, err := d.Submit(bg, "k", 1, SubmitOptions{Deadline: time.Now().Add(-time.Second)})
 		assert.ErrorIs(t, err, ErrExpired)
@@ -148,7 +148,7 @@ func TestSyncRunsInCaller(t *testing.T) {
 		d := newD(t, func(context.Context, string, int) error {
 			ranOn = append(ranOn, goroutineID())
 			return nil
-		}, Config[string, int]{Mode: ModeSync})
+		}, Config[string, int]{Rollout: RolloutPolicy{Mode: ModeSync}})
 		for i := range 5 {
 			require.NoError(t, d.Post(fmt.Sprint(i), i, SubmitOptions{}))
 			require.Len(t, ranOn, i+1, "Post in Sync returns after the call ran")
@@ -182,7 +182,7 @@ func TestPostReturnsRefusalsOnly(t *testing.T) {
 		errAPI := errors.New("403 forbidden")
 		hooks := &hookLog[string, int]{}
 		d := newD(t, func(context.Context, string, int) error { return errAPI }, Config[string, int]{
-			Mode:    mode,
+			Rollout: RolloutPolicy{Mode: mode},
 			Workers: 1,
 			OnDone:  hooks.add,
 		})
@@ -197,15 +197,15 @@ func TestPostReturnsRefusalsOnly(t *testing.T) {
 	})
 }
 
-// TestSetModeDrainAndCancel switches to Sync with each SwitchPolicy while
+// TestSetModeDrainAndCancel switches to Sync with each rollout policy while
 // one call is in flight, one waits out a backoff and one is queued: new
 // submissions run inline at once; DrainQueued keeps running the queued and
 // backing-off calls (retry included) and SetMode waits for them, while
 // CancelQueued ends them Canceled with ErrFallback at once; the in-flight
 // call runs to its end either way; switching back to Async queues again.
 func TestSetModeDrainAndCancel(t *testing.T) {
-	for _, policy := range []SwitchPolicy{DrainQueued, CancelQueued} {
-		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+	for _, cancelQueued := range []bool{false, true} {
+		t.Run(fmt.Sprint("cancelQueued=", cancelQueued), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				release := make(chan struct{})
 				var mu sync.Mutex
@@ -223,9 +223,9 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 					}
 					return nil
 				}, Config[string, int]{
-					Workers:      2,
-					SwitchPolicy: policy,
-					Retry:        RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
+					Workers: 2,
+					Rollout: RolloutPolicy{CancelQueued: cancelQueued},
+					Retry:   RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
 				})
 				inflight := submit(t, d, "inflight", 0, SubmitOptions{})
 				backoff := submit(t, d, "backoff", 0, SubmitOptions{})
@@ -251,7 +251,7 @@ func TestSetModeDrainAndCancel(t *testing.T) {
 				synctest.Wait()
 				assert.True(t, inlineRan, "a submission after the switch runs inline at once")
 
-				if policy == CancelQueued {
+				if cancelQueued {
 					require.NoError(t, <-done)
 					for _, tk := range []*Ticket[string, int]{queued, backoff} {
 						res, err := tk.Wait(t.Context())
@@ -380,7 +380,7 @@ func TestModeSwitchRace(t *testing.T) {
 // TestFallbackTriggers drives each FallbackPolicy threshold to exactly its
 // value and just past it: at the threshold the dispatcher stays Async; past
 // it, it switches to Sync, records the measured values in
-// Stats.FallbackReason and tells the observer the threshold's SwitchReason.
+// Stats.FallbackReason and tells the observer the threshold's string.
 func TestFallbackTriggers(t *testing.T) {
 	type env struct {
 		d       *Dispatcher[string, int]
@@ -393,8 +393,8 @@ func TestFallbackTriggers(t *testing.T) {
 		// load drives the dispatcher to exactly the threshold (below=true)
 		// or just past it.
 		load func(t *testing.T, e env, below bool)
-		want string       // Stats.FallbackReason
-		code SwitchReason // the observer's reason
+		want string // Stats.FallbackReason
+		code string // the observer's reason
 		// window is the policy's window (default a minute); settle is how
 		// long to let the checks run after the load (default two checks).
 		window, settle time.Duration
@@ -432,7 +432,7 @@ func TestFallbackTriggers(t *testing.T) {
 					<-tk.Done()
 				}
 			},
-			want: "failure ratio 0.600 > 0.500", code: "failure-ratio",
+			want: "failure ratio 0.600 > 0.500", code: "failure_ratio",
 		},
 		{
 			name:   "queue wait p99",
@@ -454,11 +454,11 @@ func TestFallbackTriggers(t *testing.T) {
 				}
 				waitAll(tks...)
 			},
-			want: "queue wait p99 > 1s (2 of 103 waits)", code: "queue-wait",
+			want: "queue wait p99 > 1s (2 of 103 waits)", code: "queue_wait",
 		},
 		{
 			name:   "breaker open",
-			policy: FallbackPolicy{MaxBreakerOpen: 30 * time.Second},
+			policy: FallbackPolicy{MaxCircuitOpen: 30 * time.Second},
 			brk:    &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Minute},
 			load: func(t *testing.T, e env, below bool) {
 				close(e.release)
@@ -472,8 +472,8 @@ func TestFallbackTriggers(t *testing.T) {
 					time.Sleep(31*time.Second + 500*time.Millisecond)
 				}
 			},
-			want:   "breaker open for 31s > 30s",
-			code:   "breaker-open",
+			want:   "circuit open for 31s > 30s",
+			code:   "circuit_open",
 			window: 10 * time.Second,
 			settle: time.Nanosecond,
 		},
@@ -485,7 +485,7 @@ func TestFallbackTriggers(t *testing.T) {
 					release := make(chan struct{})
 					var modes []string
 					var mu sync.Mutex
-					obs := &modeLog{f: func(from, to Mode, reason SwitchReason) {
+					obs := &modeLog{f: func(from, to Mode, reason string) {
 						mu.Lock()
 						modes = append(modes, fmt.Sprint(from, ">", to, ": ", reason))
 						mu.Unlock()
@@ -509,7 +509,7 @@ func TestFallbackTriggers(t *testing.T) {
 						Capacity: 1000,
 						Retry:    RetryPolicy{MaxAttempts: 1},
 						Breaker:  tc.brk,
-						Fallback: &p,
+						Rollout:  RolloutPolicy{Fallback: &p},
 						Observer: obs,
 					})
 					tc.load(t, env{d, release}, below)
@@ -544,11 +544,11 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 		release := make(chan struct{})
 		d := newD(t, func(ctx context.Context, k string, _ int) error { <-release; return nil }, Config[string, int]{
 			Workers: 1,
-			Fallback: &FallbackPolicy{
+			Rollout: RolloutPolicy{Fallback: &FallbackPolicy{
 				MaxBacklog:  1,
 				Window:      10 * time.Second,
 				ReturnAfter: time.Minute,
-			},
+			}},
 		})
 		for i := range 3 {
 			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
@@ -565,10 +565,10 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 // modeLog is an observer that passes mode changes to f.
 type modeLog struct {
 	NopObserver
-	f func(from, to Mode, reason SwitchReason)
+	f func(from, to Mode, reason string)
 }
 
-func (m *modeLog) OnModeChange(from, to Mode, reason SwitchReason) { m.f(from, to, reason) }
+func (m *modeLog) OnModeChange(from, to Mode, reason string) { m.f(from, to, reason) }
 
 // TestSetModeValidation: SetMode refuses an unknown mode, and any switch
 // after Close. (Config's Mode, SwitchPolicy and Fallback are checked by

@@ -2,19 +2,22 @@ package dispatch
 
 import "time"
 
-// Event names the call an observation is about, with bounded cardinality:
-// the label Config.Label gives the call (a call type such as "bind" or
-// "status-patch"; "" without it) and its tenant.
+// Event names the call an observation is about: the label Config.Label
+// gives it (a call type such as "bind"; "" without Label) and its tenant.
+// Both become metric labels, so both must come from small fixed sets: the
+// dispatcher does not bound them (the prometheus module caps what it
+// exports).
 type Event struct {
 	Label  string
 	Tenant string
 }
 
 // Observer receives the dispatcher's events, for metrics and logs. Every
-// method is called outside the dispatcher's lock, on whichever goroutine
-// caused the event (a submitter, a worker, the timer goroutine, a caller of
-// SetMode or Close), so a slow observer slows only that goroutine and never
-// blocks the dispatcher's lock. Methods may be called concurrently and must
+// method is called outside the dispatcher's lock, on the goroutine that
+// caused the event (a submitter, a worker, a caller of SetMode or Close),
+// or, for events of the clock (a deadline, a fallback), on the
+// dispatcher's notifier goroutine, so that a slow observer never delays
+// the clock or holds the lock. Methods may be called concurrently and must
 // not block for long.
 //
 // Methods may be added to this interface in later versions, as the
@@ -36,13 +39,13 @@ type Observer interface {
 	// OnFinish: a call ended (once per call, like the completion hook),
 	// with the outcome the hook sees.
 	OnFinish(e Event, o Outcome)
-	// OnModeChange: the dispatcher switched mode, for reason (see
-	// SwitchReason).
-	OnModeChange(from, to Mode, reason SwitchReason)
+	// OnModeChange: the dispatcher switched mode, for reason: "manual"
+	// (SetMode), or a FallbackPolicy's "backlog", "queue_wait",
+	// "failure_ratio", "circuit_open" or "cool_down".
+	OnModeChange(from, to Mode, reason string)
 	// OnCircuitChange: the circuit breaker changed state.
 	OnCircuitChange(from, to Circuit)
-	// OnLimitChange: the adaptive concurrency limit (Config.Adaptive)
-	// changed.
+	// OnLimitChange: the adaptive concurrency limit changed.
 	OnLimitChange(from, to int)
 }
 
@@ -50,12 +53,12 @@ type Observer interface {
 // observer that only needs some of them.
 type NopObserver struct{}
 
-func (NopObserver) OnSubmit(Event, bool)                       {}
-func (NopObserver) OnReject(Event, error)                      {}
-func (NopObserver) OnStart(Event, int, time.Duration)          {}
-func (NopObserver) OnRetry(Event, int, time.Duration, error)   {}
-func (NopObserver) OnDrop(Event, Bound)                        {}
-func (NopObserver) OnFinish(Event, Outcome)                    {}
-func (NopObserver) OnModeChange(Mode, Mode, SwitchReason)      {}
-func (NopObserver) OnCircuitChange(Circuit, Circuit) {}
-func (NopObserver) OnLimitChange(int, int)                     {}
+func (NopObserver) OnSubmit(Event, bool)                     {}
+func (NopObserver) OnReject(Event, error)                    {}
+func (NopObserver) OnStart(Event, int, time.Duration)        {}
+func (NopObserver) OnRetry(Event, int, time.Duration, error) {}
+func (NopObserver) OnDrop(Event, Bound)                      {}
+func (NopObserver) OnFinish(Event, Outcome)                  {}
+func (NopObserver) OnModeChange(Mode, Mode, string)          {}
+func (NopObserver) OnCircuitChange(Circuit, Circuit)         {}
+func (NopObserver) OnLimitChange(int, int)                   {}

@@ -43,7 +43,7 @@ func (o *countingObserver) OnStart(e Event, n int, w time.Duration)            {
 func (o *countingObserver) OnRetry(e Event, n int, d time.Duration, err error) { o.add("retry", e) }
 func (o *countingObserver) OnDrop(e Event, b Bound)                            { o.add("drop:"+string(b), e) }
 func (o *countingObserver) OnFinish(e Event, f Outcome)                        { o.add("finish:"+f.State.String(), e) }
-func (o *countingObserver) OnModeChange(from, to Mode, reason SwitchReason) {
+func (o *countingObserver) OnModeChange(from, to Mode, reason string) {
 	o.add("mode:"+to.String(), Event{})
 }
 func (o *countingObserver) OnCircuitChange(from, to Circuit) {
@@ -113,7 +113,7 @@ func TestObserverSeesEveryEventOnce(t *testing.T) {
 		}
 		assert.Equal(t, 5, finished) // the held call, a (dropped), flaky, bad, evicts
 		assert.Equal(t, 1, c["drop:capacity"])
-		assert.Equal(t, 1, c["finish:Dropped"])
+		assert.Equal(t, 1, c["finish:dropped"])
 		assert.Equal(t, 1, c["mode:sync"])
 		assert.GreaterOrEqual(t, c["breaker:open"], 1)
 		assert.Equal(t, 1, obs.labels["start:bind"])

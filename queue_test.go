@@ -435,7 +435,7 @@ func TestAgedStormNeverPassesBinding(t *testing.T) {
 					Workers:   4,
 					Capacity:  20000,
 					RateLimit: rate.NewLimiter(qps, 1),
-					Reserve:   Reservation{Workers: 1, MinPriority: 10},
+					Start:     StartPolicy{ReservedWorkers: 1, UrgentPriority: 10},
 				})
 				storm := int(age.Seconds())*qps + 100 // outlasts the binding
 				for i := range storm {

@@ -81,7 +81,7 @@ func TestObserverPanicOnSubmitLosesNothing(t *testing.T) {
 		s := closeD(t, d)
 		assert.GreaterOrEqual(t, s.CallbackPanics, uint64(4))
 		require.NotNil(t, s.LastCallbackPanic)
-		assert.Equal(t, CallbackObserver, s.LastCallbackPanic.Callback)
+		assert.Equal(t, callbackObserver, s.LastCallbackPanic.Callback)
 	})
 }
 
@@ -114,7 +114,7 @@ func (p *panicky) OnFinish(Event, Outcome) {
 func TestObserverPanicInSyncDoesNotWedge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, int]()
-		d := newD(t, f.exec, Config[string, int]{Mode: ModeSync, Observer: &panicky{on: "start"}})
+		d := newD(t, f.exec, Config[string, int]{Rollout: RolloutPolicy{Mode: ModeSync}, Observer: &panicky{on: "start"}})
 		tk := submit(t, d, "k", 1, prio(0))
 		assert.Equal(t, StateSucceeded, outcome(t, tk).State)
 		assert.False(t, d.Busy("k"))
@@ -138,7 +138,7 @@ func TestPanicsAreNotReexecuted(t *testing.T) {
 		assert.Equal(t, StateFailed, r.State)
 		var pe *PanicError
 		require.ErrorAs(t, r.Err, &pe)
-		assert.Equal(t, CallbackExec, pe.Callback)
+		assert.Equal(t, callbackExec, pe.Callback)
 		assert.Equal(t, 1, runs)
 		assert.Equal(t, uint64(0), closeD(t, d).Retries)
 	})
@@ -161,7 +161,7 @@ func TestCloseInSyncWaitsForInlineExecution(t *testing.T) {
 			<-release // ignores ctx: Close must still wait for it
 			close(returned)
 			return nil
-		}, Config[string, int]{Mode: ModeSync})
+		}, Config[string, int]{Rollout: RolloutPolicy{Mode: ModeSync}})
 		go func() { _, _ = d.Submit(context.Background(), "k", 1, SubmitOptions{}) }()
 		synctest.Wait()
 		closed := make(chan error, 1)
@@ -194,7 +194,7 @@ func TestGoexitInExec(t *testing.T) {
 		assert.Equal(t, StateFailed, r.State)
 		var pe *PanicError
 		require.ErrorAs(t, r.Err, &pe)
-		assert.Equal(t, CallbackExec, pe.Callback)
+		assert.Equal(t, callbackExec, pe.Callback)
 		assert.ErrorIs(t, r.Err, ErrGoexit)
 		assert.False(t, d.Busy("exit"), "the key is not wedged")
 		assert.Equal(t, StateSucceeded, outcome(t, waitFor(t, submit(t, d, "next", 1, prio(0)))).State)
@@ -231,7 +231,7 @@ func TestTenantStateBounded(t *testing.T) {
 // TestRetryRespectsTenantQuota: a retry going back to the queue needs room
 // under its tenant's MaxQueued like any new call: it evicts the tenant's
 // worst droppable queued call if it would run before it, and otherwise
-// gives up with GiveUpQuota.
+// gives up with giveUpQuota.
 func TestRetryRespectsTenantQuota(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -271,7 +271,7 @@ func TestRetryRespectsTenantQuota(t *testing.T) {
 				if tc.want == StateFailed {
 					var re *RetryError
 					require.ErrorAs(t, rr.Err, &re)
-					assert.Equal(t, GiveUpQuota, re.Reason)
+					assert.Equal(t, giveUpQuota, re.Reason)
 					assert.Equal(t, StateSucceeded, outcome(t, other).State)
 				} else {
 					assert.Equal(t, StateDropped, outcome(t, other).State)

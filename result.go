@@ -40,14 +40,14 @@ const (
 	numStates = int(StateClosed) + 1
 )
 
-var stateNames = [...]string{"", "Succeeded", "Skipped", "Failed", "Canceled", "Expired", "Dropped", "Stale", "Closed"}
+var stateNames = [...]string{"", "succeeded", "skipped", "failed", "canceled", "expired", "dropped", "stale", "closed"}
 
 // String returns the state's name.
 func (s State) String() string {
 	if int(s) < len(stateNames) && s != 0 {
 		return stateNames[s]
 	}
-	return "State(" + strconv.Itoa(int(s)) + ")"
+	return "state_" + strconv.Itoa(int(s))
 }
 
 // OK reports whether s counts as success: Succeeded or Skipped.
@@ -86,17 +86,4 @@ type Result[K comparable, T any] struct {
 	// call ended without running.
 	Call T
 	Outcome
-}
-
-// StateCounts counts submissions or calls by terminal state, indexed by
-// State (index 0 is unused).
-type StateCounts [numStates]uint64
-
-// Total is the sum over every state.
-func (c *StateCounts) Total() uint64 {
-	var n uint64
-	for _, v := range c {
-		n += v
-	}
-	return n
 }

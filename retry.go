@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,13 +36,13 @@ const (
 func (c Class) String() string {
 	switch c {
 	case ClassPermanent:
-		return "Permanent"
+		return "permanent"
 	case ClassRetry:
-		return "Retry"
+		return "retry"
 	case ClassRecompute:
-		return "Recompute"
+		return "recompute"
 	}
-	return fmt.Sprintf("Class(%d)", uint8(c))
+	return fmt.Sprintf("class_%d", uint8(c))
 }
 
 // DefaultClassifier judges plain Go errors: attempt timeouts
@@ -111,26 +112,22 @@ func (p *RetryPolicy) backoff(n int) time.Duration {
 	return d
 }
 
-// giveUpPanic ends a call whose exec panicked: its error is the
-// *PanicError itself, not a *RetryError.
-const giveUpPanic GiveUp = "panic"
-
 // retryAt decides whether a failed attempt of c runs again, and when. It
 // returns the time the retry may start, or the reason it may not.
-func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) (int64, GiveUp) {
+func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) (int64, string) {
 	p := &d.cfg.Retry
 	var delay time.Duration
 	switch {
 	case a.panicked:
 		return 0, giveUpPanic
 	case a.callDone:
-		return 0, GiveUpDeadline
+		return 0, giveUpDeadline
 	case a.class == ClassPermanent:
-		return 0, GiveUpPermanent
+		return 0, giveUpPermanent
 	case a.class == ClassRecompute && d.cfg.BeforeRetry == nil:
-		return 0, GiveUpRecompute
+		return 0, giveUpRecompute
 	case c.attempts >= p.MaxAttempts:
-		return 0, GiveUpAttempts
+		return 0, giveUpAttempts
 	case a.class == ClassRecompute:
 		// Rebuild from fresh state at once: waiting does not resolve a
 		// conflict, re-reading does.
@@ -143,13 +140,13 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 	}
 	notBefore := sat.Add(now, int64(delay))
 	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
-		return 0, GiveUpDeadline
+		return 0, giveUpDeadline
 	}
 	if !d.roomForRetry(c, now, ob) {
-		return 0, GiveUpQuota
+		return 0, giveUpQuota
 	}
 	if !d.budgetAllows(now) {
-		return 0, GiveUpBudget
+		return 0, giveUpBudget
 	}
 	return notBefore, ""
 }
@@ -241,4 +238,63 @@ func (d *Dispatcher[K, T]) budgetAllows(now int64) bool {
 	}
 	d.retryBudget.At(now).Marked++
 	return true
+}
+
+// RetryPolicy bounds how calls are retried (Config.Retry). The zero value
+// of each field means its default.
+type RetryPolicy struct {
+	// MaxAttempts bounds executions per call, the first included (default
+	// 3; 1 disables retries).
+	MaxAttempts int
+	// InitialBackoff is the delay before the first retry (default 100ms).
+	InitialBackoff time.Duration
+	// MaxBackoff caps the computed delay (default 10s), and the hold a
+	// Retry-After puts on other calls (AdaptivePolicy). A Retry-After sets
+	// the delay of the call that got it in full, within its deadline.
+	MaxBackoff time.Duration
+	// Multiplier grows the delay per retry (default 2).
+	Multiplier float64
+	// Jitter randomises the delay (default JitterFull).
+	Jitter Jitter
+	// AttemptTimeout bounds one execution (default: only the call's
+	// deadline). An attempt that times out is retried like ClassRetry.
+	AttemptTimeout time.Duration
+	// BudgetRatio caps retries at this fraction of the first attempts of
+	// the last BudgetWindow (default 10s), beyond BudgetMin retries
+	// (default 10), so an outage cannot become a retry storm (default 0.2;
+	// math.Inf(1) disables the budget).
+	BudgetRatio  float64
+	BudgetMin    int
+	BudgetWindow time.Duration
+}
+
+func (p *RetryPolicy) validate() error {
+	switch {
+	case p.MaxAttempts < 0:
+		return fieldErr("Retry.MaxAttempts", p.MaxAttempts, "must be at least 1 (0 means the default)")
+	case p.InitialBackoff < 0:
+		return fieldErr("Retry.InitialBackoff", p.InitialBackoff, "must not be negative")
+	case p.MaxBackoff < 0:
+		return fieldErr("Retry.MaxBackoff", p.MaxBackoff, "must not be negative")
+	case p.AttemptTimeout < 0:
+		return fieldErr("Retry.AttemptTimeout", p.AttemptTimeout, "must not be negative")
+	case p.BudgetWindow < 0:
+		return fieldErr("Retry.BudgetWindow", p.BudgetWindow, "must not be negative")
+	case p.Multiplier < 0 || math.IsNaN(p.Multiplier) || (p.Multiplier > 0 && p.Multiplier < 1):
+		return fieldErr("Retry.Multiplier", p.Multiplier, "must be at least 1")
+	case p.Jitter > JitterNone:
+		return fieldErr("Retry.Jitter", p.Jitter, "is not a Jitter")
+	case p.BudgetRatio < 0 || math.IsNaN(p.BudgetRatio):
+		return fieldErr("Retry.BudgetRatio", p.BudgetRatio, "must not be negative")
+	case p.BudgetMin < 0:
+		return fieldErr("Retry.BudgetMin", p.BudgetMin, "must not be negative")
+	}
+	p.MaxAttempts = cmp.Or(p.MaxAttempts, 3)
+	p.InitialBackoff = cmp.Or(p.InitialBackoff, 100*time.Millisecond)
+	p.MaxBackoff = max(cmp.Or(p.MaxBackoff, 10*time.Second), p.InitialBackoff)
+	p.Multiplier = cmp.Or(p.Multiplier, 2)
+	p.BudgetRatio = cmp.Or(p.BudgetRatio, 0.2)
+	p.BudgetMin = cmp.Or(p.BudgetMin, 10)
+	p.BudgetWindow = cmp.Or(p.BudgetWindow, 10*time.Second)
+	return nil
 }

@@ -85,13 +85,13 @@ func TestRetryClasses(t *testing.T) {
 		before    bool
 		wantState State
 		wantCalls int
-		wantWhy   GiveUp
+		wantWhy   string
 	}{
 		{"retry then success", []error{syscall.ECONNRESET, syscall.ECONNREFUSED}, false, StateSucceeded, 3, ""},
-		{"permanent", []error{errors.New("403 forbidden")}, false, StateFailed, 1, GiveUpPermanent},
-		{"recompute without hook", []error{errConflict}, false, StateFailed, 1, GiveUpRecompute},
+		{"permanent", []error{errors.New("403 forbidden")}, false, StateFailed, 1, giveUpPermanent},
+		{"recompute without hook", []error{errConflict}, false, StateFailed, 1, giveUpRecompute},
 		{"recompute with hook", []error{errConflict}, true, StateSucceeded, 2, ""},
-		{"attempts exhausted", []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, false, StateFailed, 3, GiveUpAttempts},
+		{"attempts exhausted", []error{syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET, syscall.ECONNRESET}, false, StateFailed, 3, giveUpAttempts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,7 +152,8 @@ func TestRetryBackoffSequence(t *testing.T) {
 // exactly the backoff — and the random ones spread over it.
 func TestRetryJitterBounds(t *testing.T) {
 	for _, j := range []Jitter{JitterFull, JitterEqual, JitterNone} {
-		p, err := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: 8 * time.Second, Jitter: j}.withDefaults()
+		p := RetryPolicy{InitialBackoff: time.Second, MaxBackoff: 8 * time.Second, Jitter: j}
+		err := p.validate()
 		require.NoError(t, err)
 		for n := 1; n <= 6; n++ {
 			base := min(time.Second<<(n-1), 8*time.Second)
@@ -184,7 +185,7 @@ func TestRetryAfterHintHonoured(t *testing.T) {
 }
 
 // TestRetryStoppedByDeadline: no retry starts that could not end before the
-// call's deadline; the call ends Failed with GiveUpDeadline, matching
+// call's deadline; the call ends Failed with giveUpDeadline, matching
 // ErrExpired.
 func TestRetryStoppedByDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -201,7 +202,7 @@ func TestRetryStoppedByDeadline(t *testing.T) {
 		assert.ErrorIs(t, res.Err, ErrExpired, "a deadline that stops retries matches ErrExpired")
 		var re *RetryError
 		require.ErrorAs(t, res.Err, &re)
-		assert.Equal(t, GiveUpDeadline, re.Reason)
+		assert.Equal(t, giveUpDeadline, re.Reason)
 		assert.Equal(t, 2, re.Attempts, "attempt at 0s and 1s; the next (at 3s) would end past the deadline")
 	})
 }
@@ -349,7 +350,7 @@ func TestBeforeRetryDoneSkipsExecution(t *testing.T) {
 }
 
 // TestBeforeRetryError: a before-retry hook that fails ends the call Failed
-// with GiveUpBeforeRetry, wrapping the hook's error.
+// with giveUpBeforeRetry, wrapping the hook's error.
 func TestBeforeRetryError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScript(syscall.ECONNRESET)
@@ -362,7 +363,7 @@ func TestBeforeRetryError(t *testing.T) {
 		assert.ErrorIs(t, res.Err, boom)
 		var re *RetryError
 		require.ErrorAs(t, res.Err, &re)
-		assert.Equal(t, GiveUpBeforeRetry, re.Reason)
+		assert.Equal(t, giveUpBeforeRetry, re.Reason)
 	})
 }
 
@@ -416,7 +417,7 @@ func TestPanicNotRetried(t *testing.T) {
 
 // TestRetryBudget: retries are capped at BudgetRatio of the first attempts
 // in the window (but BudgetMin at least), so an outage cannot become a
-// retry storm; calls denied a retry give up with GiveUpBudget.
+// retry storm; calls denied a retry give up with giveUpBudget.
 func TestRetryBudget(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newD(t, func(context.Context, string, int) error { return syscall.ECONNRESET }, Config[string, int]{
@@ -434,7 +435,7 @@ func TestRetryBudget(t *testing.T) {
 		for i := range 40 {
 			tickets = append(tickets, submit(t, d, fmt.Sprint(i), i, SubmitOptions{}))
 		}
-		reasons := map[GiveUp]int{}
+		reasons := map[string]int{}
 		for _, tk := range tickets {
 			_, err := tk.Wait(bg)
 			var re *RetryError
@@ -445,8 +446,8 @@ func TestRetryBudget(t *testing.T) {
 		// 40 first attempts allow max(2, 0.1×40) = 4 retries at most.
 		assert.LessOrEqual(t, int(st.Retries), 4)
 		assert.GreaterOrEqual(t, int(st.Retries), 2)
-		assert.Equal(t, 40, reasons[GiveUpBudget]+reasons[GiveUpAttempts])
-		assert.Equal(t, int(st.Retries), reasons[GiveUpAttempts])
+		assert.Equal(t, 40, reasons[giveUpBudget]+reasons[giveUpAttempts])
+		assert.Equal(t, int(st.Retries), reasons[giveUpAttempts])
 	})
 }
 
@@ -535,7 +536,7 @@ var extremePolicies = map[string]RetryPolicy{
 // policy, the backoff is within [0, MaxBackoff] and never panics.
 func TestBackoffSaturates(t *testing.T) {
 	for name, p := range extremePolicies {
-		p, err := p.withDefaults()
+		err := p.validate()
 		require.NoError(t, err, name)
 		for n := 1; n <= 70; n++ {
 			for range 50 {
@@ -638,7 +639,7 @@ func TestPanicUnderLockCrashes(t *testing.T) {
 		testHookUnderLock = func() { panic("injected under the lock") }
 		cfg := Config[string, int]{Workers: 1}
 		if mode == "sync" {
-			cfg.Mode = ModeSync
+			cfg.Rollout.Mode = ModeSync
 		}
 		d, err := New(nopExec, cfg)
 		if err != nil {

@@ -240,7 +240,7 @@ func TestShareRace(t *testing.T) {
 		}
 	}
 	s := checkConservation(t, d)
-	assert.Equal(t, uint64(n), s.Outcomes.Total())
+	assert.Equal(t, uint64(n), total(s.Outcomes))
 	assert.Zero(t, s.Tickets)
 }
 

@@ -99,3 +99,32 @@ func (d *Dispatcher[K, T]) forgetIdle(t *tenant[K, T]) {
 		delete(d.tenants, t.name)
 	}
 }
+
+// TenantConfig bounds one tenant: a plugin, a call type, whoever submits
+// (Config.Tenants, Config.DefaultTenant). The zero value means no quota,
+// no in-flight cap, weight 1.
+type TenantConfig struct {
+	// MaxQueued caps the tenant's calls waiting to run, so that one tenant
+	// cannot fill the queue: beyond it a new call evicts the tenant's own
+	// worst droppable queued call if it would run before it, else is
+	// refused with a *BackpressureError of BoundQuota. 0 means no quota.
+	MaxQueued int
+	// MaxInFlight caps the tenant's concurrent executions. 0 means none.
+	MaxInFlight int
+	// Weight is the tenant's share of workers among ready calls at the
+	// same level (see the package documentation). 0 means 1; weights
+	// beyond 2³² count as 2³².
+	Weight int
+}
+
+func (c TenantConfig) check(field string) error {
+	switch {
+	case c.MaxQueued < 0:
+		return fieldErr(field+".MaxQueued", c.MaxQueued, "must not be negative")
+	case c.MaxInFlight < 0:
+		return fieldErr(field+".MaxInFlight", c.MaxInFlight, "must not be negative")
+	case c.Weight < 0:
+		return fieldErr(field+".Weight", c.Weight, "must not be negative")
+	}
+	return nil
+}

@@ -79,7 +79,7 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			d.expireUnfinishable(c, now, ob)
 			continue
 		}
-		low := d.cfg.Reserve.Workers > 0 && !d.urgent(c)
+		low := d.cfg.Start.ReservedWorkers > 0 && !d.urgent(c)
 		if low && d.lowRunning >= d.lowLimit() {
 			// The rest of the workers are kept for urgent calls, which
 			// would be c's band or above: none is ready. A worker is
@@ -179,7 +179,7 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 		} else {
 			a.panicked = true
 			a.err = &PanicError{Callback: a.site, Value: ErrGoexit, Stack: debug.Stack()}
-			a.ran = a.ran || a.site == CallbackExec
+			a.ran = a.ran || a.site == callbackExec
 		}
 		d.settleAttempt(c, &a, ob, rn)
 		d.mu.Unlock()
@@ -187,7 +187,7 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 	}()
 	d.deliver(ob)
 	if obs := d.cfg.Observer; obs != nil {
-		a.site = CallbackObserver
+		a.site = callbackObserver
 		d.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 	}
 	d.execute(&a)
@@ -239,8 +239,8 @@ type attempt[K comparable, T any] struct {
 	wait    time.Duration // queue wait
 
 	// Results.
-	site      Callback // the user code of this call running, or last run; "" before any
-	abandoned bool     // the goroutine ended before any of it ran: no attempt was made
+	site      string // the user code of this call running, or last run; "" before any
+	abandoned bool   // the goroutine ended before any of it ran: no attempt was made
 	err       error
 	panicked  bool // err is a *PanicError the dispatcher recovered: never retried
 	class     Class
@@ -334,10 +334,10 @@ func (c *call[K, T]) execDeadline() int64 {
 // retried: exec may have done half of its side effect.
 func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 	if a.lastErr != nil && d.cfg.BeforeRetry != nil {
-		a.site = CallbackBeforeRetry
+		a.site = callbackBeforeRetry
 		var next T
 		var done bool
-		err, _ := guard(CallbackBeforeRetry, func() (err error) {
+		err, _ := guard(callbackBeforeRetry, func() (err error) {
 			next, done, err = d.cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
 			return err
 		}, nil)
@@ -352,9 +352,9 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		a.val, a.rebuilt = next, true
 	}
 	if d.cfg.NoOp != nil {
-		a.site = CallbackNoOp
+		a.site = callbackNoOp
 		var isNoop bool
-		if _, pe := guard(CallbackNoOp, func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
+		if _, pe := guard(callbackNoOp, func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
 			a.err, a.panicked = pe, true
 			return
 		}
@@ -374,9 +374,9 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 			return
 		}
 	}
-	a.site = CallbackExec
+	a.site = callbackExec
 	start := d.now()
-	err, pe := guard(CallbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
+	err, pe := guard(callbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
 	a.end = d.now()
 	a.runTime = time.Duration(a.end - start)
 	a.ran = true
@@ -390,8 +390,8 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		if a.callDone = a.callCtx.Err() != nil; a.callDone {
 			return
 		}
-		a.site = CallbackClassify
-		if _, pe := guard(CallbackClassify, func() error { a.class = d.cfg.Classify(err); return nil }, nil); pe != nil {
+		a.site = callbackClassify
+		if _, pe := guard(callbackClassify, func() error { a.class = d.cfg.Classify(err); return nil }, nil); pe != nil {
 			a.err = fmt.Errorf("%w (judging the error: %w)", pe, err)
 			a.panicked = true
 		}
@@ -440,7 +440,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		d.requeue(c, c.lastErr, now, now, ob)
 		d.kick()
 	case a.hookErr != nil:
-		d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: GiveUpBeforeRetry}, now, ob)
+		d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: giveUpBeforeRetry}, now, ob)
 	case a.done:
 		d.totals.alreadyDone++
 		d.conclude(c, a, StateSucceeded, nil, now, ob)

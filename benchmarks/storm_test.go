@@ -138,11 +138,11 @@ func stormVariants() []variant {
 		// Urgent work keeps two workers whatever the patches do, so a bind
 		// finds one even when the limit is workers, not tokens.
 		{name: "reserved", workers: []int{8, 16}, sc: limit, cfg: dispatch.Config[string, call]{
-			Reserve: dispatch.Reservation{Workers: 2, MinPriority: dropin.bindPriority},
+			Start: dispatch.StartPolicy{ReservedWorkers: 2, UrgentPriority: dropin.bindPriority},
 		}},
 		// Concurrency that follows the server.
 		{name: "adaptive", workers: []int{8, 16}, sc: limit, cfg: dispatch.Config[string, call]{
-			Adaptive: &dispatch.AdaptivePolicy{},
+			Start: dispatch.StartPolicy{Adaptive: &dispatch.AdaptivePolicy{}},
 		}},
 
 		// The 429 scenario, in fixed and in adaptive mode: adaptive must
@@ -152,8 +152,8 @@ func stormVariants() []variant {
 			Retry: patientRetries,
 		}},
 		{name: "throttle-adaptive", workers: []int{8}, sc: throttled, cfg: dispatch.Config[string, call]{
-			Retry:    patientRetries,
-			Adaptive: &dispatch.AdaptivePolicy{},
+			Retry: patientRetries,
+			Start: dispatch.StartPolicy{Adaptive: &dispatch.AdaptivePolicy{}},
 		}},
 	}
 }
@@ -339,7 +339,7 @@ func run(tb testing.TB, sc scenario, cfg dispatch.Config[string, call]) metrics 
 	// Conservation: Submitted == Rejected + Σ outcomes + Live, with Live 0
 	// after Close. A shortfall (or a surplus: an outcome told twice) is
 	// lost.
-	statsLost := int(s.Submitted) - int(s.Rejected) - int(s.Outcomes.Total())
+	statsLost := int(s.Submitted) - int(s.Rejected) - int(total(s.Outcomes))
 	harnessLost := 0
 	for i, ok := range accepted {
 		if ok && outcomes[i] != 1 {
@@ -358,7 +358,7 @@ func run(tb testing.TB, sc scenario, cfg dispatch.Config[string, call]) metrics 
 	if int(s.Submitted) != submitted {
 		tb.Errorf("Stats.Submitted = %d, the storm submitted %d", s.Submitted, submitted)
 	}
-	if notOK := s.Outcomes.Total() - s.Outcomes[dispatch.StateSucceeded] - s.Outcomes[dispatch.StateSkipped]; notOK > 0 {
+	if notOK := total(s.Outcomes) - s.Outcomes[dispatch.StateSucceeded] - s.Outcomes[dispatch.StateSkipped]; notOK > 0 {
 		tb.Errorf("%d submissions did not succeed: %v", notOK, s.Outcomes)
 	}
 
@@ -519,4 +519,13 @@ func checkStormTargets(t *testing.T, r map[string]metrics) {
 	if adaptive.throttleRecovery > 2*time.Second {
 		t.Errorf("adaptive recovery %v > 2s", adaptive.throttleRecovery)
 	}
+}
+
+// total sums Stats.Outcomes or Stats.Calls.
+func total(c map[dispatch.State]uint64) uint64 {
+	var n uint64
+	for _, v := range c {
+		n += v
+	}
+	return n
 }

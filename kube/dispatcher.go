@@ -32,6 +32,14 @@ const (
 	DefaultStatusPatchPriority = 0
 )
 
+// The core's settings the preset states itself, so that its rules (the
+// bands its priorities sit in, the share of workers it keeps) do not move
+// with the core's defaults.
+const (
+	defaultWorkers = 16
+	defaultBand    = 10
+)
+
 // minQPS is the slowest positive Options.QPS: one call a minute.
 const minQPS = 1.0 / 60
 
@@ -152,10 +160,10 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		}
 		prio[t] = p
 	}
-	band := cfg.AgingBand
-	if band <= 0 {
-		band = dispatch.DefaultAgingBand
+	if cfg.AgingBand <= 0 {
+		cfg.AgingBand = defaultBand
 	}
+	band := cfg.AgingBand
 	for _, u := range []CallType{PodBinding, PodDeletion} {
 		if p := prio[PodStatusPatch]; p < prio[u] && bandOf(p, band) == bandOf(prio[u], band) {
 			return cfg, nil, optErr("Priorities", fmt.Sprintf(
@@ -177,11 +185,11 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		}
 		cfg.RateLimit = rate.NewLimiter(rate.Limit(qps), burst)
 	}
-	workers := cfg.Workers
-	if workers == 0 {
-		workers = dispatch.DefaultWorkers
+	if cfg.Workers == 0 {
+		cfg.Workers = defaultWorkers
 	}
-	if cfg.Reserve == (dispatch.Reservation{}) && workers > 0 {
+	workers := cfg.Workers
+	if cfg.Start.ReservedWorkers == 0 && workers > 0 {
 		kept := o.ReservedWorkers
 		switch {
 		case kept >= workers:
@@ -192,7 +200,7 @@ func (o Options) config() (dispatch.Config[types.UID, Call], map[CallType]int, e
 		if kept > 0 {
 			// The reservation starts the band of the less urgent of the two.
 			urgent := bandOf(min(prio[PodBinding], prio[PodDeletion]), band) * band
-			cfg.Reserve = dispatch.Reservation{Workers: kept, MinPriority: urgent}
+			cfg.Start.ReservedWorkers, cfg.Start.UrgentPriority = kept, urgent
 		}
 	}
 	if _, named := cfg.Tenants[string(PodStatusPatch)]; !named && o.StatusPatchMaxInFlight > 0 {

@@ -40,13 +40,13 @@ func TestOptionsErrors(t *testing.T) {
 		{"unknown call type", Options{Priorities: map[CallType]int{"pod_eviction": 3}}, `Options.Priorities "pod_eviction" is not a CallType`},
 		{"QPS far below the minimum", Options{QPS: 1e-300}, "Options.QPS 1e-300 is below one call a minute"},
 		{"QPS just below the minimum", Options{QPS: 0.99 / 60}, "Options.QPS 0.0165 is below one call a minute"},
-		{"ReservedWorkers as many as the workers", Options{ReservedWorkers: dispatch.DefaultWorkers},
+		{"ReservedWorkers as many as the workers", Options{ReservedWorkers: defaultWorkers},
 			"Options.ReservedWorkers 16 must be less than the workers (16)"},
 		{"ReservedWorkers with one worker", Options{Config: dispatch.Config[types.UID, Call]{Workers: 1}, ReservedWorkers: 1},
 			"Options.ReservedWorkers 1 must be less than the workers (1)"},
 		{"StatusPatchMaxInFlight negative", Options{StatusPatchMaxInFlight: -1}, "Options.StatusPatchMaxInFlight -1 must not be negative"},
 		{"core validation", Options{Config: dispatch.Config[types.UID, Call]{Workers: -2}}, "kube: Options.Config: dispatch: Config.Workers: -2"},
-		{"core validation of a field the preset also sets", Options{Config: dispatch.Config[types.UID, Call]{Reserve: dispatch.Reservation{Workers: 99}}},
+		{"core validation of a field the preset also sets", Options{Config: dispatch.Config[types.UID, Call]{Start: dispatch.StartPolicy{ReservedWorkers: 99}}},
 			"kube: Options.Config: dispatch: Config.Reserve.Workers: 99"},
 	}
 	for _, c := range cases {
@@ -74,7 +74,7 @@ func TestPresetConfig(t *testing.T) {
 		assert.Equal(t, rate.Limit(DefaultQPS), lim.Limit())
 		assert.Equal(t, DefaultBurst, lim.Burst())
 		assert.Empty(t, cfg.Tenants, "no status-patch cap unless asked for")
-		assert.Equal(t, dispatch.Reservation{Workers: dispatch.DefaultWorkers / 4, MinPriority: DefaultDeletionPriority}, cfg.Reserve,
+		assert.Equal(t, dispatch.StartPolicy{ReservedWorkers: defaultWorkers / 4, UrgentPriority: DefaultDeletionPriority}, cfg.Start,
 			"a quarter of the workers kept for deletions and bindings")
 		assert.Equal(t, map[CallType]int{PodBinding: 20, PodDeletion: 10, PodStatusPatch: 0}, prio)
 		assert.NotNil(t, cfg.Merge)
@@ -86,17 +86,17 @@ func TestPresetConfig(t *testing.T) {
 		for workers, want := range map[int]int{1: 0, 3: 1, 8: 2, 64: 16} {
 			cfg, _, err := Options{Config: dispatch.Config[types.UID, Call]{Workers: workers}}.config()
 			require.NoError(t, err)
-			assert.Equal(t, want, cfg.Reserve.Workers, "workers %d", workers)
+			assert.Equal(t, want, cfg.Start.ReservedWorkers, "workers %d", workers)
 			_, err = dispatch.New(func(context.Context, types.UID, Call) error { return nil }, cfg)
 			require.NoError(t, err, "workers %d: the core accepts it", workers)
 		}
 		cfg, _, err := Options{ReservedWorkers: 5}.config()
 		require.NoError(t, err)
-		assert.Equal(t, 5, cfg.Reserve.Workers)
-		user := dispatch.Reservation{Workers: 1, MinPriority: 100}
-		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Reserve: user}}.config()
+		assert.Equal(t, 5, cfg.Start.ReservedWorkers)
+		user := dispatch.StartPolicy{ReservedWorkers: 1, UrgentPriority: 100}
+		cfg, _, err = Options{Config: dispatch.Config[types.UID, Call]{Start: user}}.config()
 		require.NoError(t, err)
-		assert.Equal(t, user, cfg.Reserve, "the user's reservation is kept")
+		assert.Equal(t, user, cfg.Start, "the user's reservation is kept")
 	})
 	t.Run("user settings are kept", func(t *testing.T) {
 		userLimit := rate.NewLimiter(7, 1)
@@ -131,7 +131,7 @@ func TestPresetConfig(t *testing.T) {
 		require.NoError(t, err)
 		assert.Nil(t, cfg.RateLimit)
 		assert.Empty(t, cfg.Tenants)
-		assert.Zero(t, cfg.Reserve)
+		assert.Zero(t, cfg.Start.ReservedWorkers)
 	})
 }
 
@@ -234,7 +234,7 @@ func TestFeatureGate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		api := newFakeAPI(newPod("a"), newPod("b"))
 		api.latency = time.Second
-		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Mode: ModeOf(false)}})
+		d := newTestDispatcher(t, api, Options{Config: dispatch.Config[types.UID, Call]{Rollout: dispatch.RolloutPolicy{Mode: ModeOf(false)}}})
 		start := time.Now()
 		tk := submit(t, d, Bind(api.pod("a"), "n1"))
 		r, done := tk.Result()

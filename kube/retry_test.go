@@ -81,7 +81,7 @@ func TestErrorPaths(t *testing.T) {
 		fault    fault
 		state    dispatch.State
 		attempts int
-		reason   dispatch.GiveUp // for Failed
+		reason   string // for Failed
 		requests []string
 		check    func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call])
 	}{
@@ -103,7 +103,7 @@ func TestErrorPaths(t *testing.T) {
 			},
 		},
 		{name: "patch: every attempt fails", call: patch, fault: func(r request) (bool, error) { return false, apierrors.NewServiceUnavailable("down") },
-			state: dispatch.StateFailed, attempts: 3, reason: dispatch.GiveUpAttempts, requests: []string{"patch/status", "patch/status", "patch/status"}},
+			state: dispatch.StateFailed, attempts: 3, reason: "attempts", requests: []string{"patch/status", "patch/status", "patch/status"}},
 
 		// Recompute.
 		{
@@ -122,7 +122,7 @@ func TestErrorPaths(t *testing.T) {
 				}
 				return true, nil
 			},
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"patch/status", "get/"},
+			state: dispatch.StateFailed, attempts: 1, reason: "before_retry", requests: []string{"patch/status", "get/"},
 			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
 				assert.True(t, apierrors.IsNotFound(r.Err))
 			},
@@ -152,7 +152,7 @@ func TestErrorPaths(t *testing.T) {
 		{
 			name: "bind: already assigned to another node ends Failed", call: bind,
 			after: func(api *fakeAPI) { api.change("p", func(p *v1.Pod) { p.Spec.NodeName = "n2" }) },
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpBeforeRetry, requests: []string{"create/binding", "get/"},
+			state: dispatch.StateFailed, attempts: 1, reason: "before_retry", requests: []string{"create/binding", "get/"},
 			check: func(t *testing.T, _ *fakeAPI, r dispatch.Result[types.UID, Call]) {
 				assert.True(t, apierrors.IsConflict(r.Err), "the server's answer is kept in the chain")
 				assert.ErrorContains(t, r.Err, "bound to node n2")
@@ -161,13 +161,13 @@ func TestErrorPaths(t *testing.T) {
 
 		// Permanent.
 		{name: "patch: NotFound, the pod is gone", call: patch, noPod: true,
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
+			state: dispatch.StateFailed, attempts: 1, reason: "permanent", requests: []string{"patch/status"}},
 		{name: "bind: NotFound, the pod is gone", call: bind, noPod: true,
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
+			state: dispatch.StateFailed, attempts: 1, reason: "permanent", requests: []string{"create/binding"}},
 		{name: "patch: Forbidden", call: patch, fault: failFirst("patch/status", apierrors.NewForbidden(gr, "p", errors.New("rbac")), false),
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"}},
+			state: dispatch.StateFailed, attempts: 1, reason: "permanent", requests: []string{"patch/status"}},
 		{name: "bind: Invalid", call: bind, fault: failFirst("create/binding", apierrors.NewBadRequest("no such node"), false),
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"create/binding"}},
+			state: dispatch.StateFailed, attempts: 1, reason: "permanent", requests: []string{"create/binding"}},
 
 		// Deletion: gone is done.
 		{name: "delete: NotFound is success", call: del, noPod: true,
@@ -205,7 +205,7 @@ func TestErrorPaths(t *testing.T) {
 				return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}, Unconditional: true})
 			},
 			after: replacePod,
-			state: dispatch.StateFailed, attempts: 1, reason: dispatch.GiveUpPermanent, requests: []string{"patch/status"},
+			state: dispatch.StateFailed, attempts: 1, reason: "permanent", requests: []string{"patch/status"},
 			check: func(t *testing.T, api *fakeAPI, r dispatch.Result[types.UID, Call]) {
 				assert.ErrorContains(t, r.Err, "the pod was replaced")
 				assert.True(t, apierrors.IsInvalid(r.Err), "the server's answer is kept in the chain")

@@ -156,8 +156,8 @@ func TestStorm(t *testing.T) {
 			assert.Zero(t, n, "binding %d started after %d patches that were submitted before it", i, n)
 			assert.Zero(t, r.waited[i], "binding %d waited for a worker", i)
 		}
-		kept := dispatch.DefaultWorkers / 4
-		assert.Equal(t, dispatch.DefaultWorkers-kept, r.maxPatchFlight, "patches never held the kept workers")
+		kept := defaultWorkers / 4
+		assert.Equal(t, defaultWorkers-kept, r.maxPatchFlight, "patches never held the kept workers")
 		assert.True(t, r.lastBindDone.Before(r.lastPatchStart), "binds done before the patch backlog drained")
 	})
 	t.Run("preset, dispatcher rate limit 50 qps burst 100", func(t *testing.T) {
@@ -170,7 +170,7 @@ func TestStorm(t *testing.T) {
 			assert.Zero(t, n, "binding %d waited behind %d patches", i, n)
 			assert.LessOrEqual(t, r.waited[i], time.Duration(r.ahead[i]+1)*interval, "binding %d: %d bindings ahead", i, r.ahead[i])
 		}
-		assert.LessOrEqual(t, r.maxPatchFlight, dispatch.DefaultWorkers-dispatch.DefaultWorkers/4)
+		assert.LessOrEqual(t, r.maxPatchFlight, defaultWorkers-defaultWorkers/4)
 		assert.True(t, r.lastBindDone.Before(r.lastPatchStart), "binds done before the patch backlog drained")
 	})
 	t.Run("FIFO: one priority, no cap", func(t *testing.T) {
@@ -185,6 +185,6 @@ func TestStorm(t *testing.T) {
 		for i, n := range r.overtaken {
 			assert.Greater(t, n, 500, "FIFO binding %d overtaken by only %d patches", i, n)
 		}
-		assert.Equal(t, dispatch.DefaultWorkers, r.maxFlight)
+		assert.Equal(t, defaultWorkers, r.maxFlight)
 	})
 }

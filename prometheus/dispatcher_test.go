@@ -185,7 +185,7 @@ dispatch_pending_async_api_calls{call_type="status"} 0
 # HELP dispatch_mode The dispatcher's mode: 0 async, 1 sync.
 # TYPE dispatch_mode gauge
 dispatch_mode 0
-# HELP dispatch_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half-open.
+# HELP dispatch_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half_open.
 # TYPE dispatch_breaker_state gauge
 dispatch_breaker_state 0
 `
@@ -246,7 +246,7 @@ func TestDispatcherModeChanges(t *testing.T) {
 	require.NoError(t, h.d.Close(ctx))
 
 	const want = `
-# HELP dispatch_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool-down, backlog, failure-ratio, queue-wait, breaker-open).
+# HELP dispatch_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open).
 # TYPE dispatch_mode_changes_total counter
 dispatch_mode_changes_total{reason="manual",to="async"} 1
 dispatch_mode_changes_total{reason="manual",to="sync"} 1
@@ -262,8 +262,8 @@ func TestDispatcherFallback(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
 		h := newHarness(t, dispatch.Config[string, call]{
-			Workers:  1,
-			Fallback: &dispatch.FallbackPolicy{Window: time.Second, MaxBacklog: 2},
+			Workers: 1,
+			Rollout: dispatch.RolloutPolicy{Fallback: &dispatch.FallbackPolicy{Window: time.Second, MaxBacklog: 2}},
 		})
 		ctx := context.Background()
 		for _, k := range []string{"a", "b", "c", "d"} {
@@ -304,12 +304,12 @@ func TestDispatcherBreaker(t *testing.T) {
 		require.NoError(t, h.d.Close(ctx))
 
 		const want = `
-# HELP dispatch_breaker_transitions_total Circuit breaker state changes, by state left and state entered (closed, open, half-open).
+# HELP dispatch_breaker_transitions_total Circuit breaker state changes, by state left and state entered (closed, open, half_open).
 # TYPE dispatch_breaker_transitions_total counter
 dispatch_breaker_transitions_total{from="closed",to="open"} 1
-dispatch_breaker_transitions_total{from="half-open",to="closed"} 1
-dispatch_breaker_transitions_total{from="open",to="half-open"} 1
-# HELP dispatch_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half-open.
+dispatch_breaker_transitions_total{from="half_open",to="closed"} 1
+dispatch_breaker_transitions_total{from="open",to="half_open"} 1
+# HELP dispatch_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half_open.
 # TYPE dispatch_breaker_state gauge
 dispatch_breaker_state 0
 # HELP dispatch_retries_total Executions scheduled again after a retryable failure, by call type: the dispatcher's own API retries.

@@ -62,7 +62,7 @@
 //	in_flight_calls                                              gauge
 //	tracked_keys                                                 gauge: what Config.Capacity bounds
 //	tenant_queued_calls{tenant}, tenant_in_flight_calls{tenant}  gauges
-//	breaker_state                                                gauge: 0 closed, 1 open, 2 half-open
+//	breaker_state                                                gauge: 0 closed, 1 open, 2 half_open
 //	breaker_transitions_total{from,to}                           counter
 //	mode                                                         gauge: 0 async, 1 sync
 //	mode_changes_total{to,reason}                                counter
@@ -74,8 +74,8 @@
 // canceled, expired, dropped, stale, closed). The rejection reason is the
 // backpressure bound (capacity, waiters, quota) or closed, circuit, stale,
 // expired, merge, canceled, other. The mode-change reason is manual,
-// cool-down, or the kind of fallback threshold crossed (backlog,
-// failure-ratio, queue-wait, breaker-open); the fallback's full message,
+// cool_down, or the kind of fallback threshold crossed (backlog,
+// failure_ratio, queue_wait, circuit_open); the fallback's full message,
 // with its measured values, is in dispatch.Stats.FallbackReason. The gauges
 // exist only while a Stats source is set.
 //

@@ -2,7 +2,6 @@ package dispatchprom
 
 import (
 	"errors"
-	"strings"
 	"sync"
 
 	"github.com/coalescer/dispatch"
@@ -50,11 +49,12 @@ func (b *bounded) each(f func(string)) {
 	})
 }
 
-// knownBounds and knownSwitches are the dispatcher's own vocabularies: a
+// knownBounds and knownSwitches are the dispatcher's own vocabularies (the
+// Bound constants, and the reasons Observer.OnModeChange documents): a
 // value outside them (from a newer dispatch, say) is exported as overflow.
 var (
-	knownBounds   = set(dispatch.Bounds())
-	knownSwitches = set(dispatch.SwitchReasons())
+	knownBounds   = set([]dispatch.Bound{dispatch.BoundCapacity, dispatch.BoundWaiters, dispatch.BoundQuota})
+	knownSwitches = set([]string{"manual", "cool_down", "backlog", "failure_ratio", "queue_wait", "circuit_open"})
 )
 
 func set[S ~string](vs []S) map[S]bool {
@@ -66,9 +66,9 @@ func set[S ~string](vs []S) map[S]bool {
 }
 
 // switchReason returns the label value for a mode change's reason.
-func switchReason(r dispatch.SwitchReason) string {
+func switchReason(r string) string {
 	if knownSwitches[r] {
-		return string(r)
+		return r
 	}
 	return overflow
 }
@@ -113,16 +113,14 @@ func dropReason(b dispatch.Bound) string {
 }
 
 // results are the result label values, indexed by dispatch.State: the
-// state's name in lower case, computed once so OnFinish does not allocate.
+// state's name (already lower-case snake), computed once so OnFinish does
+// not allocate.
 var results = func() []string {
-	var rs []string
-	for s := dispatch.State(0); ; s++ {
-		name := s.String()
-		if s != 0 && strings.HasPrefix(name, "State(") {
-			return rs
-		}
-		rs = append(rs, strings.ToLower(name))
+	rs := []string{""}
+	for s := dispatch.StateSucceeded; s <= dispatch.StateClosed; s++ {
+		rs = append(rs, s.String())
 	}
+	return rs
 }()
 
 func result(s dispatch.State) string {

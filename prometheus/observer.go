@@ -179,10 +179,10 @@ func NewObserver(opts Options) (*Observer, error) {
 		"Executions scheduled again after a retryable failure, by call type: the dispatcher's own API retries.",
 		"call_type")
 	o.breakerChanges = counter("breaker_transitions_total",
-		"Circuit breaker state changes, by state left and state entered (closed, open, half-open).",
+		"Circuit breaker state changes, by state left and state entered (closed, open, half_open).",
 		"from", "to")
 	o.modeChanges = counter("mode_changes_total",
-		"Mode switches, by mode entered (async, sync) and reason (manual, cool-down, backlog, failure-ratio, queue-wait, breaker-open).",
+		"Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open).",
 		"to", "reason")
 
 	o.limitChanges = counter("concurrency_limit_changes_total",
@@ -197,7 +197,7 @@ func NewObserver(opts Options) (*Observer, error) {
 	o.inFlight = gauge("in_flight_calls", "Calls executing.")
 	o.keys = gauge("tracked_keys", "Keys with a call queued or in flight: the quantity the capacity bounds.")
 	o.mode = gauge("mode", "The dispatcher's mode: 0 async, 1 sync.")
-	o.breaker = gauge("breaker_state", "The circuit breaker's state: 0 closed, 1 open, 2 half-open.")
+	o.breaker = gauge("breaker_state", "The circuit breaker's state: 0 closed, 1 open, 2 half_open.")
 	o.limit = gauge("concurrency_limit", "Worker executions allowed now: the worker count, or the adaptive limit.")
 	o.reserved = gauge("reserved_workers", "Workers kept for urgent calls (Config.Reserve).")
 	o.belowReserve = gauge("below_reserve_in_flight_calls", "Worker executions running below the reservation's priority.")
@@ -289,7 +289,7 @@ func (o *Observer) OnFinish(e dispatch.Event, f dispatch.Outcome) {
 }
 
 // OnModeChange counts a mode switch, by the mode entered and the reason.
-func (o *Observer) OnModeChange(from, to dispatch.Mode, why dispatch.SwitchReason) {
+func (o *Observer) OnModeChange(from, to dispatch.Mode, why string) {
 	o.modeChanges.WithLabelValues(modeValue(to), switchReason(why)).Inc()
 }
 

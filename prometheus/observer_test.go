@@ -51,8 +51,8 @@ func TestObserverEvents(t *testing.T) {
 	obs.OnFinish(bind, dispatch.Outcome{State: dispatch.StateSucceeded, Attempts: 2, Waiters: 1, RunTime: 50 * time.Millisecond})
 	obs.OnFinish(patch, dispatch.Outcome{State: dispatch.StateFailed, Attempts: 1, Waiters: 3, RunTime: 500 * time.Millisecond, Err: errors.New("forbidden: uid-9")})
 	obs.OnFinish(patch, dispatch.Outcome{State: dispatch.StateDropped, Err: dispatch.ErrDropped}) // never ran
-	obs.OnModeChange(dispatch.ModeAsync, dispatch.ModeSync, dispatch.SwitchBacklog)
-	obs.OnModeChange(dispatch.ModeSync, dispatch.ModeAsync, dispatch.SwitchManual)
+	obs.OnModeChange(dispatch.ModeAsync, dispatch.ModeSync, "backlog")
+	obs.OnModeChange(dispatch.ModeSync, dispatch.ModeAsync, "manual")
 	obs.OnCircuitChange(dispatch.CircuitClosed, dispatch.CircuitOpen)
 	obs.OnCircuitChange(dispatch.CircuitOpen, dispatch.CircuitHalfOpen)
 	obs.OnCircuitChange(dispatch.CircuitHalfOpen, dispatch.CircuitClosed)
@@ -81,11 +81,11 @@ scheduler_async_api_call_execution_duration_seconds_count{call_type="status-patc
 scheduler_async_api_call_execution_total{call_type="bind",dispatcher="test",result="succeeded"} 1
 scheduler_async_api_call_execution_total{call_type="status-patch",dispatcher="test",result="dropped"} 1
 scheduler_async_api_call_execution_total{call_type="status-patch",dispatcher="test",result="failed"} 1
-# HELP scheduler_breaker_transitions_total Circuit breaker state changes, by state left and state entered (closed, open, half-open).
+# HELP scheduler_breaker_transitions_total Circuit breaker state changes, by state left and state entered (closed, open, half_open).
 # TYPE scheduler_breaker_transitions_total counter
 scheduler_breaker_transitions_total{dispatcher="test",from="closed",to="open"} 1
-scheduler_breaker_transitions_total{dispatcher="test",from="half-open",to="closed"} 1
-scheduler_breaker_transitions_total{dispatcher="test",from="open",to="half-open"} 1
+scheduler_breaker_transitions_total{dispatcher="test",from="half_open",to="closed"} 1
+scheduler_breaker_transitions_total{dispatcher="test",from="open",to="half_open"} 1
 # HELP scheduler_coalesced_total Submissions merged into a call already pending for their key, by call type.
 # TYPE scheduler_coalesced_total counter
 scheduler_coalesced_total{call_type="status-patch",dispatcher="test"} 2
@@ -93,7 +93,7 @@ scheduler_coalesced_total{call_type="status-patch",dispatcher="test"} 2
 # TYPE scheduler_dropped_total counter
 scheduler_dropped_total{call_type="status-patch",dispatcher="test",reason="capacity"} 1
 scheduler_dropped_total{call_type="status-patch",dispatcher="test",reason="quota"} 1
-# HELP scheduler_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool-down, backlog, failure-ratio, queue-wait, breaker-open).
+# HELP scheduler_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open).
 # TYPE scheduler_mode_changes_total counter
 scheduler_mode_changes_total{dispatcher="test",reason="backlog",to="sync"} 1
 scheduler_mode_changes_total{dispatcher="test",reason="manual",to="async"} 1
@@ -163,7 +163,7 @@ func TestSnapshotGauges(t *testing.T) {
 	obs.SetStats(func() dispatch.Stats { return stats })
 
 	const want = `
-# HELP dispatch_binds_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half-open.
+# HELP dispatch_binds_breaker_state The circuit breaker's state: 0 closed, 1 open, 2 half_open.
 # TYPE dispatch_binds_breaker_state gauge
 dispatch_binds_breaker_state 2
 # HELP dispatch_binds_in_flight_calls Calls executing.
@@ -226,7 +226,7 @@ func TestCardinalityBound(t *testing.T) {
 		obs.OnSubmit(e, i%2 == 0)
 		obs.OnReject(e, fmt.Errorf("%w: key-%d", dispatch.ErrMergeRejected, i))
 		obs.OnFinish(e, dispatch.Outcome{State: dispatch.StateSucceeded, Attempts: 1, RunTime: time.Millisecond})
-		obs.OnModeChange(dispatch.ModeAsync, dispatch.ModeSync, dispatch.SwitchReason(fmt.Sprintf("reason-%d", i)))
+		obs.OnModeChange(dispatch.ModeAsync, dispatch.ModeSync, string(fmt.Sprintf("reason-%d", i)))
 		labels[e.Label] = 1
 	}
 	obs.SetStats(func() dispatch.Stats { return dispatch.Stats{Labels: labels} })

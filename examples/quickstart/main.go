@@ -217,15 +217,15 @@ func run(c config, fifo bool) *report {
 	// With priorities, one worker is kept for binds: however the storm
 	// fills the others, a bind finds a free worker at once. (Upstream's
 	// FIFO dispatcher has nothing of the kind.)
-	var reserve dispatch.Reservation
+	var policy dispatch.StartPolicy
 	if !fifo && c.workers > 1 {
-		reserve = dispatch.Reservation{Workers: 1, MinPriority: bindPriority}
+		policy = dispatch.StartPolicy{ReservedWorkers: 1, UrgentPriority: bindPriority}
 	}
 
 	d, err := dispatch.New(api.exec,
 		dispatch.Config[string, call]{
 			Workers: c.workers,
-			Reserve: reserve,
+			Start:   policy,
 			Merge:   mergeStatus,
 			// The completion hook is where a scheduler would requeue the pod
 			// for re-evaluation; here it records how long each call queued.

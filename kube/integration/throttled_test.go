@@ -52,23 +52,23 @@ func testThrottled(t *testing.T, s *apiserver.Server) {
 	)
 	options := func(a *dispatch.AdaptivePolicy, budgetMin int) kube.Options {
 		return kube.Options{QPS: -1, Config: dispatch.Config[types.UID, kube.Call]{
-			Workers:  workers,
-			Adaptive: a,
-			Retry:    dispatch.RetryPolicy{BudgetMin: budgetMin},
+			Workers: workers,
+			Start:   dispatch.StartPolicy{Adaptive: a},
+			Retry:   dispatch.RetryPolicy{BudgetMin: budgetMin},
 		}}
 	}
 
 	var fixed throttleResult
 	t.Run("fixed workers: the budget caps retries", func(t *testing.T) {
-		fixed = throttleRun(t, s, "fixed", calls, options(nil, dispatch.DefaultBudgetMin))
+		fixed = throttleRun(t, s, "fixed", calls, options(nil, 0 /* the default, 10 */))
 		assert.Positive(t, fixed.budgetRefused, "no call was refused a retry by the budget: the storm did not reach it")
-		assert.Equal(t, calls, fixed.succeeded+fixed.budgetRefused+fixed.failures[string(dispatch.GiveUpAttempts)],
+		assert.Equal(t, calls, fixed.succeeded+fixed.budgetRefused+fixed.failures["attempts"],
 			"calls end Succeeded, or Failed for the budget or their attempts")
 		fixed.log(t, "scenario 5, fixed workers")
 	})
 
 	t.Run("adaptive: every call succeeds, fewer 429s", func(t *testing.T) {
-		r := throttleRun(t, s, "adaptive", calls, options(&dispatch.AdaptivePolicy{}, 2*dispatch.DefaultBudgetMin))
+		r := throttleRun(t, s, "adaptive", calls, options(&dispatch.AdaptivePolicy{}, 20 /* twice the default */))
 		assert.Equal(t, r.n, r.succeeded, "calls succeeded: %v", r.failures)
 		assert.Equal(t, r.throttled, int(r.stats.Retries), "every 429 retried once, and nothing else")
 		if fixed.n > 0 {
@@ -100,7 +100,7 @@ func (r throttleResult) log(t *testing.T, what string) {
 // retryBudget is how many retries the retry policy p (with the default
 // BudgetRatio) allows n first attempts in one window.
 func retryBudget(p dispatch.RetryPolicy, n int) int {
-	return max(p.BudgetMin, int(dispatch.DefaultBudgetRatio*float64(n)))
+	return max(p.BudgetMin, int(0.2*float64(n))) // 0.2: the default BudgetRatio
 }
 
 // throttleRun submits a status patch for each of n new pods at once
@@ -128,7 +128,7 @@ func throttleRun(t *testing.T, s *apiserver.Server, prefix string, n int, o kube
 			r.succeeded++
 		case errors.As(res.Err, &re):
 			r.failures[string(re.Reason)]++
-			if re.Reason == dispatch.GiveUpBudget {
+			if re.Reason == "budget" {
 				r.budgetRefused++
 			}
 		default:

@@ -1,0 +1,336 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// Dispatcher is an fwk.APIDispatcher that runs any fwk.APICall through a
+// dispatch.Dispatcher, keyed by the call's object UID. It is safe for
+// concurrent use; create one with New, start it with Start, and Close it.
+type Dispatcher struct {
+	core       *dispatch.Dispatcher[types.UID, *entry]
+	relevances fwk.APICallRelevances
+	set        settings
+	wire       wire
+	logger     atomic.Pointer[klog.Logger]
+	started    atomic.Bool
+
+	// running maps a UID to the entry whose Execute is running, for
+	// SyncObject and for upstream's rule that a call less relevant than
+	// the one in flight is skipped.
+	mu      sync.Mutex
+	running map[types.UID]*entry
+
+	pending pendingGauge
+}
+
+var _ fwk.APIDispatcher = (*Dispatcher)(nil)
+
+// New returns a Dispatcher that runs calls with client, configured by o.
+// relevances is the scheduler's relevance table (upstream's
+// apicalls.Relevances, extended by plugins): a call type it does not name
+// has relevance 0. Nothing is executed before Start. An invalid option is
+// reported here, naming the field.
+//
+// If client is a clientset built from a rest.Config, calls run on a
+// clientset derived from it without client-go's rate limiter, and each
+// request takes its token from client's own limiter instead, the first one
+// before the call is chosen (see the package documentation). Any other
+// client — a fake, a wrapper — is used as it is.
+func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Options) (*Dispatcher, error) {
+	if client == nil {
+		return nil, errors.New("scheduler: New: client is nil")
+	}
+	set, err := o.resolve()
+	if err != nil {
+		return nil, err
+	}
+	d := &Dispatcher{
+		relevances: relevances,
+		set:        set,
+		wire:       newWire(client),
+		running:    make(map[types.UID]*entry),
+	}
+	d.core, err = dispatch.New(d.exec, d.coreConfig(o))
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	d.pending.init(d.core, set.metrics)
+	return d, nil
+}
+
+// Start lets calls run: upstream's Run. Calls added before Start wait,
+// and merge and sync as usual; in dispatch.ModeSync, Add waits for Start
+// too. logger is given to every call's
+// Execute through its context (klog.FromContext) and receives the
+// dispatcher's own log lines. Start returns at once; calling it again does
+// nothing.
+func (d *Dispatcher) Start(logger klog.Logger) {
+	if !d.started.CompareAndSwap(false, true) {
+		return
+	}
+	d.logger.Store(&logger)
+	d.pending.start()
+	d.wire.gate.open()
+	s := d.core.Stats()
+	rate := "taken from the client's own limiter before each call is chosen"
+	if !d.wire.metered {
+		rate = "the client's own, if any (" + d.wire.why + ")"
+	}
+	logger.V(2).Info("API dispatcher started", "dispatcher", "github.com/coalescer/dispatch/kube/scheduler",
+		"workers", s.Concurrency, "reservedForBindings", s.Reserved, "mode", s.Mode, "rateLimit", rate)
+}
+
+// Close stops the dispatcher. It refuses new calls at once, runs what is
+// queued, by priority, until ctx ends, then ends the rest — each queued
+// call's OnFinish gets an error matching dispatch.ErrClosed, each running
+// call's context is cancelled — and returns when every execution has
+// returned and every goroutine it started has exited. It returns nil if
+// everything drained, else ctx's error. A cancelled ctx closes at once, as
+// upstream's Close does. It is idempotent.
+func (d *Dispatcher) Close(ctx context.Context) error {
+	err := d.core.Close(ctx)
+	d.pending.stop()
+	return err
+}
+
+// Add hands call to the dispatcher: the fwk.APIDispatcher method. It
+// returns at once, in Async mode; its outcome goes to opts.OnFinish, once.
+//
+// Upstream's rules apply, per object UID. Against a pending call: a less
+// relevant call is refused with an error matching fwk.ErrCallSkipped; a
+// more relevant one overwrites it; one of the same type absorbs it through
+// its own Merge — the pending call's OnFinish then gets an error matching
+// fwk.ErrCallOverwritten. A call less relevant than the one in flight is
+// skipped too; any other call arriving while its object's call is in flight
+// runs after it. A call that IsNoOp after this, and whose object has no
+// call in flight, is refused as skipped.
+//
+// Beyond upstream, Add refuses with the dispatcher's error (matching
+// dispatch.ErrBackpressure, ErrClosed, …) when the call cannot be queued;
+// the same error goes to OnFinish.
+func (d *Dispatcher) Add(call fwk.APICall, opts fwk.APICallOptions) error {
+	return d.add(newEntry(call, opts.OnFinish))
+}
+
+// Submit is Add with a Ticket on the outcome, which keeps it: where
+// OnFinish's non-blocking send drops the result for a channel that is not
+// ready, the Ticket never loses it. The error is Add's; when it is not nil
+// the Ticket holds the same error, as does a Ticket whose call is skipped.
+func (d *Dispatcher) Submit(call fwk.APICall, opts fwk.APICallOptions) (*Ticket, error) {
+	e := newEntry(call, opts.OnFinish)
+	e.ticket = &Ticket{done: make(chan struct{})}
+	return e.ticket, d.add(e)
+}
+
+func (d *Dispatcher) add(e *entry) error {
+	uid := e.call.UID()
+	if f := d.runningEntry(uid); f != nil && d.relevances[e.typ] < d.relevances[f.typ] {
+		// Upstream compares a call with the object's newest call, the one
+		// in flight if nothing is pending. A pending call is never less
+		// relevant than the one in flight (it would have been skipped), so
+		// a call less relevant than the one in flight is skipped either way.
+		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
+		return errLessInFlight
+	}
+	if !d.core.Busy(uid) && e.call.IsNoOp() {
+		// Nothing queued or in flight to merge with: the call changes nothing.
+		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
+		return errNoEffect
+	}
+	err := d.core.Post(uid, e, d.set.options(e.typ, time.Now()))
+	d.tellDisplaced(e)
+	d.pending.kick()
+	switch {
+	case err != nil:
+		var me *mergeError
+		if errors.As(err, &me) {
+			err = me // upstream's wording; the call's own error is wrapped
+		}
+		e.tell(err, dispatch.Outcome{})
+		return err
+	case e.skipped.Load():
+		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
+		return errLessRelevant
+	case e.merged.Load() && e.noop.Load():
+		// The merged call changes nothing: drop it if it has not started.
+		// The core's no-op test reads the same flag, so a worker that took
+		// it meanwhile skips it too; either way its outcome is Skipped.
+		d.core.Amend(uid, func(p *entry) (*entry, error) {
+			if p != e {
+				return p, errReplaced // a later call took its place: leave that one be
+			}
+			return p, nil
+		})
+		return errNoEffect
+	}
+	return nil
+}
+
+// SyncObject brings obj and the object's calls in line, the
+// fwk.APIDispatcher method: the call in flight (if any) and then the
+// pending call (if any) apply their changes to obj — the view the
+// scheduler will have once they land — and the pending call refreshes
+// itself from it. If the pending call then IsNoOp, it is dropped; its
+// OnFinish gets an error matching fwk.ErrCallSkipped. It returns obj, or a
+// changed copy, and the calls' Sync error, if any.
+func (d *Dispatcher) SyncObject(obj metav1.Object) (metav1.Object, error) {
+	uid := obj.GetUID()
+	var errs []error
+	if f := d.runningEntry(uid); f != nil {
+		// Upstream syncs the call in flight too; its Sync knows it ran.
+		synced, err := f.call.Sync(obj)
+		if synced != nil {
+			obj = synced
+		}
+		errs = append(errs, err)
+	}
+	out := obj
+	_, err := d.core.Amend(uid, func(e *entry) (*entry, error) {
+		synced, err := e.call.Sync(obj)
+		if synced != nil {
+			out = synced
+		}
+		errs = append(errs, err)
+		e.noop.Store(e.call.IsNoOp())
+		return e, nil
+	})
+	d.pending.kick()
+	return out, errors.Join(append(errs, err)...)
+}
+
+// Stats returns a snapshot of the dispatcher's state and counters; the
+// tenants and labels are call types.
+func (d *Dispatcher) Stats() dispatch.Stats { return d.core.Stats() }
+
+// Mode returns the current mode.
+func (d *Dispatcher) Mode() dispatch.Mode { return d.core.Mode() }
+
+// SetMode switches between dispatch.ModeAsync and dispatch.ModeSync at run time
+// (see dispatch.Dispatcher.SetMode): the feature gate's lever.
+func (d *Dispatcher) SetMode(ctx context.Context, m dispatch.Mode) error {
+	return d.core.SetMode(ctx, m)
+}
+
+// ModeOf maps the SchedulerAsyncAPICalls feature gate to a mode: enabled is
+// dispatch.ModeAsync, disabled dispatch.ModeSync.
+func ModeOf(enabled bool) dispatch.Mode {
+	if enabled {
+		return dispatch.ModeAsync
+	}
+	return dispatch.ModeSync
+}
+
+// exec is the core's ExecFunc: one execution of e's call, on the wire's
+// client, with the logger and the meter's account in its context.
+func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
+	d.tellDisplaced(e) // a retry may have absorbed e's predecessor
+	d.setRunning(uid, e)
+	defer d.clearRunning(uid, e)
+	d.pending.kick()
+	a := &attempt{}
+	a.prepaid.Store(d.wire.metered)
+	ctx = context.WithValue(klog.NewContext(ctx, d.log()), attemptKey{}, a)
+	start := time.Now()
+	err := e.call.Execute(ctx, d.wire.client)
+	if m := d.set.metrics; m != nil {
+		m.Executed(e.typ, err, time.Since(start))
+	}
+	if err != nil {
+		if ra := time.Duration(a.retryAfter.Load()); ra > 0 {
+			err = &delayedError{err: err, delay: ra}
+		}
+	}
+	return err
+}
+
+// done is the core's completion hook: it tells the entry that ran (or
+// would have) its outcome.
+func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
+	e := r.Call
+	d.tellDisplaced(e)
+	d.pending.kick()
+	var err error
+	switch r.State {
+	case dispatch.StateSucceeded:
+	case dispatch.StateSkipped:
+		err = errNoEffect
+		if e.skipped.Load() {
+			err = errLessRelevant
+		}
+	case dispatch.StateFailed:
+		err = callError(r.Err)
+	default:
+		err = r.Err
+	}
+	e.tell(err, r.Outcome)
+	var pe *dispatch.PanicError
+	if errors.As(err, &pe) {
+		logErr(d.log(), pe, "API call panicked", "callType", e.typ, "uid", r.Key)
+	}
+}
+
+// callError is what OnFinish gets for a failed call: the error its last
+// Execute returned, unchanged — as upstream's dispatcher sends it, and as
+// the scheduler puts it into its own messages and statuses — rather than
+// the dispatcher's *RetryError around it, and without the server's delay
+// the adapter carried to the backoff. (The Ticket's Outcome keeps the
+// dispatcher's account: attempts, and why it gave up.) A panic in Execute
+// stays a *dispatch.PanicError.
+func callError(err error) error {
+	var re *dispatch.RetryError
+	if errors.As(err, &re) && re.Last != nil {
+		err = re.Last
+	}
+	if de, ok := err.(*delayedError); ok {
+		err = de.err
+	}
+	return err
+}
+
+// tellDisplaced tells the entries e overwrote that they were.
+func (d *Dispatcher) tellDisplaced(e *entry) {
+	for p := e.displaced.Swap(nil); p != nil; p = p.displaced.Swap(nil) {
+		p.tell(errOverwritten, dispatch.Outcome{})
+	}
+}
+
+func (d *Dispatcher) runningEntry(uid types.UID) *entry {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.running[uid]
+}
+
+func (d *Dispatcher) setRunning(uid types.UID, e *entry) {
+	d.mu.Lock()
+	d.running[uid] = e
+	d.mu.Unlock()
+}
+
+func (d *Dispatcher) clearRunning(uid types.UID, e *entry) {
+	d.mu.Lock()
+	if d.running[uid] == e {
+		delete(d.running, uid)
+	}
+	d.mu.Unlock()
+}
+
+// log returns the logger Start was given, or klog's before Start.
+func (d *Dispatcher) log() klog.Logger {
+	if l := d.logger.Load(); l != nil {
+		return *l
+	}
+	return klog.Background()
+}

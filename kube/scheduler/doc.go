@@ -1,0 +1,111 @@
+// Package scheduler is an fwk.APIDispatcher (k8s.io/kube-scheduler/framework)
+// on dispatch: it runs kube-scheduler's asynchronous API calls — upstream's
+// PodStatusPatchCall and PodBindingCall, and any plugin's own fwk.APICall —
+// with upstream's semantics and what upstream's dispatcher
+// (k8s.io/kubernetes/pkg/scheduler/backend/api_dispatcher, KEP-5229) lacks:
+// priority by call type with aging, the rate limit's tokens handed out in
+// priority order, workers kept for bindings, retries judged by kube.Classify
+// and waited out in the queue, deadlines, a bound with backpressure, a
+// tenant per call type, Stats, an Observer for dispatchprom, and a run-time
+// switch to the synchronous path.
+//
+// It is the third of dispatch's layers (core, kube, this adapter, the
+// drop-in). A custom scheduler binary constructs it; the drop-in package in
+// this module's upstream/ directory wraps it in upstream's exact API so that
+// an unmodified kube-scheduler builds with it (see the module's README).
+//
+// # Upstream's semantics
+//
+// One lane per object UID (fwk.APICall.UID). Against a pending call for the
+// same object, a less relevant call (fwk.APICallRelevances) is refused at
+// once with an error wrapping fwk.ErrCallSkipped, also sent on its OnFinish;
+// a more relevant call, or one of another type at the same relevance,
+// overwrites the pending one; a call of the same type absorbs the pending one
+// through its own Merge. Either way the pending call's OnFinish gets an error
+// wrapping fwk.ErrCallOverwritten, and the call that stays is asked IsNoOp:
+// a no-op is dropped as skipped. A call less relevant than the object's call
+// in flight is skipped too; any other call arriving while the object's call
+// is in flight runs after it, as it is (it is not merged with a call that
+// may be taking effect already). A no-op call for an idle object is skipped
+// at once. SyncObject applies the object's call in flight and then its
+// pending call to the object, lets the pending call refresh from it, and
+// drops it if it then IsNoOp. Nothing runs before Start (upstream's Run).
+//
+// # Priorities
+//
+// Each call type has a priority (Options.Priorities): PodBinding 20, a
+// plugin's own types 10, PodStatusPatch 0 — a pod's binding cycle waits on
+// the first, perhaps on the second, never on the third. Each is in a
+// priority band of its own (Options.AgingBand, 10 wide by default): a
+// waiting call gains a level per Options.Aging over the calls of its band,
+// and never runs before a ready call of a higher band. A quarter of the
+// workers are kept for the binding's band. A call that overwrites a pending
+// call of another type is another operation and starts fresh — at once, with
+// every attempt of its own, in its own tenant — even if the call it replaces
+// was waiting out a retry's backoff; a call of the same type that merges
+// into it is the same operation, updated, and keeps the backoff.
+//
+// # OnFinish, and the Ticket
+//
+// Every Add ends in exactly one value on its OnFinish channel — never two,
+// as upstream sends to a call in flight that a call of the same type merges
+// with — through upstream's non-blocking send. So a channel with a free slot
+// for each of its calls' results (upstream's callers make one with capacity
+// 1 per call) never loses a result; an unbuffered channel nobody is receiving
+// on does, as upstream documents. Submit is Add with a Ticket that keeps the
+// result, and the dispatcher's Outcome (state, attempts, queue wait, run
+// time), for a caller that reads late.
+//
+// # Priority on the wire
+//
+// kube-scheduler's clientset carries client-go's token bucket (QPS 50, burst
+// 100 by default), shared with its informers. Behind the workers, that bucket
+// undoes any priority order: a worker has chosen its call before it waits
+// there (kubernetes#135900). So, for a clientset built from a rest.Config,
+// the adapter takes each execution's token from that very bucket itself
+// before the call is chosen — a binding added during a storm of status
+// patches gets the next token, not a place behind the storm — and executes
+// on a clientset derived from the given one (the same HTTP client: transport,
+// credentials, user agent) that has no bucket of its own; a transport wrapper
+// charges that bucket for every further request of the execution (upstream's
+// calls retry inside Execute). No request pays twice, nor goes unpaid: the
+// server sees no more than the rate the scheduler was configured with. The
+// derived clientset speaks JSON, whatever content type the given one was
+// configured with.
+//
+// A clientset that cannot be unwrapped — the fake clientset, a wrapper whose
+// CoreV1 REST client is not a *rest.RESTClient — is used as it is: its own
+// limiter, if any, applies behind the workers, as with upstream's
+// dispatcher. Priority still decides which call a free worker takes, and the
+// reserved workers keep bindings moving.
+//
+// # Retries, and the bound on requests
+//
+// A failed execution is judged by kube.Classify (Options.Classify): 429,
+// 5xx, timeouts and broken connections are retried after a backoff in the
+// queue, never asleep in a worker, up to Options.Retry.MaxAttempts
+// executions (default 3) and within the retry budget (by default retries are
+// at most 20% of recent first attempts, at least 10 per 10 s). A server's
+// Retry-After is the backoff: on the derived clientset, the transport takes
+// the header off the response, so client-go's own loop — which would sleep
+// it out inside the execution and resend up to ten times — does not run,
+// and hands the delay to the dispatcher. A 409 fails the call (an
+// fwk.APICall cannot be rebuilt from fresh state by the dispatcher).
+//
+// Upstream's PodStatusPatchCall and PodBindingCall also retry inside
+// Execute (client-go's retry.DefaultBackoff: at most 4 requests, about 0.3 s
+// of sleep, on 500, 503 and connection refused, and on 409 for status
+// patches). So a call makes at most MaxAttempts × 4 requests — 12 by
+// default — each paying its token, where upstream's makes at most 4 × 11
+// (its inner loop times client-go's Retry-After loop). Bound it further
+// with Options.Retry.
+//
+// # Logging
+//
+// Calls log from Execute through klog.FromContext, which carries the logger
+// Start was given (upstream's calls log at V(3) and V(5)). The dispatcher
+// logs its own events: its start, with its workers and where its tokens
+// come from, at V(2); a retry at V(4); a queued call shed to make room at
+// V(2); a change of mode or of the circuit breaker's state at V(0); and a
+// panic in Execute (contained: the call fails) as an error.
+package scheduler

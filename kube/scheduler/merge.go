@@ -1,0 +1,105 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/coalescer/dispatch"
+	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// entry is one Add: the call as the caller handed it over, and where its
+// outcome goes. The core queues entries under the object's UID; a merge
+// makes the incoming entry the one that runs and the pending one
+// overwritten.
+type entry struct {
+	call     fwk.APICall
+	typ      fwk.APICallType // call.CallType(), asked once
+	onFinish chan<- error
+	ticket   *Ticket // nil unless the call came through Submit
+
+	told atomic.Bool // the outcome has been sent; it is sent once
+	// noop is the call's IsNoOp as of its Add, its last merge or its last
+	// SyncObject: the core's no-op test reads it, so IsNoOp is asked
+	// exactly where upstream asks it.
+	noop atomic.Bool
+	// displaced is the pending entry this one overwrote, until it has been
+	// told so. Whoever tells takes it (Swap), so each is told once and an
+	// entry holds on to at most a short chain of others.
+	displaced atomic.Pointer[entry]
+	// merged says the core merged this entry into a pending call and the
+	// merge asked IsNoOp; skipped that the pending call was more relevant.
+	// Both are set under the core's lock, mostly during the entry's own
+	// Add; a retry that absorbs the entry as its successor may set them
+	// later, from a worker.
+	merged, skipped atomic.Bool
+}
+
+func newEntry(call fwk.APICall, onFinish chan<- error) *entry {
+	return &entry{call: call, typ: call.CallType(), onFinish: onFinish}
+}
+
+// mergeError is the error a call's own Merge returned, as the core carries
+// it out of Config.Merge.
+type mergeError struct{ err error }
+
+func (e *mergeError) Error() string { return "failed to merge API calls: " + e.err.Error() }
+func (e *mergeError) Unwrap() error { return e.err }
+
+// merge is the core's Config.Merge: how a call joins the pending call for
+// the same object, by upstream's rules. A less relevant call is skipped (it
+// ends at once, the pending call untouched). A more relevant call, or one of
+// another type and the same relevance, overwrites the pending one as
+// another operation (dispatch.ReplacePending): it starts fresh, in its own
+// tenant, whatever retries the pending one had been through. A call of the
+// same type absorbs the pending one through its own Merge, and replaces it
+// as the same operation, updated: a retry's attempts and backoff carry
+// over. Either way the pending entry is told it was overwritten (displaced,
+// by whoever tells next outside the lock), and the merged call's IsNoOp is
+// asked once.
+//
+// It runs under the core's lock, as upstream's merge runs under its queue's
+// lock: the calls' Merge and IsNoOp must be fast.
+func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
+	rp, ri := d.relevances[pending.typ], d.relevances[incoming.typ]
+	switch {
+	case ri < rp:
+		incoming.skipped.Store(true)
+		return pending, dispatch.SkipIncoming
+	case incoming.typ == pending.typ:
+		if err := incoming.call.Merge(pending.call); err != nil {
+			return pending, &mergeError{err}
+		}
+		incoming.overwrite(pending)
+		return incoming, nil
+	}
+	incoming.overwrite(pending)
+	return incoming, dispatch.ReplacePending
+}
+
+// overwrite makes e the call that runs in pending's place, and asks it
+// IsNoOp once.
+func (e *entry) overwrite(pending *entry) {
+	e.displaced.Store(pending)
+	e.noop.Store(e.call.IsNoOp())
+	e.merged.Store(true)
+}
+
+// noOp is the core's Config.NoOp: the call's IsNoOp as last asked.
+func noOp(_ types.UID, e *entry) bool { return e.noop.Load() }
+
+// label is the core's Config.Label: the call type.
+func label(_ types.UID, e *entry) string { return string(e.typ) }
+
+// The errors an entry's outcome is told with, as upstream words them.
+var (
+	errLessRelevant = fmt.Errorf("a more relevant call is already enqueued for this object: %w", fwk.ErrCallSkipped)
+	errLessInFlight = fmt.Errorf("a more relevant call is in flight for this object: %w", fwk.ErrCallSkipped)
+	errNoEffect     = fmt.Errorf("call does not need to be executed because it has no effect: %w", fwk.ErrCallSkipped)
+	errOverwritten  = fmt.Errorf("a call was enqueued for this object that replaces this one: %w", fwk.ErrCallOverwritten)
+
+	// errReplaced stops an Amend whose pending call is not the one it was for.
+	errReplaced = errors.New("scheduler: the pending call was replaced")
+)

@@ -1,0 +1,130 @@
+package scheduler
+
+import (
+	"sync"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// Metrics receives what kube-scheduler's own async-call metrics record
+// (pkg/scheduler/metrics: scheduler_async_api_call_execution_total,
+// scheduler_async_api_call_execution_duration_seconds,
+// scheduler_pending_async_api_calls). The drop-in package implements it with
+// those metrics; dispatch's own figures are in Stats and, through
+// Options.Observer, in dispatchprom.
+type Metrics interface {
+	// Executed reports one execution of a call of type t: its Execute
+	// returned err after elapsed. It is called on the worker, after every
+	// execution, retries included.
+	Executed(t fwk.APICallType, err error, elapsed time.Duration)
+	// Pending reports that n calls of type t are waiting to run: queued,
+	// waiting out a retry's backoff, or behind their object's call in
+	// flight. It is called from one goroutine at a time, shortly after the
+	// number changes, and once more when the dispatcher closes.
+	Pending(t fwk.APICallType, n int)
+}
+
+// pendingGauge keeps Metrics.Pending up to date. Events (an Add, an
+// execution's start, a call's end) kick it; one goroutine, started by
+// Start, answers each batch of kicks with one Stats snapshot — the core's
+// own count of each tenant's (call type's) waiting calls — and reports the
+// types whose count changed. A kick arriving during a snapshot is kept, so
+// the last change is always reported.
+type pendingGauge struct {
+	core *dispatch.Dispatcher[types.UID, *entry]
+	m    Metrics
+	kc   chan struct{} // kicks, capacity 1
+
+	mu      sync.Mutex
+	running bool
+	stopped bool
+	quit    chan struct{}
+	wg      sync.WaitGroup
+
+	reported map[fwk.APICallType]int // owned by the goroutine
+}
+
+func (g *pendingGauge) init(core *dispatch.Dispatcher[types.UID, *entry], m Metrics) {
+	g.core, g.m = core, m
+	if m != nil {
+		g.kc = make(chan struct{}, 1)
+		g.quit = make(chan struct{})
+		g.reported = make(map[fwk.APICallType]int)
+	}
+}
+
+// kick says the number of waiting calls may have changed.
+func (g *pendingGauge) kick() {
+	if g.kc == nil {
+		return
+	}
+	select {
+	case g.kc <- struct{}{}:
+	default:
+	}
+}
+
+func (g *pendingGauge) start() {
+	if g.m == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.running || g.stopped {
+		return
+	}
+	g.running = true
+	g.wg.Add(1)
+	go g.loop()
+	g.kick()
+}
+
+// stop ends the goroutine after a last report, and waits for it.
+func (g *pendingGauge) stop() {
+	if g.m == nil {
+		return
+	}
+	g.mu.Lock()
+	if !g.stopped {
+		g.stopped = true
+		close(g.quit)
+	}
+	running := g.running
+	g.mu.Unlock()
+	if running {
+		g.wg.Wait()
+	}
+}
+
+func (g *pendingGauge) loop() {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-g.quit:
+			g.report()
+			return
+		case <-g.kc:
+			g.report()
+		}
+	}
+}
+
+func (g *pendingGauge) report() {
+	s := g.core.Stats()
+	for t, n := range g.reported {
+		if _, ok := s.Tenants[string(t)]; !ok && n != 0 {
+			g.m.Pending(t, 0)
+			g.reported[t] = 0
+		}
+	}
+	for name, ts := range s.Tenants {
+		t := fwk.APICallType(name)
+		if n, ok := g.reported[t]; !ok || n != ts.Queued {
+			g.m.Pending(t, ts.Queued)
+			g.reported[t] = ts.Queued
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// recorder is a Metrics that keeps what it was told.
+type recorder struct {
+	mu       sync.Mutex
+	executed map[fwk.APICallType][2]int // successes, errors
+	elapsed  time.Duration
+	pending  map[fwk.APICallType]int
+}
+
+func newRecorder() *recorder {
+	return &recorder{executed: map[fwk.APICallType][2]int{}, pending: map[fwk.APICallType]int{}}
+}
+
+func (r *recorder) Executed(t fwk.APICallType, err error, elapsed time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.executed[t]
+	if err != nil {
+		n[1]++
+	} else {
+		n[0]++
+	}
+	r.executed[t] = n
+	r.elapsed += elapsed
+}
+
+func (r *recorder) Pending(t fwk.APICallType, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending[t] = n
+}
+
+func (r *recorder) snapshot() (map[fwk.APICallType][2]int, map[fwk.APICallType]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ex := map[fwk.APICallType][2]int{}
+	for k, v := range r.executed {
+		ex[k] = v
+	}
+	p := map[fwk.APICallType]int{}
+	for k, v := range r.pending {
+		p[k] = v
+	}
+	return ex, p
+}
+
+// TestMetrics: Executed is told each execution, retries included, with
+// its result and time; Pending follows the calls waiting by type — queued,
+// behind a call in flight, in a retry's backoff — and is 0 for every type
+// once they have run.
+func TestMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder()
+		d := newIdleDispatcher(t, Options{Workers: 2, Metrics: r})
+		j := &journal{}
+		hold := newHolder()
+		inFlight := newCall(j, "held", PodStatusPatch, "1", "x")
+		inFlight.exec = hold.exec
+		require.NoError(t, d.Add(inFlight, fwk.APICallOptions{}))
+		flaky := newCall(j, "flaky", PodBinding, "2", "x")
+		failures := 1
+		flaky.exec = func(context.Context, *testCall) error {
+			time.Sleep(time.Millisecond)
+			if failures > 0 {
+				failures--
+				return errRetryable
+			}
+			return nil
+		}
+		require.NoError(t, d.Add(flaky, fwk.APICallOptions{}))
+		d.Start(testLogger(t))
+		<-hold.arrived
+		require.NoError(t, d.Add(newCall(j, "successor", PodStatusPatch, "1", "y"), fwk.APICallOptions{}))
+		require.NoError(t, d.Add(newCall(j, "other", "plugin_call", "3", "y"), fwk.APICallOptions{}))
+		synctest.Wait()
+		_, pending := r.snapshot()
+		assert.Equal(t, 1, pending[PodStatusPatch], "the successor waits behind the call in flight")
+
+		hold.release <- struct{}{}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		executed, pending := r.snapshot()
+		assert.Equal(t, map[fwk.APICallType][2]int{
+			PodStatusPatch: {2, 0},
+			PodBinding:     {1, 1}, // one retry
+			"plugin_call":  {1, 0},
+		}, executed)
+		for typ, n := range pending {
+			assert.Zero(t, n, "pending %s after everything ran", typ)
+		}
+		assert.Contains(t, pending, fwk.APICallType("plugin_call"))
+		assert.Equal(t, uint64(1), d.Stats().Retries)
+		assert.Equal(t, dispatch.ModeAsync, d.Mode())
+	})
+}

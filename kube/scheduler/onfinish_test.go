@@ -1,0 +1,146 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// TestOnFinishOncePerAdd: whatever happens to a call — run, merged,
+// overwritten, skipped, refused, in flight while another arrives — its
+// OnFinish gets exactly one value. So one buffered channel with a slot per
+// Add never drops a result, where upstream's dispatcher sends twice to a
+// call in flight that a call of the same type merges with (Overwritten,
+// then its execution's result, which a one-slot channel drops).
+func TestOnFinishOncePerAdd(t *testing.T) {
+	d := newIdleDispatcher(t, Options{})
+	j := &journal{}
+	hold := newHolder()
+	const n = 7
+	ch := make(chan error, n) // one slot per Add, shared
+	add := func(c *testCall) error { return d.Add(c, fwk.APICallOptions{OnFinish: ch}) }
+
+	first := newCall(j, "first", typeLow, "1", "x")
+	first.exec = hold.exec
+	require.NoError(t, add(first))
+	d.Start(testLogger(t))
+	<-hold.arrived                                                    // first is in flight
+	require.NoError(t, add(newCall(j, "second", typeLow, "1", "y")))  // its successor
+	require.NoError(t, add(newCall(j, "third", typeLow, "1", "z")))   // merges into second
+	require.NoError(t, add(newCall(j, "fourth", typeHigh, "1", "w"))) // overwrites third
+	require.Error(t, add(newCall(j, "fifth", typeLow, "1", "v")))     // less relevant: skipped
+	require.NoError(t, add(newCall(j, "sixth", typeLow, "2", "x")))   // another object
+	noop := newCall(j, "seventh", typeLow, "3")
+	noop.noop = ptr(true)
+	require.Error(t, add(noop)) // a no-op: skipped
+	hold.release <- struct{}{}
+
+	var got []error
+	for range n {
+		got = append(got, outcome(t, ch))
+	}
+	requireNoMore(t, ch)
+	count := func(target error) (k int) {
+		for _, err := range got {
+			if errors.Is(err, target) || (target == nil && err == nil) {
+				k++
+			}
+		}
+		return k
+	}
+	assert.Equal(t, 3, count(nil), "first, fourth and sixth ran: %v", got)
+	assert.Equal(t, 2, count(fwk.ErrCallOverwritten), "second and third were overwritten: %v", got)
+	assert.Equal(t, 2, count(fwk.ErrCallSkipped), "fifth and seventh were skipped: %v", got)
+}
+
+// TestOnFinishNonBlocking keeps upstream's send: a channel with no room
+// does not hold the dispatcher up, and its result is dropped; Submit's
+// Ticket keeps it. This is the lossless path: a caller that reads late
+// still gets its result.
+func TestOnFinishNonBlocking(t *testing.T) {
+	d := newTestDispatcher(t, Options{})
+	j := &journal{}
+	unbuffered := make(chan error) // nobody reads it
+	tk, err := d.Submit(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: unbuffered})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := tk.Wait(ctx)
+	require.NoError(t, err)
+	assert.NoError(t, res.Err)
+	assert.Equal(t, dispatch.StateSucceeded, res.Outcome.State)
+	assert.Equal(t, 1, res.Outcome.Attempts)
+	select {
+	case err := <-unbuffered:
+		t.Fatalf("a value was kept for an unbuffered channel: %v", err)
+	default:
+	}
+	again, ok := tk.Result()
+	assert.True(t, ok)
+	assert.Equal(t, res, again, "the Ticket keeps its result")
+
+	// A second dispatcher run shows the dispatcher went on: a later call
+	// completes although the first one's send found no receiver.
+	tk2, err := d.Submit(newCall(j, "b", typeLow, "2", "x"), fwk.APICallOptions{})
+	require.NoError(t, err)
+	_, err = tk2.Wait(ctx)
+	require.NoError(t, err)
+}
+
+// TestTicketResults: a Ticket reports what OnFinish gets, for every way an
+// Add ends, and the dispatcher's Outcome where a call ran or was ended by
+// the dispatcher.
+func TestTicketResults(t *testing.T) {
+	d := newIdleDispatcher(t, Options{Timeout: time.Hour})
+	j := &journal{}
+	submit := func(c *testCall) (*Ticket, chan error, error) {
+		ch := make(chan error, 1)
+		tk, err := d.Submit(c, fwk.APICallOptions{OnFinish: ch})
+		return tk, ch, err
+	}
+	overwritten, ch1, err := submit(newCall(j, "a", typeLow, "1", "x"))
+	require.NoError(t, err)
+	ran, ch2, err := submit(newCall(j, "b", typeHigh, "1", "y"))
+	require.NoError(t, err)
+	skipped, ch3, err := submit(newCall(j, "c", typeLow, "1", "z"))
+	require.ErrorIs(t, err, fwk.ErrCallSkipped)
+	failing := newCall(j, "d", typeLow, "2", "x")
+	failing.exec = func(context.Context, *testCall) error { return errTest }
+	failed, ch4, err := submit(failing)
+	require.NoError(t, err)
+	d.Start(testLogger(t))
+
+	for _, tc := range []struct {
+		name  string
+		tk    *Ticket
+		ch    chan error
+		is    error
+		state dispatch.State
+	}{
+		{"overwritten", overwritten, ch1, fwk.ErrCallOverwritten, 0},
+		{"ran", ran, ch2, nil, dispatch.StateSucceeded},
+		{"skipped", skipped, ch3, fwk.ErrCallSkipped, dispatch.StateSkipped},
+		{"failed", failed, ch4, errTest, dispatch.StateFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sent := outcome(t, tc.ch)
+			<-tc.tk.Done()
+			res, ok := tc.tk.Result()
+			require.True(t, ok)
+			assert.Equal(t, fmt.Sprint(sent), fmt.Sprint(res.Err), "the Ticket holds what OnFinish got")
+			if tc.is == nil {
+				assert.NoError(t, res.Err)
+			} else {
+				assert.ErrorIs(t, res.Err, tc.is)
+			}
+			assert.Equal(t, tc.state, res.Outcome.State)
+		})
+	}
+}

@@ -1,0 +1,78 @@
+package scheduler
+
+import (
+	"context"
+
+	"github.com/coalescer/dispatch"
+)
+
+// Result is how one Add ended.
+type Result struct {
+	// Err is what the call's OnFinish channel is sent: nil on success, an
+	// error matching fwk.ErrCallSkipped or fwk.ErrCallOverwritten when the
+	// call was not run for those reasons, the error its last Execute
+	// returned, unchanged, when it failed, or an error matching one of
+	// dispatch's sentinels (ErrExpired, ErrBackpressure, ErrClosed, …) when
+	// the dispatcher ended or refused it — ErrStale for a call whose
+	// execution returned after its deadline passed or Close ended it: it
+	// may have taken effect.
+	Err error
+	// Outcome is the dispatcher's account of the call this Add ran as:
+	// its terminal state, attempts, queue wait and run time. It is the zero
+	// Outcome for a call that never reached a worker's queue: refused,
+	// skipped at Add, or overwritten by a later call (whose outcome it then
+	// is not).
+	Outcome dispatch.Outcome
+}
+
+// Ticket is the caller's handle on one Submit: the lossless form of
+// OnFinish. Its outcome is recorded once and kept, so it can be read at
+// any time, however late. It is safe for concurrent use.
+type Ticket struct {
+	done chan struct{}
+	res  Result
+}
+
+// Done returns a channel that is closed when the outcome is known.
+func (t *Ticket) Done() <-chan struct{} { return t.done }
+
+// Wait returns the outcome once it is known, or ctx's error if ctx ends
+// first (the call goes on).
+func (t *Ticket) Wait(ctx context.Context) (Result, error) {
+	select {
+	case <-t.done:
+		return t.res, nil
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+}
+
+// Result returns the outcome and true once it is known, and false before.
+func (t *Ticket) Result() (Result, bool) {
+	select {
+	case <-t.done:
+		return t.res, true
+	default:
+		return Result{}, false
+	}
+}
+
+// tell delivers e's outcome, once: to its ticket, kept, and to its OnFinish
+// channel with upstream's non-blocking send. It reports whether this was
+// the first telling.
+func (e *entry) tell(err error, o dispatch.Outcome) bool {
+	if !e.told.CompareAndSwap(false, true) {
+		return false
+	}
+	if t := e.ticket; t != nil {
+		t.res = Result{Err: err, Outcome: o}
+		close(t.done)
+	}
+	if e.onFinish != nil {
+		select {
+		case e.onFinish <- err:
+		default:
+		}
+	}
+	return true
+}

@@ -1,0 +1,204 @@
+package scheduler
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
+)
+
+// wire is how the adapter's calls reach the API server.
+//
+// The clientset a scheduler hands over carries client-go's token bucket,
+// shared with its informers. Left where it is, that bucket sits behind the
+// workers: a worker has chosen its call before it waits there, so a binding
+// queues behind every status patch that holds a worker, and upstream's
+// dispatcher, with a goroutine per call, puts it behind every queued patch
+// (kubernetes#135900). So the adapter takes each execution's token from that
+// same bucket itself, before the core chooses the call (gate), and runs the
+// call on a clientset derived from the given one — the same HTTP client,
+// hence the same transport, credentials and user agent — that has no bucket
+// of its own (meter). No request pays twice, and the total rate stays what
+// the scheduler was configured with.
+type wire struct {
+	// client is what calls' Execute gets.
+	client kubernetes.Interface
+	// gate is the core's rate limiter: it opens when the dispatcher starts,
+	// and then hands out the given client's tokens.
+	gate *gate
+	// metered says the tokens come from the given client's bucket and client
+	// is the derived clientset: each execution's first request is paid for.
+	metered bool
+	// why says why the client could not be unwrapped, if it could not.
+	why string
+}
+
+// newWire unwraps client, or falls back to using it as it is: a fake
+// clientset, or a wrapper whose CoreV1 REST client is not a *rest.RESTClient,
+// keeps its own rate limiting (if any) behind the workers, as with
+// upstream's dispatcher. Priority still decides which call a free worker
+// takes, and the reserved workers keep bindings moving; only the wait in
+// the client's own bucket is out of order.
+func newWire(client kubernetes.Interface) wire {
+	w := wire{client: client, gate: newGate()}
+	rc, ok := client.CoreV1().RESTClient().(*rest.RESTClient)
+	if !ok || rc == nil {
+		w.why = "its CoreV1 REST client is not a *rest.RESTClient"
+		return w
+	}
+	host, ok := hostOf(rc)
+	if !ok {
+		w.why = "its REST client's URL does not end in /api/v1"
+		return w
+	}
+	hc := rc.Client
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	limiter := rc.GetRateLimiter()
+	next := hc.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	derived := *hc
+	derived.Transport = &meter{next: next, limiter: limiter}
+	// QPS -1: client-go makes no bucket; the meter charges the given one.
+	cs, err := kubernetes.NewForConfigAndClient(&rest.Config{Host: host, QPS: -1}, &derived)
+	if err != nil {
+		w.why = "a clientset could not be derived from it: " + err.Error()
+		return w
+	}
+	w.client, w.metered, w.gate.l = cs, true, limiter
+	return w
+}
+
+// hostOf returns the server URL (with any path prefix) that rc's requests
+// go to, from the URL of a request for the core group.
+func hostOf(rc *rest.RESTClient) (string, bool) {
+	u := rc.Get().URL()
+	if u == nil {
+		return "", false
+	}
+	prefix, ok := strings.CutSuffix(strings.TrimSuffix(u.Path, "/"), "/api/v1")
+	if !ok {
+		return "", false
+	}
+	h := url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}
+	return h.String(), true
+}
+
+// gate is the core's RateLimiter. It grants nothing before Start
+// (upstream executes nothing before Run, while Add and SyncObject work on
+// what is queued), then one token of the given client's bucket per
+// execution, or every token if there is no bucket to take from.
+//
+// It has only Wait, so the core waits on it from one goroutine of its own
+// and hands each token, when it is granted, to the best call ready at that
+// moment: a binding added while the storm waits for tokens gets the next
+// one. Waiting, rather than trying the bucket on a timer, keeps the
+// dispatcher's place among the bucket's other users (the informers, the
+// scheduler's own direct calls), which reserve their tokens in turn: a
+// poller would be starved by any of them that waits continuously.
+type gate struct {
+	opened chan struct{}
+	once   sync.Once
+	l      flowcontrol.RateLimiter // nil: no bucket to take from
+}
+
+func newGate() *gate { return &gate{opened: make(chan struct{})} }
+
+func (g *gate) open() { g.once.Do(func() { close(g.opened) }) }
+
+// Wait blocks until the gate is open and a token is granted, or ctx ends.
+func (g *gate) Wait(ctx context.Context) error {
+	select {
+	case <-g.opened:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if g.l == nil {
+		return nil
+	}
+	return g.l.Wait(ctx)
+}
+
+// attempt is one execution's account with the meter, carried in the
+// context Execute gets.
+type attempt struct {
+	prepaid    atomic.Bool  // the gate took this execution's first token
+	retryAfter atomic.Int64 // the server's last Retry-After, in ns; 0: none
+}
+
+type attemptKey struct{}
+
+// meter is the derived clientset's transport. It charges every request
+// one token of the given client's bucket, except an execution's first,
+// which the gate paid for before the call was chosen: so a call whose
+// Execute retries inside itself (upstream's PodStatusPatchCall and
+// PodBindingCall do, on 5xx, connection refused and conflicts) pays for
+// every request it makes. And it keeps client-go's own retry loop out of
+// the workers: a 429 or 5xx with Retry-After would otherwise be slept out
+// and resent up to ten times inside the execution; the meter takes the
+// header off (client-go retries only when it is there) and hands the delay
+// to the dispatcher, which waits it out in its queue.
+type meter struct {
+	next    http.RoundTripper
+	limiter flowcontrol.RateLimiter // nil: nothing to charge
+}
+
+func (m *meter) RoundTrip(req *http.Request) (*http.Response, error) {
+	a, _ := req.Context().Value(attemptKey{}).(*attempt)
+	if m.limiter != nil && (a == nil || !a.prepaid.CompareAndSwap(true, false)) {
+		if err := m.limiter.Wait(req.Context()); err != nil {
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			return nil, err
+		}
+	}
+	resp, err := m.next.RoundTrip(req)
+	if a != nil && resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
+		if s, ok := retryAfter(resp.Header); ok {
+			resp.Header.Del("Retry-After")
+			a.retryAfter.Store(int64(s))
+		}
+	}
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go's transport utilities see through
+// the meter.
+func (m *meter) WrappedRoundTripper() http.RoundTripper { return m.next }
+
+// retryAfter reads a Retry-After header in seconds, as client-go does.
+func retryAfter(h http.Header) (time.Duration, bool) {
+	v := h.Get("Retry-After")
+	if v == "" {
+		return 0, false
+	}
+	s, err := strconv.Atoi(v)
+	if err != nil || s < 0 {
+		return 0, false
+	}
+	return time.Duration(s) * time.Second, true
+}
+
+// delayedError carries the server's requested delay to the core's
+// backoff (a RetryAfter method in the error chain); it unwraps to the
+// API's error, so every apierrors test still sees it.
+type delayedError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *delayedError) Error() string             { return e.err.Error() }
+func (e *delayedError) Unwrap() error             { return e.err }
+func (e *delayedError) RetryAfter() time.Duration { return e.delay }
