@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -234,3 +235,12 @@ var errTest = errors.New("test error")
 
 // errRetryable is an error kube.Classify retries.
 var errRetryable = apierrors.NewServiceUnavailable("test")
+
+// total sums a Stats count by state.
+func total(byState map[dispatch.State]uint64) uint64 {
+	var n uint64
+	for _, c := range byState {
+		n += c
+	}
+	return n
+}

@@ -41,7 +41,7 @@ func (o logObserver) OnDrop(e dispatch.Event, b dispatch.Bound) {
 	o.Observer.OnDrop(e, b)
 }
 
-func (o logObserver) OnModeChange(from, to dispatch.Mode, reason dispatch.SwitchReason) {
+func (o logObserver) OnModeChange(from, to dispatch.Mode, reason string) {
 	o.d.log().Info("API dispatcher switched mode", "from", from, "to", to, "reason", reason)
 	o.Observer.OnModeChange(from, to, reason)
 }

@@ -115,15 +115,12 @@ type Options struct {
 	Breaker *dispatch.BreakerPolicy
 	// Adaptive, if set, adapts concurrency to the API server.
 	Adaptive *dispatch.AdaptivePolicy
-	// Mode is the mode to start in: dispatch.ModeAsync (the default), or
-	// dispatch.ModeSync, in which Add runs each call inline, through the same
-	// merging, retries and outcomes. See ModeOf.
-	Mode dispatch.Mode
-	// SwitchPolicy says what a switch to Sync does with queued calls.
-	SwitchPolicy dispatch.SwitchPolicy
-	// Fallback, if set, switches to Sync by itself when the async path is
-	// doing harm.
-	Fallback *dispatch.FallbackPolicy
+	// Rollout is the feature gate's lever: the mode to start in
+	// (dispatch.ModeAsync, the default, or dispatch.ModeSync, in which Add
+	// runs each call inline, through the same merging, retries and
+	// outcomes; see ModeOf), what a switch to Sync does with queued calls,
+	// and the automatic fallback to Sync when the async path does harm.
+	Rollout dispatch.RolloutPolicy
 	// Observer, if set, receives the dispatcher's events, labelled by call
 	// type and with the call type as tenant: a dispatchprom.Observer, say.
 	Observer dispatch.Observer
@@ -244,23 +241,21 @@ func bandOf(p, band int) int {
 func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 	s := &d.set
 	cfg := dispatch.Config[types.UID, *entry]{
-		Workers:      s.workers,
-		RateLimit:    d.wire.gate,
-		Capacity:     cmp.Or(o.Capacity, DefaultCapacity),
-		Aging:        o.Aging,
-		AgingBand:    s.band,
-		Adaptive:     o.Adaptive,
-		Merge:        d.merge,
-		NoOp:         noOp,
-		Label:        label,
-		OnDone:       d.done,
-		Classify:     o.Classify,
-		Retry:        o.Retry,
-		Breaker:      o.Breaker,
-		Mode:         o.Mode,
-		SwitchPolicy: o.SwitchPolicy,
-		Fallback:     o.Fallback,
-		Observer:     newLogObserver(d, o.Observer),
+		Workers:   s.workers,
+		RateLimit: d.wire.gate,
+		Capacity:  cmp.Or(o.Capacity, DefaultCapacity),
+		Aging:     o.Aging,
+		AgingBand: s.band,
+		Merge:     d.merge,
+		NoOp:      noOp,
+		Label:     label,
+		OnDone:    d.done,
+		Classify:  o.Classify,
+		Retry:     o.Retry,
+		Breaker:   o.Breaker,
+		Start:     dispatch.StartPolicy{Adaptive: o.Adaptive},
+		Rollout:   o.Rollout,
+		Observer:  newLogObserver(d, o.Observer),
 	}
 	if cfg.Classify == nil {
 		cfg.Classify = kube.Classify
@@ -272,7 +267,7 @@ func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 		}
 	}
 	if s.reserved > 0 {
-		cfg.Reserve = dispatch.Reservation{Workers: s.reserved, MinPriority: s.urgent}
+		cfg.Start.ReservedWorkers, cfg.Start.UrgentPriority = s.reserved, s.urgent
 	}
 	return cfg
 }

@@ -110,7 +110,7 @@ func TestTimeout(t *testing.T) {
 // caller, through the same rules, so its result is on OnFinish when Add
 // returns; SetMode switches at run time.
 func TestSyncMode(t *testing.T) {
-	d := newTestDispatcher(t, Options{Mode: ModeOf(false)})
+	d := newTestDispatcher(t, Options{Rollout: dispatch.RolloutPolicy{Mode: ModeOf(false)}})
 	j := &journal{}
 	ch := make(chan error, 1)
 	require.NoError(t, d.Add(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: ch}))
