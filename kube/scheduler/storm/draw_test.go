@@ -65,3 +65,21 @@ func TestWriteSVG(t *testing.T) {
 	assert.Equal(t, 2*3, n["polyline"], "three rate lines per run")
 	assert.Equal(t, 2*w.Schedulable+1, n["circle"], "a point per pod, and the legend's")
 }
+
+// TestMeanMs takes a histogram's mean from the _sum and _count counters
+// of the series a label selects, and says "-" for one never observed.
+func TestMeanMs(t *testing.T) {
+	c := map[string]float64{
+		"h_sum{call_type=pod_binding,result=success}":        0.3,
+		"h_count{call_type=pod_binding,result=success}":      2,
+		"h_sum{call_type=pod_binding,result=error}":          0.1,
+		"h_count{call_type=pod_binding,result=error}":        2,
+		"h_sum{call_type=pod_status_patch,result=success}":   9,
+		"h_count{call_type=pod_status_patch,result=success}": 1,
+	}
+	assert.Equal(t, "100.0", meanMs(c, "h", "call_type=pod_binding"))
+	assert.Equal(t, "9000.0", meanMs(c, "h", "call_type=pod_status_patch"))
+	assert.Equal(t, "1880.0", meanMs(c, "h", ""))
+	assert.Equal(t, "-", meanMs(c, "h", "call_type=other"))
+	assert.Equal(t, "-", meanMs(c, "g", ""))
+}

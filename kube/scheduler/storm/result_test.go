@@ -401,6 +401,19 @@ func markdown(results []*Result) string {
 			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable,
 			r.OvertakingMedian, r.OvertakingMax, r.Conditions, r.Workload.Unschedulable, r.Lost, r.DoubleBound, r.Status429)
 	}
+	b.WriteString("\nWhere the time went, from the scheduler's own histograms (means, ms): a scheduling attempt that bound; " +
+		"the Bind extension point (with the gate on, a binding's Add → its outcome: the wait in the dispatcher and the request); " +
+		"a binding request's and a status patch's execution; a pod's queue entry → bound (scheduler_pod_scheduling_sli_duration_seconds):\n\n")
+	b.WriteString("| priority | scheduler | attempt (scheduled) | Bind | binding executed | status patch executed | queue entry → bound |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", r.Priority, r.Scheduler,
+			meanMs(r.Counters, "scheduler_scheduling_attempt_duration_seconds", "result=scheduled"),
+			meanMs(r.Counters, "scheduler_framework_extension_point_duration_seconds", "extension_point=Bind"),
+			meanMs(r.Counters, "scheduler_async_api_call_execution_duration_seconds", "call_type=pod_binding"),
+			meanMs(r.Counters, "scheduler_async_api_call_execution_duration_seconds", "call_type=pod_status_patch"),
+			meanMs(r.Counters, "scheduler_pod_scheduling_sli_duration_seconds", ""))
+	}
 	// Requests by verb, one column per run.
 	keys := map[string]bool{}
 	for _, r := range results {
@@ -421,4 +434,27 @@ func markdown(results []*Result) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// meanMs is the mean in ms of a histogram the scheduler reported (its
+// _sum and _count counters), over the series whose labels contain label;
+// "-" when it observed nothing.
+func meanMs(counters map[string]float64, name, label string) string {
+	var sum, count float64
+	for k, v := range counters {
+		series, labels, ok := strings.Cut(k, "{")
+		if !ok || !strings.Contains(labels, label) {
+			continue
+		}
+		switch series {
+		case name + "_sum":
+			sum += v
+		case name + "_count":
+			count += v
+		}
+	}
+	if count == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", sum/count*1000)
 }

@@ -31,7 +31,12 @@ type Line struct {
 	Kubernetes string `json:"kubernetes,omitempty"`
 	// Counters holds the scheduler's metrics that say what it did:
 	// scheduling attempts by result, async API calls by call type and
-	// result, and those pending. Keys are "metric{label=value,...}".
+	// result, and those pending; and, to say where the time went, the
+	// sum (seconds) and count of four histograms: scheduling attempts,
+	// the pod scheduling SLI (queue entry → bound), async calls'
+	// executions, and the Bind extension point (with the gate on: a
+	// binding's Add → outcome). Keys are "metric{label=value,...}",
+	// "metric_sum{...}" and "metric_count{...}".
 	Counters map[string]float64 `json:"counters,omitempty"`
 }
 
