@@ -18,10 +18,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
+	"reflect"
+	"strings"
 	"testing"
 
 	_ "k8s.io/component-base/logs/json/register"
+	apidispatcher "k8s.io/kubernetes/pkg/scheduler/backend/api_dispatcher"
 	perf "k8s.io/kubernetes/test/integration/scheduler_perf"
 
 	"github.com/coalescer/dispatch/kube/integration/apiserver"
@@ -89,19 +91,33 @@ func BenchmarkPerfScheduling(b *testing.B) {
 }
 
 // build tells which APIDispatcher this test binary links: "dispatch" when
-// it contains github.com/coalescer/dispatch (the drop-in), "upstream"
-// otherwise.
+// the APIDispatcher of k8s.io/kubernetes/pkg/scheduler/backend/api_dispatcher
+// holds one of our types (the drop-in's wraps kube/scheduler's
+// Dispatcher), "upstream" otherwise. A test binary's build information
+// lists no dependencies, so the type is what tells.
 func build() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	for _, m := range info.Deps {
-		if m.Path == "github.com/coalescer/dispatch" {
+	t := reflect.TypeFor[apidispatcher.APIDispatcher]()
+	for i := range t.NumField() {
+		ft := t.Field(i).Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if strings.HasPrefix(ft.PkgPath(), "github.com/coalescer/dispatch/") {
 			return "dispatch"
 		}
 	}
 	return "upstream"
+}
+
+// TestBuild reports which APIDispatcher this binary links and, when
+// $STORM_PERF_BUILD says which one it must be (cmd/perfcompare sets it),
+// checks it.
+func TestBuild(t *testing.T) {
+	got := build()
+	t.Logf("APIDispatcher: %s", got)
+	if want := os.Getenv("STORM_PERF_BUILD"); want != "" && got != want {
+		t.Fatalf("this binary links %s's APIDispatcher, want %s's", got, want)
+	}
 }
 
 // etcdInPath puts the project's etcd first in $PATH, as "etcd", for the

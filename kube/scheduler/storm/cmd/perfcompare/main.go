@@ -78,6 +78,13 @@ func run() error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "perfcompare: built ./perf for %s in %v\n", build, time.Since(start).Round(time.Second))
+		// The binary must link the build's APIDispatcher (perf's TestBuild).
+		check := exec.CommandContext(ctx, filepath.Join(bins, build+".test"), "-test.run=^TestBuild$", "-test.v")
+		check.Dir = filepath.Join(root, "perf")
+		check.Env = append(os.Environ(), "STORM_PERF_BUILD="+build)
+		if b, err := check.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: the test binary links the wrong APIDispatcher: %w\n%s", build, err, b)
+		}
 		f, err := os.Create(filepath.Join(*out, build+".txt"))
 		if err != nil {
 			return err
