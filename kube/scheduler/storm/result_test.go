@@ -80,6 +80,13 @@ type Result struct {
 	// answer ("create pods/binding 409"; "error" when the proxy got no
 	// answer).
 	Failures map[string]int `json:"failures,omitempty"`
+	// ServerBinding and ServerPatch are the time bindings and status
+	// patches spent at the server (the proxy's receipt → the answer),
+	// p50 and p99 in ms; InFlightMax is the most of those two kinds the
+	// server held from the scheduler at once.
+	ServerBinding [2]float64 `json:"server_binding_p50_p99_ms"`
+	ServerPatch   [2]float64 `json:"server_patch_p50_p99_ms"`
+	InFlightMax   int        `json:"in_flight_max"`
 	// Counters are the scheduler's own (see package schedout).
 	Counters map[string]float64 `json:"counters"`
 
@@ -211,7 +218,17 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 
 	// What the scheduler asked of the server.
 	bindings := map[string]int{}
+	atServer := map[string][]time.Duration{}
+	type edge struct {
+		at   time.Time
+		step int
+	}
+	var edges []edge
 	for _, q := range reqs {
+		if k := requestKind(q); (k == "binding" || k == "status patch") && !q.Answered.IsZero() {
+			atServer[k] = append(atServer[k], q.Answered.Sub(q.Received))
+			edges = append(edges, edge{q.Received, 1}, edge{q.Answered, -1})
+		}
 		key := q.Verb + " " + q.Resource
 		if q.Subresource != "" {
 			key += "/" + q.Subresource
@@ -261,6 +278,25 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		if q.Status == 429 {
 			s.Rejected += per
 		}
+	}
+	for kind, into := range map[string]*[2]float64{"binding": &r.ServerBinding, "status patch": &r.ServerPatch} {
+		if d := atServer[kind]; len(d) > 0 {
+			slices.Sort(d)
+			*into = [2]float64{ms(percentile(d, 0.5)), ms(percentile(d, 0.99))}
+		}
+	}
+	// Answers before receipts at the same instant: a request that ends
+	// as another starts was not in flight with it.
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.step - b.step
+	})
+	inFlight := 0
+	for _, e := range edges {
+		inFlight += e.step
+		r.InFlightMax = max(r.InFlightMax, inFlight)
 	}
 	for name, n := range bindings {
 		if n > 1 {
@@ -401,18 +437,23 @@ func markdown(results []*Result) string {
 			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable,
 			r.OvertakingMedian, r.OvertakingMax, r.Conditions, r.Workload.Unschedulable, r.Lost, r.DoubleBound, r.Status429)
 	}
-	b.WriteString("\nWhere the time went, from the scheduler's own histograms (means, ms): a scheduling attempt that bound; " +
-		"the Bind extension point (with the gate on, a binding's Add → its outcome: the wait in the dispatcher and the request); " +
-		"a binding request's and a status patch's execution; a pod's queue entry → bound (scheduler_pod_scheduling_sli_duration_seconds):\n\n")
-	b.WriteString("| priority | scheduler | attempt (scheduled) | Bind | binding executed | status patch executed | queue entry → bound |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|\n")
+	b.WriteString("\nWhere the time went. From the scheduler's own histograms, means in ms: a scheduling attempt that bound " +
+		"(its cycle and its binding cycle); the Bind extension point (with the gate on, a binding's Add → its outcome: " +
+		"the wait in the dispatcher and the request); a binding's and a status patch's execution (upstream's includes the wait " +
+		"for the client's token; the drop-in's takes it before); a pod's queue entry → bound " +
+		"(scheduler_pod_scheduling_sli_duration_seconds). From the proxy, in ms: the time bindings and status patches spent " +
+		"at the server, and the most of them the server held at once:\n\n")
+	b.WriteString("| priority | scheduler | attempt that bound | Bind | binding executed | status patch executed | queue entry → bound |" +
+		" binding at the server p50/p99 | status patch at the server p50/p99 | most in flight |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", r.Priority, r.Scheduler,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %.0f / %.0f | %.0f / %.0f | %d |\n", r.Priority, r.Scheduler,
 			meanMs(r.Counters, "scheduler_scheduling_attempt_duration_seconds", "result=scheduled"),
 			meanMs(r.Counters, "scheduler_framework_extension_point_duration_seconds", "extension_point=Bind"),
 			meanMs(r.Counters, "scheduler_async_api_call_execution_duration_seconds", "call_type=pod_binding"),
 			meanMs(r.Counters, "scheduler_async_api_call_execution_duration_seconds", "call_type=pod_status_patch"),
-			meanMs(r.Counters, "scheduler_pod_scheduling_sli_duration_seconds", ""))
+			meanMs(r.Counters, "scheduler_pod_scheduling_sli_duration_seconds", ""),
+			r.ServerBinding[0], r.ServerBinding[1], r.ServerPatch[0], r.ServerPatch[1], r.InFlightMax)
 	}
 	// Requests by verb, one column per run.
 	keys := map[string]bool{}
