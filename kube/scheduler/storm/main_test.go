@@ -1,11 +1,14 @@
 package storm
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,8 +16,9 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// TestMain keeps the output readable and fails the package if a goroutine
-// outlives the tests.
+// TestMain builds the schedulers TestStorm runs (see buildSchedulers),
+// keeps the output readable and fails the package if a goroutine outlives
+// the tests.
 //
 // The kube-apiservers the tests start in this process log through klog's
 // global logger: hundreds of lines a run, which go to
@@ -37,6 +41,20 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	if willRun("TestStorm") {
+		dir, err := os.MkdirTemp("", "storm-schedulers-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		prebuiltDir = dir
+		prebuilt = &built{}
+		if variants, err := selectedVariants(); err != nil {
+			prebuilt.err = err
+		} else {
+			prebuilt = buildSchedulers(context.Background(), dir, variants)
+		}
+	}
 	code := m.Run()
 	if code == 0 {
 		if err := noLeaks(10 * time.Second); err != nil {
@@ -45,8 +63,39 @@ func TestMain(m *testing.M) {
 		}
 	}
 	closeLog()
+	if dir := prebuiltDir; dir != "" {
+		os.RemoveAll(dir)
+	}
 	os.Exit(code)
 }
+
+// willRun says whether go test's -test.run and -test.skip select the
+// top-level test name, as the testing package matches them (each pattern's
+// first /-separated element; unanchored).
+func willRun(name string) bool {
+	match := func(flagName string) (bool, bool) {
+		f := flag.Lookup(flagName)
+		if f == nil || f.Value.String() == "" {
+			return false, false
+		}
+		first, _, _ := strings.Cut(f.Value.String(), "/")
+		ok, err := regexp.MatchString(first, name)
+		return ok || err != nil, true // a bad pattern: let the testing package say so
+	}
+	if ok, set := match("test.run"); set && !ok {
+		return false
+	}
+	// A skip pattern with several elements skips subtests only.
+	if f := flag.Lookup("test.skip"); f != nil && !strings.Contains(f.Value.String(), "/") {
+		if ok, set := match("test.skip"); set && ok {
+			return false
+		}
+	}
+	return true
+}
+
+// prebuiltDir holds the schedulers TestMain built; it removes it at the end.
+var prebuiltDir string
 
 // noLeaks returns goleak's finding if goroutines other than the ignored one
 // are still running after wait.

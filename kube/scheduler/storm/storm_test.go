@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,8 +28,8 @@ var (
 	unschedulableFlag = flag.Int("storm.unschedulable", 0, "pods no node fits, all created before the scheduler starts: the storm (0: the size's)")
 	schedulableFlag   = flag.Int("storm.schedulable", 0, "schedulable pods, one every -storm.every once the storm is under way (0: the size's)")
 	everyFlag         = flag.Duration("storm.every", 0, "interval between schedulable pods (0: the size's)")
-	variantsFlag      = flag.String("storm.variants", "sync,upstream,dispatch",
-		"comma-separated schedulers to run: sync (SchedulerAsyncAPICalls off), upstream (upstream's APIDispatcher), dispatch (the drop-in)")
+	variantsFlag      = flag.String("storm.variants", "",
+		"comma-separated schedulers to run: sync (SchedulerAsyncAPICalls off), upstream (upstream's APIDispatcher), dispatch (the drop-in); empty: the size's")
 	prioritiesFlag = flag.String("storm.priorities", "high,same",
 		"comma-separated priority variants: high (the schedulable pods above the storm's) and same")
 	outFlag       = flag.String("storm.out", "", "write results.json, results.md and one SVG picture per priority variant into this `directory`")
@@ -63,6 +64,35 @@ var sizes = map[string]Workload{
 	// a storm of 15-20 s, still several times what the schedulable pods
 	// need to arrive and (with dispatch) be bound.
 	"ci": {Nodes: 10, Unschedulable: 300, Schedulable: 30, Every: 50 * time.Millisecond, HighPriority: 1000},
+}
+
+// sizeVariants are the schedulers each size runs unless -storm.variants
+// says otherwise. CI's leaves out the synchronous baseline: upstream's
+// path with the gate off, which checks nothing of ours, and whose
+// same-priority run is the longest (it binds only after the whole storm,
+// one patch at a time). The full size runs all three: the baseline is in
+// the figures.
+var sizeVariants = map[string]string{
+	"full": "sync,upstream,dispatch",
+	"ci":   "upstream,dispatch",
+}
+
+// selectedVariants returns the schedulers the flags select, in the order
+// they run.
+func selectedVariants() ([]schedVariant, error) {
+	names := *variantsFlag
+	if names == "" {
+		names = sizeVariants[*sizeFlag]
+	}
+	var variants []schedVariant
+	for name := range strings.SplitSeq(names, ",") {
+		i := slices.IndexFunc(schedVariants, func(v schedVariant) bool { return v.name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("-storm.variants: unknown scheduler %q", name)
+		}
+		variants = append(variants, schedVariants[i])
+	}
+	return variants, nil
 }
 
 // workload returns the workload the flags describe.
@@ -122,24 +152,27 @@ var schedVariants = []schedVariant{
 // and written out with -storm.out, never asserted.
 func TestStorm(t *testing.T) {
 	w := workload(t)
-	var variants []schedVariant
-	for name := range strings.SplitSeq(*variantsFlag, ",") {
-		i := slices.IndexFunc(schedVariants, func(v schedVariant) bool { return v.name == name })
-		if i < 0 {
-			t.Fatalf("-storm.variants: unknown scheduler %q", name)
-		}
-		variants = append(variants, schedVariants[i])
-	}
+	variants, err := selectedVariants()
+	require.NoError(t, err)
 	priorities := strings.Split(*prioritiesFlag, ",")
 	for _, p := range priorities {
 		if p != "high" && p != "same" {
 			t.Fatalf("-storm.priorities: unknown variant %q: want high or same", p)
 		}
 	}
+	var names []string
+	for _, v := range variants {
+		names = append(names, v.name)
+	}
 	t.Logf("workload: %d nodes; %d unschedulable pods at once, then %d schedulable pods one every %v; schedulers: %s; priorities: %s",
-		w.Nodes, w.Unschedulable, w.Schedulable, w.Every, *variantsFlag, *prioritiesFlag)
+		w.Nodes, w.Unschedulable, w.Schedulable, w.Every, strings.Join(names, ","), *prioritiesFlag)
 
-	bins := buildSchedulers(t, variants)
+	require.NotNil(t, prebuilt, "TestMain built no scheduler")
+	for _, line := range prebuilt.log {
+		t.Log(line)
+	}
+	require.NoError(t, prebuilt.err)
+	bins := prebuilt.bins
 	etcd := apiserver.StartEtcd(t)
 
 	var results []*Result
@@ -173,32 +206,50 @@ type binary struct {
 	err  error
 }
 
-// buildSchedulers builds cmd/scheduler once for each build the variants
-// use, with the race detector when this test binary has it. A Dispatch
-// build missing because the tree has no drop-in skips those runs; any
-// other build failure fails the test.
-func buildSchedulers(t *testing.T, variants []schedVariant) map[string]binary {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
+// built is what TestMain built for TestStorm.
+type built struct {
+	bins map[string]binary // by build
+	log  []string          // how long each took
+	err  error             // a build that failed
+}
+
+// prebuilt is set by TestMain when TestStorm is to run.
+var prebuilt *built
+
+// buildSchedulers builds cmd/scheduler into dir once for each build the
+// variants use, with the race detector when this test binary has it. A
+// Dispatch build missing because the tree has no drop-in skips those runs;
+// any other build failure fails TestStorm.
+//
+// TestMain calls it before the tests start, so that go test's -timeout
+// (10 minutes by default, and the README's test command sets none) covers
+// the runs, not a cold compile of kube-scheduler twice.
+func buildSchedulers(ctx context.Context, dir string, variants []schedVariant) *built {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	bins := map[string]binary{}
+	b := &built{bins: map[string]binary{}}
 	for _, v := range variants {
-		if _, done := bins[v.build]; done {
+		if _, done := b.bins[v.build]; done {
 			continue
 		}
 		start := time.Now()
 		modfile, err := variant.Modfile(ctx, v.build, filepath.Join(dir, v.build))
 		if errors.Is(err, variant.ErrNoDropIn) {
-			bins[v.build] = binary{err: err}
-			t.Logf("build %s: %v", v.build, err)
+			b.bins[v.build] = binary{err: err}
+			b.log = append(b.log, fmt.Sprintf("build %s: %v", v.build, err))
 			continue
 		}
-		require.NoError(t, err, "build %s", v.build)
-		path := filepath.Join(dir, "scheduler-"+v.build)
-		require.NoError(t, variant.Build(ctx, modfile, "./cmd/scheduler", path, raceEnabled), "build %s", v.build)
-		bins[v.build] = binary{path: path}
-		t.Logf("build %s: cmd/scheduler built in %v (race detector: %v)", v.build, time.Since(start).Round(time.Second), raceEnabled)
+		if err == nil {
+			path := filepath.Join(dir, "scheduler-"+v.build)
+			if err = variant.Build(ctx, modfile, "./cmd/scheduler", path, raceEnabled); err == nil {
+				b.bins[v.build] = binary{path: path}
+				b.log = append(b.log, fmt.Sprintf("build %s: cmd/scheduler built in %v, before the tests (race detector: %v)",
+					v.build, time.Since(start).Round(time.Second), raceEnabled))
+				continue
+			}
+		}
+		b.err = fmt.Errorf("build %s: %w", v.build, err)
+		return b
 	}
-	return bins
+	return b
 }
