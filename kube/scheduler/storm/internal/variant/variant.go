@@ -254,19 +254,10 @@ func replaceLines(gomod []byte) ([]string, error) {
 	return lines, nil
 }
 
-// GoCommand returns the go command of this toolchain: the one under
-// runtime.GOROOT (a test binary's is the toolchain that built it), else
-// the one in $PATH (go test and go run put their own first there).
+// GoCommand returns the go command in $PATH: go test and go run put the
+// toolchain's own first there (since Go 1.19), so a test binary or a
+// command they run finds the go that built it.
 func GoCommand() (string, error) {
-	exe := ""
-	if runtime.GOOS == "windows" {
-		exe = ".exe"
-	}
-	if root := runtime.GOROOT(); root != "" {
-		if p := filepath.Join(root, "bin", "go"+exe); isFile(p) {
-			return p, nil
-		}
-	}
 	p, err := exec.LookPath("go")
 	if err != nil {
 		return "", fmt.Errorf("variant: no go command: %w", err)
