@@ -145,6 +145,8 @@ type Tree struct {
 	// pointed at Dir, each staging repository pinned to its release, and
 	// our modules pointed at Local if set.
 	Replace []Replacement
+
+	goCmd string // Options.Go
 }
 
 // Replacement is one replace directive.
@@ -181,6 +183,28 @@ func (t *Tree) GoWork() string {
 	}
 	b.WriteString(")\n")
 	return b.String()
+}
+
+// KubeScheduler is kube-scheduler's main package in a copy, for Build.
+const KubeScheduler = "./cmd/kube-scheduler"
+
+// Build compiles the command pkg of the copy (KubeScheduler, say) into the
+// file out, with the copy as the main module (outside any workspace) and
+// the go build flags given: none for the drop-in, "-tags", BaselineTag for
+// upstream's own dispatcher. The first build compiles everything the
+// command needs from the copy; later ones only what changed.
+func (t *Tree) Build(ctx context.Context, pkg, out string, flags ...string) error {
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+	args := append(append([]string{"build", "-o", abs}, flags...), pkg)
+	cmd := exec.CommandContext(ctx, t.goCmd, args...)
+	cmd.Dir, cmd.Env = t.Dir, append(os.Environ(), "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s (in %s): %v\n%s", strings.Join(args, " "), t.Dir, err, out)
+	}
+	return nil
 }
 
 // LocalCheckout returns the root of the checkout of
@@ -239,7 +263,7 @@ func Materialise(ctx context.Context, o Options) (*Tree, error) {
 		return nil, err
 	}
 	dir := filepath.Join(o.Dir, "kubernetes-"+Version+"-"+key(o.Local))
-	t := &Tree{Dir: dir, Replace: replacements(dir, o.Local)}
+	t := &Tree{Dir: dir, Replace: replacements(dir, o.Local), goCmd: o.Go}
 	want := stamp(o.Local)
 	switch have, err := os.ReadFile(filepath.Join(dir, markerFile)); {
 	case err == nil && bytes.Equal(have, want):

@@ -1,7 +1,8 @@
 // Command consumer is what a new user of dispatch writes first, with nothing
 // but the README's go get lines: a binding and a status patch through the
 // kube preset on client-go's fake clientset, counted by the prometheus
-// module's Observer. internal/release builds and runs it in an empty module
+// module's Observer, and a scheduler plugin's own call through kube/scheduler,
+// kube-scheduler's fwk.APIDispatcher. internal/release builds and runs it in an empty module
 // outside the repository; its output must be want.txt.
 package main
 
@@ -13,12 +14,16 @@ import (
 
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube"
+	"github.com/coalescer/dispatch/kube/scheduler"
 	dispatchprom "github.com/coalescer/dispatch/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
 )
 
 func main() {
@@ -81,4 +86,43 @@ func main() {
 			fmt.Printf("%s{%s} %v\n", f.GetName(), strings.Join(labels, ","), m.GetCounter().GetValue())
 		}
 	}
+
+	pluginCall(ctx, client, web1)
+}
+
+// labelCall is a scheduler plugin's own fwk.APICall: it labels a pod.
+type labelCall struct{ pod *v1.Pod }
+
+func (c labelCall) CallType() fwk.APICallType { return "example_label" }
+func (c labelCall) UID() types.UID            { return c.pod.UID }
+func (c labelCall) Execute(ctx context.Context, client clientset.Interface) error {
+	patch := []byte(`{"metadata":{"labels":{"team":"a"}}}`)
+	_, err := client.CoreV1().Pods(c.pod.Namespace).Patch(ctx, c.pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+func (c labelCall) Merge(fwk.APICall) error                       { return nil }
+func (c labelCall) Sync(obj metav1.Object) (metav1.Object, error) { return obj, nil }
+func (c labelCall) IsNoOp() bool                                  { return false }
+
+// pluginCall runs a labelCall through kube/scheduler's dispatcher.
+func pluginCall(ctx context.Context, client clientset.Interface, pod *v1.Pod) {
+	relevances := fwk.APICallRelevances{scheduler.PodStatusPatch: 1, scheduler.PodBinding: 2, "example_label": 1}
+	d, err := scheduler.New(client, relevances, scheduler.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	d.Start(klog.Background())
+	done := make(chan error, 1)
+	if err := d.Add(labelCall{pod}, fwk.APICallOptions{OnFinish: done}); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("kube/scheduler: label web-1:", <-done)
+	if err := d.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	got, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("web-1: team=" + got.Labels["team"])
 }

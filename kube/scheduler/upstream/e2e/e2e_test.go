@@ -6,9 +6,19 @@
 // kube-apiserver. Each test runs the go command in the copy, outside the
 // workspace; the copy lives in the user's cache directory and is made once.
 //
+// The tests run only when asked, with -e2e:
+//
+//	go test -race -count=1 -timeout 45m ./kube/scheduler/upstream/e2e -e2e
+//
 // The first run compiles what kube-scheduler and kube-apiserver need from
 // the copy (the build cache keys on directories, so nothing compiled from
-// the module cache is reused): see the module's README for the cost.
+// the module cache is reused): tens of CPU-minutes, which TestMain spends
+// before the tests start, but which go test's own watchdog counts (it
+// kills a test binary that runs longer than -timeout plus a minute, 11
+// minutes by default). On two cores that does not fit the default, so the
+// README's test command, which sets no -timeout, leaves these tests out,
+// and .ci/run runs them in a step of their own with a timeout that does:
+// see the module's README for the cost.
 package e2e
 
 import (
@@ -45,13 +55,13 @@ import (
 // compilation (tens of CPU-minutes the first time: kube-apiserver and
 // kube-scheduler from the copy) is a build step, as go test's own is, not
 // test time under -timeout; the tests then find it all in the build cache.
-// Under -short the tests skip, and nothing is built.
+// Without -e2e, or under -short, the tests skip, and nothing is built.
 //
 // Then it checks for leaked goroutines (leaked): see kube/integration's
 // TestMain for the one goroutine kube-apiserver leaves behind.
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if !testing.Short() {
+	if *e2e && !testing.Short() {
 		if err := prepare(context.Background()); err != nil {
 			os.RemoveAll(prepared.tmp)
 			fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -144,19 +154,33 @@ func prepare(ctx context.Context) error {
 		{"build the api_dispatcher test (drop-in)", append(append([]string{"test", "-c", "-o", throwaway("ours.test")}, upstreamBuildFlags(unit)...), dispatcherPkg)},
 		{"build the api_dispatcher test (upstream's)", append(append([]string{"test", "-c", "-o", throwaway("theirs.test"), "-tags", upstream.BaselineTag}, upstreamBuildFlags(unit)...), dispatcherPkg)},
 		{"build upstream's binding integration test", append(append([]string{"test", "-c", "-o", throwaway("bind.test")}, upstreamBuildFlags(integration)...), bindPkg)},
-		{"build kube-scheduler", append(append([]string{"build", "-o", prepared.scheduler}, upstreamBuildFlags(integration)...), "./cmd/kube-scheduler")},
 	} {
 		if err := step(b.what, func() error { return build(b.args...) }); err != nil {
 			return err
 		}
 	}
-	return nil
+	// kube-scheduler, with the README's one command: go run of
+	// cmd/materialise -build, from this module (in the workspace).
+	return step("build kube-scheduler (cmd/materialise -build)", func() error {
+		cmd := exec.CommandContext(ctx, gotest.GoCommand(), "run", "../cmd/materialise", "-q", "-build", prepared.scheduler)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go run ../cmd/materialise -build: %v\n%s", err, out)
+		}
+		return nil
+	})
 }
 
-// materialised returns the copy TestMain made, and skips under -short.
+// e2e asks for the tests (see the package documentation).
+var e2e = flag.Bool("e2e", false, "build kube-scheduler and upstream's tests in a copy of k8s.io/kubernetes, and run them (the first run compiles for tens of CPU-minutes: give -timeout room)")
+
+// materialised returns the copy TestMain made, and skips without -e2e or
+// under -short.
 func materialised(t *testing.T) *upstream.Tree {
 	t.Helper()
-	if testing.Short() {
+	switch {
+	case !*e2e:
+		t.Skip("run with -e2e (and a -timeout with room for the first build): builds kube-scheduler and upstream's tests in a copy of k8s.io/kubernetes")
+	case testing.Short():
 		t.Skip("-short: builds kube-scheduler and upstream's tests in a copy of k8s.io/kubernetes")
 	}
 	return prepared.tree
@@ -247,6 +271,7 @@ func etcdOnPath(t *testing.T) string {
 // process, with the gate on and off) against the drop-in, as upstream's
 // CI runs it (upstreamFlags).
 func TestIntegrationBind(t *testing.T) {
+	materialised(t) // skips before etcdOnPath builds anything
 	s := goTest(t, integration, []string{bindPkg}, etcdOnPath(t))
 	require.NoError(t, s.Err)
 	assert.Equal(t, "pass", s.Tests["k8s.io/kubernetes/test/integration/scheduler/bind.TestDefaultBinder/Async_API_calls_enabled:_true"], "%v", s.Tests)
@@ -254,7 +279,8 @@ func TestIntegrationBind(t *testing.T) {
 }
 
 // TestKubeSchedulerBinary runs k8s.io/kubernetes/cmd/kube-scheduler, as
-// TestMain built it from the copy, against a real kube-apiserver with
+// TestMain built it from the copy with one command (go run
+// ./cmd/materialise -build), against a real kube-apiserver with
 // SchedulerAsyncAPICalls on, and watches it bind a pod through the
 // drop-in.
 func TestKubeSchedulerBinary(t *testing.T) {
