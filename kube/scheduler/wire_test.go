@@ -78,13 +78,11 @@ func (s *server) wake() {
 
 // arrival is one request as the server saw it.
 type arrival struct {
-	kind      string // "patch", "bind", "get"
-	pod       string
-	at        time.Time
-	auth, ua  string
-	retryOf   int // how many earlier requests of this kind the pod had
-	answered  int
-	retryHint bool
+	kind     string // "patch", "bind", "get"
+	pod      string
+	at       time.Time
+	auth, ua string
+	retryOf  int // how many earlier requests of this kind the pod had
 }
 
 func newServer(t *testing.T) *server {
