@@ -221,9 +221,11 @@ var prebuilt *built
 // Dispatch build missing because the tree has no drop-in skips those runs;
 // any other build failure fails TestStorm.
 //
-// TestMain calls it before the tests start, so that go test's -timeout
-// (10 minutes by default, and the README's test command sets none) covers
-// the runs, not a cold compile of kube-scheduler twice.
+// TestMain calls it before the tests start, so that the test binary's own
+// -timeout alarm covers the runs, not a cold compile of kube-scheduler
+// twice. go test's watchdog, which kills a test binary running longer than
+// -timeout plus a minute, counts the compile too: the README's test
+// command sets -timeout 30m for it.
 func buildSchedulers(ctx context.Context, dir string, variants []schedVariant) *built {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()

@@ -15,10 +15,11 @@
 // the module cache is reused): tens of CPU-minutes, which TestMain spends
 // before the tests start, but which go test's own watchdog counts (it
 // kills a test binary that runs longer than -timeout plus a minute, 11
-// minutes by default). On two cores that does not fit the default, so the
-// README's test command, which sets no -timeout, leaves these tests out,
-// and .ci/run runs them in a step of their own with a timeout that does:
-// see the module's README for the cost.
+// minutes by default, 31 under the README's test command). On two cores
+// that does not fit reliably beside the other modules' tests, so the
+// README's test command leaves these tests out, and .ci/run runs them in
+// a step of their own, alone and with a timeout that fits: see the
+// module's README for the cost.
 package e2e
 
 import (

@@ -163,9 +163,13 @@ func (s Summary) Failed() []string {
 	return out
 }
 
-// Leaves returns the tests that have no subtests in s: the ones that
-// assert something themselves. A parent passes when all its subtests do,
-// so counting parents too would count each failure twice.
+// Leaves returns the tests that assert something themselves: those
+// without subtests in s, and a parent that failed while none of its
+// subtests did (it failed in its own code: its set-up, a check after its
+// subtests, a cleanup — as a kube-apiserver that never starts fails the
+// parent of upstream's integration tests). Other parents are left out: a
+// parent fails when a subtest does, so counting it would count that
+// failure twice.
 func (s Summary) Leaves() map[string]string {
 	names := make([]string, 0, len(s.Tests))
 	for t := range s.Tests {
@@ -174,10 +178,26 @@ func (s Summary) Leaves() map[string]string {
 	slices.Sort(names)
 	out := map[string]string{}
 	for i, t := range names {
-		if i+1 < len(names) && strings.HasPrefix(names[i+1], t+"/") {
+		if i+1 >= len(names) || !strings.HasPrefix(names[i+1], t+"/") {
+			out[t] = s.Tests[t]
 			continue
 		}
-		out[t] = s.Tests[t]
+		if s.Tests[t] != "fail" {
+			continue
+		}
+		subFailed := false
+		for _, sub := range names[i+1:] {
+			if !strings.HasPrefix(sub, t+"/") {
+				break
+			}
+			if s.Tests[sub] == "fail" {
+				subFailed = true
+				break
+			}
+		}
+		if !subFailed {
+			out[t] = "fail"
+		}
 	}
 	return out
 }

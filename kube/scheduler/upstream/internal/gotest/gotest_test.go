@@ -27,6 +27,15 @@ func TestPass(t *testing.T) {
 func TestFail(t *testing.T) { t.Log("why it failed") ; t.Fail() }
 
 func TestSkip(t *testing.T) { t.Skip("not today") }
+
+func TestSetUp(t *testing.T) {
+	t.Run("c", func(t *testing.T) {})
+	t.Error("failed in its own code, after its subtests passed")
+}
+
+func TestSub(t *testing.T) {
+	t.Run("d", func(t *testing.T) { t.Fail() })
+}
 `)
 	s := Run{Go: GoCommand(), Dir: dir, Args: []string{"-count=1", "."}}.Do(t.Context())
 	assert.Error(t, s.Err, "go test exits non-zero when a test fails")
@@ -34,13 +43,19 @@ func TestSkip(t *testing.T) { t.Skip("not today") }
 	assert.Equal(t, map[string]string{
 		"example.com/m.TestPass": "pass", "example.com/m.TestPass/a": "pass", "example.com/m.TestPass/b": "pass",
 		"example.com/m.TestFail": "fail", "example.com/m.TestSkip": "skip",
+		"example.com/m.TestSetUp": "fail", "example.com/m.TestSetUp/c": "pass",
+		"example.com/m.TestSub": "fail", "example.com/m.TestSub/d": "fail",
 	}, s.Tests)
 	assert.Equal(t, map[string]string{
 		"example.com/m.TestPass/a": "pass", "example.com/m.TestPass/b": "pass",
 		"example.com/m.TestFail": "fail", "example.com/m.TestSkip": "skip",
-	}, s.Leaves(), "a parent of subtests is not counted")
-	assert.Equal(t, 3, s.Count("pass", nil))
-	assert.Equal(t, []string{"example.com/m (fail)", "example.com/m.TestFail"}, s.Failed())
+		"example.com/m.TestSetUp": "fail", "example.com/m.TestSetUp/c": "pass",
+		"example.com/m.TestSub/d": "fail",
+	}, s.Leaves(), "a parent is counted only when it failed and none of its subtests did")
+	assert.Equal(t, 4, s.Count("pass", nil))
+	assert.Equal(t, []string{"example.com/m (fail)", "example.com/m.TestFail", "example.com/m.TestSetUp",
+		"example.com/m.TestSub", "example.com/m.TestSub/d"}, s.Failed())
+	assert.Contains(t, s.Output["example.com/m.TestSetUp"], "failed in its own code")
 	assert.Contains(t, s.Output["example.com/m.TestFail"], "why it failed")
 	assert.False(t, s.OnlyStartupTimeouts())
 }
