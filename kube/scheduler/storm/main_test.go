@@ -7,11 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/coalescer/dispatch/kube/integration/testrun"
 	"go.uber.org/goleak"
 	"k8s.io/klog/v2"
 )
@@ -41,7 +40,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if willRun("TestStorm") {
+	if testrun.Selected("TestStorm") {
 		dir, err := os.MkdirTemp("", "storm-schedulers-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -67,31 +66,6 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 	}
 	os.Exit(code)
-}
-
-// willRun says whether go test's -test.run and -test.skip select the
-// top-level test name, as the testing package matches them (each pattern's
-// first /-separated element; unanchored).
-func willRun(name string) bool {
-	match := func(flagName string) (bool, bool) {
-		f := flag.Lookup(flagName)
-		if f == nil || f.Value.String() == "" {
-			return false, false
-		}
-		first, _, _ := strings.Cut(f.Value.String(), "/")
-		ok, err := regexp.MatchString(first, name)
-		return ok || err != nil, true // a bad pattern: let the testing package say so
-	}
-	if ok, set := match("test.run"); set && !ok {
-		return false
-	}
-	// A skip pattern with several elements skips subtests only.
-	if f := flag.Lookup("test.skip"); f != nil && !strings.Contains(f.Value.String(), "/") {
-		if ok, set := match("test.skip"); set && ok {
-			return false
-		}
-	}
-	return true
 }
 
 // prebuiltDir holds the schedulers TestMain built; it removes it at the end.

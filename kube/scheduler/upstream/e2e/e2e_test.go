@@ -17,9 +17,11 @@
 // kills a test binary that runs longer than -timeout plus a minute, 11
 // minutes by default, 31 under the README's test command). On two cores
 // that does not fit reliably beside the other modules' tests, so the
-// README's test command leaves these tests out, and .ci/run runs them in
-// a step of their own, alone and with a timeout that fits: see the
-// module's README for the cost.
+// README's test command leaves these tests out. TestMain builds only what
+// the tests -run selects: .ci/run runs TestMaterialise and
+// TestAPIDispatcherPackage in a step of their own, which builds no
+// kube-apiserver; the whole package, cold, took 25m50s on two cores, too
+// much of CI's budget (see the module's README).
 package e2e
 
 import (
@@ -38,6 +40,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch/kube/integration/apiserver"
+	"github.com/coalescer/dispatch/kube/integration/testrun"
 	"github.com/coalescer/dispatch/kube/scheduler/upstream"
 	"github.com/coalescer/dispatch/kube/scheduler/upstream/internal/gotest"
 	"github.com/stretchr/testify/assert"
@@ -148,17 +151,27 @@ func prepare(ctx context.Context) error {
 		return nil
 	}
 	throwaway := func(name string) string { return filepath.Join(tmp, "throwaway", name) }
+	// Each build only for the tests go test will run (-run, -skip), so
+	// that CI can run the api_dispatcher test without paying for
+	// kube-apiserver's and kube-scheduler's builds.
 	for _, b := range []struct {
+		test string
 		what string
 		args []string
 	}{
-		{"build the api_dispatcher test (drop-in)", append(append([]string{"test", "-c", "-o", throwaway("ours.test")}, upstreamBuildFlags(unit)...), dispatcherPkg)},
-		{"build the api_dispatcher test (upstream's)", append(append([]string{"test", "-c", "-o", throwaway("theirs.test"), "-tags", upstream.BaselineTag}, upstreamBuildFlags(unit)...), dispatcherPkg)},
-		{"build upstream's binding integration test", append(append([]string{"test", "-c", "-o", throwaway("bind.test")}, upstreamBuildFlags(integration)...), bindPkg)},
+		{"TestAPIDispatcherPackage", "build the api_dispatcher test (drop-in)", append(append([]string{"test", "-c", "-o", throwaway("ours.test")}, upstreamBuildFlags(unit)...), dispatcherPkg)},
+		{"TestAPIDispatcherPackage", "build the api_dispatcher test (upstream's)", append(append([]string{"test", "-c", "-o", throwaway("theirs.test"), "-tags", upstream.BaselineTag}, upstreamBuildFlags(unit)...), dispatcherPkg)},
+		{"TestIntegrationBind", "build upstream's binding integration test", append(append([]string{"test", "-c", "-o", throwaway("bind.test")}, upstreamBuildFlags(integration)...), bindPkg)},
 	} {
+		if !testrun.Selected(b.test) {
+			continue
+		}
 		if err := step(b.what, func() error { return build(b.args...) }); err != nil {
 			return err
 		}
+	}
+	if !testrun.Selected("TestKubeSchedulerBinary") {
+		return nil
 	}
 	// kube-scheduler, with the README's one command: go run of
 	// cmd/materialise -build, from this module (in the workspace).
