@@ -120,7 +120,7 @@ func TestUpstreamSuite(t *testing.T) {
 
 	var md strings.Builder
 	fmt.Fprintf(&md, "Upstream's tests with SchedulerAsyncAPICalls on by default (-tags %s), k8s.io/kubernetes %s, %s; unit tests with -race, integration tests with -short (as upstream's CI runs them).\n\n", upstream.GateOnTag, upstream.Version, time.Now().UTC().Format("2006-01-02"))
-	fmt.Fprintf(&md, "Tests are counted as leaves (a test without subtests, or a subtest without subtests of its own). Upstream's tests of its private types, %s (in call_queue_test.go and goroutines_limiter_test.go), run only with upstream's package and are left out of both counts: they do not apply to a replacement.\n\n", strings.Join(private, ", "))
+	fmt.Fprintf(&md, "Tests are counted as leaves (a test without subtests, or a subtest without subtests of its own), and a parent that failed while none of its subtests did counts as a test of its own. Upstream's tests of its private types, %s (in call_queue_test.go and goroutines_limiter_test.go), run only with upstream's package and are left out of both counts: they do not apply to a replacement.\n\n", strings.Join(private, ", "))
 	fmt.Fprintf(&md, "| part | dispatcher | packages (ok / failed) | tests pass | fail | skip | time |\n|---|---|---|---|---|---|---|\n")
 	var commands []string
 	var regressions, flaky, bothFail []string
