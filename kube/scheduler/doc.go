@@ -73,6 +73,18 @@
 // derived clientset speaks JSON, whatever content type the given one was
 // configured with.
 //
+// The adapter waits for one token at a time, so among other users of the
+// bucket that wait on it continuously it has one waiter's share, however
+// many calls it has queued: client-go's bucket grants tokens in the order
+// they are asked for, and the adapter asks for its next one only when the
+// last is granted.
+// Upstream's dispatcher, which waits on a goroutine per call, has a share
+// per call. kube-scheduler gives its event broadcaster a clientset of its
+// own; one that shares the dispatcher's clientset while both are busy —
+// scheduler_perf's StartSchedulerWithDone makes it so — takes every other
+// token from the dispatcher. Give the dispatcher a clientset that nothing
+// else waits on continuously.
+//
 // A clientset that cannot be unwrapped — the fake clientset, a wrapper whose
 // CoreV1 REST client is not a *rest.RESTClient — is used as it is: its own
 // limiter, if any, applies behind the workers, as with upstream's

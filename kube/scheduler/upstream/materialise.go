@@ -20,7 +20,10 @@
 // from the same sources, and the two builds share every compiled package
 // that does not depend on the dispatcher. A third tag, dispatch_gate_on,
 // turns the SchedulerAsyncAPICalls feature gate on by default (it is off by
-// default in this release), to run upstream's tests with it on.
+// default in this release), to run upstream's tests with it on. A fourth,
+// dispatch_perf_client (PerfClientTag), gives scheduler_perf's scheduler a
+// client at its configuration's QPS and burst, as kube-scheduler's has, for
+// the storm of kubernetes#135900 as a scheduler_perf workload.
 package upstream
 
 import (
@@ -33,10 +36,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -348,7 +353,12 @@ func stamp(local string) []byte {
 			fmt.Fprintf(mods, "%s %x\n", m, sha256.Sum256(data))
 		}
 	}
-	return fmt.Appendf(nil, "drop-in %x\ndrop-in test %x\ngate %x\n%s %x\n", sha256.Sum256(dropIn), sha256.Sum256(dropInTest), sha256.Sum256([]byte(gateOn)), modsPrefix, mods.Sum(nil))
+	perf := sha256.New()
+	perf.Write(perfCallInCopy)
+	for _, name := range slices.Sorted(maps.Keys(perfClientFiles)) {
+		fmt.Fprintf(perf, "%s %x\n", name, sha256.Sum256([]byte(perfClientFiles[name])))
+	}
+	return fmt.Appendf(nil, "drop-in %x\ndrop-in test %x\ngate %x\nperf client %x\n%s %x\n", sha256.Sum256(dropIn), sha256.Sum256(dropInTest), sha256.Sum256([]byte(gateOn)), perf.Sum(nil), modsPrefix, mods.Sum(nil))
 }
 
 // modsPrefix starts the line of a stamp that covers our modules' go.mod
@@ -498,8 +508,12 @@ func tagUpstream(pkg string) error {
 }
 
 // writeOurs writes the files of ours into the copy at root: the drop-in
-// and its test helper, behind !BaselineTag, and the gate file.
+// and its test helper, behind !BaselineTag, the gate file, and
+// scheduler_perf's client files (see PerfClientTag).
 func writeOurs(root string) error {
+	if err := patchPerfHarness(root); err != nil {
+		return err
+	}
 	pkg := filepath.Join(root, filepath.FromSlash(packageDir))
 	header := "//go:build !" + BaselineTag + "\n\n// Code placed here by github.com/coalescer/dispatch/kube/scheduler/upstream\n// (materialise); build with -tags " + BaselineTag + " for upstream's package.\n\n"
 	if err := writeAtomic(filepath.Join(pkg, dropInFile), append([]byte(header), dropIn...)); err != nil {

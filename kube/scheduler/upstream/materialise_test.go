@@ -20,6 +20,22 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// upstreamPerf returns the directory of upstream's scheduler_perf in the
+// module cache.
+func upstreamPerf(t *testing.T) string {
+	src, err := moduleDir(t.Context(), gotest.GoCommand(), "k8s.io/kubernetes@"+Version)
+	require.NoError(t, err)
+	return filepath.Join(src, filepath.FromSlash(perfDir))
+}
+
+// copyPerfUtil copies scheduler_perf's util.go as released into the tree
+// at root, as writeOurs needs it.
+func copyPerfUtil(t *testing.T, root string) {
+	dir := filepath.Join(root, filepath.FromSlash(perfDir))
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, copyFile(filepath.Join(upstreamPerf(t), "util.go"), filepath.Join(dir, "util.go"), 0o644))
+}
+
 // upstreamPackage returns the directory of upstream's package in the
 // module cache.
 func upstreamPackage(t *testing.T) string {
@@ -36,6 +52,7 @@ func TestPlaceDropIn(t *testing.T) {
 	pkg := filepath.Join(root, filepath.FromSlash(packageDir))
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "pkg", "features"), 0o755))
 	require.NoError(t, copyTree(upstreamPackage(t), pkg))
+	copyPerfUtil(t, root)
 	require.NoError(t, tagUpstream(pkg))
 	require.NoError(t, writeOurs(root))
 
@@ -149,6 +166,7 @@ func TestRefresh(t *testing.T) {
 	pkg := filepath.Join(dir, filepath.FromSlash(packageDir))
 	require.NoError(t, os.MkdirAll(pkg, 0o755))
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "pkg", "features"), 0o755))
+	copyPerfUtil(t, dir)
 	require.NoError(t, os.WriteFile(filepath.Join(pkg, dropInFile), []byte("an older drop-in"), 0o644))
 	// An older drop-in, with the same modules: only our files change.
 	older := append([]byte("drop-in 0\n"), modsLine(stamp(""))...)

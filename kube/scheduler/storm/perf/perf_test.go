@@ -19,6 +19,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,6 +29,7 @@ import (
 	perf "k8s.io/kubernetes/test/integration/scheduler_perf"
 
 	"github.com/coalescer/dispatch/kube/integration/apiserver"
+	"github.com/coalescer/dispatch/kube/scheduler/storm/internal/variant"
 )
 
 // config is the workloads' file, in this directory (go test runs in it).
@@ -109,14 +112,34 @@ func build() string {
 	return "upstream"
 }
 
-// TestBuild reports which APIDispatcher this binary links and, when
-// $STORM_PERF_BUILD says which one it must be (cmd/perfcompare sets it),
-// checks it.
+// client tells whose QPS and burst scheduler_perf's scheduler client has
+// in this test binary: "config" (its configuration's clientConnection)
+// when it was built with the drop-in copy's dispatch_perf_client tag,
+// "harness" (scheduler_perf's 5 000, as released) otherwise. The tags are
+// in the binary's build settings.
+func client() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), variant.PerfClientTag) {
+				return "config"
+			}
+		}
+	}
+	return "harness"
+}
+
+// TestBuild reports which APIDispatcher this binary links and whose rate
+// its scheduler client has and, when $STORM_PERF_BUILD and
+// $STORM_PERF_CLIENT say which they must be (cmd/perfcompare sets them),
+// checks them.
 func TestBuild(t *testing.T) {
-	got := build()
-	t.Logf("APIDispatcher: %s", got)
+	got, cl := build(), client()
+	t.Logf("APIDispatcher: %s; the scheduler's client: %s", got, cl)
 	if want := os.Getenv("STORM_PERF_BUILD"); want != "" && got != want {
 		t.Fatalf("this binary links %s's APIDispatcher, want %s's", got, want)
+	}
+	if want := os.Getenv("STORM_PERF_CLIENT"); want != "" && cl != want {
+		t.Fatalf("this binary's scheduler client has the %s's rate, want the %s's", cl, want)
 	}
 }
 

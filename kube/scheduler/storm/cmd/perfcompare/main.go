@@ -6,7 +6,14 @@
 //	benchstat results/perf/upstream.txt results/perf/dispatch.txt
 //
 // It compiles ./perf twice with package variant (go test -c outside the
-// workspace, with this module's go.mod and with the drop-in's), then runs
+// workspace), both against the drop-in's copy of k8s.io/kubernetes, from
+// the same sources: with the copy's dispatch_upstream tag for upstream's
+// APIDispatcher, without it for dispatch's. With -client config (the
+// default), both builds also take the copy's dispatch_perf_client tag:
+// scheduler_perf's scheduler gets a client at its configuration's QPS and
+// burst (kube-scheduler's 50 and 100), as in a cluster, rather than the
+// harness's 5 000, which no token bucket limits; -client harness builds
+// scheduler_perf as released. Then it runs
 // the two test binaries one after the other, -count times, each run one
 // iteration of every benchmark -bench selects (scheduler_perf workloads
 // run once per iteration). The binaries run in ./perf, where the workloads'
@@ -40,8 +47,21 @@ func run() error {
 		count = flag.Int("count", 6, "runs of each build")
 		bench = flag.String("bench", ".", "benchmarks to run (go test -bench)")
 		out   = flag.String("o", "perf-results", "`directory` for upstream.txt and dispatch.txt")
+		cl    = flag.String("client", "config", "the scheduler's client: config (its configuration's QPS and burst) or harness (scheduler_perf's 5 000, as released)")
 	)
 	flag.Parse()
+	var common []string
+	switch *cl {
+	case "config":
+		common = []string{variant.PerfClientTag}
+	case "harness":
+	default:
+		return fmt.Errorf("-client %q: want config or harness", *cl)
+	}
+	tags := map[string][]string{
+		variant.Upstream: append([]string{variant.BaselineTag}, common...),
+		variant.Dispatch: common,
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
@@ -70,18 +90,20 @@ func run() error {
 	results := map[string]*os.File{}
 	for _, build := range builds {
 		start := time.Now()
-		modfile, err := variant.Modfile(ctx, build, filepath.Join(cache, "dispatch-storm"))
+		// Both from the copy: the tags choose the APIDispatcher.
+		modfile, err := variant.Modfile(ctx, variant.Dispatch, filepath.Join(cache, "dispatch-storm"))
 		if err != nil {
 			return err
 		}
-		if err := variant.TestBinary(ctx, modfile, "./perf", filepath.Join(bins, build+".test"), false); err != nil {
+		if err := variant.TestBinary(ctx, modfile, "./perf", filepath.Join(bins, build+".test"), false, tags[build]...); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "perfcompare: built ./perf for %s in %v\n", build, time.Since(start).Round(time.Second))
-		// The binary must link the build's APIDispatcher (perf's TestBuild).
+		fmt.Fprintf(os.Stderr, "perfcompare: built ./perf for %s (tags %q) in %v\n", build, tags[build], time.Since(start).Round(time.Second))
+		// The binary must link the build's APIDispatcher and give the
+		// scheduler the client asked for (perf's TestBuild).
 		check := exec.CommandContext(ctx, filepath.Join(bins, build+".test"), "-test.run=^TestBuild$", "-test.v")
 		check.Dir = filepath.Join(root, "perf")
-		check.Env = append(os.Environ(), "STORM_PERF_BUILD="+build)
+		check.Env = append(os.Environ(), "STORM_PERF_BUILD="+build, "STORM_PERF_CLIENT="+*cl)
 		if b, err := check.CombinedOutput(); err != nil {
 			return fmt.Errorf("%s: the test binary links the wrong APIDispatcher: %w\n%s", build, err, b)
 		}

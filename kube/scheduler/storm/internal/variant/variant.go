@@ -155,13 +155,27 @@ func Build(ctx context.Context, modfile, pkg, out string, race bool) error {
 }
 
 // TestBinary compiles the tests of pkg (a path relative to the module,
-// such as ./perf) with modfile into the test binary out (go test -c).
-func TestBinary(ctx context.Context, modfile, pkg, out string, race bool) error {
-	return compile(ctx, "test", modfile, pkg, out, race)
+// such as ./perf) with modfile into the test binary out (go test -c), with
+// the build tags given (with the [Dispatch] build's go.mod, [BaselineTag]
+// selects upstream's APIDispatcher in the copy, and [PerfClientTag]
+// scheduler_perf's scheduler client at its configuration's rate).
+func TestBinary(ctx context.Context, modfile, pkg, out string, race bool, tags ...string) error {
+	return compile(ctx, "test", modfile, pkg, out, race, tags...)
 }
 
+// Build tags of the drop-in's copy of k8s.io/kubernetes, as its
+// materialiser (kube/scheduler/upstream) defines them.
+const (
+	// BaselineTag selects upstream's own APIDispatcher in the copy.
+	BaselineTag = "dispatch_upstream"
+	// PerfClientTag gives scheduler_perf's scheduler a client at the QPS
+	// and burst of its configuration's clientConnection instead of the
+	// harness's 5 000.
+	PerfClientTag = "dispatch_perf_client"
+)
+
 // compile runs go build, or go test -c when verb is "test", in the module.
-func compile(ctx context.Context, verb, modfile, pkg, out string, race bool) error {
+func compile(ctx context.Context, verb, modfile, pkg, out string, race bool, tags ...string) error {
 	root, err := Root()
 	if err != nil {
 		return err
@@ -179,6 +193,9 @@ func compile(ctx context.Context, verb, modfile, pkg, out string, race bool) err
 	}
 	if race {
 		args = append(args, "-race")
+	}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
 	}
 	args = append(args, "-o", out, pkg)
 	cmd := exec.CommandContext(ctx, goBin, args...)
