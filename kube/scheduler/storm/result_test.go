@@ -99,11 +99,17 @@ type Result struct {
 }
 
 // PodTiming is one schedulable pod's creation and binding, as the
-// informer saw them, in ms since the scheduler was started.
+// informer saw them, in ms since the scheduler was started, and when the
+// proxy received the scheduler's binding request the server accepted, and
+// had the server's answer: creation → request is the scheduler's part
+// (its informer, queue, cycles and dispatcher), request → answer the
+// server's, answer → bound the watch's back to the test.
 type PodTiming struct {
-	Name    string  `json:"name"`
-	Created float64 `json:"created_ms"`
-	Bound   float64 `json:"bound_ms"`
+	Name            string  `json:"name"`
+	Created         float64 `json:"created_ms"`
+	Bound           float64 `json:"bound_ms"`
+	BindingSent     float64 `json:"binding_received_ms,omitempty"`
+	BindingAnswered float64 `json:"binding_answered_ms,omitempty"`
 }
 
 // RateSample is the scheduler's requests per second the server answered
@@ -181,6 +187,12 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 	var before, overtaking []int
 	firstCreated, lastBound := time.Duration(math.MaxInt64), time.Duration(0)
 	doubles := map[string]bool{}
+	accepted := map[string]apiserver.Request{} // each pod's accepted binding
+	for _, q := range reqs {
+		if requestKind(q) == "binding" && q.Status == 201 {
+			accepted[q.Name] = q
+		}
+	}
 	for name, p := range seen {
 		if p.rebound > 0 {
 			doubles[name] = true
@@ -191,7 +203,11 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		created, bound := p.created.Sub(t0), p.bound.Sub(t0)
 		latencies = append(latencies, bound-created)
 		firstCreated, lastBound = min(firstCreated, created), max(lastBound, bound)
-		r.Pods = append(r.Pods, PodTiming{Name: name, Created: ms(created), Bound: ms(bound)})
+		pt := PodTiming{Name: name, Created: ms(created), Bound: ms(bound)}
+		if q, ok := accepted[name]; ok {
+			pt.BindingSent, pt.BindingAnswered = ms(q.Received.Sub(t0)), ms(q.Answered.Sub(t0))
+		}
+		r.Pods = append(r.Pods, pt)
 		if p.boundSeq < lastCondition {
 			r.BoundBeforeDrain++
 		}
@@ -342,6 +358,9 @@ func checkRun(t *testing.T, r *Result) {
 	assert.Zero(t, r.DoubleBound, "pods bound twice")
 	assert.Equal(t, w.Schedulable, r.Bindings, "bindings the server accepted: one per schedulable pod")
 	assert.Len(t, r.Pods, w.Schedulable, "schedulable pods the informer saw bound")
+	for _, p := range r.Pods {
+		assert.True(t, p.BindingSent > 0 && p.BindingAnswered >= p.BindingSent, "%s: its accepted binding at the proxy, received then answered (%v, %v ms)", p.Name, p.BindingSent, p.BindingAnswered)
+	}
 	assert.GreaterOrEqual(t, r.StatusPatches, w.Unschedulable, "status patches: at least one per unschedulable pod")
 }
 
