@@ -108,7 +108,7 @@ type PodTiming struct {
 	Name            string  `json:"name"`
 	Created         float64 `json:"created_ms"`
 	Bound           float64 `json:"bound_ms"`
-	BindingSent     float64 `json:"binding_received_ms,omitempty"`
+	BindingReceived float64 `json:"binding_received_ms,omitempty"`
 	BindingAnswered float64 `json:"binding_answered_ms,omitempty"`
 }
 
@@ -205,7 +205,7 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		firstCreated, lastBound = min(firstCreated, created), max(lastBound, bound)
 		pt := PodTiming{Name: name, Created: ms(created), Bound: ms(bound)}
 		if q, ok := accepted[name]; ok {
-			pt.BindingSent, pt.BindingAnswered = ms(q.Received.Sub(t0)), ms(q.Answered.Sub(t0))
+			pt.BindingReceived, pt.BindingAnswered = ms(q.Received.Sub(t0)), ms(q.Answered.Sub(t0))
 		}
 		r.Pods = append(r.Pods, pt)
 		if p.boundSeq < lastCondition {
@@ -359,7 +359,7 @@ func checkRun(t *testing.T, r *Result) {
 	assert.Equal(t, w.Schedulable, r.Bindings, "bindings the server accepted: one per schedulable pod")
 	assert.Len(t, r.Pods, w.Schedulable, "schedulable pods the informer saw bound")
 	for _, p := range r.Pods {
-		assert.True(t, p.BindingSent > 0 && p.BindingAnswered >= p.BindingSent, "%s: its accepted binding at the proxy, received then answered (%v, %v ms)", p.Name, p.BindingSent, p.BindingAnswered)
+		assert.True(t, p.BindingReceived > 0 && p.BindingAnswered >= p.BindingReceived, "%s: its accepted binding at the proxy, received then answered (%v, %v ms)", p.Name, p.BindingReceived, p.BindingAnswered)
 	}
 	assert.GreaterOrEqual(t, r.StatusPatches, w.Unschedulable, "status patches: at least one per unschedulable pod")
 }
