@@ -41,10 +41,25 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 			now = d.now()
 			continue
 		}
+		d.passOn()
 		now = d.run(c, now, &ob, rn)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)
+}
+
+// passOn wakes an idle worker, if calls are still ready and a worker is
+// still free, before this one leaves the lock to run the call it took. The
+// next call needs someone to take its token (or to ask the limiter, the
+// clock or the fetcher for one), and nobody else may: the submissions'
+// wakes may all have been spent before the limiter granted, and the
+// executions running may not end for a long time. Without it, once the
+// limiter's burst is spent, calls ready behind executions that hang start
+// only as those end, however many workers are free.
+func (d *Dispatcher[K, T]) passOn() {
+	if d.q.nready > 0 && d.workerRunning+1 < d.concurrency() {
+		d.wakeWorker()
+	}
 }
 
 // next pops the call a worker runs now, if any may start: under the
