@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,4 +357,72 @@ func TestBindingNotBehindStorm(t *testing.T) {
 	})
 	assert.LessOrEqual(t, ours, 1)
 	assert.Greater(t, theirs, patches/2)
+}
+
+// TestStatusPatchesInFlightCapped: status patches the server does not
+// answer hold at most statusPatchesInFlight workers, and a binding added
+// meanwhile reaches the server and is answered; once the server answers,
+// every patch finishes, still never more than the cap at once.
+func TestStatusPatchesInFlightCapped(t *testing.T) {
+	enableAsyncAPICalls(t)
+	release := make(chan struct{})
+	var once sync.Once
+	answer := func() { once.Do(func() { close(release) }) }
+	var inFlight, most atomic.Int32
+	s := newAPIServer(t, func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPatch {
+			return false
+		}
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		<-release
+		inFlight.Add(-1)
+		return false
+	})
+	t.Cleanup(answer) // before the server's Close, which waits for its handlers
+	logger, _ := ktesting.NewTestContext(t)
+	d := New(s.client(t, 1000, 1000), 16, apicalls.Relevances)
+	d.Run(logger)
+	defer func() { answer(); d.Close() }()
+	const patches = 20
+	done := make(chan error, patches)
+	for i := range patches {
+		require.NoError(t, d.Add(unschedulable(testPod(fmt.Sprint("p", i))), fwk.APICallOptions{OnFinish: done}))
+	}
+	within(t, s.reached(statusPatchesInFlight), "the first status patches at the server")
+	bound := make(chan error, 1)
+	require.NoError(t, d.Add(apicalls.Implementations.PodBinding(&v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: "bound", Namespace: "default", UID: "uid-bound"},
+		Target:     v1.ObjectReference{Kind: "Node", Name: "node-1"},
+	}), fwk.APICallOptions{OnFinish: bound}))
+	require.NoError(t, receive(t, bound, "the binding, while the status patches hang"))
+	assert.Len(t, s.list(), statusPatchesInFlight+1, "the capped patches and the binding reached the server: %v", s.list())
+	answer()
+	for range patches {
+		require.NoError(t, receive(t, done, "a status patch, once the server answers"))
+	}
+	assert.EqualValues(t, statusPatchesInFlight, most.Load(), "the most status patches at the server at once")
+}
+
+// within waits for ch to close, failing the test after 30 seconds.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waited 30s for %s", what)
+	}
+}
+
+// receive waits for a value from ch, failing the test after 30 seconds.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waited 30s for %s", what)
+		panic("unreachable")
+	}
 }
