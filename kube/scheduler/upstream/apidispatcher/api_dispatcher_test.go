@@ -369,12 +369,17 @@ func TestStatusPatchesInFlightCapped(t *testing.T) {
 	var once sync.Once
 	answer := func() { once.Do(func() { close(release) }) }
 	var inFlight, most atomic.Int32
+	capped := make(chan struct{}) // closed once the cap's patches are all held
+	var cappedOnce sync.Once
 	s := newAPIServer(t, func(w http.ResponseWriter, r *http.Request) bool {
 		if r.Method != http.MethodPatch {
 			return false
 		}
 		n := inFlight.Add(1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if n == statusPatchesInFlight {
+			cappedOnce.Do(func() { close(capped) })
 		}
 		<-release
 		inFlight.Add(-1)
@@ -390,7 +395,7 @@ func TestStatusPatchesInFlightCapped(t *testing.T) {
 	for i := range patches {
 		require.NoError(t, d.Add(unschedulable(testPod(fmt.Sprint("p", i))), fwk.APICallOptions{OnFinish: done}))
 	}
-	within(t, s.reached(statusPatchesInFlight), "the first status patches at the server")
+	within(t, capped, "the first status patches held at the server")
 	bound := make(chan error, 1)
 	require.NoError(t, d.Add(apicalls.Implementations.PodBinding(&v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: "bound", Namespace: "default", UID: "uid-bound"},
