@@ -301,12 +301,7 @@ func TestStatusPatchRequestsBounded(t *testing.T) {
 			defer d.Close()
 			ch := make(chan error, 1)
 			require.NoError(t, d.Add(unschedulable(testPod("a")), fwk.APICallOptions{OnFinish: ch}))
-			select {
-			case err := <-ch:
-				require.Error(t, err)
-			case <-time.After(30 * time.Second):
-				t.Fatal("no outcome")
-			}
+			require.Error(t, receive(t, ch, "the status patch's outcome"))
 			assert.Len(t, s.list(), tc.requests)
 		})
 	}
@@ -395,7 +390,7 @@ func TestStatusPatchesInFlightCapped(t *testing.T) {
 	for i := range patches {
 		require.NoError(t, d.Add(unschedulable(testPod(fmt.Sprint("p", i))), fwk.APICallOptions{OnFinish: done}))
 	}
-	within(t, capped, "the first status patches held at the server")
+	receive(t, capped, "the first status patches held at the server")
 	bound := make(chan error, 1)
 	require.NoError(t, d.Add(apicalls.Implementations.PodBinding(&v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: "bound", Namespace: "default", UID: "uid-bound"},
@@ -410,17 +405,8 @@ func TestStatusPatchesInFlightCapped(t *testing.T) {
 	assert.EqualValues(t, statusPatchesInFlight, most.Load(), "the most status patches at the server at once")
 }
 
-// within waits for ch to close, failing the test after 30 seconds.
-func within(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("waited 30s for %s", what)
-	}
-}
-
-// receive waits for a value from ch, failing the test after 30 seconds.
+// receive waits for a value from ch (or its close), failing the test
+// after 30 seconds.
 func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
