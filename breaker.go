@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
+
 	"cmp"
 	"fmt"
 	"math"
@@ -215,7 +217,7 @@ func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok
 	probe = b.state != CircuitClosed
 	if !b.admits(now, &ob.notes) {
 		if b.state == CircuitOpen {
-			d.armTimer(b.openUntil)
+			d.due.Set(due.Probe, b.openUntil)
 		}
 		return false, false
 	}
@@ -250,6 +252,6 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 	case b.state == CircuitClosed && !wasClosed:
 		d.cond.Broadcast() // resume every worker
 	case b.state == CircuitOpen:
-		d.armTimer(b.openUntil)
+		d.due.Set(due.Probe, b.openUntil)
 	}
 }

@@ -3,16 +3,24 @@ package dispatch
 import (
 	"math"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 const maxTime = math.MaxInt64
 
-// clock is the dispatcher's one timer goroutine. It wakes at the earliest
-// entry of the delay index or the deadline index, expires waiters whose
-// deadline passed, and moves calls whose backoff ended to the ready index.
-// Nothing else in the dispatcher sleeps or keeps a timer. It runs no user
-// code — the hooks and observer events of what it ends go to the notifier —
-// so a slow callback cannot make a deadline late. It takes the lock itself.
+// clock is the goroutine that acts on time: it wakes when the earliest
+// entry of the due list (internal/due) comes, takes the duties that are
+// due, and does each — expires waiters whose deadline passed, moves calls
+// whose backoff ended to the ready index, wakes a worker for a token that
+// is due or a hold that ended, lets the circuit breaker probe, checks the
+// fallback policy — recording each duty's next time, if it has one. The
+// due list's timer is the dispatcher's one timer for all of them; the
+// others it keeps are SetMode's wait for a drain and the back-off between
+// failed Waits of a limiter that can only be waited on (ratelimit.go). The
+// clock runs no user code — the hooks and observer events of what it ends
+// go to the notifier — so a slow callback cannot make a deadline late. It
+// takes the lock itself.
 func (d *Dispatcher[K, T]) clock() {
 	defer d.timer.Stop()
 	var ob outbox[K, T]
@@ -24,45 +32,55 @@ func (d *Dispatcher[K, T]) clock() {
 		}
 		d.mu.Lock()
 		now := d.now()
-		d.timerAt = maxTime
-		d.expireDue(now, &ob)
-		if n := d.q.promote(now); n > 0 {
-			for range n {
-				d.wakeWorker()
+		duties := d.due.Take(now)
+		if duties.Has(due.Expire) {
+			d.expireDue(now, &ob)
+			if w, ok := d.q.deadlines.Min(); ok {
+				d.due.Set(due.Expire, w.at)
 			}
-			d.kick()
 		}
-		if d.fallback != nil {
+		if duties.Has(due.Promote) {
+			if n := d.q.promote(now); n > 0 {
+				for range n {
+					d.wakeWorker()
+				}
+				d.kick()
+			}
+			if c, ok := d.q.delayed.Min(); ok {
+				d.due.Set(due.Promote, c.notBefore)
+			}
+		}
+		if duties.Has(due.Check) {
 			d.checkFallback(now, &ob)
 		}
-		if d.startAt != 0 && now >= d.startAt {
-			d.startAt = 0
-			d.wakeWorker() // a token is due, or a hold has ended
+		if duties.Has(due.Start) {
+			// A token is due, or a hold has ended. The worker that looks
+			// records the next time, if it still has to wait.
+			d.wakeWorker()
 		}
-		if b := d.breaker; b != nil && b.state == CircuitOpen {
+		if b := d.breaker; duties.Has(due.Probe) && b != nil && b.state == CircuitOpen {
 			if now >= b.openUntil {
 				d.wakeWorker() // to probe
 			} else {
-				d.armTimer(b.openUntil)
+				d.due.Set(due.Probe, b.openUntil)
 			}
 		}
-		d.armTimer(d.q.nextWake())
+		d.due.Rearm()
 		d.handOff(&ob)
 		d.mu.Unlock()
 		d.deliver(&ob) // tickets only
 	}
 }
 
-// armTimer makes sure the timer fires no later than at. Called under the
-// lock; it touches the timer only when at is earlier than what it is armed
-// for, so a stream of submissions with later and later deadlines costs no
-// timer operation.
-func (d *Dispatcher[K, T]) armTimer(at int64) {
-	if at >= d.timerAt || d.timer == nil {
-		return
+// armClock sets the due list's timer to fire at at; it is the list's arm
+// function. Before the dispatcher starts there is no timer: start arms it
+// then.
+func (d *Dispatcher[K, T]) armClock(at int64) bool {
+	if d.timer == nil {
+		return false
 	}
-	d.timerAt = at
 	d.timer.Reset(time.Duration(at - d.now()))
+	return true
 }
 
 // expireDue ends every waiter whose deadline is at or before now.

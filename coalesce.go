@@ -24,7 +24,6 @@ func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, d
 		t.state = tsLive
 		if deadline != 0 { // then t.x.w.deadline is deadline (newTicket)
 			d.q.addDeadline(&t.x.w, deadline)
-			d.armTimer(deadline)
 		}
 	} else {
 		d.addPosts(c, 1, prio, now, deadline, deadline == 0)
@@ -57,7 +56,6 @@ func (d *Dispatcher[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline in
 		d.q.removeDeadline(p)
 	case p.at == 0:
 		d.q.addDeadline(p, p.deadline)
-		d.armTimer(p.deadline)
 	}
 }
 

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
+
 	"context"
 	"fmt"
 	"math"
@@ -233,7 +235,7 @@ func TestFallbackWindow(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		d.mu.Lock()
-		parked, armed := d.fallback.parked, d.timerAt != maxTime
+		parked, armed := d.fallback.parked, d.due.Armed() != due.Never
 		d.mu.Unlock()
 		assert.True(t, parked, "the check parks while idle")
 		assert.False(t, armed, "no timer armed while idle")

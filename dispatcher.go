@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/goid"
 	"github.com/coalescer/dispatch/internal/hist"
 	"github.com/coalescer/dispatch/internal/window"
@@ -80,12 +81,11 @@ type Dispatcher[K comparable, T any] struct {
 	stopped       bool
 	drainedClosed bool
 
-	timer   *time.Timer // the one timer: delay index and deadlines
-	timerAt int64       // when it is armed for; maxTime if not
+	timer *time.Timer // the due list's: the clock wakes on it
+	due   due.List    // when the clock must act, by duty (clock.go)
 
 	tokens     tokens    // the rate limiter's, taken before a call is chosen
 	fetchCond  sync.Cond // the token fetcher waits here
-	startAt    int64     // a worker should look again then (a token, a hold); 0: none
 	adaptive   *adaptive // nil: concurrency fixed at Workers
 	lowRunning int       // worker executions below the reservation's priority
 	labelTimes map[string]*labelTimes
@@ -133,7 +133,6 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		stopCh:      make(chan struct{}),
 		lanes:       newLaneTable[K, T](),
 		q:           newQueue[K, T](set.aging, set.band),
-		timerAt:     maxTime,
 		retryBudget: window.New(set.Retry.BudgetWindow),
 		queueWait:   hist.NewRecent(latencyWindow),
 		execTime:    hist.NewRecent(latencyWindow),
@@ -163,6 +162,8 @@ func (d *Dispatcher[K, T]) init() {
 	if set.Breaker != nil {
 		d.breaker = &breaker{p: set.Breaker, win: window.New(set.Breaker.Window), obs: set.Observer}
 	}
+	d.due = due.New(d.armClock)
+	d.q.due = &d.due
 	d.noTenant = d.tenantFor("")
 	for name := range set.Tenants {
 		d.tenantFor(name) // configured tenants are reported from the start

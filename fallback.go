@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
+
 	"cmp"
 	"errors"
 	"fmt"
@@ -56,7 +58,7 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 		return
 	}
 	if now < f.next {
-		d.armTimer(f.next)
+		d.due.Set(due.Check, f.next)
 		return
 	}
 	f.next = sat.Add(now, f.calls.Step())
@@ -76,7 +78,7 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 		f.parked = true
 		return
 	}
-	d.armTimer(f.next)
+	d.due.Set(due.Check, f.next)
 }
 
 // fallbackIdle reports whether nothing the fallback watches can change
@@ -98,7 +100,7 @@ func (d *Dispatcher[K, T]) wakeFallback(now int64) {
 	if f := d.fallback; f != nil && f.parked {
 		f.parked = false
 		f.next = now
-		d.armTimer(now)
+		d.due.Set(due.Check, now)
 	}
 }
 

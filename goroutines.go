@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
+
 	"time"
 
 	"github.com/coalescer/dispatch/internal/goid"
@@ -39,8 +41,9 @@ func (d *Dispatcher[K, T]) start() {
 	}
 	if d.fallback != nil {
 		d.fallback.next = d.now() + d.fallback.calls.Step()
-		d.armTimer(d.fallback.next)
+		d.due.Set(due.Check, d.fallback.next)
 	}
+	d.due.Rearm() // anything recorded before there was a timer
 }
 
 // spawn starts one goroutine of role r. If user code ends it with

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/google/btree"
 )
@@ -34,6 +35,9 @@ type queue[K comparable, T any] struct {
 	// so that evicting one frees a key. It is in ready order; its maximum
 	// is the worst call: lowest effective priority, then newest.
 	shed *btree.BTreeG[entry[K, T]]
+	// due is the dispatcher's due list: an entry of delayed or deadlines
+	// is also a time the clock must act at.
+	due *due.List
 }
 
 // orderKey is a call's place in the ready order: lower runs first. hi is
@@ -162,6 +166,7 @@ func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
 	c.order = q.orderOf(c.prio, c.enq)
 	c.notBefore = notBefore
 	q.delayed.ReplaceOrInsert(c)
+	q.due.Set(due.Promote, notBefore)
 	c.enter(csDelayed)
 	q.reshed(c)
 }
@@ -270,6 +275,7 @@ func (q *queue[K, T]) addDeadline(w *waiter[K, T], at int64) {
 	q.dseq++
 	w.at, w.dseq = at, q.dseq
 	q.deadlines.ReplaceOrInsert(w)
+	q.due.Set(due.Expire, at)
 }
 
 // removeDeadline takes w out of the deadline index if it is there.
@@ -290,18 +296,6 @@ func (q *queue[K, T]) popDeadline(now int64) *waiter[K, T] {
 	q.deadlines.DeleteMin()
 	w.at = 0
 	return w
-}
-
-// nextWake returns the earliest time the clock must act at, or maxTime.
-func (q *queue[K, T]) nextWake() int64 {
-	next := int64(maxTime)
-	if c, ok := q.delayed.Min(); ok {
-		next = c.notBefore
-	}
-	if w, ok := q.deadlines.Min(); ok && w.at < next {
-		next = w.at
-	}
-	return next
 }
 
 // level is a ready call's effective priority at now: its band, and its

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
+
 	"context"
 	"fmt"
 	"golang.org/x/time/rate"
@@ -176,6 +178,8 @@ func TestQueueReadyOrder(t *testing.T) {
 		t.Run(fmt.Sprintf("band=%d/aging=%v", width, time.Duration(aging)), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(aging), 5))
 			q := newQueue[int, int](aging, width)
+			dl := due.New(func(int64) bool { return false })
+			q.due = &dl
 			ten := newTenant[int, int]("", TenantConfig{})
 			prios := []int{math.MinInt, math.MinInt + 1, -1, 0, 1, 2, 3, math.MaxInt - 1, math.MaxInt}
 			randPrio := func() int {

@@ -212,7 +212,6 @@ func (d *Dispatcher[K, T]) place(c *call[K, T], notBefore, now int64) {
 		return
 	}
 	d.q.delay(c, notBefore)
-	d.armTimer(notBefore)
 }
 
 // budgetAllows reports whether one more retry fits the retry budget, and

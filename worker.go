@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/due"
+
 	"context"
 	"fmt"
 	"runtime/debug"
@@ -127,10 +129,7 @@ func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
 		d.fetchCond.Signal() // the fetcher waits for the limiter's next token
 		return
 	}
-	if d.startAt == 0 || at < d.startAt {
-		d.startAt = at
-	}
-	d.armTimer(at)
+	d.due.Set(due.Start, at)
 }
 
 // wall converts the dispatcher's clock to wall-clock time (with its
