@@ -24,11 +24,11 @@ const Never = math.MaxInt64
 type Duty uint8
 
 const (
-	Expire   Duty = iota // end the waiters whose deadline passed
-	Promote              // make ready the calls whose backoff ended
-	Start                // wake a worker: a token is due, or a hold ended
-	Probe                // the circuit breaker's cool-down ended: probe
-	Check                // check the fallback policy's thresholds
+	Expire  Duty = iota // end the waiters whose deadline passed
+	Promote             // make ready the calls whose backoff ended
+	Start               // wake a worker: a token is due, or a hold ended
+	Probe               // the circuit breaker's cool-down ended: probe
+	Check               // check the fallback policy's thresholds
 	count
 )
 
