@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/internal/sat"
 )
 
@@ -82,9 +84,9 @@ type Config[K comparable, T any] struct {
 type StartPolicy struct {
 	// ReservedWorkers (less than Config.Workers) are kept for urgent
 	// calls: those whose priority (of their live waiters, never raised by
-	// aging) is at least UrgentPriority, which must start a band (a
-	// multiple of Config.AgingBand). Other calls may hold the rest, at
-	// least one; Sync-mode executions are their callers'.
+	// aging) is in UrgentPriority's band (Config.AgingBand) or above —
+	// give it the most urgent calls' own priority. Other calls may hold
+	// the rest, at least one; Sync-mode executions are their callers'.
 	ReservedWorkers int
 	UrgentPriority  int
 	Adaptive        *AdaptivePolicy // if set, adapts concurrency to the server
@@ -160,6 +162,10 @@ type settings[K comparable, T any] struct {
 	Config[K, T]
 	aging int64 // ns per priority level within a band
 	band  int64 // width of a priority band, narrowed to maxBandSpan
+	// urgent is the first priority of Start.UrgentPriority's band: a call
+	// at or above it is urgent. Aging never makes a call urgent, as aging
+	// stays within bands.
+	urgent int
 }
 
 // validate checks c and fills in its defaults. Errors name the field.
@@ -232,9 +238,7 @@ func (s *settings[K, T]) start() error {
 	case p.DeadlineSamples < 0:
 		return fieldErr("Start.DeadlineSamples", p.DeadlineSamples, "must not be negative")
 	}
-	if _, off := bandOf(int64(p.UrgentPriority), s.band); p.ReservedWorkers > 0 && off != 0 {
-		return fieldErr("Start.UrgentPriority", p.UrgentPriority, fmt.Sprintf("must start a priority band (a multiple of AgingBand, %d)", s.band))
-	}
+	s.urgent = int(max(band.Start(int64(p.UrgentPriority), s.band), math.MinInt))
 	p.DeadlineQuantile = cmp.Or(p.DeadlineQuantile, defaultDeadlineQ)
 	p.DeadlineSamples = cmp.Or(p.DeadlineSamples, defaultDeadlineN)
 	return validPolicy(&p.Adaptive, func(a *AdaptivePolicy) error { return a.validate(s.Workers) })

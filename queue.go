@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/sat"
 	"github.com/google/btree"
@@ -59,17 +60,6 @@ func (a orderKey) less(b orderKey) bool {
 	return a.lo < b.lo
 }
 
-// bandOf splits prio into its band, floor(prio / width), and its offset in
-// the band, 0 ≤ off < width, exactly for every prio and every width ≥ 1.
-func bandOf(prio, width int64) (band, off int64) {
-	band, off = prio/width, prio%width
-	if off < 0 {
-		band--
-		off += width
-	}
-	return band, off
-}
-
 // orderKeyOf is the order of a call of priority prio enqueued at enq, with
 // bands of width levels and aging ns per level: band descending, then the
 // virtual time enq − off×aging ascending, where off is prio's offset in its
@@ -77,8 +67,8 @@ func bandOf(prio, width int64) (band, off int64) {
 // The caller keeps |enq| ≤ 2⁶² and (width−1)×aging ≤ 2⁶² (maxBandSpan), so
 // the virtual time fits in an int64.
 func orderKeyOf(enq, prio, width, aging int64) orderKey {
-	band, off := bandOf(prio, width)
-	return orderKey{^band, uint64(enq-off*aging) ^ 1<<63}
+	b, off := band.Of(prio, width)
+	return orderKey{^b, uint64(enq-off*aging) ^ 1<<63}
 }
 
 // maxBandSpan bounds how much virtual time a band spans, (width−1)×aging:
@@ -314,16 +304,16 @@ func (a level) less(b level) bool {
 }
 
 func (q *queue[K, T]) level(c *call[K, T], now int64) level {
-	band, off := bandOf(int64(c.prio), q.band)
+	b, off := band.Of(int64(c.prio), q.band)
 	if q.band == 1 {
-		return level{band, 0}
+		return level{b, 0}
 	}
 	waited := now - c.enq
 	age := waited / q.aging
 	if waited%q.aging != 0 && waited < 0 {
 		age-- // floor
 	}
-	return level{band, sat.Add(off, age)}
+	return level{b, sat.Add(off, age)}
 }
 
 // pick chooses the tenant whose best ready call runs next: the highest

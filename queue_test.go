@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/internal/due"
 
 	"context"
@@ -20,7 +21,7 @@ import (
 
 // --- the ready order: band, then virtual time within the band ---
 
-// refBand is bandOf computed with math/big: floor(prio / width) and the
+// refBand is band.Of computed with math/big: floor(prio / width) and the
 // non-negative remainder.
 func refBand(prio, width int64) (band, off *big.Int) {
 	band, off = new(big.Int), new(big.Int)
@@ -55,21 +56,6 @@ func keyCmp(a, b orderKey) int {
 var extremes = []int64{
 	math.MinInt64, math.MinInt64 + 1, math.MinInt64 / 2, -1 << 32, -1e9, -2, -1,
 	0, 1, 2, 1e9, 1 << 32, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64,
-}
-
-// TestBandOf (internal) checks the split of a priority into band and
-// offset against math/big, at the extremes of priority and width.
-func TestBandOf(t *testing.T) {
-	widths := []int64{1, 2, 3, 10, 1e9, math.MaxInt64 / 2, math.MaxInt64}
-	for _, p := range extremes {
-		for _, w := range widths {
-			band, off := bandOf(p, w)
-			wb, wo := refBand(p, w)
-			if band != wb.Int64() || off != wo.Int64() {
-				t.Fatalf("bandOf(%d, %d) = %d, %d; want %v, %v", p, w, band, off, wb, wo)
-			}
-		}
-	}
 }
 
 // TestOrderKey (internal) checks the ready index's sort key against the
@@ -116,8 +102,8 @@ func TestOrderKeyBands(t *testing.T) {
 		width := min(1+r.Int64N(1000), maxBandSpan/aging+1)
 		e1, e2 := r.Int64N(1<<62), r.Int64N(1<<62)
 		p1, p2 := pickInt64(r), pickInt64(r)
-		b1, _ := bandOf(p1, width)
-		b2, _ := bandOf(p2, width)
+		b1, _ := band.Of(p1, width)
+		b2, _ := band.Of(p2, width)
 		k1, k2 := orderKeyOf(e1, p1, width, aging), orderKeyOf(e2, p2, width, aging)
 		switch {
 		case b1 > b2 && !k1.less(k2), b2 > b1 && !k2.less(k1):

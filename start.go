@@ -17,9 +17,8 @@ func (d *Dispatcher[K, T]) mayProbe(c *call[K, T]) bool {
 	return d.cfg.Start.ReservedWorkers > 0 && d.urgent(c)
 }
 
-// urgent reports whether c may use a reserved worker: its priority is at
-// least the reservation's. Aging never makes a call urgent: the reservation
-// starts a band (Config.validate), and aging stays within bands.
+// urgent reports whether c may use a reserved worker: its priority is in
+// the reservation's band or above (settings.urgent).
 func (d *Dispatcher[K, T]) urgent(c *call[K, T]) bool {
-	return c.prio >= d.cfg.Start.UrgentPriority
+	return c.prio >= d.cfg.urgent
 }

@@ -108,10 +108,10 @@ func TestPresetConfig(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 5, cfg.Start.ReservedWorkers)
 	})
-	t.Run("the reservation starts the band of the less urgent of bindings and deletions", func(t *testing.T) {
+	t.Run("the reservation is for the band of the less urgent of bindings and deletions", func(t *testing.T) {
 		cfg, _, err := presetConfig(Options{Priorities: Priorities{Binding: new(57), Deletion: new(43), StatusPatch: new(-3)}})
 		require.NoError(t, err)
-		assert.Equal(t, 40, cfg.Start.UrgentPriority)
+		assert.Equal(t, 43, cfg.Start.UrgentPriority, "the core takes the band's calls and those above")
 		cfg, _, err = presetConfig(Options{Priorities: Priorities{Deletion: new(0), StatusPatch: new(-10)}})
 		require.NoError(t, err)
 		assert.Equal(t, 0, cfg.Start.UrgentPriority, "a deletion at priority 0 is urgent")

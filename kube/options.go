@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/internal/band"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -220,10 +221,10 @@ func (o Options) config(a *calls) (dispatch.Config[types.UID, Call], Priorities,
 		cfg.RateLimit = o.limiter()
 	}
 	if kept := o.reserved(cfg.Workers); kept > 0 && cfg.AgingBand > 0 {
-		// The reservation starts the band of the less urgent of the two.
-		band := cfg.AgingBand
+		// The reservation is for the band of the less urgent of the two,
+		// and every band above it.
 		cfg.Start.ReservedWorkers = kept
-		cfg.Start.UrgentPriority = bandOf(min(*prio.Binding, *prio.Deletion), band) * band
+		cfg.Start.UrgentPriority = min(*prio.Binding, *prio.Deletion)
 	}
 	return cfg, prio, nil
 }
@@ -265,18 +266,18 @@ func (o Options) check(prio Priorities) error {
 	if o.ReservedWorkers > 0 && workers > 0 && o.ReservedWorkers >= workers {
 		return optErr("ReservedWorkers", fmt.Sprintf("%d must be less than the workers (%d)", o.ReservedWorkers, workers))
 	}
-	band := o.AgingBand
-	if band == 0 {
-		band = defaultBand
+	width := o.AgingBand
+	if width == 0 {
+		width = defaultBand
 	}
-	if band < 0 {
+	if width < 0 {
 		return nil // the core names it
 	}
 	for _, u := range []CallType{PodBinding, PodDeletion} {
-		if p, q := *prio.StatusPatch, prio.of(u); p < q && bandOf(p, band) == bandOf(q, band) {
+		if p, q := *prio.StatusPatch, prio.of(u); p < q && band.Same(int64(p), int64(q), int64(width)) {
 			return optErr("Priorities", fmt.Sprintf(
 				"puts status patches (%d) below %s (%d) in one priority band (of %d): aging would lift old patches past them",
-				p, u, q, band))
+				p, u, q, width))
 		}
 	}
 	return nil
@@ -307,15 +308,6 @@ func (o Options) tenants() map[string]dispatch.TenantConfig {
 	}
 	out[string(PodStatusPatch)] = dispatch.TenantConfig{MaxInFlight: o.StatusPatchMaxInFlight}
 	return out
-}
-
-// bandOf is p's priority band (floor division).
-func bandOf(p, band int) int {
-	b := p / band
-	if p%band < 0 {
-		b--
-	}
-	return b
 }
 
 func optErr(field, why string) error {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/kube"
 	"k8s.io/apimachinery/pkg/types"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -62,7 +63,9 @@ const (
 // fields are keyed by fwk.APICallType: PodBinding, PodStatusPatch or a
 // plugin's own type.
 type Options struct {
-	// Workers bounds concurrent executions. 0 means DefaultWorkers.
+	// Workers bounds concurrent executions. 0 means DefaultWorkers; a
+	// value above 65 536, the most workers the core runs, means 65 536:
+	// kube-scheduler accepts any positive parallelism and hands it over.
 	Workers int
 	// Priorities overrides the priority of call types: PodBinding is
 	// DefaultBindingPriority, PodStatusPatch DefaultStatusPatchPriority,
@@ -129,6 +132,9 @@ type Options struct {
 	Metrics Metrics
 }
 
+// maxWorkers is the most workers the core runs (dispatch.Config.Workers).
+const maxWorkers = 1 << 16
+
 // settings is Options resolved: the defaults filled in, and what New needs
 // besides the core's Config.
 type settings struct {
@@ -136,7 +142,7 @@ type settings struct {
 	timeout  map[fwk.APICallType]time.Duration
 	deflt    time.Duration // Timeout for the other types; < 0: none
 	band     int           // AgingBand
-	urgent   int           // the start of the binding's band: calls at or above it are kept and never shed
+	bind     int           // PodBinding's priority: calls in its band or above are kept and never shed
 	reserved int           // workers kept for them
 	workers  int
 	metrics  Metrics
@@ -168,7 +174,7 @@ func (s *settings) options(t fwk.APICallType, now time.Time) dispatch.SubmitOpti
 		Priority:  p,
 		Tenant:    string(t),
 		Deadline:  s.deadline(t, now),
-		Droppable: p < s.urgent,
+		Droppable: band.Below(int64(p), int64(s.bind), int64(s.band)),
 	}
 }
 
@@ -191,7 +197,7 @@ func (o Options) resolve() (settings, error) {
 		timeout:  maps.Clone(o.Timeouts),
 		deflt:    o.Timeout,
 		band:     cmp.Or(o.AgingBand, DefaultAgingBand),
-		workers:  cmp.Or(o.Workers, DefaultWorkers),
+		workers:  min(cmp.Or(o.Workers, DefaultWorkers), maxWorkers),
 		metrics:  o.Metrics,
 		observer: o.Observer,
 	}
@@ -204,12 +210,11 @@ func (o Options) resolve() (settings, error) {
 			delete(s.timeout, t) // zero means the default, as everywhere else
 		}
 	}
-	bind := bandOf(s.prio[PodBinding], s.band)
-	s.urgent = bind * s.band
+	s.bind = s.prio[PodBinding]
 	lower := maps.Clone(s.prio)
 	lower["a plugin's type (DefaultPriority)"] = DefaultPriority
 	for _, t := range slices.Sorted(maps.Keys(lower)) {
-		if p := lower[t]; p < s.prio[PodBinding] && bandOf(p, s.band) == bind {
+		if p := lower[t]; p < s.bind && band.Same(int64(p), int64(s.bind), int64(s.band)) {
 			return settings{}, optErr("Priorities", o.Priorities, fmt.Sprintf(
 				"put %s (%d) below %s (%d) in one priority band (of %d): aging would lift its calls past bindings",
 				t, p, PodBinding, s.prio[PodBinding], s.band))
@@ -224,15 +229,6 @@ func (o Options) resolve() (settings, error) {
 		s.reserved = max(1, s.workers/4)
 	}
 	return s, nil
-}
-
-// bandOf is p's priority band (floor division).
-func bandOf(p, band int) int {
-	b := p / band
-	if p%band < 0 {
-		b--
-	}
-	return b
 }
 
 // coreConfig is the one place the adapter sets the core's Config: every
@@ -267,7 +263,7 @@ func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 		}
 	}
 	if s.reserved > 0 {
-		cfg.Start.ReservedWorkers, cfg.Start.UrgentPriority = s.reserved, s.urgent
+		cfg.Start.ReservedWorkers, cfg.Start.UrgentPriority = s.reserved, s.bind
 	}
 	return cfg
 }

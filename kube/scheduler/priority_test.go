@@ -198,14 +198,14 @@ func TestPriorityOptions(t *testing.T) {
 	assert.Equal(t, 20, s.priority(PodBinding))
 	assert.Equal(t, 10, s.priority("plugin_call"))
 	assert.Equal(t, 0, s.priority(PodStatusPatch))
-	assert.Equal(t, 20, s.urgent, "the binding's band starts at 20")
 	assert.Equal(t, DefaultWorkers/4, s.reserved)
 	assert.False(t, s.options(PodBinding, time.Now()).Droppable)
 	assert.True(t, s.options("plugin_call", time.Now()).Droppable)
 
-	s, err = Options{Priorities: map[fwk.APICallType]int{PodBinding: 25}}.resolve()
+	s, err = Options{Priorities: map[fwk.APICallType]int{PodBinding: 25, "above": 31, "below": 19}}.resolve()
 	require.NoError(t, err)
-	assert.Equal(t, 20, s.urgent, "the reservation starts the binding's band")
+	assert.False(t, s.options("above", time.Now()).Droppable, "a band above the binding's is kept")
+	assert.True(t, s.options("below", time.Now()).Droppable, "a band below the binding's is droppable")
 
 	for _, tc := range []struct {
 		name string
