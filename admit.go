@@ -85,8 +85,28 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 }
 
 // admitInto coalesces submission s into its key's pending call c.
+//
+// A submission of another tenant that takes c over — by outranking it, or
+// by replacing it (ReplacePending) — moves c into its own tenant (adopt),
+// which must have room for it under its MaxQueued as for a new call
+// (roomToAdopt). When it outranks c that is decided before the merge; when
+// the merge replaces c, after it, and a refusal then restores c's value:
+// the merge's result is dropped, as Config.Merge says.
 func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
 	t := s.t // not s, which would then escape to the heap
+	moves := s.ten != c.ten && s.ten.cfg.MaxQueued > 0
+	var victim *call[K, T]
+	if moves && s.o.Priority > c.prio {
+		if victim, err = d.roomToAdopt(c, s); err != nil {
+			return false, err
+		}
+	}
+	var was T
+	var wasRev uint64
+	var wasIdem string
+	if moves {
+		was, wasRev, wasIdem = c.val, c.rev, c.idem
+	}
 	err = d.coalesce(c, s.val, s.o.IdempotencyKey, func(*PanicError) {
 		// The merge function ended the submitting goroutine: nothing was
 		// admitted, but what a supersede ended is told.
@@ -100,6 +120,12 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	switch err {
 	case nil:
 	case ReplacePending:
+		if moves && s.o.Priority <= c.prio {
+			if victim, err = d.roomToAdopt(c, s); err != nil {
+				c.val, c.rev, c.idem = was, wasRev, wasIdem
+				return false, err
+			}
+		}
 		d.restart(c)
 		replaced = true
 	case SkipIncoming:
@@ -112,12 +138,32 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 		c.droppable = false
 		d.q.unshed(c)
 	}
+	if victim != nil {
+		d.shed(victim, BoundQuota, s.now, ob)
+		d.keep(s.ten)
+	}
 	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label) {
 		d.adopt(c, s.ten, s.label)
 	}
 	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
 	d.totals.coalesced++
 	return true, nil
+}
+
+// roomToAdopt decides whether submission s's tenant has room under its
+// MaxQueued for the pending call c that s takes over: nothing to do, the
+// tenant's worst droppable queued call to evict (returned, not yet shed)
+// if c, as s would leave it, runs before it, or a refusal. It changes
+// nothing.
+func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*call[K, T], error) {
+	if !s.ten.overQuota(0) {
+		return nil, nil
+	}
+	order := d.q.orderOf(max(c.prio, s.o.Priority), min(c.enq, s.now))
+	if v := worst(s.ten.shed, order, c.seq, c); v != nil {
+		return v, nil
+	}
+	return nil, d.refuse(BoundQuota)
 }
 
 // admitBehind makes s the pending call of lane l, which has none: the

@@ -30,6 +30,9 @@ type Config[K comparable, T any] struct {
 	// ReplacePending, or another error, which refuses the submission
 	// (ErrMergeRejected). A submission made while its key's call runs is
 	// merged into its retry, or else runs after it. nil: the incoming wins.
+	// A submission that replaces a call of another tenant may still be
+	// refused after Merge ran, if its own tenant has no room for the call
+	// (TenantConfig.MaxQueued): the pending call is then left as it was.
 	Merge func(pending, incoming T) (T, error)
 	// NoOp reports a call that would change nothing: it ends Skipped
 	// without executing. It runs before each execution, and in Amend.

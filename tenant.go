@@ -99,8 +99,10 @@ func (d *Dispatcher[K, T]) forgetIdle(t *tenant[K, T]) {
 // TenantConfig bounds one tenant; its zero value bounds nothing, weight 1.
 type TenantConfig struct {
 	// MaxQueued caps the tenant's calls waiting to run: beyond it a new
-	// call evicts the tenant's worst droppable queued call if it would run
-	// before it, else is refused with BoundQuota.
+	// call — or another tenant's pending call that a submission of this
+	// one takes over, by outranking or replacing it — evicts the tenant's
+	// worst droppable queued call if it would run before it, else the
+	// submission is refused with BoundQuota.
 	MaxQueued   int
 	MaxInFlight int // caps its executions: at the cap its calls are passed over
 	// Weight shares workers among tenants whose best ready calls are at

@@ -306,3 +306,74 @@ func TestStatusPatchStorm(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestAdoptionQuota: a submission that coalesces into another tenant's
+// pending call and takes it over — by outranking it, or by replacing it
+// (ReplacePending) — moves the call into its own tenant, which must have
+// room under its MaxQueued, as for a new call: the tenant's worst
+// droppable queued call is evicted if the moved call would run before it,
+// else the submission is refused and the pending call left as it was. It
+// used to be admitted past the quota (tenant b capped at 1 ended with 2
+// queued).
+func TestAdoptionQuota(t *testing.T) {
+	replace := func(pending, incoming int) (int, error) {
+		if incoming < 0 {
+			return -incoming, ReplacePending
+		}
+		return pending + incoming, nil
+	}
+	for _, tc := range []struct {
+		name     string
+		o        SubmitOptions // the adopting submission, of tenant b, for key "a/1"
+		call     int
+		victimOK bool // b's queued call is droppable and worse
+		want     error
+	}{
+		{"outranks: evicts b's worst", SubmitOptions{Tenant: "b", Priority: 5}, 1, true, nil},
+		{"outranks: refused without a victim", SubmitOptions{Tenant: "b", Priority: 5}, 1, false, ErrBackpressure},
+		{"replaces: evicts b's worst", SubmitOptions{Tenant: "b", Priority: 0}, -7, true, nil},
+		{"replaces: refused without a victim", SubmitOptions{Tenant: "b", Priority: 0}, -7, false, ErrBackpressure},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var ran sync.Map
+				d, _, release := holdWorker(t, func(_ context.Context, k string, v int) error {
+					ran.Store(k, v)
+					return nil
+				}, Config[string, int]{Merge: replace, Tenants: map[string]TenantConfig{"b": {MaxQueued: 1}}})
+				queued := submit(t, d, "b/1", 10, SubmitOptions{Tenant: "b", Priority: -1, Droppable: tc.victimOK})
+				pending := submit(t, d, "a/1", 1, SubmitOptions{Tenant: "a", Priority: 0})
+				tk, err := d.Submit(t.Context(), "a/1", tc.call, tc.o)
+				st := d.Stats()
+				assert.LessOrEqual(t, st.Tenants["b"].Queued, 1, "tenant b is over its MaxQueued")
+				if tc.want != nil {
+					assert.ErrorIs(t, err, tc.want)
+					assert.Nil(t, tk)
+					assert.Equal(t, 1, st.Tenants["a"].Queued, "the pending call stays in its tenant")
+					release()
+					assert.Equal(t, StateSucceeded, outcomeWait(t, pending).State)
+					v, _ := ran.Load("a/1")
+					assert.Equal(t, 1, v, "the pending call ran as it was")
+					assert.Equal(t, StateSucceeded, outcomeWait(t, queued).State)
+				} else {
+					require.NoError(t, err)
+					r, done := queued.Result()
+					assert.True(t, done && r.State == StateDropped, "b's worst call made room: %v", r.State)
+					assert.Equal(t, 1, st.Tenants["b"].Queued)
+					assert.Zero(t, st.Tenants["a"].Queued)
+					release()
+					assert.Equal(t, StateSucceeded, outcomeWait(t, tk).State)
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// outcomeWait waits for tk's outcome and returns it.
+func outcomeWait[K comparable, T any](t *testing.T, tk *Ticket[K, T]) Result[K, T] {
+	t.Helper()
+	r, err := tk.Wait(t.Context())
+	_ = err // the Result carries the error too
+	return r
+}
