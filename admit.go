@@ -1,6 +1,9 @@
 package dispatch
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // This file is admission: whether a submission is accepted, which call it
 // joins or makes, and what it displaces. A refused submission leaves the
@@ -39,6 +42,16 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 		return false, d.refuse(BoundWaiters)
 	}
 	supersede := s.o.Generation > l.gen
+	if l.running != nil && !supersede && d.cfg.Follow != nil {
+		skip, err := d.follow(l, s, ob)
+		if err != nil {
+			return false, err
+		}
+		if skip {
+			d.skipIncoming(s.key, s.val, s.t, ob)
+			return true, nil
+		}
+	}
 	quotaVictim, err := d.quotaForCall(l, s, supersede)
 	if err != nil {
 		return false, err
@@ -107,15 +120,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	if moves {
 		was, wasRev, wasIdem = c.val, c.rev, c.idem
 	}
-	err = d.coalesce(c, s.val, s.o.IdempotencyKey, func(*PanicError) {
-		// The merge function ended the submitting goroutine: nothing was
-		// admitted, but what a supersede ended is told.
-		d.mu.Unlock()
-		if t != nil {
-			t.stopWatch()
-		}
-		d.deliver(ob)
-	})
+	err = d.coalesce(c, s.val, s.o.IdempotencyKey, exitAdmit(d, t, ob))
 	replaced := false
 	switch err {
 	case nil:
@@ -148,6 +153,39 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
 	d.totals.coalesced++
 	return true, nil
+}
+
+// follow asks Config.Follow about submission s, made while the call of
+// its key's lane l is in flight: it reports whether s is skipped, or why
+// it is refused; otherwise s.val is now Follow's result.
+func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) (skip bool, err error) {
+	running, incoming, pending := l.running.val, s.val, l.pending != nil
+	var v T
+	_, err = guard(callbackFollow, func() (err error) {
+		v, err = d.cfg.Follow(running, incoming, pending)
+		return err
+	}, exitAdmit(d, s.t, ob))
+	switch {
+	case err == nil:
+		s.val = v
+		return false, nil
+	case errors.Is(err, SkipIncoming):
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: %w", ErrMergeRejected, err)
+}
+
+// exitAdmit is what runs when a callback of admission (Merge, Follow)
+// ends the submitting goroutine: nothing was admitted, but what a
+// supersede ended is told. It runs with the lock held and releases it.
+func exitAdmit[K comparable, T any](d *Dispatcher[K, T], t *Ticket[K, T], ob *outbox[K, T]) func(*PanicError) {
+	return func(*PanicError) {
+		d.mu.Unlock()
+		if t != nil {
+			t.stopWatch()
+		}
+		d.deliver(ob)
+	}
 }
 
 // roomToAdopt decides whether submission s's tenant has room under its

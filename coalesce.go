@@ -343,22 +343,46 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 // Dispatcher; a panic in f leaves the call as it was and is returned as a
 // *PanicError. If Config.NoOp then reports that the rewritten call would
 // change nothing, the call ends Skipped for every waiter, and the
-// completion hook fires. The no-op test runs outside the lock; if the call
+// completion hook fires — unless a call for key is in flight, which may
+// change what the test judged against: the call's own test before it
+// starts then decides. The no-op test runs outside the lock; if the call
 // changed meanwhile (a submission coalesced into it, or it started), it is
 // left to run.
 //
 // Amend reports whether key had a pending call. A running call is never
 // rewritten: it may be taking effect already.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
+	return d.amend(key, false, func(v T, _ bool) (T, error) { return f(v) })
+}
+
+// AmendNewest is Amend for key's newest call: the pending one, or, if none
+// is pending, the one in flight. f learns whether a call for key is in
+// flight. The call in flight is never rewritten — f's result is then
+// dropped — but f may read it, and update what the call value keeps for
+// itself (an adapter refreshing its view of the object, as upstream's
+// SyncObject does). It reports whether key had a call to show f.
+func (d *Dispatcher[K, T]) AmendNewest(key K, f func(newest T, inFlight bool) (T, error)) (bool, error) {
+	return d.amend(key, true, f)
+}
+
+// amend is Amend (newest false) and AmendNewest. It takes the lock itself.
+func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error)) (bool, error) {
 	d.mu.Lock()
 	l := d.lanes.lookup(key)
-	if l == nil || l.pending == nil {
+	if l == nil || l.pending == nil && (!newest || l.running == nil) {
 		d.mu.Unlock()
 		return false, nil
 	}
+	unlock := func(*PanicError) { d.mu.Unlock() }
+	inFlight := l.running != nil
 	c := l.pending
+	if c == nil { // the newest call is in flight: shown, never rewritten
+		_, err := guard(callbackAmend, func() (err error) { _, err = f(l.running.val, true); return err }, unlock)
+		d.mu.Unlock()
+		return true, err
+	}
 	var v T
-	_, err := guard(callbackAmend, func() (err error) { v, err = f(c.val); return err }, func(*PanicError) { d.mu.Unlock() })
+	_, err := guard(callbackAmend, func() (err error) { v, err = f(c.val, inFlight); return err }, unlock)
 	if err != nil {
 		d.mu.Unlock()
 		return true, err
@@ -367,7 +391,7 @@ func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, err
 	c.rev++
 	seq, rev := c.seq, c.rev
 	d.mu.Unlock()
-	if d.cfg.NoOp == nil {
+	if d.cfg.NoOp == nil || inFlight {
 		return true, nil
 	}
 	var noop bool

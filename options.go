@@ -34,6 +34,19 @@ type Config[K comparable, T any] struct {
 	// refused after Merge ran, if its own tenant has no room for the call
 	// (TenantConfig.MaxQueued): the pending call is then left as it was.
 	Merge func(pending, incoming T) (T, error)
+	// Follow, if set, decides a submission made while its key's call is in
+	// flight, under the lock, in the step that admits it — where the
+	// in-flight call is known for certain: running is that call; pending
+	// reports whether a call also waits behind it, into which Merge then
+	// merges Follow's result. It returns the call to go on with (incoming,
+	// or incoming updated from running), SkipIncoming to end the
+	// submission Skipped at once (the call in flight makes it moot), or
+	// another error to refuse it (ErrMergeRejected). Not asked for a
+	// submission of a newer generation. Like Merge it must be fast and
+	// must not call the Dispatcher, and its result is dropped if the
+	// submission is then refused for a bound. nil: every such submission
+	// goes on as it is.
+	Follow func(running, incoming T, pending bool) (T, error)
 	// NoOp reports a call that would change nothing: it ends Skipped
 	// without executing. It runs before each execution, and in Amend.
 	NoOp func(key K, call T) bool

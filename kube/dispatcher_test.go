@@ -161,7 +161,7 @@ func TestPresetConfig(t *testing.T) {
 // the Config as given. A field the core adds fails here until the preset
 // decides which it is.
 func TestOptionsCoverConfig(t *testing.T) {
-	presets := map[string]bool{"Merge": true, "NoOp": true, "Label": true, "BeforeRetry": true}
+	presets := map[string]bool{"Merge": true, "Follow": true, "NoOp": true, "Label": true, "BeforeRetry": true}
 	derived := map[string]bool{"ReservedWorkers": true, "UrgentPriority": true} // of Start: Options.ReservedWorkers and the priorities
 	opts := reflect.TypeFor[Options]()
 	check := func(path string, ft reflect.StructField) {

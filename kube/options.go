@@ -50,7 +50,9 @@ const minQPS = 1.0 / 60
 // passed to dispatch.New under its Config name (Adaptive and the deadline
 // check go into Config.Start). The merge, no-op, label and before-retry
 // rules are the preset's — they are what makes a Call work — and have no
-// field.
+// field; so is the rule for a call submitted while the pod's call is in
+// flight (Config.Follow is not set): it waits behind that call, and what
+// the call in flight does when it lands decides what is left of it.
 type Options struct {
 	// Workers bounds the API calls in flight (Config.Workers). 0 means 16.
 	Workers int

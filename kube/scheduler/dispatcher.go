@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,12 +25,6 @@ type Dispatcher struct {
 	wire       wire
 	logger     atomic.Pointer[klog.Logger]
 	started    atomic.Bool
-
-	// running maps a UID to the entry whose Execute is running, for
-	// SyncObject and for upstream's rule that a call less relevant than
-	// the one in flight is skipped.
-	mu      sync.Mutex
-	running map[types.UID]*entry
 
 	pending pendingGauge
 }
@@ -61,7 +54,6 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 		relevances: relevances,
 		set:        set,
 		wire:       newWire(client),
-		running:    make(map[types.UID]*entry),
 	}
 	d.core, err = dispatch.New(d.exec, d.coreConfig(o))
 	if err != nil {
@@ -109,14 +101,18 @@ func (d *Dispatcher) Close(ctx context.Context) error {
 // Add hands call to the dispatcher: the fwk.APIDispatcher method. It
 // returns at once, in Async mode; its outcome goes to opts.OnFinish, once.
 //
-// Upstream's rules apply, per object UID. Against a pending call: a less
-// relevant call is refused with an error matching fwk.ErrCallSkipped; a
-// more relevant one overwrites it; one of the same type absorbs it through
-// its own Merge — the pending call's OnFinish then gets an error matching
-// fwk.ErrCallOverwritten. A call less relevant than the one in flight is
-// skipped too; any other call arriving while its object's call is in flight
-// runs after it. A call that IsNoOp after this, and whose object has no
-// call in flight, is refused as skipped.
+// Upstream's rules apply, per object UID, against the object's newest
+// call: the pending one, or, if none is pending, the one in flight (from
+// the moment it leaves the queue until its end is recorded). A less
+// relevant call is refused with an error matching fwk.ErrCallSkipped. A
+// more relevant one overwrites a pending call, and runs after a call in
+// flight. One of the same type absorbs the newest call through its own
+// Merge and takes a pending call's place — whose OnFinish then gets an
+// error matching fwk.ErrCallOverwritten — or runs after a call in flight.
+// A call that IsNoOp after this is refused as skipped, with the pending
+// call it merged, unless its object has a call in flight: then it is kept,
+// and runs. These decisions are made under the dispatcher's lock, in the
+// step that admits the call (dispatch.Config.Follow and Merge).
 //
 // Beyond upstream, Add refuses with the dispatcher's error (matching
 // dispatch.ErrBackpressure, ErrClosed, …) when the call cannot be queued;
@@ -137,20 +133,17 @@ func (d *Dispatcher) Submit(call fwk.APICall, opts fwk.APICallOptions) (*Ticket,
 
 func (d *Dispatcher) add(e *entry) error {
 	uid := e.call.UID()
-	if f := d.runningEntry(uid); f != nil && d.relevances[e.typ] < d.relevances[f.typ] {
-		// Upstream compares a call with the object's newest call, the one
-		// in flight if nothing is pending. A pending call is never less
-		// relevant than the one in flight (it would have been skipped), so
-		// a call less relevant than the one in flight is skipped either way.
-		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
-		return errLessInFlight
-	}
 	if !d.core.Busy(uid) && e.call.IsNoOp() {
-		// Nothing queued or in flight to merge with: the call changes nothing.
+		// Nothing queued or in flight to merge with: the call changes
+		// nothing. (A call that arrives for the object meanwhile comes
+		// after this one.)
 		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errNoEffect
 	}
 	err := d.core.Post(uid, e, d.set.options(e.typ, time.Now()))
+	if err != nil {
+		e.displaced.Store(nil) // refused: whatever it merged stays in place
+	}
 	d.tellDisplaced(e)
 	d.pending.kick()
 	switch {
@@ -161,6 +154,9 @@ func (d *Dispatcher) add(e *entry) error {
 		}
 		e.tell(err, dispatch.Outcome{})
 		return err
+	case e.lessInFlight.Load():
+		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
+		return errLessInFlight
 	case e.skipped.Load():
 		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessRelevant
@@ -179,36 +175,29 @@ func (d *Dispatcher) add(e *entry) error {
 	return nil
 }
 
-// SyncObject brings obj and the object's calls in line, the
-// fwk.APIDispatcher method: the call in flight (if any) and then the
-// pending call (if any) apply their changes to obj — the view the
-// scheduler will have once they land — and the pending call refreshes
-// itself from it. If the pending call then IsNoOp, it is dropped; its
-// OnFinish gets an error matching fwk.ErrCallSkipped. It returns obj, or a
-// changed copy, and the calls' Sync error, if any.
+// SyncObject brings the object's newest call in line with obj, the
+// fwk.APIDispatcher method, as upstream does: the pending call, or, if
+// none is pending, the call in flight, refreshes itself from obj through
+// its Sync, and SyncObject returns what that Sync returns — obj, or a
+// changed copy — with its error. If the pending call then IsNoOp and the
+// object has no call in flight, it is dropped; its OnFinish gets an error
+// matching fwk.ErrCallSkipped. A call is never dropped while the object
+// has one in flight: that one may yet fail, and the pending call is then
+// the one that lands.
 func (d *Dispatcher) SyncObject(obj metav1.Object) (metav1.Object, error) {
-	uid := obj.GetUID()
-	var errs []error
-	if f := d.runningEntry(uid); f != nil {
-		// Upstream syncs the call in flight too; its Sync knows it ran.
-		synced, err := f.call.Sync(obj)
-		if synced != nil {
-			obj = synced
-		}
-		errs = append(errs, err)
-	}
 	out := obj
-	_, err := d.core.Amend(uid, func(e *entry) (*entry, error) {
+	var syncErr error
+	_, err := d.core.AmendNewest(obj.GetUID(), func(e *entry, inFlight bool) (*entry, error) {
 		synced, err := e.call.Sync(obj)
 		if synced != nil {
 			out = synced
 		}
-		errs = append(errs, err)
-		e.noop.Store(e.call.IsNoOp())
+		syncErr = err
+		e.noop.Store(!inFlight && e.call.IsNoOp())
 		return e, nil
 	})
 	d.pending.kick()
-	return out, errors.Join(append(errs, err)...)
+	return out, errors.Join(syncErr, err)
 }
 
 // Stats returns a snapshot of the dispatcher's state and counters; the
@@ -237,8 +226,6 @@ func ModeOf(enabled bool) dispatch.Mode {
 // client, with the logger and the meter's account in its context.
 func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	d.tellDisplaced(e) // a retry may have absorbed e's predecessor
-	d.setRunning(uid, e)
-	defer d.clearRunning(uid, e)
 	d.pending.kick()
 	a := &attempt{}
 	a.prepaid.Store(d.wire.metered)
@@ -305,26 +292,6 @@ func (d *Dispatcher) tellDisplaced(e *entry) {
 	for p := e.displaced.Swap(nil); p != nil; p = p.displaced.Swap(nil) {
 		p.tell(errOverwritten, dispatch.Outcome{})
 	}
-}
-
-func (d *Dispatcher) runningEntry(uid types.UID) *entry {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.running[uid]
-}
-
-func (d *Dispatcher) setRunning(uid types.UID, e *entry) {
-	d.mu.Lock()
-	d.running[uid] = e
-	d.mu.Unlock()
-}
-
-func (d *Dispatcher) clearRunning(uid types.UID, e *entry) {
-	d.mu.Lock()
-	if d.running[uid] == e {
-		delete(d.running, uid)
-	}
-	d.mu.Unlock()
 }
 
 // log returns the logger Start was given, or klog's before Start.

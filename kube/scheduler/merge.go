@@ -30,11 +30,13 @@ type entry struct {
 	// entry holds on to at most a short chain of others.
 	displaced atomic.Pointer[entry]
 	// merged says the core merged this entry into a pending call and the
-	// merge asked IsNoOp; skipped that the pending call was more relevant.
-	// Both are set under the core's lock, mostly during the entry's own
-	// Add; a retry that absorbs the entry as its successor may set them
-	// later, from a worker.
-	merged, skipped atomic.Bool
+	// merge asked IsNoOp; skipped that the pending call was more relevant;
+	// lessInFlight that the call in flight was; behind that a call was in
+	// flight when it was admitted, so that the merge keeps it even if it
+	// IsNoOp. All are set under the core's lock, mostly during the entry's
+	// own Add; a retry that absorbs the entry as its successor may set
+	// merged later, from a worker.
+	merged, skipped, lessInFlight, behind atomic.Bool
 }
 
 func newEntry(call fwk.APICall, onFinish chan<- error) *entry {
@@ -62,6 +64,10 @@ func (e *mergeError) Unwrap() error { return e.err }
 //
 // It runs under the core's lock, as upstream's merge runs under its queue's
 // lock: the calls' Merge and IsNoOp must be fast.
+//
+// A merged call that IsNoOp is dropped by Add (with the pending call it
+// replaced) only if the object has no call in flight; with one in flight
+// it is kept, and runs (upstream's noOp && !inFlight).
 func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 	rp, ri := d.relevances[pending.typ], d.relevances[incoming.typ]
 	switch {
@@ -80,11 +86,34 @@ func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 }
 
 // overwrite makes e the call that runs in pending's place, and asks it
-// IsNoOp once.
+// IsNoOp once, unless a call is in flight (then it runs whatever it is).
 func (e *entry) overwrite(pending *entry) {
 	e.displaced.Store(pending)
-	e.noop.Store(e.call.IsNoOp())
+	e.noop.Store(!e.behind.Load() && e.call.IsNoOp())
 	e.merged.Store(true)
+}
+
+// follow is the core's Config.Follow: how a call joins an object whose call
+// is in flight, by upstream's rules, under the core's lock. A call less
+// relevant than the one in flight is skipped. If another call is pending,
+// the merge with it decides the rest; e is marked as admitted behind a
+// call in flight, which a no-op does not drop. Otherwise the call in
+// flight is the object's newest: a call of its type absorbs it through its
+// own Merge, and either way the incoming call runs after it, no-op or not.
+// The call in flight is not told it was overwritten: it ends with its own
+// outcome.
+func (d *Dispatcher) follow(running, incoming *entry, pending bool) (*entry, error) {
+	if d.relevances[incoming.typ] < d.relevances[running.typ] {
+		incoming.lessInFlight.Store(true)
+		return incoming, dispatch.SkipIncoming
+	}
+	incoming.behind.Store(true)
+	if !pending && incoming.typ == running.typ {
+		if err := incoming.call.Merge(running.call); err != nil {
+			return incoming, &mergeError{err}
+		}
+	}
+	return incoming, nil
 }
 
 // noOp is the core's Config.NoOp: the call's IsNoOp as last asked.

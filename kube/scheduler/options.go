@@ -243,6 +243,7 @@ func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 		Aging:     o.Aging,
 		AgingBand: s.band,
 		Merge:     d.merge,
+		Follow:    d.follow,
 		NoOp:      noOp,
 		Label:     label,
 		OnDone:    d.done,

@@ -182,7 +182,7 @@ func TestRules(t *testing.T) {
 			assert.Equal(t, []string{"execute a"}, h.j.only("execute"))
 		},
 	}, {
-		name: "a call of the same type arriving in flight runs after it, unmerged",
+		name: "a call of the same type arriving in flight absorbs it through its Merge, and runs after it",
 		run: func(t *testing.T, h *rulesHarness) {
 			a, b := h.call("a", typeLow, "1", "x"), h.call("b", typeLow, "1", "y")
 			h.inFlight(a)
@@ -196,8 +196,8 @@ func TestRules(t *testing.T) {
 			assert.NoError(t, h.outcome("a"), "the call in flight gets its own result")
 			assert.NoError(t, h.outcome("b"))
 			assert.Equal(t, []string{"execute a", "execute b"}, h.j.only("execute"))
-			assert.Empty(t, h.j.only("merge"))
-			assert.Equal(t, []string{"y"}, b.fieldList())
+			assert.Equal(t, []string{"merge b<-a"}, h.j.only("merge"), "upstream merges with the newest call, in flight or not")
+			assert.ElementsMatch(t, []string{"x", "y"}, b.fieldList())
 		},
 	}, {
 		name: "a more relevant call arriving in flight runs after it",
@@ -244,7 +244,7 @@ func TestRules(t *testing.T) {
 			assert.NoError(t, h.outcome("a"))
 			assert.NoError(t, h.outcome("c"))
 			assert.Equal(t, []string{"execute a", "execute c"}, h.j.only("execute"))
-			assert.ElementsMatch(t, []string{"y", "z"}, c.fieldList())
+			assert.ElementsMatch(t, []string{"x", "y", "z"}, c.fieldList(), "b absorbed a, c absorbed b")
 		},
 	}, {
 		name: "SyncObject projects the pending call and refreshes it",
@@ -290,15 +290,16 @@ func TestRules(t *testing.T) {
 			assert.NoError(t, h.outcome("a"), "a call in flight is never dropped")
 		},
 	}, {
-		name: "SyncObject applies the call in flight, then its successor",
+		name: "SyncObject syncs the successor only, from the object as given",
 		run: func(t *testing.T, h *rulesHarness) {
-			a, b := h.call("a", typeLow, "1", "x"), h.call("b", typeLow, "1", "x", "y")
+			a, b := h.call("a", typeLow, "1", "x"), h.call("b", typeHigh, "1", "x", "y")
 			h.inFlight(a)
 			require.NoError(t, h.add(b))
 			got, err := h.d.SyncObject(&metav1.ObjectMeta{UID: "1"})
 			require.NoError(t, err)
 			assert.Equal(t, map[string]string{"x": "b", "y": "b"}, got.GetLabels())
-			assert.Equal(t, []string{"x"}, b.have, "the successor's view assumes the call in flight lands")
+			assert.Empty(t, b.have, "the successor's view is the object's, not what the call in flight would make it")
+			assert.Equal(t, []string{"sync b"}, h.j.only("sync"), "the call in flight is not the newest: not synced")
 			h.release()
 			assert.NoError(t, h.outcome("a"))
 			assert.NoError(t, h.outcome("b"))
