@@ -71,7 +71,11 @@ type Config[K comparable, T any] struct {
 	// status patch at 0). Within a band a call's level is its offset plus
 	// floor(wait / Aging), so a call of priority p runs before any of
 	// priority q > p arriving more than (q−p) × Aging after it, and behind
-	// an endless stream at q within about (q−p+1) × Aging. At equal levels,
+	// an endless stream at q that the workers keep up with within about
+	// (q−p+1) × Aging; under overload it waits for every call at q queued
+	// before it or arriving within (q−p) × Aging after it, which takes
+	// longer (2.5 s instead of 2 s at 1.5× the service rate,
+	// TestStarvationUnderOverload). At equal levels,
 	// tenants take turns by TenantConfig.Weight, then arrival decides. A
 	// band spans at most 2⁶² ns of aging.
 	AgingBand int

@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -452,4 +453,78 @@ func TestAgedStormNeverPassesBinding(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStarvationUnderOverload: the within-band bound, about (q−p+1)×Aging,
+// assumes the workers keep up with the stream at q. Under overload (a
+// stream at 1.5× the service rate) a call at p runs after exactly the calls
+// at q that arrived before, or within (q−p)×Aging after, it — the rule the
+// bound comes from — so its wait is the time to serve that backlog, longer
+// than the bound.
+func TestStarvationUnderOverload(t *testing.T) {
+	const (
+		aging   = time.Second
+		service = 100 * time.Millisecond
+		dp      = 1
+	)
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		arrived := map[string]time.Time{}
+		started := map[string]time.Time{}
+		d := newD(t, func(_ context.Context, k string, _ int) error {
+			mu.Lock()
+			started[k] = time.Now()
+			mu.Unlock()
+			time.Sleep(service)
+			return nil
+		}, Config[string, int]{Workers: 2, Capacity: 100000, Aging: aging})
+		post := func(k string, p int) {
+			mu.Lock()
+			arrived[k] = time.Now()
+			mu.Unlock()
+			require.NoError(t, d.Post(k, 0, SubmitOptions{Priority: p}))
+		}
+		ctx, stop := context.WithCancel(bg)
+		var wg sync.WaitGroup
+		wg.Go(func() { // 3 calls per service time: 1.5× what 2 workers serve
+			for i := 0; ctx.Err() == nil; i++ {
+				for j := range 3 {
+					post(fmt.Sprintf("q/%d/%d", i, j), dp)
+				}
+				time.Sleep(service)
+			}
+		})
+		time.Sleep(2 * time.Second)
+		at := time.Now()
+		post("p", 0)
+		for {
+			time.Sleep(service)
+			mu.Lock()
+			_, ok := started["p"]
+			mu.Unlock()
+			if ok {
+				break
+			}
+		}
+		stop()
+		wg.Wait()
+		closeD(t, d)
+		mu.Lock()
+		defer mu.Unlock()
+		pStart := started["p"]
+		cut := at.Add(dp * aging)
+		for k, s := range started {
+			if k == "p" || s.Before(at) {
+				continue
+			}
+			if s.Before(pStart) {
+				assert.True(t, arrived[k].Before(cut), "%s arrived %v after p, past (q−p)×Aging, and ran first", k, arrived[k].Sub(at))
+			} else {
+				assert.False(t, arrived[k].Before(cut), "%s arrived %v after p, within (q−p)×Aging, and ran after it", k, arrived[k].Sub(at))
+			}
+		}
+		wait := pStart.Sub(at)
+		assert.Greater(t, wait, (dp+1)*aging, "under overload the wait exceeds (q−p+1)×Aging")
+		t.Logf("p waited %v under 1.5× overload (the bound with workers keeping up: %v)", wait, (dp+1)*aging)
+	})
 }

@@ -16,20 +16,23 @@
 //
 // # Upstream's semantics
 //
-// One lane per object UID (fwk.APICall.UID). Against a pending call for the
-// same object, a less relevant call (fwk.APICallRelevances) is refused at
-// once with an error wrapping fwk.ErrCallSkipped, also sent on its OnFinish;
-// a more relevant call, or one of another type at the same relevance,
-// overwrites the pending one; a call of the same type absorbs the pending one
-// through its own Merge. Either way the pending call's OnFinish gets an error
-// wrapping fwk.ErrCallOverwritten, and the call that stays is asked IsNoOp:
-// a no-op is dropped as skipped. A call less relevant than the object's call
-// in flight is skipped too; any other call arriving while the object's call
-// is in flight runs after it, as it is (it is not merged with a call that
-// may be taking effect already). A no-op call for an idle object is skipped
-// at once. SyncObject applies the object's call in flight and then its
-// pending call to the object, lets the pending call refresh from it, and
-// drops it if it then IsNoOp. Nothing runs before Start (upstream's Run).
+// One lane per object UID (fwk.APICall.UID), and every rule is upstream's,
+// against the object's newest call: the pending one, or, if none is
+// pending, the one in flight (from the moment it leaves the queue until its
+// end is recorded). A less relevant call (fwk.APICallRelevances) is refused
+// at once with an error wrapping fwk.ErrCallSkipped, also sent on its
+// OnFinish. A more relevant call, or one of another type at the same
+// relevance, overwrites a pending call and runs after one in flight; a call
+// of the same type absorbs the newest call through its own Merge, and takes
+// a pending call's place or runs after one in flight. An overwritten
+// pending call's OnFinish gets an error wrapping fwk.ErrCallOverwritten.
+// The call that stays is asked IsNoOp: a no-op is dropped as skipped unless
+// the object has a call in flight (that one may yet fail). A no-op call for
+// an idle object is skipped at once. SyncObject refreshes the object's
+// newest call from the object (its Sync), returns what that Sync returns,
+// and drops a pending call that then IsNoOp unless the object has a call in
+// flight. These decisions are made under the dispatcher's lock, in the step
+// that admits the call. Nothing runs before Start (upstream's Run).
 //
 // # Priorities
 //

@@ -1,0 +1,254 @@
+package differential
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	clientset "k8s.io/client-go/kubernetes"
+	fwk "k8s.io/kube-scheduler/framework"
+	apicalls "k8s.io/kubernetes/pkg/scheduler/framework/api_calls"
+)
+
+const namespace = "default"
+
+// labelCallType is a plugin's own call type: labelCall.
+const labelCallType fwk.APICallType = "test_label"
+
+// relevances is upstream's table (apicalls.Relevances) with labelCall at
+// a status patch's relevance: another type at the same relevance, which
+// overwrites a pending status patch and is overwritten by one.
+var relevances = fwk.APICallRelevances{
+	apicalls.PodStatusPatch: apicalls.Relevances[apicalls.PodStatusPatch],
+	apicalls.PodBinding:     apicalls.Relevances[apicalls.PodBinding],
+	labelCallType:           apicalls.Relevances[apicalls.PodStatusPatch],
+}
+
+// cond is the PodScheduled condition a pod has, or a status patch sets.
+type cond int
+
+const (
+	noCond cond = iota
+	unschedulable
+	schedulerError
+)
+
+func (c cond) String() string {
+	return [...]string{"none", "Unschedulable", "SchedulerError"}[c]
+}
+
+func (c cond) condition() *v1.PodCondition {
+	switch c {
+	case unschedulable:
+		return &v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable}
+	case schedulerError:
+		return &v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonSchedulerError}
+	}
+	return nil
+}
+
+// podState is a pod as a call is made from it, or as SyncObject is given
+// it: its PodScheduled condition, its nominated node and its label a.
+type podState struct {
+	cond      cond
+	nominated string // status.nominatedNodeName
+	label     string // label a's value; "" for none
+}
+
+func (s podState) String() string {
+	var parts []string
+	if s.cond != noCond {
+		parts = append(parts, "PodScheduled="+s.cond.String())
+	}
+	if s.nominated != "" {
+		parts = append(parts, "nominated="+s.nominated)
+	}
+	if s.label != "" {
+		parts = append(parts, "a="+s.label)
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}
+
+func podName(i int) string { return fmt.Sprint("p", i) }
+
+// pod returns pod i in state s.
+func pod(i int, s podState) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(i), Namespace: namespace, UID: types.UID("uid-" + podName(i))}}
+	if s.label != "" {
+		p.Labels = map[string]string{"a": s.label}
+	}
+	if c := s.cond.condition(); c != nil {
+		p.Status.Conditions = []v1.PodCondition{*c}
+	}
+	p.Status.NominatedNodeName = s.nominated
+	return p
+}
+
+// describePod renders a pod's PodScheduled condition and label a, or
+// what obj is if it is not a pod.
+func describePod(obj metav1.Object) string {
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return fmt.Sprintf("%T", obj)
+	}
+	var parts []string
+	for _, c := range p.Status.Conditions {
+		parts = append(parts, fmt.Sprintf("%s=%s/%s", c.Type, c.Status, c.Reason))
+	}
+	if p.Status.NominatedNodeName != "" {
+		parts = append(parts, "nominatedNodeName="+p.Status.NominatedNodeName)
+	}
+	if v, ok := p.Labels["a"]; ok {
+		parts = append(parts, "a="+v)
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}
+
+type callKind int
+
+const (
+	statusPatch callKind = iota
+	binding
+	setLabel
+)
+
+// callSpec says how to make a call; each dispatcher gets a call of its
+// own, made from it.
+type callSpec struct {
+	kind  callKind
+	pod   int
+	from  podState // the pod a status patch or label call is made from
+	cond  cond     // what a status patch sets
+	node  string   // where a binding binds
+	value string   // what a label call sets label a to
+	// nominate, if set, is the node a status patch nominates
+	// (fwk.ModeOverride).
+	nominate string
+}
+
+func (c callSpec) String() string {
+	switch c.kind {
+	case statusPatch:
+		s := fmt.Sprintf("status patch %s from %s sets PodScheduled=%s", podName(c.pod), c.from, c.cond)
+		if c.nominate != "" {
+			s += ", nominates " + c.nominate
+		}
+		return s
+	case binding:
+		return fmt.Sprintf("binding %s to %s", podName(c.pod), c.node)
+	default:
+		return fmt.Sprintf("label call %s from %s sets a=%s", podName(c.pod), c.from, c.value)
+	}
+}
+
+// build makes the call: upstream's own, with their constructors
+// (apicalls.Implementations, as the scheduler makes them), or a labelCall.
+func (c callSpec) build() fwk.APICall {
+	p := pod(c.pod, c.from)
+	switch c.kind {
+	case statusPatch:
+		var ni *fwk.NominatingInfo
+		if c.nominate != "" {
+			ni = &fwk.NominatingInfo{NominatedNodeName: c.nominate, NominatingMode: fwk.ModeOverride}
+		}
+		return apicalls.Implementations.PodStatusPatch(p, []*v1.PodCondition{c.cond.condition()}, ni)
+	case binding:
+		return apicalls.Implementations.PodBinding(&v1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID},
+			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
+		})
+	default:
+		return &labelCall{uid: p.UID, name: p.Name, value: c.value, have: c.from.label}
+	}
+}
+
+// labelCall is a plugin's own call, written the way upstream's
+// PodStatusPatchCall is: it sets the pod's label a, is a no-op when the pod
+// (as it was made from it, or last synced before it executes) already has
+// it, and a newer call absorbs an older one through Merge. It has one key,
+// so Merge carries nothing over: the newer value wins. Unlike a status
+// patch, its Execute always sends its request, so that every execution is
+// seen at the server.
+type labelCall struct {
+	uid   types.UID
+	name  string
+	value string
+
+	mu       sync.Mutex
+	have     string
+	executed bool
+}
+
+func (c *labelCall) CallType() fwk.APICallType { return labelCallType }
+func (c *labelCall) UID() types.UID            { return c.uid }
+
+func (c *labelCall) Execute(ctx context.Context, client clientset.Interface) error {
+	c.mu.Lock()
+	c.executed = true
+	c.mu.Unlock()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{"a":%q}}}`, c.value)
+	_, err := client.CoreV1().Pods(namespace).Patch(ctx, c.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+func (c *labelCall) Sync(obj metav1.Object) (metav1.Object, error) {
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return obj, fmt.Errorf("object of type %T is not a *v1.Pod", obj)
+	}
+	c.mu.Lock()
+	if !c.executed {
+		c.have = p.Labels["a"]
+	}
+	c.mu.Unlock()
+	if p.Labels["a"] == c.value {
+		return p, nil
+	}
+	out := p.DeepCopy()
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	out.Labels["a"] = c.value
+	return out, nil
+}
+
+func (c *labelCall) Merge(old fwk.APICall) error {
+	if _, ok := old.(*labelCall); !ok {
+		return fmt.Errorf("call of type %T is not a *labelCall", old)
+	}
+	return nil
+}
+
+func (c *labelCall) IsNoOp() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.have == c.value
+}
+
+// forbidden is the error a released request may be answered with: a 403,
+// which neither dispatcher nor upstream's calls retry.
+var forbidden = apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
+
+// class is what a caller can tell of an outcome with errors.Is and the
+// apierrors predicates.
+func class(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, fwk.ErrCallSkipped):
+		return "skipped"
+	case errors.Is(err, fwk.ErrCallOverwritten):
+		return "overwritten"
+	case apierrors.IsForbidden(err):
+		return "403"
+	default:
+		return "error: " + err.Error()
+	}
+}
