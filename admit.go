@@ -42,7 +42,7 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 		return false, d.refuse(BoundWaiters)
 	}
 	supersede := s.o.Generation > l.gen
-	if l.running != nil && !supersede && d.cfg.Follow != nil {
+	if r := l.running; r != nil && r.state == csRunning && !r.orphan && !supersede && d.cfg.Follow != nil {
 		skip, err := d.follow(l, s, ob)
 		if err != nil {
 			return false, err
@@ -59,6 +59,8 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 	if supersede {
 		l.gen = s.o.Generation
 		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, s.o.Generation), s.now, withRunning, ob)
+		d.keep(s.ten) // the ended call may have been its last: forgotten
+
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
 			l = d.newLane(s.key, s.h, s.o.Generation)

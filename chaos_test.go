@@ -30,6 +30,7 @@ var (
 	errChaosKeyCancel = errors.New("chaos: key cancelled")
 	errChaosBefore    = errors.New("chaos: before-retry hook failed")
 	errChaosAmend     = errors.New("chaos: amend refused")
+	errChaosFollow    = errors.New("chaos: follow refused")
 )
 
 // chaosPanic is the value of every panic the soak injects, so that a
@@ -81,17 +82,22 @@ type chaosParams struct {
 // contexts and keys, amend pending calls, and wait; exec randomly sleeps
 // (honouring its context or not), fails (retryable, permanent, conflict);
 // a merge function that unions the submissions' ids sometimes refuses and
-// sometimes finds the incoming call moot (SkipIncoming); a no-op test, a
-// before-retry hook (rebuild, already done, failure), a rate limiter,
-// retries with jitter, a circuit breaker, a tenant capped at one execution
-// and a fallback policy that switches to Sync on backlog are on; and Close
-// comes in the middle of it all with a random grace period.
+// sometimes finds the incoming call moot (SkipIncoming) or replaces the
+// pending call (ReplacePending); Config.Follow judges each submission made
+// while its key's call is in flight against that call: moot, refused, or
+// rewritten; a no-op test, a before-retry hook (rebuild, already done,
+// failure), a rate limiter, retries with jitter, a circuit breaker, a
+// tenant capped at one execution, two with queue quotas (MaxQueued: one
+// configured, one by DefaultTenant, which is forgotten when idle) whose
+// submissions often outrank — and so take over — other tenants' pending
+// calls, and a fallback policy that switches to Sync on backlog are on;
+// and Close comes in the middle of it all with a random grace period.
 //
 // User code misbehaves, as the package's rule for callbacks allows it to:
 //
 //   - Every callback panics now and then: exec, the completion hook, every
 //     observer method, the label function, the no-op test, the before-retry
-//     hook, the classifier, the merge function and Amend's function.
+//     hook, the classifier, the merge function, Follow and Amend's function.
 //   - exec, the completion hook, the observer, the no-op test, the
 //     before-retry hook, the classifier and the merge function exit their
 //     goroutine (runtime.Goexit) now and then, where the goroutine is one
@@ -126,17 +132,22 @@ type chaosParams struct {
 //   - never two executions of one key at once, and never more worker
 //     executions at once than workers;
 //   - a *PanicError is always one the soak injected, names a callback that
-//     may end a call, and the call it ended never runs again (no retry of a
-//     panic, issue 10, item 6);
+//     may end a call (or, refusing a submission, Merge or Follow), and the
+//     call it ended never runs again (no retry of a panic, issue 10, item 6);
 //   - the completion hook fires once per finished call (its count equals
 //     Σ Stats.Calls), and every accepted id appears in exactly one hook
-//     result — except one that the merge found moot on arrival, which
-//     ended Skipped alone and appears in none — rejected ids in none;
+//     result — except one that the merge or Follow found moot on arrival,
+//     which ended Skipped alone and appears in none — rejected ids in none;
 //   - conservation holds in every snapshot (also those taken in
-//     callbacks), gauges stay within their bounds, and after Close: Live,
-//     Keys, InFlight, queues all zero, Submitted and Rejected equal what the
-//     callers saw, Σ Outcomes equals the accepted submissions, Executions
-//     equals the exec calls;
+//     callbacks), gauges stay within their bounds, no tenant has more calls
+//     queued than its MaxQueued, the tenants' queued and in-flight counts
+//     add up to Ready + Delayed + Successors and InFlight, and after Close:
+//     Live, Keys, InFlight, queues all zero, Submitted and Rejected equal
+//     what the callers saw, Σ Outcomes equals the accepted submissions,
+//     Executions equals the exec calls;
+//   - the quotas were at work: queued calls moved to another tenant, and
+//     (but in the fallback run, whose submitters are few) submissions were
+//     refused or calls evicted for a quota;
 //   - Stats.CallbackPanics equals the panics injected into the completion
 //     hook, observer methods and the label function (see panicsAgree for
 //     the Goexits there);
@@ -259,12 +270,26 @@ type chaosInjected struct {
 	setMode  atomic.Uint64
 	skipped  atomic.Uint64 // merges that found the incoming call moot
 	replaced atomic.Uint64 // merges that made the incoming call a new operation
-	done     atomic.Uint64 // before-retry hooks that found the call done
+	// Follow's answers: the incoming call moot, refused, rewritten.
+	followSkipped, followRefused, followRewritten atomic.Uint64
+	// adopted counts queued calls moved to another tenant: a ready call
+	// re-indexed as ready, or a delayed one as delayed, which only adopt
+	// does (seen through onTransition).
+	adopted atomic.Uint64
+	done    atomic.Uint64 // before-retry hooks that found the call done
 }
 
 // The callbacks, as indexes into chaosInjected.
 var chaosCallbacks = [...]string{callbackExec, callbackMerge, callbackNoOp, callbackLabel, callbackOnDone,
-	callbackClassify, callbackBeforeRetry, callbackObserver, callbackAmend}
+	callbackClassify, callbackBeforeRetry, callbackObserver, callbackAmend, callbackFollow}
+
+// chaosQuotas are the tenants' MaxQueued: "b" is configured with one, and
+// "a", named nowhere, has the DefaultTenant's (the tenant of no name is
+// configured without one). Their submissions often outrank, and now and
+// then replace (ReplacePending), pending calls of other tenants, which
+// then move into their tenant: every Stats snapshot must show each of them
+// within its quota.
+var chaosQuotas = map[string]int{"a": 6, "b": 3}
 
 const numCallbacks = len(chaosCallbacks)
 
@@ -466,25 +491,37 @@ func (c *chaos) run() {
 	t, p := c.t, c.p
 	me := c.testG()
 	heap0 := chaosHeap()
+	onTransition = func(from, to callState) {
+		if from == to {
+			c.inj.adopted.Add(1)
+		}
+	}
+	defer func() { onTransition = nil }()
 	d, err := New(c.exec, Config[int, []uint64]{
-		Workers:     p.workers,
-		RateLimit:   rate.NewLimiter(p.rate, p.burst),
-		Capacity:    p.capacity,
-		MaxWaiters:  p.maxWaiters,
-		Aging:       time.Millisecond,
-		AgingBand:   4,                                                    // the priorities (-3..10 and extremes) span several bands
-		Start:       StartPolicy{ReservedWorkers: 1, UrgentPriority: 100}, // the band of the side keys' calls
-		Tenants:     map[string]TenantConfig{"capped": {MaxInFlight: 1, Weight: 2}},
-		Merge:       c.merge,
-		NoOp:        c.noop,
-		Label:       c.label,
-		OnDone:      c.hook,
-		Classify:    c.classify,
-		BeforeRetry: c.beforeRetry,
-		Retry:       RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax},
-		Breaker:     &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
-		Rollout:     RolloutPolicy{Fallback: &FallbackPolicy{MaxBacklog: p.maxBacklog, Window: p.fbWindow, ReturnAfter: p.returnAfter}},
-		Observer:    chaosObserver{c},
+		Workers:    p.workers,
+		RateLimit:  rate.NewLimiter(p.rate, p.burst),
+		Capacity:   p.capacity,
+		MaxWaiters: p.maxWaiters,
+		Aging:      time.Millisecond,
+		AgingBand:  4,                                                    // the priorities (-3..10 and extremes) span several bands
+		Start:      StartPolicy{ReservedWorkers: 1, UrgentPriority: 100}, // the band of the side keys' calls
+		Tenants: map[string]TenantConfig{
+			"capped": {MaxInFlight: 1, Weight: 2},
+			"":       {},
+			"b":      {MaxQueued: chaosQuotas["b"], Weight: 3},
+		},
+		DefaultTenant: TenantConfig{MaxQueued: chaosQuotas["a"]},
+		Merge:         c.merge,
+		Follow:        c.follow,
+		NoOp:          c.noop,
+		Label:         c.label,
+		OnDone:        c.hook,
+		Classify:      c.classify,
+		BeforeRetry:   c.beforeRetry,
+		Retry:         RetryPolicy{MaxAttempts: 3, InitialBackoff: p.execMax / 4, MaxBackoff: p.execMax},
+		Breaker:       &BreakerPolicy{ConsecutiveFailures: 6, Cooldown: p.cooldown, RefuseDroppable: true},
+		Rollout:       RolloutPolicy{Fallback: &FallbackPolicy{MaxBacklog: p.maxBacklog, Window: p.fbWindow, ReturnAfter: p.returnAfter}},
+		Observer:      chaosObserver{c},
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -767,8 +804,11 @@ func (c *chaos) options(r *rand.Rand, key int) SubmitOptions {
 		o.Tenant = "capped"
 	case x < 7:
 		o.Tenant = "a" // not configured: its state lives while it has calls
-	case x < 8:
+	case x < 9:
 		o.Tenant = "b"
+	}
+	if _, quota := chaosQuotas[o.Tenant]; quota && o.Priority < 100 && r.IntN(2) == 0 {
+		o.Priority += 4 // to outrank other tenants' pending calls, and take them over
 	}
 	if r.IntN(10) < 3 {
 		o.Deadline = time.Now().Add(time.Duration(r.Int64N(int64(c.p.deadlineMax))))
@@ -783,6 +823,7 @@ func (c *chaos) options(r *rand.Rand, key int) SubmitOptions {
 // valid answer: a callback submitted for the key it executes.
 func (c *chaos) rejection(what string, err error, reentrant bool) {
 	c.rejected.Add(1)
+	c.checkRefusal(what, err)
 	for _, ok := range []error{ErrBackpressure, ErrClosed, ErrStale, ErrMergeRejected, ErrExpired, ErrCanceled, ErrCircuitOpen} {
 		if errors.Is(err, ok) {
 			return
@@ -792,6 +833,19 @@ func (c *chaos) rejection(what string, err error, reentrant bool) {
 		return
 	}
 	c.errorf("%s: unexpected error %v", what, err)
+}
+
+// checkRefusal checks the error of a refused submission that a callback
+// of admission (Merge, Follow) panicked in.
+func (c *chaos) checkRefusal(what string, err error) {
+	var pe *PanicError
+	if !errors.As(err, &pe) {
+		return
+	}
+	c.checkPanicError(pe, what)
+	if pe.Callback != callbackMerge && pe.Callback != callbackFollow || !errors.Is(err, ErrMergeRejected) {
+		c.errorf("%s: refused by a panic of %q: %v", what, pe.Callback, err)
+	}
 }
 
 // submit makes a Submit for key from goroutine g and records it; own says
@@ -1155,6 +1209,37 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 	return out, nil
 }
 
+// follow decides a submission made while its key's call is in flight. It
+// runs under the dispatcher's lock, so it calls nothing back (and it runs
+// on the submitting goroutine, which the soak never ends: no Goexit). Its
+// answer depends on both calls: the incoming call is moot, refused, or
+// rewritten — a new slice, with the incoming ids only, so that each id is
+// still in exactly one call.
+func (c *chaos) follow(running, incoming []uint64, pending bool) ([]uint64, error) {
+	if c.chance(100) {
+		c.injectPanic(callbackFollow, false)
+	}
+	switch x := (incoming[0]*31 + running[0]) % 100; {
+	case x < 6:
+		c.inj.followRefused.Add(1)
+		return nil, fmt.Errorf("chaos: %d behind %v (pending %v): %w", incoming[0], running, pending, errChaosFollow)
+	case x < 16:
+		// Moot behind the call in flight: it ends Skipped alone, in no call.
+		c.inj.followSkipped.Add(1)
+		if g := c.current(); g != nil && len(incoming) == 1 && g.submitting == incoming[0] {
+			c.mu.Lock()
+			c.skippedIn[incoming[0]] = true
+			c.mu.Unlock()
+		}
+		if x%2 == 0 {
+			return nil, fmt.Errorf("chaos: moot behind %v: %w", running, SkipIncoming)
+		}
+		return nil, SkipIncoming
+	}
+	c.inj.followRewritten.Add(1)
+	return slices.Clone(incoming), nil
+}
+
 func (c *chaos) noop(key int, ids []uint64) bool {
 	switch {
 	case c.isTail(key):
@@ -1356,6 +1441,22 @@ func (c *chaos) checkStats(s Stats, where string) {
 	case s.CallbackPanics > contained:
 		c.errorf("%s: %d contained callback panics, %d injected", where, s.CallbackPanics, contained)
 	}
+	for name, quota := range chaosQuotas {
+		if q := s.Tenants[name].Queued; q > quota {
+			c.errorf("%s: tenant %q has %d calls queued, over its MaxQueued %d: %+v", where, name, q, quota, s.Tenants)
+		}
+	}
+	// Every call is some tenant's, and the tenants of Stats are every
+	// tenant with a call: their counts add up to the gauges.
+	queued, inFlight := 0, 0
+	for _, ts := range s.Tenants {
+		queued += ts.Queued
+		inFlight += ts.InFlight
+	}
+	if queued != s.Ready+s.Delayed+s.Successors || inFlight != s.InFlight {
+		c.errorf("%s: the tenants have %d calls queued and %d in flight; Ready %d + Delayed %d + Successors %d, InFlight %d: %+v",
+			where, queued, inFlight, s.Ready, s.Delayed, s.Successors, s.InFlight, s.Tenants)
+	}
 }
 
 // verify runs once every goroutine of the workload has finished and Close
@@ -1399,6 +1500,10 @@ func (c *chaos) verify() {
 	}
 	if s.Executions != c.execs.Load() {
 		c.errorf("final: Executions %d, exec was called %d times", s.Executions, c.execs.Load())
+	}
+	if !testing.Short() && (c.inj.adopted.Load() == 0 || !c.p.quiesce && s.Backpressure[BoundQuota]+s.Shed[BoundQuota] == 0) {
+		c.errorf("final: the quotas were not at work: %d queued calls moved to another tenant; refused %v, shed %v",
+			c.inj.adopted.Load(), s.Backpressure, s.Shed)
 	}
 	if !c.panicsAgree(s) {
 		c.errorf("final: Stats.CallbackPanics %d; injected into the hook, observer and label: %d panics and %d Goexits",
@@ -1499,6 +1604,8 @@ func (c *chaos) verify() {
 		s.Submitted, len(c.accepted), len(c.tickets), len(c.skippedIn), c.hookCalls, s.Executions, s.Retries, s.AlreadyDone, c.trips.Load(), s.Outcomes)
 	t.Logf("injected panics/Goexits: %v; %d calls back in, %d SetMode, %d merges found the incoming call moot, %d replaced the pending call, %d before-retry hooks found it done; %d contained (Stats.CallbackPanics); mode switches: %v",
 		inj, c.inj.reenter.Load(), c.inj.setMode.Load(), c.inj.skipped.Load(), c.inj.replaced.Load(), c.inj.done.Load(), s.CallbackPanics, sw)
+	t.Logf("Follow: %d moot, %d refused, %d rewritten; %d queued calls moved to another tenant; refused by bound %v, shed by bound %v; tenants %+v",
+		c.inj.followSkipped.Load(), c.inj.followRefused.Load(), c.inj.followRewritten.Load(), c.inj.adopted.Load(), s.Backpressure, s.Shed, s.Tenants)
 }
 
 // panicsAgree reports whether Stats.CallbackPanics is what was injected

@@ -1,9 +1,10 @@
 package dispatch_test
 
 // The fuzz input codec: the first three bytes of an input are the
-// configuration (fzConfig), the rest a sequence of operations (fzOp), each a
-// kind byte and its arguments; a short input reads as zeros. fzEncode is the
-// inverse, so that the seeds read as what they do.
+// configuration (fzConfig) — five with tenants on, whose bit is one that
+// inputs written before tenants existed never set — the rest a sequence of
+// operations (fzOp), each a kind byte and its arguments; a short input reads
+// as zeros. fzEncode is the inverse, so that the seeds read as what they do.
 
 import (
 	"fmt"
@@ -34,8 +35,34 @@ func fzDeadline(d time.Duration) func(*fzOp) {
 func fzGen(g uint64) func(*fzOp)  { return func(op *fzOp) { op.gen = g } }
 func fzDrop() func(*fzOp)         { return func(op *fzOp) { op.drop = true } }
 func fzIdem(k string) func(*fzOp) { return func(op *fzOp) { op.idem = k } }
+
+// fzTenant makes a submission one of the tenant i (fzTenantNames).
+func fzTenant(i int) func(*fzOp) { return func(op *fzOp) { op.tenant = i } }
 func fzCtx(kind int, dl time.Duration) func(*fzOp) {
 	return func(op *fzOp) { op.ctxKind, op.ctxDL = kind, dl }
+}
+
+// fzPad is n operations that do nothing (they end Close's context before
+// any Close), so that a seed's next submission gets the value it needs: a
+// submission's value is its op's index + 1.
+func fzPad(n int) []fzOp {
+	return slices.Repeat([]fzOp{{kind: fzCloseAbort}}, n)
+}
+
+// fzSeq strings together operations (fzOp) and runs of them ([]fzOp).
+func fzSeq(parts ...any) []fzOp {
+	var ops []fzOp
+	for _, p := range parts {
+		switch p := p.(type) {
+		case fzOp:
+			ops = append(ops, p)
+		case []fzOp:
+			ops = append(ops, p...)
+		default:
+			panic(fmt.Sprintf("fzSeq: %T", p))
+		}
+	}
+	return ops
 }
 
 // fzEncode is the inverse of the decoder, for seeds.
@@ -55,15 +82,29 @@ func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
 	ai := must(fzAgingIndex(cfg.aging, cfg.band), "aging and band")
 	a := byte(cfg.merge) | bit(cfg.honour, 2) | bit(cfg.noop, 3) | bit(cfg.before, 4) | bit(cfg.drainClose, 5) |
 		(ai&3)<<6
-	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5)
+	b := byte(cfg.capacity-1) | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5) | bit(cfg.follow, 6)
 	if cfg.capacity == 64 {
-		b = 0x80 | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5)
+		b = 0x80 | byte(cfg.maxWaiters)<<2 | bit(cfg.labels, 5) | bit(cfg.follow, 6)
 	}
-	c := byte(cfg.maxAttempts-1) | bit(cfg.breaker, 2) | bit(cfg.brRefuse, 4) | (ai>>2)<<5
+	c := byte(cfg.maxAttempts-1) | bit(cfg.breaker, 2) | bit(cfg.brRefuse, 4) | (ai>>2)<<5 | bit(cfg.tenants, 7)
 	if cfg.breaker {
 		c |= byte(cfg.brFailures-1) << 3
 	}
 	out := []byte{a, b, c}
+	if cfg.tenants {
+		w := func(i int) byte {
+			if cfg.weight[i] < 1 || cfg.weight[i] > 4 {
+				panic("fzEncode: no encoding for weight")
+			}
+			return byte(cfg.weight[i] - 1)
+		}
+		for _, q := range cfg.quota {
+			if q < 0 || q > 3 {
+				panic("fzEncode: no encoding for quota")
+			}
+		}
+		out = append(out, byte(cfg.quota[0])|byte(cfg.quota[1])<<2|byte(cfg.quota[2])<<4|w(0)<<6, w(1)|w(2)<<2)
+	}
 	for _, op := range ops {
 		out = append(out, must(slices.Index(fzKindOf[:], op.kind), "kind"))
 		switch op.kind {
@@ -72,6 +113,7 @@ func fzEncode(cfg fzConfig, ops ...fzOp) []byte {
 			if !op.hasDL {
 				dl = 0
 			}
+			dl |= byte(op.tenant) << 4
 			out = append(out,
 				byte(op.key)|must(slices.Index(fzPrios[:], op.prio), "priority")<<2,
 				byte(op.gen)|must(slices.Index([]string{"", "x", "y"}, op.idem), "idem")<<2|bit(op.drop, 7),
@@ -129,11 +171,24 @@ type fzConfig struct {
 	brFailures  int  // BreakerPolicy.ConsecutiveFailures
 	brRefuse    bool // BreakerPolicy.RefuseDroppable
 	labels      bool // Config.Label: fzLabel of the submitted value
+	follow      bool // Config.Follow: fzFollow
+	// tenants configures the tenants of fzTenantNames, each with its
+	// MaxQueued (quota, 0: none) and Weight (1 to 4); without it every
+	// submission is of the tenant of no name, which has neither.
+	tenants bool
+	quota   [3]int
+	weight  [3]int
 }
 
+// fzTenantNames are the tenants a submission can name, with tenants on.
+var fzTenantNames = [3]string{"", "a", "b"}
+
 func (c fzConfig) String() string {
-	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v band=%d capacity=%d maxWaiters=%d maxAttempts=%d labels=%v",
-		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.band, c.capacity, c.maxWaiters, c.maxAttempts, c.labels)
+	s := fmt.Sprintf("merge=%d honour=%v noop=%v before=%v drainClose=%v aging=%v band=%d capacity=%d maxWaiters=%d maxAttempts=%d labels=%v follow=%v",
+		c.merge, c.honour, c.noop, c.before, c.drainClose, c.aging, c.band, c.capacity, c.maxWaiters, c.maxAttempts, c.labels, c.follow)
+	if c.tenants {
+		s += fmt.Sprintf(" tenants(maxQueued=%v weight=%v)", c.quota, c.weight)
+	}
 	if c.breaker {
 		s += fmt.Sprintf(" breaker(failures=%d refuseDroppable=%v)", c.brFailures, c.brRefuse)
 	}
@@ -187,6 +242,7 @@ func fzDecodeConfig(r *fzReader) fzConfig {
 		aging:       fzAgings[int(a>>6)|int(c>>5&3)<<2],
 		band:        fzBands[int(a>>6)|int(c>>5&3)<<2],
 		labels:      b&0x20 != 0,
+		follow:      b&0x40 != 0,
 		capacity:    1 + int(b%4),
 		maxAttempts: 1 + int(c&3)%3,
 		breaker:     c&0x04 != 0,
@@ -198,6 +254,12 @@ func fzDecodeConfig(r *fzReader) fzConfig {
 	}
 	if m := int(b>>2) & 7; m >= 1 && m <= 6 {
 		cfg.maxWaiters = m
+	}
+	if c&0x80 != 0 {
+		d, e := r.next(), r.next()
+		cfg.tenants = true
+		cfg.quota = [3]int{int(d & 3), int(d >> 2 & 3), int(d >> 4 & 3)}
+		cfg.weight = [3]int{1 + int(d>>6&3), 1 + int(e&3), 1 + int(e>>2&3)}
 	}
 	return cfg
 }
@@ -280,6 +342,7 @@ type fzOp struct {
 	dl      time.Duration // offset from now
 	ctxKind int
 	ctxDL   time.Duration // offset from now
+	tenant  int           // index in fzTenantNames; only with tenants on
 	idx     int
 	dur     time.Duration
 	result  int
@@ -297,6 +360,7 @@ func fzDecodeOp(r *fzReader) fzOp {
 		op.drop = g&0x80 != 0
 		op.hasDL = dl&8 != 0
 		op.dl = fzOffsets[dl&7]
+		op.tenant = int(dl>>4&3) % 3
 		if op.kind == fzSubmit {
 			c := r.next()
 			op.ctxKind = [8]int{0, 0, 0, 0, fzCtxCancelable, fzCtxCancelable, fzCtxDeadline, fzCtxDone}[c%8]
@@ -327,6 +391,9 @@ func (op fzOp) String() string {
 		}
 		if op.drop {
 			s += " droppable"
+		}
+		if op.tenant != 0 {
+			s += " tenant=" + fzTenantNames[op.tenant]
 		}
 		if op.hasDL {
 			s += fmt.Sprintf(" deadline=now%+v", op.dl)

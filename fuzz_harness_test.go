@@ -62,7 +62,8 @@ type fzHarness struct {
 	tearingDown   bool
 }
 
-func fzRun(t *testing.T, data []byte) {
+// fzRun runs one input, and returns the rules it exercised (fzModel.notes).
+func fzRun(t *testing.T, data []byte) []string {
 	r := &fzReader{b: data}
 	cfg := fzDecodeConfig(r)
 	h := &fzHarness{t: t, cfg: cfg, m: newFzModel(cfg), closeDone: make(chan error, 1)}
@@ -115,6 +116,15 @@ func fzRun(t *testing.T, data []byte) {
 	if cfg.labels {
 		dc.Label = func(_ int, v int64) string { return fzLabel(v) }
 	}
+	if cfg.follow {
+		dc.Follow = fzFollow
+	}
+	if cfg.tenants {
+		dc.Tenants = map[string]dispatch.TenantConfig{}
+		for i, name := range fzTenantNames {
+			dc.Tenants[name] = dispatch.TenantConfig{MaxQueued: cfg.quota[i], Weight: cfg.weight[i]}
+		}
+	}
 	if cfg.noop {
 		dc.NoOp = func(_ int, v int64) bool { return v%5 == 0 }
 	}
@@ -141,8 +151,9 @@ func fzRun(t *testing.T, data []byte) {
 	}
 	h.finalize()
 	if os.Getenv("DISPATCH_FUZZ_TRACE") != "" {
-		t.Logf("ops:\n  %s\nhooks: %v", strings.Join(h.trace, "\n  "), h.m.hooks)
+		t.Logf("ops:\n  %s\nhooks: %v\nrules: %q", strings.Join(h.trace, "\n  "), h.m.hooks, h.m.notes)
 	}
+	return h.m.notes
 }
 
 // fzMerge is the merge function of merge mode 1 (sum), 2 (sum that refuses
@@ -162,6 +173,29 @@ func fzMerge(mode int, p, in int64) (int64, error) {
 		return 0, errFuzzMerge
 	}
 	return p + in, nil
+}
+
+// fzFollow is Config.Follow with follow on. Incoming multiples of 9 are
+// moot behind the call in flight (SkipIncoming, wrapped for multiples of
+// 18), multiples of 13 are refused, and multiples of 17 panic while a call
+// is also pending; any other value goes on rewritten from the running one,
+// one way when a call is pending (and then merged into it) and another
+// when the submission becomes the successor. Values stay small: a
+// submission's own is its op's index + 1.
+func fzFollow(running, incoming int64, pending bool) (int64, error) {
+	switch {
+	case incoming%18 == 0:
+		return 0, fmt.Errorf("fuzz: %d is moot behind %d: %w", incoming, running, dispatch.SkipIncoming)
+	case incoming%9 == 0:
+		return 0, dispatch.SkipIncoming
+	case incoming%13 == 0:
+		return 0, fmt.Errorf("fuzz: %d behind %d: %w", incoming, running, errFuzzFollow)
+	case incoming%17 == 0 && pending:
+		panic(fmt.Sprintf("fuzz: follow panics for %d behind %d", incoming, running))
+	case pending:
+		return incoming + 10000*(running%100), nil
+	}
+	return incoming + 100*(running%100), nil
 }
 
 // fzLabel is the label of a submission of value v, with labels on.
@@ -253,12 +287,16 @@ func (h *fzHarness) startClose() {
 
 func (h *fzHarness) apply(i int, op fzOp) {
 	m := h.m
-	h.trace = append(h.trace, fmt.Sprintf("%2d @%v: %v", i, time.Duration(m.now), op))
 	val := int64(i + 1)
+	if !h.cfg.tenants {
+		op.tenant = 0 // the bits mean nothing without tenants
+	}
+	h.trace = append(h.trace, fmt.Sprintf("%2d @%v: %v", i, time.Duration(m.now), op))
 	switch op.kind {
 	case fzSubmit:
 		var o dispatch.SubmitOptions
 		o.Priority, o.Generation, o.IdempotencyKey, o.Droppable = op.prio, op.gen, op.idem, op.drop
+		o.Tenant = fzTenantNames[op.tenant]
 		var deadline int64 // absolute; meaningful only with hasDL
 		hasDL := op.hasDL
 		if hasDL {
@@ -275,7 +313,18 @@ func (h *fzHarness) apply(i int, op fzOp) {
 			ctx, cancel = c, func() { cf(cause) }
 		case fzCtxDeadline:
 			at := m.now + int64(op.ctxDL)
-			c, cf := context.WithDeadline(ctx, h.t0.Add(time.Duration(at)))
+			ctxAt := at
+			if h.cfg.tenants {
+				// The context's own timer would race the clock at its
+				// deadline, and with tenants the order of what ends at
+				// one instant shows (FuzzQueueModel): the deadline is the
+				// submission's, the context's a nanosecond later.
+				ctxAt++
+				if !hasDL || at < deadline {
+					o.Deadline = h.t0.Add(time.Duration(at))
+				}
+			}
+			c, cf := context.WithDeadline(ctx, h.t0.Add(time.Duration(ctxAt)))
 			ctx, cancel, cause = c, cf, context.Canceled
 			if at <= m.now {
 				early = dispatch.ErrExpired // the context is done already
@@ -309,6 +358,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 	case fzPost:
 		var o dispatch.SubmitOptions
 		o.Priority, o.Generation, o.IdempotencyKey, o.Droppable = op.prio, op.gen, op.idem, op.drop
+		o.Tenant = fzTenantNames[op.tenant]
 		var deadline int64
 		var early error
 		if op.hasDL {
@@ -394,9 +444,36 @@ func (h *fzHarness) compareErr(what string, got, want error) {
 		h.fail("%s: %v, model accepts it", what, got)
 	case want != nil && got == nil:
 		h.fail("%s accepted, model says %v", what, want)
-	case want != nil && !errors.Is(got, want):
+	case want != nil && !fzMatches(got, want):
 		h.fail("%s: %v, model says %v", what, got, want)
 	}
+}
+
+// fzMatches reports whether got is the error the model expects (see fzAll).
+func fzMatches(got, want error) bool {
+	all, ok := want.(fzAll)
+	if !ok {
+		all = fzAll{want}
+	}
+	for _, w := range all {
+		var be *dispatch.BackpressureError
+		var pe *dispatch.PanicError
+		switch w := w.(type) {
+		case *dispatch.BackpressureError:
+			if !errors.As(got, &be) || be.Bound != w.Bound {
+				return false
+			}
+		case fzPanicIn:
+			if !errors.As(got, &pe) || pe.Callback != string(w) {
+				return false
+			}
+		default:
+			if !errors.Is(got, w) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // finalize closes the dispatcher (draining, or ending Close's context at
@@ -568,9 +645,21 @@ func (h *fzHarness) check(step string) {
 	if want := m.labels(); !maps.Equal(s.Labels, want) || (s.Labels == nil) != (want == nil) {
 		h.fail("%s: Stats.Labels %v, model says %v", step, s.Labels, want)
 	}
-	// The per-reason and per-tenant maps are checked by the tenant and
-	// shedding tests; the model tracks the totals.
-	s.Backpressure, s.Shed, s.Tenants, s.Labels = nil, nil, nil, nil
+	ws.Backpressure, ws.Shed, ws.Tenants = m.refused, m.shedBy, map[string]dispatch.TenantStats{}
+	for _, t := range m.tenants {
+		ts := dispatch.TenantStats{Queued: m.queued(t), Admitted: t.admitted, Rejected: t.rejected, Dropped: t.dropped}
+		if m.running != nil && m.running.ten == t {
+			ts.InFlight = 1
+		}
+		ws.Tenants[t.name] = ts
+		if t.maxQueued > 0 && s.Tenants[t.name].Queued > t.maxQueued {
+			h.fail("%s: tenant %q has %d calls queued, over its MaxQueued %d", step, t.name, s.Tenants[t.name].Queued, t.maxQueued)
+		}
+	}
+	if err := m.consistent(); err != nil {
+		h.fail("%s: model: %v", step, err)
+	}
+	s.Labels = nil
 	// Latency distributions are not modelled; their counts are.
 	if s.ExecTime.Count != s.Executions {
 		h.fail("%s: ExecTime.Count %d != Executions %d", step, s.ExecTime.Count, s.Executions)
@@ -589,7 +678,7 @@ func (h *fzHarness) check(step string) {
 	for k := range fzKeys {
 		_, want := m.slots[k]
 		if got := h.d.Busy(k); got != want {
-			h.fail("%s: Pending(k%d) = %v, model says %v", step, k, got, want)
+			h.fail("%s: Busy(k%d) = %v, model says %v", step, k, got, want)
 		}
 	}
 

@@ -5,11 +5,14 @@ package dispatch_test
 // alongside the real Dispatcher.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -30,8 +33,21 @@ type fmSlot struct {
 	run, next *fmCall
 }
 
+// fmTenant is a tenant (TenantConfig) as the model sees it: its quota,
+// its stride, and its place in the pick across tenants (queue.pick).
+type fmTenant struct {
+	name      string
+	maxQueued int    // TenantConfig.MaxQueued; 0: none
+	stride    uint64 // 2³²/Weight
+	pass      uint64 // lowest is picked first among tenants at one level
+	active    bool   // has ready calls, and so a place in fzModel.active
+
+	admitted, rejected, dropped uint64
+}
+
 type fmCall struct {
 	slot      *fmSlot
+	ten       *fmTenant
 	val       int64
 	gen       uint64
 	seq       uint64
@@ -43,6 +59,11 @@ type fmCall struct {
 	ffEnq     int64
 	ffDL      int64
 	ffForever bool
+	// ffAt and ffDseq are the fire-and-forget aggregate's entry in the
+	// deadline index (0: none): ffAt lags behind ffDL when later posts
+	// extended it, and the clock then indexes it anew (a new ffDseq).
+	ffAt      int64
+	ffDseq    uint64
 	prio      int
 	enq       int64
 	joined    int
@@ -64,7 +85,8 @@ type fmTicket struct {
 	prio     int
 	enq      int64
 	deadline int64
-	ctxLive  bool // its context can still be cancelled by the test
+	dseq     uint64 // its entry in the deadline index: order among equal deadlines
+	ctxLive  bool   // its context can still be cancelled by the test
 	done     bool
 	state    dispatch.State
 	val      int64
@@ -131,6 +153,22 @@ type fzModel struct {
 
 	submitted, rejected, coalesced, executions, staleExecs, retries, alreadyDone uint64
 
+	// Tenants, and the pick among them: active lists the tenants with
+	// ready calls in the order queue.pick scans them (a tenant joins at
+	// the end; one that leaves takes the last one's place); vpass is the
+	// pass of the tenant picked last.
+	tenants []*fmTenant
+	active  []*fmTenant
+	vpass   uint64
+	dseq    uint64 // the deadline index's tie-break counter
+
+	refused map[dispatch.Bound]uint64 // Stats.Backpressure
+	shedBy  map[dispatch.Bound]uint64 // Stats.Shed
+
+	// notes are the rules the input exercised (fzEv...), in order; the
+	// seeds' test checks them.
+	notes []string
+
 	br        dispatch.Circuit
 	consec    int   // retryable failures in a row
 	openUntil int64 // while open
@@ -143,11 +181,81 @@ type fzModel struct {
 }
 
 func newFzModel(cfg fzConfig) *fzModel {
-	m := &fzModel{cfg: cfg, slots: map[int]*fmSlot{}, outcomes: map[dispatch.State]uint64{}, callsBy: map[dispatch.State]uint64{}}
+	m := &fzModel{cfg: cfg, slots: map[int]*fmSlot{}, outcomes: map[dispatch.State]uint64{}, callsBy: map[dispatch.State]uint64{},
+		refused: map[dispatch.Bound]uint64{}, shedBy: map[dispatch.Bound]uint64{}}
 	for st := dispatch.StateSucceeded; st <= dispatch.StateClosed; st++ {
 		m.outcomes[st], m.callsBy[st] = 0, 0 // Stats reports every state
 	}
+	for _, b := range fzBounds {
+		m.refused[b], m.shedBy[b] = 0, 0 // and every bound
+	}
+	n := 1
+	if cfg.tenants {
+		n = len(fzTenantNames)
+	}
+	for i := range n {
+		t := &fmTenant{name: fzTenantNames[i], stride: 1 << 32}
+		if cfg.tenants {
+			t.maxQueued, t.stride = cfg.quota[i], (1<<32)/uint64(cfg.weight[i])
+		}
+		m.tenants = append(m.tenants, t)
+	}
 	return m
+}
+
+var fzBounds = [...]dispatch.Bound{dispatch.BoundCapacity, dispatch.BoundWaiters, dispatch.BoundQuota}
+
+// The rules an input can exercise, as the model notes them.
+const (
+	fzEvFollowSkip          = "follow: skipped"
+	fzEvFollowRefuse        = "follow: refused"
+	fzEvFollowPanic         = "follow: panicked"
+	fzEvFollowAlone         = "follow: rewritten, the successor"
+	fzEvFollowMerged        = "follow: rewritten, merged into the pending call"
+	fzEvSupersedeInFlight   = "supersede while in flight: follow not asked"
+	fzEvAdoptOutrank        = "adopt: outranked"
+	fzEvAdoptReplace        = "adopt: replaced"
+	fzEvAdoptOutrankEvict   = "adopt: outranked, quota evicted"
+	fzEvAdoptOutrankRefuse  = "adopt: outranked, quota refused"
+	fzEvAdoptReplaceEvict   = "adopt: replaced, quota evicted"
+	fzEvAdoptReplaceRefuse  = "adopt: replaced, quota refused"
+	fzEvQuotaNewEvict       = "quota: a new call evicted"
+	fzEvQuotaNewRefuse      = "quota: a new call refused"
+	fzEvQuotaRetryEvict     = "quota: a retry evicted"
+	fzEvQuotaRetryGiveUp    = "quota: a retry gave up"
+	fzEvPickLevel           = "pick: tenants told apart by level"
+	fzEvPickPass            = "pick: tenants at one level told apart by pass"
+	fzEvPickOrder           = "pick: tenants at one level and pass told apart by their order"
+	fzEvCapacityEvict       = "capacity: evicted"
+	fzEvAdoptOnRetryAbsorb  = "adopt: a retry absorbed a more urgent successor"
+	fzEvAdoptOnRetryReplace = "adopt: a retry replaced by its successor"
+)
+
+func (m *fzModel) note(ev string) { m.notes = append(m.notes, ev) }
+
+// fzAll is an error the model expects: one that matches each of its
+// errors — errors.Is, or for a *dispatch.BackpressureError its Bound, or
+// for fzPanicIn a *dispatch.PanicError of that callback.
+type fzAll []error
+
+func (e fzAll) Error() string {
+	var s []string
+	for _, err := range e {
+		s = append(s, err.Error())
+	}
+	return strings.Join(s, " + ")
+}
+
+// fzPanicIn is the *dispatch.PanicError of a callback, as the model
+// expects it.
+type fzPanicIn string
+
+func (p fzPanicIn) Error() string { return "a panic in " + string(p) }
+
+// refuse is a refusal for bound b, counted.
+func (m *fzModel) refuse(b dispatch.Bound) error {
+	m.refused[b]++
+	return fzAll{dispatch.ErrBackpressure, &dispatch.BackpressureError{Bound: b}}
 }
 
 func (m *fzModel) maxWaiters() int {
@@ -225,14 +333,178 @@ func (m *fzModel) less(a, b *fmCall) bool {
 	return m.before(a.prio, a.enq, a.seq, b.prio, b.enq, b.seq)
 }
 
+// push makes c, which is in no index, ready.
 func (m *fzModel) push(c *fmCall) {
 	c.where = fmReady
 	m.queue = append(m.queue, c)
+	m.activate(c.ten)
 }
 
+// unqueue takes c out of the ready and delayed calls.
 func (m *fzModel) unqueue(c *fmCall) {
 	if i := slices.Index(m.queue, c); i >= 0 {
 		m.queue = slices.Delete(m.queue, i, i+1)
+		if c.where == fmReady {
+			m.deactivate(c.ten)
+		}
+	}
+}
+
+// activate gives t a place in the pick if it has none: at the end, and
+// at the pass of the tenant picked last if it is behind it, so that it
+// cannot claim the turns it did not use while it had nothing ready.
+func (m *fzModel) activate(t *fmTenant) {
+	if t.active {
+		return
+	}
+	t.active = true
+	t.pass = max(t.pass, m.vpass)
+	m.active = append(m.active, t)
+}
+
+// deactivate takes t out of the pick if it has no ready call left: the
+// last tenant takes its place.
+func (m *fzModel) deactivate(t *fmTenant) {
+	if !t.active || m.hasReady(t) {
+		return
+	}
+	i, last := slices.Index(m.active, t), len(m.active)-1
+	m.active[i] = m.active[last]
+	m.active = m.active[:last]
+	t.active = false
+}
+
+func (m *fzModel) hasReady(t *fmTenant) bool {
+	for _, c := range m.queue {
+		if c.where == fmReady && c.ten == t {
+			return true
+		}
+	}
+	return false
+}
+
+// bestOf is t's ready call that runs first.
+func (m *fzModel) bestOf(t *fmTenant) *fmCall {
+	var best *fmCall
+	for _, c := range m.queue {
+		if c.where == fmReady && c.ten == t && (best == nil || m.less(c, best)) {
+			best = c
+		}
+	}
+	return best
+}
+
+// level is a ready call's level now, as the pick across tenants compares
+// it: its band, then its offset in the band plus one per aging interval
+// waited (saturating); with bands of one priority, the band alone.
+func (m *fzModel) level(c *fmCall) (band, lift *big.Int) {
+	band, off := new(big.Int).DivMod(big.NewInt(int64(c.prio)), big.NewInt(m.width()), new(big.Int))
+	if m.width() == 1 {
+		return band, new(big.Int)
+	}
+	if m.now < c.enq {
+		panic("fzModel: a call enqueued in the future")
+	}
+	lift = off.Add(off, new(big.Int).Div(big.NewInt(m.now-c.enq), big.NewInt(m.aging())))
+	if lift.Cmp(big.NewInt(math.MaxInt64)) > 0 {
+		lift.SetInt64(math.MaxInt64)
+	}
+	return band, lift
+}
+
+// pick is the tenant whose best ready call runs next, and that call: the
+// highest level; among tenants at one level, the lowest pass; then the
+// first in the active list.
+func (m *fzModel) pick() (*fmTenant, *fmCall) {
+	if len(m.active) == 1 {
+		return m.active[0], m.bestOf(m.active[0])
+	}
+	var bt *fmTenant
+	var bc *fmCall
+	var bb, bl *big.Int
+	for _, t := range m.active {
+		c := m.bestOf(t)
+		b, l := m.level(c)
+		switch {
+		case bt == nil:
+		case b.Cmp(bb) != 0 || l.Cmp(bl) != 0:
+			m.note(fzEvPickLevel)
+			if b.Cmp(bb) < 0 || b.Cmp(bb) == 0 && l.Cmp(bl) < 0 {
+				continue
+			}
+		case t.pass != bt.pass:
+			m.note(fzEvPickPass)
+			if t.pass > bt.pass {
+				continue
+			}
+		default:
+			m.note(fzEvPickOrder)
+			continue
+		}
+		bt, bc, bb, bl = t, c, b, l
+	}
+	return bt, bc
+}
+
+// queued counts t's calls waiting to run (Stats.Tenants[t].Queued, what
+// TenantConfig.MaxQueued caps): queued, backing off, waiting behind their
+// key's running call.
+func (m *fzModel) queued(t *fmTenant) int {
+	n := 0
+	for _, c := range m.liveCalls() {
+		if c.ten == t && (c.where == fmSucc || c.where == fmReady || c.where == fmDelayed) {
+			n++
+		}
+	}
+	return n
+}
+
+// overQuota reports whether one more queued call of t would exceed its
+// MaxQueued, counting freed calls about to leave.
+func (m *fzModel) overQuota(t *fmTenant, freed int) bool {
+	return t.maxQueued > 0 && m.queued(t)-freed >= t.maxQueued
+}
+
+// worst is the call to evict for a newcomer that would sit at (prio, enq,
+// seq): among the droppable calls queued or backing off, alone in their
+// lane — of tenant t only, unless t is nil — other than except, the one
+// that would run last, if the newcomer would run before it.
+func (m *fzModel) worst(t *fmTenant, prio int, enq int64, seq uint64, except *fmCall) *fmCall {
+	var w *fmCall
+	for _, c := range m.queue {
+		if !c.droppable || c.slot.run != nil || c == except || t != nil && c.ten != t {
+			continue
+		}
+		if w == nil || m.less(w, c) {
+			w = c
+		}
+	}
+	if w == nil || !m.before(prio, enq, seq, w.prio, w.enq, w.seq) {
+		return nil
+	}
+	return w
+}
+
+// shed drops queued call c to make room under bound b.
+func (m *fzModel) shed(c *fmCall, b dispatch.Bound) {
+	m.shedBy[b]++
+	c.ten.dropped++
+	m.settleAll(c, dispatch.StateDropped, "dropped", nil, false)
+	m.endCall(c, dispatch.StateDropped, "dropped")
+	m.releaseSlot(c.slot)
+}
+
+// adopt moves c to tenant t: out of its tenant's ready calls, if it is
+// ready, into t's.
+func (m *fzModel) adopt(c *fmCall, t *fmTenant) {
+	if c.ten == t {
+		return
+	}
+	old := c.ten
+	c.ten = t
+	if c.where == fmReady {
+		m.deactivate(old)
+		m.activate(t)
 	}
 }
 
@@ -263,56 +535,79 @@ func (m *fzModel) successors() int {
 // it is.
 func (m *fzModel) submit(op fzOp, val int64, deadline int64, early error, mt *fmTicket) error {
 	m.submitted++
+	ten := m.tenants[op.tenant]
 	err := early
 	if err == nil {
-		err = m.admit(op, val, deadline, mt)
+		err = m.admit(op, ten, val, deadline, mt)
 	}
 	if err != nil {
 		m.rejected++
+		ten.rejected++
+	} else {
+		ten.admitted++
 	}
 	return err
 }
 
-func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error {
+// admit places a submission of tenant ten, or returns why it cannot. Every
+// refusal is decided before anything changes.
+func (m *fzModel) admit(op fzOp, ten *fmTenant, val int64, deadline int64, mt *fmTicket) error {
 	if m.closing {
 		return dispatch.ErrClosed
 	}
+	// The label is the submission's as made: Follow's rewrite keeps it.
+	label := m.label(val)
 	s := m.slots[op.key]
 	if s == nil {
-		var victim *fmCall
-		if len(m.slots) >= m.cfg.capacity {
-			// §3: a new key evicts the worst droppable pending call if
-			// that call is worse than the newcomer, else is refused.
-			victim = m.victim(op.prio)
-			if victim == nil {
-				return dispatch.ErrBackpressure
-			}
-		}
-		if mt != nil && m.tickets >= m.maxWaiters() {
-			return dispatch.ErrBackpressure
-		}
-		if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.CircuitOpen {
-			return dispatch.ErrCircuitOpen
-		}
-		if victim != nil {
-			m.settleAll(victim, dispatch.StateDropped, "dropped", nil, false)
-			m.endCall(victim, dispatch.StateDropped, "dropped")
-			m.releaseSlot(victim.slot)
-		}
-		s = &fmSlot{key: op.key, gen: op.gen}
-		m.slots[op.key] = s
-		c := m.newCall(s, val, op)
-		m.join(c, mt, op.prio, deadline)
-		m.push(c)
-		return nil
+		return m.admitNewKey(op, ten, val, label, deadline, mt)
 	}
 	if op.gen < s.gen {
 		return dispatch.ErrStale
 	}
 	if mt != nil && m.tickets >= m.maxWaiters() {
-		return dispatch.ErrBackpressure
+		return m.refuse(dispatch.BoundWaiters)
 	}
-	if op.gen > s.gen {
+	supersede := op.gen > s.gen
+	if s.run != nil && supersede && m.cfg.follow {
+		m.note(fzEvSupersedeInFlight)
+	}
+	if r := s.run; r != nil && r.where == fmRunning && !r.orphan && !supersede && m.cfg.follow {
+		// Config.Follow, asked when the key's call is in flight and not
+		// cancelled, superseded or expired: not for a retry back in the
+		// queue that could not absorb its successor.
+		v, err := m.follow(s.run.val, val, s.next != nil)
+		switch {
+		case errors.Is(err, dispatch.SkipIncoming):
+			m.note(fzEvFollowSkip)
+			m.skipIncoming(val, mt)
+			return nil
+		case err != nil:
+			return err
+		case s.next != nil:
+			m.note(fzEvFollowMerged)
+		default:
+			m.note(fzEvFollowAlone)
+		}
+		val = v
+	}
+	// A submission that makes a new call — it supersedes, or nothing is
+	// pending — needs room under its tenant's quota: the superseded
+	// pending call of its own tenant leaves, else its worst droppable call
+	// (not the superseded one) goes if the newcomer runs before it.
+	var quotaVictim *fmCall
+	if supersede || s.next == nil {
+		freed := 0
+		if supersede && s.next != nil && s.next.ten == ten {
+			freed = 1
+		}
+		if m.overQuota(ten, freed) {
+			if quotaVictim = m.worst(ten, op.prio, m.now, m.seq+1, s.next); quotaVictim == nil {
+				m.note(fzEvQuotaNewRefuse)
+				return m.refuse(dispatch.BoundQuota)
+			}
+		}
+	}
+	if supersede {
 		s.gen = op.gen
 		for _, c := range [2]*fmCall{s.next, s.run} {
 			if c != nil && !c.orphan {
@@ -322,37 +617,13 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 		}
 	}
 	if c := s.next; c != nil {
-		replaced := false
-		switch m.coalesce(c, val, op.idem) {
-		case fmReplaced:
-			replaced = true
-		case fmRefused:
-			return dispatch.ErrMergeRejected
-		case fmSkipped:
-			// The pending call makes this submission moot: it ends
-			// Skipped at once, alone, and the pending call is left as it
-			// was (no waiter, priority, deadline or label of this one).
-			m.coalesced++
-			m.outcomes[dispatch.StateSkipped]++
-			if mt != nil {
-				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.StateSkipped, val, 1, 0, "nil"
-			}
-			return nil
-		}
-		c.droppable = c.droppable && op.drop
-		// A submission that raises the call's priority brings its label,
-		// and so does one that replaces the call.
-		if replaced {
-			m.restart(c)
-		}
-		if replaced || op.prio > c.prio {
-			c.label = m.label(val)
-		}
-		m.join(c, mt, op.prio, deadline)
-		m.coalesced++
-		return nil
+		return m.admitInto(c, op, ten, val, label, deadline, mt)
 	}
-	c := m.newCall(s, val, op)
+	if quotaVictim != nil {
+		m.note(fzEvQuotaNewEvict)
+		m.shed(quotaVictim, dispatch.BoundQuota)
+	}
+	c := m.newCall(s, val, op, ten, label)
 	m.join(c, mt, op.prio, deadline)
 	if s.run == nil {
 		m.push(c)
@@ -360,28 +631,159 @@ func (m *fzModel) admit(op fzOp, val int64, deadline int64, mt *fmTicket) error 
 	return nil
 }
 
-// victim is the droppable pending call that would run last, if the
-// newcomer (priority prio, arriving now) would run before it.
-func (m *fzModel) victim(prio int) *fmCall {
-	var worst *fmCall
-	for _, c := range m.queue {
-		if !c.droppable || c.slot.run != nil {
-			continue
+// admitNewKey places a submission for a key without calls.
+func (m *fzModel) admitNewKey(op fzOp, ten *fmTenant, val int64, label string, deadline int64, mt *fmTicket) error {
+	if mt != nil && m.tickets >= m.maxWaiters() {
+		return m.refuse(dispatch.BoundWaiters)
+	}
+	// Over its tenant's quota, a newcomer evicts the tenant's worst
+	// droppable call (which frees a key too) if it would run before it;
+	// else, at capacity, the worst droppable call of all (§3).
+	var quotaVictim, capVictim *fmCall
+	switch {
+	case m.overQuota(ten, 0):
+		if quotaVictim = m.worst(ten, op.prio, m.now, m.seq+1, nil); quotaVictim == nil {
+			m.note(fzEvQuotaNewRefuse)
+			return m.refuse(dispatch.BoundQuota)
 		}
-		if worst == nil || m.less(worst, c) {
-			worst = c
+	case len(m.slots) >= m.cfg.capacity:
+		if capVictim = m.worst(nil, op.prio, m.now, m.seq+1, nil); capVictim == nil {
+			return m.refuse(dispatch.BoundCapacity)
 		}
 	}
-	if worst == nil || !m.before(prio, m.now, m.seq+1, worst.prio, worst.enq, worst.seq) {
-		return nil
+	if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.CircuitOpen {
+		return dispatch.ErrCircuitOpen
 	}
-	return worst
+	if quotaVictim != nil {
+		m.note(fzEvQuotaNewEvict)
+		m.shed(quotaVictim, dispatch.BoundQuota)
+	}
+	if capVictim != nil {
+		m.note(fzEvCapacityEvict)
+		m.shed(capVictim, dispatch.BoundCapacity)
+	}
+	s := &fmSlot{key: op.key, gen: op.gen}
+	m.slots[op.key] = s
+	c := m.newCall(s, val, op, ten, label)
+	m.join(c, mt, op.prio, deadline)
+	m.push(c)
+	return nil
 }
 
-func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp) *fmCall {
+// admitInto coalesces a submission of tenant ten into the pending call c.
+// One that takes c over from another tenant — it outranks c, or replaces
+// it — moves c into ten (adopt), and needs room for it under ten's quota
+// (roomToAdopt): decided before the merge when it outranks c, after it
+// when the merge replaces c, which a refusal then leaves as it was.
+func (m *fzModel) admitInto(c *fmCall, op fzOp, ten *fmTenant, val int64, label string, deadline int64, mt *fmTicket) error {
+	moves := ten != c.ten && ten.maxQueued > 0
+	var victim *fmCall
+	if moves && op.prio > c.prio {
+		v, err := m.roomToAdopt(c, ten, op.prio)
+		if err != nil {
+			m.note(fzEvAdoptOutrankRefuse)
+			return err
+		}
+		if victim = v; v != nil {
+			m.note(fzEvAdoptOutrankEvict)
+		}
+	}
+	was, wasIdem := c.val, c.idem
+	replaced := false
+	switch m.coalesce(c, val, op.idem) {
+	case fmReplaced:
+		if moves && op.prio <= c.prio {
+			v, err := m.roomToAdopt(c, ten, op.prio)
+			if err != nil {
+				m.note(fzEvAdoptReplaceRefuse)
+				c.val, c.idem = was, wasIdem
+				return err
+			}
+			if victim = v; v != nil {
+				m.note(fzEvAdoptReplaceEvict)
+			}
+		}
+		m.restart(c)
+		replaced = true
+	case fmConflict:
+		return dispatch.ErrMergeRejected
+	case fmRefused:
+		return fzAll{dispatch.ErrMergeRejected, errFuzzMerge}
+	case fmSkipped:
+		// The pending call makes this submission moot: it ends Skipped at
+		// once, alone, and the pending call is left as it was (no waiter,
+		// priority, deadline, label or tenant of this one, nothing evicted).
+		m.skipIncoming(val, mt)
+		return nil
+	}
+	c.droppable = c.droppable && op.drop
+	if victim != nil {
+		m.shed(victim, dispatch.BoundQuota)
+	}
+	// A submission that raises the call's priority brings its label and
+	// tenant, and so does one that replaces the call.
+	if replaced || op.prio > c.prio {
+		c.label = label
+		switch {
+		case ten == c.ten:
+		case replaced:
+			m.note(fzEvAdoptReplace)
+		default:
+			m.note(fzEvAdoptOutrank)
+		}
+		m.adopt(c, ten)
+	}
+	m.join(c, mt, op.prio, deadline)
+	m.coalesced++
+	return nil
+}
+
+// roomToAdopt decides whether ten has room for the pending call c that a
+// submission of priority prio takes over: none needed, a victim (ten's
+// worst droppable call, if c as the submission leaves it runs before it),
+// or a refusal.
+func (m *fzModel) roomToAdopt(c *fmCall, ten *fmTenant, prio int) (*fmCall, error) {
+	if !m.overQuota(ten, 0) {
+		return nil, nil
+	}
+	if v := m.worst(ten, max(c.prio, prio), min(c.enq, m.now), c.seq, c); v != nil {
+		return v, nil
+	}
+	return nil, m.refuse(dispatch.BoundQuota)
+}
+
+// skipIncoming ends an accepted submission Skipped at once, alone: a
+// merge or Follow found it moot. It joins no call.
+func (m *fzModel) skipIncoming(val int64, mt *fmTicket) {
+	m.coalesced++
+	m.outcomes[dispatch.StateSkipped]++
+	if mt != nil {
+		mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.StateSkipped, val, 1, 0, "nil"
+	}
+}
+
+// follow is fzFollow by the contract: it returns the value to go on with,
+// SkipIncoming, or the refusal the submission gets.
+func (m *fzModel) follow(running, incoming int64, pending bool) (int64, error) {
+	switch {
+	case incoming%9 == 0:
+		return 0, dispatch.SkipIncoming
+	case incoming%13 == 0:
+		m.note(fzEvFollowRefuse)
+		return 0, fzAll{dispatch.ErrMergeRejected, errFuzzFollow}
+	case incoming%17 == 0 && pending:
+		m.note(fzEvFollowPanic)
+		return 0, fzAll{dispatch.ErrMergeRejected, fzPanicIn("follow")}
+	case pending:
+		return incoming + 10000*(running%100), nil
+	}
+	return incoming + 100*(running%100), nil
+}
+
+func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp, ten *fmTenant, label string) *fmCall {
 	m.calls++
 	m.seq++
-	c := &fmCall{slot: s, val: val, gen: op.gen, seq: m.seq, idem: op.idem, droppable: op.drop, where: fmSucc, label: m.label(val)}
+	c := &fmCall{slot: s, ten: ten, val: val, gen: op.gen, seq: m.seq, idem: op.idem, droppable: op.drop, where: fmSucc, label: label}
 	s.next = c
 	return c
 }
@@ -389,7 +791,8 @@ func (m *fzModel) newCall(s *fmSlot, val int64, op fzOp) *fmCall {
 // What coalescing a value into a call did.
 const (
 	fmMerged   = iota
-	fmRefused  // idempotency keys differ, or the merge function refused
+	fmConflict // idempotency keys differ
+	fmRefused  // the merge function refused
 	fmSkipped  // the merge function returned SkipIncoming
 	fmReplaced // the merge function returned ReplacePending
 )
@@ -397,7 +800,7 @@ const (
 // coalesce merges val into c, or reports why not and leaves c as it was.
 func (m *fzModel) coalesce(c *fmCall, val int64, idem string) int {
 	if idem != "" && c.idem != "" && idem != c.idem {
-		return fmRefused
+		return fmConflict
 	}
 	switch m.cfg.merge {
 	case 1:
@@ -434,6 +837,10 @@ func (m *fzModel) join(c *fmCall, mt *fmTicket, prio int, deadline int64) {
 	c.joined++
 	if mt != nil {
 		mt.call, mt.prio, mt.enq, mt.deadline = c, prio, m.now, deadline
+		if deadline != 0 {
+			m.dseq++
+			mt.dseq = m.dseq
+		}
 		c.tickets = append(c.tickets, mt)
 		m.tickets++
 	} else {
@@ -444,17 +851,30 @@ func (m *fzModel) join(c *fmCall, mt *fmTicket, prio int, deadline int64) {
 			c.ffEnq = min(c.ffEnq, m.now)
 			c.ffDL = max(c.ffDL, deadline)
 		}
-		if deadline == 0 {
-			c.ffForever = true
-		}
 		c.nff++
 		m.liveFF++
+		m.indexPosts(c, deadline == 0)
 	}
 	if first {
 		c.prio, c.enq = prio, m.now
 		return
 	}
 	c.prio, c.enq = max(c.prio, prio), min(c.enq, m.now)
+}
+
+// indexPosts keeps c's fire-and-forget aggregate in the deadline index
+// after posts joined it (forever: one of them had no deadline): it is
+// indexed when it first has a deadline, and left where it is when a later
+// post extends it.
+func (m *fzModel) indexPosts(c *fmCall, forever bool) {
+	switch {
+	case c.ffForever:
+	case forever:
+		c.ffForever, c.ffAt = true, 0
+	case c.ffAt == 0:
+		m.dseq++
+		c.ffAt, c.ffDseq = c.ffDL, m.dseq
+	}
 }
 
 func (m *fzModel) reprioritize(c *fmCall) {
@@ -503,7 +923,7 @@ func (m *fzModel) settleAll(c *fmCall, st dispatch.State, class string, cause er
 		}
 		m.outcomes[wst] += uint64(c.nff)
 		m.liveFF -= c.nff
-		c.nff, c.ffForever = 0, false
+		c.nff, c.ffForever, c.ffAt = 0, false, 0
 	}
 	return served
 }
@@ -607,33 +1027,72 @@ func (m *fzModel) liveCalls() []*fmCall {
 	return out
 }
 
-// expire ends every waiter whose deadline is at or before now.
+// expire ends every waiter whose deadline is at or before now, in the
+// order of the deadline index: by deadline, then by when each entry was
+// indexed. (With tenants the order matters: a call that leaves the ready
+// set, or a successor that enters it, moves its tenant in the pick's
+// active list.) A fire-and-forget aggregate whose deadline later posts
+// extended is indexed anew instead.
 func (m *fzModel) expire() {
-	for _, c := range m.liveCalls() {
-		for _, t := range slices.Clone(c.tickets) {
-			if t.deadline != 0 && t.deadline <= m.now {
-				m.leave(t, dispatch.StateExpired, "expired", nil)
+	for {
+		var t *fmTicket
+		var agg *fmCall
+		var at int64
+		var dseq uint64
+		earlier := func(a int64, d uint64) bool {
+			return a != 0 && a <= m.now && (t == nil && agg == nil || a < at || a == at && d < dseq)
+		}
+		for _, c := range m.liveCalls() {
+			for _, tk := range c.tickets {
+				if earlier(tk.deadline, tk.dseq) {
+					t, agg, at, dseq = tk, nil, tk.deadline, tk.dseq
+				}
+			}
+			if c.nff > 0 && earlier(c.ffAt, c.ffDseq) {
+				t, agg, at, dseq = nil, c, c.ffAt, c.ffDseq
 			}
 		}
-		if c.nff > 0 && !c.ffForever && c.ffDL <= m.now {
-			m.outcomes[dispatch.StateExpired] += uint64(c.nff)
-			m.liveFF -= c.nff
-			c.nff = 0
-			if c.live() == 0 {
-				m.endCall(c, dispatch.StateExpired, "expired")
-				m.releaseSlot(c.slot)
-			} else {
-				m.reprioritize(c)
-			}
+		switch {
+		case t != nil:
+			m.leave(t, dispatch.StateExpired, "expired", nil)
+			continue
+		case agg == nil:
+			return
+		}
+		c := agg
+		c.ffAt = 0
+		if c.ffDL > m.now {
+			m.dseq++
+			c.ffAt, c.ffDseq = c.ffDL, m.dseq
+			continue
+		}
+		m.outcomes[dispatch.StateExpired] += uint64(c.nff)
+		m.liveFF -= c.nff
+		c.nff, c.ffForever = 0, false
+		if c.live() == 0 {
+			m.endCall(c, dispatch.StateExpired, "expired")
+			m.releaseSlot(c.slot)
+		} else {
+			m.reprioritize(c)
 		}
 	}
 }
 
+// promote makes ready the calls whose backoff has ended, by the time it
+// ended, then by arrival.
 func (m *fzModel) promote() {
+	var due []*fmCall
 	for _, c := range m.queue {
 		if c.where == fmDelayed && c.notBefore <= m.now {
-			c.where = fmReady
+			due = append(due, c)
 		}
+	}
+	slices.SortFunc(due, func(a, b *fmCall) int {
+		return cmp.Or(cmp.Compare(a.notBefore, b.notBefore), cmp.Compare(a.seq, b.seq))
+	})
+	for _, c := range due {
+		c.where = fmReady
+		m.activate(c.ten)
 	}
 }
 
@@ -649,8 +1108,8 @@ func (m *fzModel) nextEvent() int64 {
 		for _, t := range c.tickets {
 			at(t.deadline)
 		}
-		if c.nff > 0 && !c.ffForever {
-			at(c.ffDL)
+		if c.nff > 0 {
+			at(c.ffAt) // the clock acts when the index says, if only to re-index
 		}
 		if c.where == fmDelayed {
 			at(c.notBefore)
@@ -712,22 +1171,18 @@ func (m *fzModel) work() {
 		if m.stopped {
 			return
 		}
-		var best *fmCall
-		for _, c := range m.queue {
-			if c.where == fmReady && (best == nil || m.less(c, best)) {
-				best = c
-			}
-		}
-		if best == nil {
+		t, c := m.pick()
+		if c == nil {
 			return
 		}
 		probe := m.br != dispatch.CircuitClosed
 		if m.cfg.breaker && !m.admits() {
 			return
 		}
-		c := best
 		c.probe = probe
 		m.unqueue(c)
+		m.vpass = t.pass
+		t.pass += t.stride
 		s := c.slot
 		s.run = c
 		if s.next == c {
@@ -861,6 +1316,17 @@ func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string) {
 	if dl := m.execDeadline(c); dl != 0 && notBefore >= dl {
 		return 0, "deadline"
 	}
+	// To wait again the call needs room under its tenant's quota: it
+	// evicts the tenant's worst droppable call if it runs before it.
+	if m.overQuota(c.ten, 0) {
+		v := m.worst(c.ten, c.prio, c.enq, c.seq, c.slot.next)
+		if v == nil {
+			m.note(fzEvQuotaRetryGiveUp)
+			return 0, "quota"
+		}
+		m.note(fzEvQuotaRetryEvict)
+		m.shed(v, dispatch.BoundQuota)
+	}
 	return notBefore, ""
 }
 
@@ -876,12 +1342,16 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 			s.run, s.next = nil, c
 		case fmReplaced:
 			// The successor is another operation: the retry becomes it,
-			// from its first attempt, at once, with its label.
+			// from its first attempt, at once, with its label and tenant.
 			m.restart(c)
 			notBefore = m.now
-			label := n.label
+			label, ten := n.label, n.ten
 			m.absorb(c, n)
 			c.label = label
+			if ten != c.ten {
+				m.note(fzEvAdoptOnRetryReplace)
+			}
+			m.adopt(c, ten)
 			s.run, s.next = nil, c
 		}
 		// Refused, or moot: the retry stays the key's running call, and
@@ -903,13 +1373,19 @@ func (m *fzModel) restart(c *fmCall) {
 	c.attempts, c.retrying = 0, false
 	if c.where == fmDelayed {
 		c.where, c.notBefore = fmReady, 0
+		m.activate(c.ten)
 	}
 }
 
 func (m *fzModel) absorb(c, n *fmCall) {
-	// A more urgent successor brings its label, as a submission does.
+	// A more urgent successor brings its label and tenant, as a
+	// submission does.
 	if n.prio > c.prio {
 		c.label = n.label
+		if n.ten != c.ten {
+			m.note(fzEvAdoptOnRetryAbsorb)
+		}
+		m.adopt(c, n.ten)
 	}
 	for _, t := range n.tickets {
 		t.call = c
@@ -924,7 +1400,8 @@ func (m *fzModel) absorb(c, n *fmCall) {
 			c.ffDL = max(c.ffDL, n.ffDL)
 		}
 		c.nff += n.nff
-		c.ffForever = c.ffForever || n.ffForever
+		m.indexPosts(c, n.ffForever)
+		n.ffAt = 0
 	}
 	c.joined += n.joined
 	c.droppable = c.droppable && n.droppable
@@ -1003,6 +1480,27 @@ func (m *fzModel) abort() {
 }
 
 func (m *fzModel) closeReturned() bool { return m.stopped && m.running == nil }
+
+// consistent checks the model against itself: a tenant is in the active
+// list, once, exactly while it has ready calls, and no tenant is over its
+// quota.
+func (m *fzModel) consistent() error {
+	for _, t := range m.tenants {
+		n := 0
+		for _, a := range m.active {
+			if a == t {
+				n++
+			}
+		}
+		if want := m.hasReady(t); t.active != want || n != map[bool]int{false: 0, true: 1}[want] {
+			return fmt.Errorf("tenant %q: active %v, %d times in the active list, has ready calls %v", t.name, t.active, n, want)
+		}
+		if q := m.queued(t); t.maxQueued > 0 && q > t.maxQueued {
+			return fmt.Errorf("tenant %q: %d calls queued, over its quota %d", t.name, q, t.maxQueued)
+		}
+	}
+	return nil
+}
 
 func fzStateClass(st dispatch.State) string {
 	switch st {

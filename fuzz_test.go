@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,6 +17,7 @@ var (
 	errFuzzRecompute = errors.New("fuzz: conflict, recompute")
 	errFuzzBefore    = errors.New("fuzz: before-retry hook failed")
 	errFuzzMerge     = errors.New("fuzz: merge refused")
+	errFuzzFollow    = errors.New("fuzz: follow refused")
 )
 
 const (
@@ -53,9 +55,13 @@ const (
 //     Waiters, Attempts and error class (and the cancel cause, if any); an
 //     outcome, once known, must never change;
 //   - the completion hook's results since the last step, as a multiset;
-//   - Stats (every gauge and counter) and the conservation law;
-//   - Pending for every key, what Cancel(key) reports, what Submit and Post
-//     return, and when and with what Close returns.
+//   - Stats (every gauge and counter, refusals and sheds by bound, and
+//     per tenant Queued, InFlight, Admitted, Rejected and Dropped), the
+//     conservation law, and that no tenant is over its MaxQueued;
+//   - Busy for every key, what Cancel(key) reports, what Submit and Post
+//     return (the sentinel, and the Bound of a backpressure refusal, the
+//     merge's or Follow's error, Follow's *PanicError), and when and with
+//     what Close returns.
 //
 // The model covers: per-key one in-flight and one pending call, successors,
 // coalescing (replace, sum, or a sum that refuses some values or finds them
@@ -67,7 +73,12 @@ const (
 // strict priority when aging is 0, re-derivation of a call's priority and
 // enqueue time when a waiter leaves, labels (Config.Label; a submission
 // that raises a pending call's priority brings its label; Stats.Labels),
-// generations (stale rejection, supersession), deadlines
+// generations (stale rejection, supersession), Config.Follow (fzFollow: a
+// submission made while its key's lane has a running call — in flight,
+// orphaned or not, or a retry back in the queue that could not absorb its
+// successor — and that does not supersede is skipped, refused, refused by
+// a panic, or rewritten from the running call, differently when a call is
+// also pending, into which the rewrite is then merged), deadlines
 // from SubmitOptions and from the Submit context (the fire-and-forget
 // aggregate with its shared latest deadline), the execution context's
 // deadline, Ticket.Cancel, context cancellation with a cause, Cancel(key,
@@ -81,6 +92,38 @@ const (
 // refusal of droppable new keys while open), stale executions (exec that
 // honours or ignores its context), Close that drains and Close whose context
 // ends.
+//
+// With tenants on (fzConfig.tenants) submissions name one of three
+// configured tenants, each with a MaxQueued of 0 to 3 and a weight of 1 to
+// 4, and the model covers: the tenant's quota for a new call (of a new
+// key, a successor, or a supersede, which frees the superseded call of its
+// own tenant) and for a retry (the tenant's worst droppable call queued or
+// backing off, alone in its lane, is evicted if the newcomer would run
+// before it, else the submission is refused, or the retry gives up);
+// adoption — a submission that outranks a pending call of another tenant,
+// or replaces it (ReplacePending), moves the call into its own tenant,
+// which must have room for it: a victim is evicted or the submission
+// refused before the merge when it outranks, after it when it replaces,
+// and the call is then left as it was; a retry that absorbs a more urgent
+// successor, or is replaced by one, moves likewise — and the pick across
+// tenants exactly (queue.pick): the tenant whose best ready call has the
+// highest level now (its band, then its offset plus one per Aging waited),
+// then the lowest stride pass (2³²/Weight per pick; a tenant that becomes
+// active starts at the pass of the tenant picked last if it is behind
+// it), then the first in the active list, which a tenant joins at the end
+// and leaves by handing its place to the last. The list's order depends on
+// the order in which calls enter and leave the ready set within one
+// instant, so the model follows the dispatcher there too: expiries in the
+// deadline index's order (deadline, then when each entry was indexed; a
+// fire-and-forget aggregate whose deadline later posts extended is
+// re-indexed when its old deadline comes) and ends of backoff by time,
+// then arrival. One restriction keeps that order exact: a Submit context's
+// deadline is passed as the submission's own and the context's is set a
+// nanosecond later, since the context's timer would fire at the same
+// instant as the dispatcher's clock and the two race to end the ticket
+// (either is correct, and without tenants nothing shows which won).
+// Without tenants every submission is of the tenant of no name, which has
+// neither quota nor weight, and Stats.Tenants holds it alone.
 //
 // Shedding follows Config.Capacity and BreakerPolicy.RefuseDroppable: when
 // the key capacity is full, a new key looks at the droppable pending calls
@@ -100,26 +143,32 @@ const (
 // It leaves out, on purpose: more than one worker (ordering would no longer
 // be deterministic), jittered backoff and the retry budget (random or
 // windowed; the budget is disabled), the breaker's failure-ratio rule (it
-// is set to +Inf), the rate limiter, tenants (every call is in the default
-// tenant, so the rule that a more urgent submission moves a call to its
-// tenant is TestMergeAdoptsUrgentTenantAndLabel's, and quotas, in-flight
-// caps and weights are tenant_test.go's: the pick across tenants would need
-// the stride scheduler modelled), the start check (disabled: it judges by
-// a quantile of recent execution times; limits_test.go has its tests), Sync
-// mode, SetMode and the fallback policy (mode_test.go's), Amend, the
-// observer, and QueueWait/RunTime values (only checked to be non-negative).
+// is set to +Inf), the rate limiter, MaxInFlight (with one worker a
+// tenant's cap never holds back a pick: tenant_test.go's), tenants that
+// Config.Tenants does not name (DefaultTenant's, forgotten with their
+// statistics when they have no call left: tenant_test.go's and the chaos
+// soak's), the start check (disabled: it judges by a quantile of recent
+// execution times; limits_test.go has its tests), Sync mode, SetMode and
+// the fallback policy (mode_test.go's), Amend and AmendNewest, the
+// observer, Goexit in Follow (follow_test.go's: it ends the submitting
+// goroutine, the test's), and QueueWait/RunTime values (only checked to be
+// non-negative).
 //
-// The seeds (fzSeeds, and the inputs under testdata/fuzz/FuzzQueueModel
+// The seeds (fzSeeds; fzRuleSeeds, each with the rules TestFuzzSeedRules
+// checks it exercises; and the inputs under testdata/fuzz/FuzzQueueModel
 // that fuzzing once found) run as ordinary subtests under go test;
 // go test -run '^$' -fuzz FuzzQueueModel . looks for new ones.
-// DISPATCH_FUZZ_TRACE=1 logs every input's operations and the completion
-// hook's results. An input that runs for fzHang of real time is a hang:
+// DISPATCH_FUZZ_TRACE=1 logs every input's operations, the completion
+// hook's results and the rules the model saw exercised. An input that runs for fzHang of real time is a hang:
 // the process panics with every goroutine's stack, so that neither go test
 // nor the fuzzer waits forever (inside the bubble, a deadlock fails the
 // input on its own; this catches a livelock, which virtual time cannot).
 func FuzzQueueModel(f *testing.F) {
 	for _, s := range fzSeeds {
 		f.Add(s)
+	}
+	for _, s := range fzRuleSeeds {
+		f.Add(s.data)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		watchdog := time.AfterFunc(fzHang, func() {
@@ -291,4 +340,112 @@ var fzSeeds = [][]byte{
 	fzEncode(fzConfig{merge: 1, labels: true, capacity: 4, maxAttempts: 1},
 		fzSubmitOp(0, 0), fzSubmitOp(1, 0), fzSubmitOp(1, 5), fzSubmitOp(1, 5), fzPostOp(1, 10),
 		fzOp{kind: fzTicketCancel, idx: 2}, fzSubmitOp(1, 1), fzFinishOp(fzOK), fzFinishOp(fzOK)),
+}
+
+// fzRuleSeeds are hand-written cases for Config.Follow and the tenants
+// (quotas, adoption, the pick across tenants), each with the rules the
+// model must see it exercise (TestFuzzSeedRules). A submission's value is
+// its op's index + 1; fzPad spaces the ops so that the values fall where
+// fzFollow and fzMerge act.
+var fzRuleSeeds = []struct {
+	name  string
+	rules []string
+	data  []byte
+}{
+	{
+		// Behind k0's call in flight (1): 2 becomes the successor as Follow
+		// rewrites it (102); 3 is rewritten knowing a call is pending
+		// (10003) and merged into it (10105); 9 is moot, 13 refused, 17
+		// panics (a call is pending); 18, of a newer generation, is not
+		// asked (it would be moot) and supersedes both; 19, of that
+		// generation, is asked about the superseded call still in flight.
+		"follow",
+		[]string{fzEvFollowAlone, fzEvFollowMerged, fzEvFollowSkip, fzEvFollowRefuse, fzEvFollowPanic, fzEvSupersedeInFlight},
+		fzEncode(fzConfig{merge: 1, follow: true, capacity: 4, maxAttempts: 1}, fzSeq(
+			fzSubmitOp(0, 0), fzSubmitOp(0, 0), fzPostOp(0, 0), fzPad(5),
+			fzSubmitOp(0, 0), fzPad(3), fzSubmitOp(0, 0), fzPad(3), fzSubmitOp(0, 0),
+			fzWith(fzSubmitOp(0, 0), fzGen(1)), fzWith(fzSubmitOp(0, 0), fzGen(1)),
+			fzFinishOp(fzOK), fzFinishOp(fzOK))...),
+	},
+	{
+		// Tenant b may queue one call. Its submission of priority 5 takes
+		// over tenant a's pending call of k2: b's droppable post (k1) makes
+		// room, as the call would run before it; for k3, b's only call is
+		// k2, which is not droppable: refused, k3 stays a's.
+		"adopt by outranking",
+		[]string{fzEvAdoptOutrankEvict, fzEvAdoptOutrankRefuse},
+		fzEncode(fzConfig{merge: 1, capacity: 4, maxAttempts: 1, tenants: true, quota: [3]int{0, 0, 1}, weight: [3]int{1, 1, 1}}, fzSeq(
+			fzSubmitOp(0, 0), fzWith(fzPostOp(1, 0), fzTenant(2), fzDrop()),
+			fzWith(fzSubmitOp(2, 0), fzTenant(1)), fzWith(fzSubmitOp(2, 5), fzTenant(2)),
+			fzWith(fzSubmitOp(3, 0), fzTenant(1)), fzWith(fzSubmitOp(3, 5), fzTenant(2)),
+			fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK))...),
+	},
+	{
+		// The same with ReplacePending at a priority that does not outrank
+		// the pending call: 7 replaces a's k2 (priority 5), which moves to b
+		// and evicts b's droppable post, decided after the merge; 14
+		// (wrapped) would replace a's k3 but b has no room: refused, and k3
+		// runs with its own value (8).
+		"adopt by replacing",
+		[]string{fzEvAdoptReplaceEvict, fzEvAdoptReplaceRefuse},
+		fzEncode(fzConfig{merge: 3, capacity: 4, maxAttempts: 1, tenants: true, quota: [3]int{0, 0, 1}, weight: [3]int{1, 1, 1}}, fzSeq(
+			fzSubmitOp(0, 0), fzWith(fzPostOp(1, 0), fzTenant(2), fzDrop()),
+			fzWith(fzSubmitOp(2, 5), fzTenant(1)), fzPad(3), fzWith(fzSubmitOp(2, 0), fzTenant(2)),
+			fzWith(fzSubmitOp(3, 5), fzTenant(1)), fzPad(5), fzWith(fzSubmitOp(3, 0), fzTenant(2)),
+			fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK))...),
+	},
+	{
+		// The pick across tenants: a (weight 2) and b start at one pass,
+		// so the active list's order decides; then a's pass is ahead; then
+		// a's call of priority 0, aged 3ms, outranks b's of priority 1.
+		"pick",
+		[]string{fzEvPickOrder, fzEvPickPass, fzEvPickLevel},
+		fzEncode(fzConfig{aging: time.Millisecond, capacity: 4, maxAttempts: 1, tenants: true, weight: [3]int{1, 2, 1}}, fzSeq(
+			fzSubmitOp(0, 0), fzWith(fzSubmitOp(1, 0), fzTenant(1)), fzWith(fzSubmitOp(2, 0), fzTenant(2)),
+			fzWith(fzSubmitOp(3, 0), fzTenant(1)), fzFinishOp(fzOK), fzFinishOp(fzOK),
+			fzAdvanceOp(3*time.Millisecond), fzWith(fzSubmitOp(0, 1), fzTenant(2)),
+			fzFinishOp(fzOK), fzFinishOp(fzOK), fzFinishOp(fzOK))...),
+	},
+	{
+		// A retry of tenant a absorbs b's more urgent successor and moves
+		// to b; its next retry is replaced by a's successor (7), and moves
+		// back to a.
+		"adopt on retry",
+		[]string{fzEvAdoptOnRetryAbsorb, fzEvAdoptOnRetryReplace},
+		fzEncode(fzConfig{merge: 3, capacity: 4, maxAttempts: 3, tenants: true, weight: [3]int{1, 1, 1}}, fzSeq(
+			fzWith(fzSubmitOp(0, 0), fzTenant(1)), fzWith(fzSubmitOp(0, 5), fzTenant(2)), fzFinishOp(fzRetry),
+			fzAdvanceOp(time.Millisecond), fzPad(2), fzWith(fzSubmitOp(0, 0), fzTenant(1)), fzFinishOp(fzRetry),
+			fzFinishOp(fzOK))...),
+	},
+	{
+		// Quotas of new calls and retries: k0's retry evicts b's droppable
+		// post; a new call of b is refused while the retry waits; k0's next
+		// retry finds b's room taken by a call it cannot evict, and gives
+		// up; a new call of b evicts b's droppable post.
+		"quota",
+		[]string{fzEvQuotaRetryEvict, fzEvQuotaNewRefuse, fzEvQuotaRetryGiveUp, fzEvQuotaNewEvict},
+		fzEncode(fzConfig{capacity: 4, maxAttempts: 3, tenants: true, quota: [3]int{0, 0, 1}, weight: [3]int{1, 1, 1}}, fzSeq(
+			fzWith(fzSubmitOp(0, 0), fzTenant(2)), fzWith(fzPostOp(1, 0), fzTenant(2), fzDrop()), fzFinishOp(fzRetry),
+			fzWith(fzSubmitOp(2, 0), fzTenant(2)), fzAdvanceOp(time.Millisecond),
+			fzWith(fzSubmitOp(2, 0), fzTenant(2)), fzFinishOp(fzRetry),
+			fzWith(fzPostOp(3, 0), fzTenant(2), fzDrop()), fzWith(fzSubmitOp(1, 5), fzTenant(2)),
+			fzFinishOp(fzOK), fzFinishOp(fzOK))...),
+	},
+}
+
+// TestFuzzSeedRules: each of fzRuleSeeds exercises the rules it is there
+// for, as the model notes them, so that a change to the codec or to the
+// model cannot quietly make it a seed that tests something else.
+func TestFuzzSeedRules(t *testing.T) {
+	for _, s := range fzRuleSeeds {
+		t.Run(s.name, func(t *testing.T) {
+			var notes []string
+			synctest.Test(t, func(t *testing.T) { notes = fzRun(t, s.data) })
+			for _, r := range s.rules {
+				if !slices.Contains(notes, r) {
+					t.Errorf("the seed does not exercise %q; it does %q", r, notes)
+				}
+			}
+		})
+	}
 }

@@ -35,8 +35,9 @@ type Config[K comparable, T any] struct {
 	// (TenantConfig.MaxQueued): the pending call is then left as it was.
 	Merge func(pending, incoming T) (T, error)
 	// Follow, if set, decides a submission made while its key's call is in
-	// flight, under the lock, in the step that admits it — where the
-	// in-flight call is known for certain: running is that call; pending
+	// flight — started and not yet ended, nor cancelled, superseded or
+	// expired — under the lock, in the step that admits it, where that is
+	// known for certain: running is that call; pending
 	// reports whether a call also waits behind it, into which Merge then
 	// merges Follow's result. It returns the call to go on with (incoming,
 	// or incoming updated from running), SkipIncoming to end the

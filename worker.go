@@ -439,7 +439,13 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		}
 		d.finish(c, st, staleErr(st, a.err), now, ob)
 	case a.abandoned:
-		// Not an attempt: c waits again, in its old place in the order.
+		// Not an attempt: c waits again, in its old place in the order —
+		// if its tenant still has room, as a retry must: a submission may
+		// have taken the place c left while earlier outcomes were told.
+		if !d.roomForRetry(c, now, ob) {
+			d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: c.lastErr, Reason: giveUpQuota}, now, ob)
+			break
+		}
 		d.requeue(c, c.lastErr, now, now, ob)
 		d.kick()
 	case a.hookErr != nil:
