@@ -55,6 +55,21 @@ func (r *clockRig) exec(ctx context.Context, k string, _ int) error {
 	return nil
 }
 
+// blockKey holds key's executions until release, and failKey fails its
+// first attempt with err; both under mu, since workers may be executing
+// other keys meanwhile.
+func (r *clockRig) blockKey(key string) {
+	r.mu.Lock()
+	r.block[key] = true
+	r.mu.Unlock()
+}
+
+func (r *clockRig) failKey(key string, err error) {
+	r.mu.Lock()
+	r.fail[key] = err
+	r.mu.Unlock()
+}
+
 // startsOf returns the times key's executions started.
 func (r *clockRig) startsOf(key string) []time.Time {
 	r.mu.Lock()
@@ -75,6 +90,7 @@ func (r *clockRig) OnModeChange(_, to Mode, _ string) {
 // shape: a reservation due at open, or a QPS whose interval ends at open.
 type gatedLimiter struct {
 	polled bool
+	mu     sync.Mutex // shut runs on the test's goroutine while workers ask
 	open   time.Time
 	every  time.Duration
 	closed *rate.Limiter // before open: one token per every, none left
@@ -87,13 +103,26 @@ func newGatedLimiter(polled bool, every time.Duration) *gatedLimiter {
 
 // shut closes the gate until every from now.
 func (g *gatedLimiter) shut() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	now := time.Now()
 	g.open = now.Add(g.every)
 	g.closed = rate.NewLimiter(rate.Every(g.every), 1)
 	g.closed.AllowN(now, 1)
 }
 
-func (g *gatedLimiter) isOpen(now time.Time) bool { return g.closed == nil || !now.Before(g.open) }
+func (g *gatedLimiter) isOpen(now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed == nil || !now.Before(g.open)
+}
+
+// gate returns the limiter in force and when the gate opens.
+func (g *gatedLimiter) gate() (*rate.Limiter, time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed, g.open
+}
 
 func (g *gatedLimiter) Wait(ctx context.Context) error { return errors.New("not waited on") }
 
@@ -107,7 +136,8 @@ func (g reservingLimiter) ReserveN(t time.Time, n int) *rate.Reservation {
 	if g.isOpen(t) {
 		return g.free.ReserveN(t, n)
 	}
-	return g.closed.ReserveN(t, n)
+	closed, _ := g.gate()
+	return closed.ReserveN(t, n)
 }
 
 func (g pollingLimiter) TryAccept() bool { return g.isOpen(time.Now()) }
@@ -116,7 +146,8 @@ func (g pollingLimiter) TryAccept() bool { return g.isOpen(time.Now()) }
 // again one token interval after a refusal.
 func (g pollingLimiter) QPS() float32 {
 	if now := time.Now(); !g.isOpen(now) {
-		return float32(time.Second) / float32(g.open.Sub(now))
+		_, open := g.gate()
+		return float32(time.Second) / float32(open.Sub(now))
 	}
 	return 1000
 }
@@ -148,7 +179,7 @@ func clockDuties() []duty {
 		name: "deadline",
 		cfg:  func(*Config[string, int], time.Duration) {},
 		arm: func(r *clockRig, at time.Duration) {
-			r.block["dl"] = true
+			r.blockKey("dl")
 			require.NoError(r.t, r.d.Post("dl", 1, SubmitOptions{}))
 			synctest.Wait() // running, held
 			ctx, cancel := context.WithDeadline(bg, r.t0.Add(at))
@@ -168,7 +199,7 @@ func clockDuties() []duty {
 			c.Retry.InitialBackoff, c.Retry.Jitter = at, JitterNone
 		},
 		arm: func(r *clockRig, _ time.Duration) {
-			r.fail["dly"] = errOnce
+			r.failKey("dly", errOnce)
 			require.NoError(r.t, r.d.Post("dly", 1, SubmitOptions{}))
 			synctest.Wait() // failed once, waiting out its backoff
 		},
@@ -209,7 +240,7 @@ func clockDuties() []duty {
 			c.Retry.MaxBackoff = time.Hour
 		},
 		arm: func(r *clockRig, at time.Duration) {
-			r.fail["thr"] = retryAfterErr{at}
+			r.failKey("thr", retryAfterErr{at})
 			require.NoError(r.t, r.d.Post("thr", 1, SubmitOptions{}))
 			synctest.Wait() // throttled: every other call is held
 			// Its own retry would wake a worker at the same time: only the
@@ -231,7 +262,7 @@ func clockDuties() []duty {
 			// Any retryable failure opens the circuit: another duty's setup
 			// may have done so already, at the same instant.
 			if r.d.Stats().Circuit == CircuitClosed {
-				r.fail["brk"] = errOnce
+				r.failKey("brk", errOnce)
 				// Urgent, so that a hold does not keep it from failing.
 				require.NoError(r.t, r.d.Post("brk", 1, SubmitOptions{Priority: urgent}))
 				synctest.Wait()
@@ -249,7 +280,7 @@ func clockDuties() []duty {
 		},
 		arm: func(r *clockRig, _ time.Duration) {
 			for _, k := range []string{"fb1", "fb2"} {
-				r.block[k] = true
+				r.blockKey(k)
 				require.NoError(r.t, r.d.Post(k, 1, SubmitOptions{}))
 			}
 			synctest.Wait()
