@@ -1,7 +1,10 @@
 package dispatch
 
 import (
+	"errors"
+
 	"fmt"
+	"github.com/coalescer/dispatch/internal/execctx"
 	"strconv"
 	"time"
 )
@@ -199,8 +202,8 @@ type call[K comparable, T any] struct {
 	attempts   int
 	firstStart int64 // -1 until the first execution
 	runTime    time.Duration
-	ctx        *execCtx // its running attempt's context
-	lastErr    error    // set while the call waits to be retried
+	ctx        *execctx.Ctx // its running attempt's context
+	lastErr    error        // set while the call waits to be retried
 }
 
 func (c *call[K, T]) live() int { return c.tickets() + c.nPosts }
@@ -393,7 +396,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 	case csRunning:
 		if !c.orphan {
 			c.orphan, c.endState = true, st
-			c.ctx.cancel(err)
+			c.ctx.Cancel(err, errors.Is(err, ErrExpired))
 		}
 		return
 	case csEnded: // its attempt has already left the tenant's counts

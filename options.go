@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch/internal/band"
+	"github.com/coalescer/dispatch/internal/execctx"
 	"github.com/coalescer/dispatch/internal/sat"
 )
 
@@ -155,12 +156,10 @@ type SubmitOptions struct {
 	Droppable bool
 }
 
-type idemKey struct{}
-
 // IdempotencyKey returns the SubmitOptions.IdempotencyKey of the call that
 // ctx (an exec context) runs, the same on every attempt.
 func IdempotencyKey(ctx context.Context) string {
-	s, _ := ctx.Value(idemKey{}).(string)
+	s, _ := ctx.Value(execctx.IdemKey{}).(string)
 	return s
 }
 

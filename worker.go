@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"github.com/coalescer/dispatch/internal/due"
+	"github.com/coalescer/dispatch/internal/execctx"
 
 	"context"
 	"fmt"
@@ -202,7 +203,7 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 // ended before) before AttemptTimeout's is stopped, so that a context exec
 // derived or kept reports the same cause.
 func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn runner) int64 {
-	a.callCtx.cancel(ErrAttemptEnded)
+	a.callCtx.Cancel(ErrAttemptEnded, false)
 	if a.stop != nil {
 		a.stop()
 	}
@@ -230,7 +231,7 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 // attempt is what an execution needs outside the lock, and what it brings
 // back.
 type attempt[K comparable, T any] struct {
-	callCtx *execCtx        // the call's context: waiters, deadline, Close
+	callCtx *execctx.Ctx    // the call's context: waiters, deadline, Close
 	ctx     context.Context // this attempt's: callCtx plus AttemptTimeout
 	key     K
 	val     T
@@ -287,10 +288,11 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	d.running++
 	c.ten.queued--
 	c.ten.inflight++
-	ctx := &execCtx{idem: c.idem} // each execution its own: never reused
-	if dl := c.execDeadline(); dl != 0 {
-		ctx.deadline = d.epoch.Add(time.Duration(dl))
+	var dl time.Time
+	if at := c.execDeadline(); at != 0 {
+		dl = d.epoch.Add(time.Duration(at))
 	}
+	ctx := execctx.New(dl, c.idem) // each execution its own: never reused
 	c.ctx = ctx
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: l.key, val: c.val, lastErr: c.lastErr, inline: !rn.onWorker}
 	if d.cfg.Observer != nil {

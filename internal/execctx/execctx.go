@@ -1,30 +1,33 @@
-package dispatch
+// Package execctx is the context one execution of a call runs under. Its
+// owner cancels it itself — when the call loses its last waiter, when its
+// waiters' deadline passes, when the owner closes, and when the attempt
+// ends — so it needs no parent, no timer and no goroutine. Each execution
+// gets its own, never reused: a context exec hands to work that outlives it
+// stays done, with its own execution's cause.
+//
+// A Ctx is a full context.Context: Done, Err, Deadline and Value behave as
+// a context.WithCancelCause's would, context.Cause reports the cause it
+// was cancelled with, and contexts derived from it (WithTimeout,
+// AfterFunc, ...) register with its AfterFunc method rather than start a
+// goroutine each.
+//
+// A Ctx is safe for concurrent use.
+package execctx
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// This file is the context an execution runs under. The dispatcher owns
-// it and cancels it itself — when the call loses its last waiter, when its
-// waiters' deadline passes (the clock expires them), when Close ends it,
-// and when the attempt ends (cause ErrAttemptEnded) — so it needs no
-// parent, no timer and no goroutine. Each execution gets its own, never
-// reused: a context exec hands to work that outlives it stays done, with
-// its own execution's cause.
-//
-// It is a full context.Context: Done, Err, Deadline and Value behave as a
-// context.WithCancelCause's would, context.Cause reports the dispatcher's
-// cause, and contexts derived from it (WithTimeout, AfterFunc, ...)
-// register with its AfterFunc method rather than start a goroutine each.
+// IdemKey is the Value key under which a Ctx holds its idempotency key.
+type IdemKey struct{}
 
-// execCtx is one execution's context. Its fields are guarded by mu, except
-// done's fast path, which is atomic; deadline and idem are set before exec
-// sees it and never change.
-type execCtx struct {
+// Ctx is one execution's context. Its fields are guarded by mu, except
+// done's fast path, which is atomic; deadline and idem are set by New and
+// never change.
+type Ctx struct {
 	mu       sync.Mutex
 	done     atomic.Value // chan struct{}: made by the first Done; closedCh if cancelled first
 	err      error
@@ -49,16 +52,21 @@ var closedCh = func() chan struct{} {
 	return ch
 }()
 
-var _ context.Context = (*execCtx)(nil)
+var _ context.Context = (*Ctx)(nil)
 
-// Deadline returns the latest deadline of the call's waiters, if each of
-// them has one.
-func (ctx *execCtx) Deadline() (time.Time, bool) {
+// New returns a live context with deadline (zero: none) whose Value for
+// IdemKey{} is idem ("" reads as nil).
+func New(deadline time.Time, idem string) *Ctx {
+	return &Ctx{deadline: deadline, idem: idem}
+}
+
+// Deadline returns the deadline New was given, if any.
+func (ctx *Ctx) Deadline() (time.Time, bool) {
 	return ctx.deadline, !ctx.deadline.IsZero()
 }
 
-// Done returns a channel closed when the execution is cancelled.
-func (ctx *execCtx) Done() <-chan struct{} {
+// Done returns a channel closed when the context is cancelled.
+func (ctx *Ctx) Done() <-chan struct{} {
 	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
 		return ch
 	}
@@ -73,19 +81,19 @@ func (ctx *execCtx) Done() <-chan struct{} {
 }
 
 // Err returns nil until the context is cancelled; then
-// context.DeadlineExceeded if the waiters' deadline passed, else
+// context.DeadlineExceeded if it was cancelled as expired, else
 // context.Canceled.
-func (ctx *execCtx) Err() error {
+func (ctx *Ctx) Err() error {
 	ctx.mu.Lock()
 	defer ctx.mu.Unlock()
 	return ctx.err
 }
 
-// Value returns the idempotency key for idemKey{}; once cancelled, for any
+// Value returns the idempotency key for IdemKey{}; once cancelled, for any
 // other key, what a cancelled context.WithCancelCause carrying the cause
 // returns (so context.Cause reports it); nil for anything else.
-func (ctx *execCtx) Value(key any) any {
-	if _, ok := key.(idemKey); ok {
+func (ctx *Ctx) Value(key any) any {
+	if _, ok := key.(IdemKey); ok {
 		if ctx.idem == "" {
 			return nil
 		}
@@ -113,7 +121,7 @@ func (ctx *execCtx) Value(key any) any {
 // context.AfterFunc wraps a caller's f in a goroutine of its own — or, if
 // ctx is already done, in a new goroutine (the context package may call
 // AfterFunc holding a lock that f takes).
-func (ctx *execCtx) AfterFunc(f func()) (stop func() bool) {
+func (ctx *Ctx) AfterFunc(f func()) (stop func() bool) {
 	ctx.mu.Lock()
 	if ctx.err != nil {
 		ctx.mu.Unlock()
@@ -134,19 +142,17 @@ func (ctx *execCtx) AfterFunc(f func()) (stop func() bool) {
 	}
 }
 
-// cancel ends ctx with cause: ErrAttemptEnded when exec has returned, or
-// why the call ended before that (ErrCanceled, ErrStale, ErrClosed,
-// ErrExpired...). A cause matching ErrExpired makes Err
-// context.DeadlineExceeded, any other context.Canceled. Only the first call
-// has an effect; it runs the AfterFunc registrations after releasing mu.
-func (ctx *execCtx) cancel(cause error) {
+// Cancel ends ctx with cause; expired makes Err context.DeadlineExceeded,
+// else context.Canceled. Only the first call has an effect; it runs the
+// AfterFunc registrations after releasing the context's lock.
+func (ctx *Ctx) Cancel(cause error, expired bool) {
 	ctx.mu.Lock()
 	if ctx.err != nil {
 		ctx.mu.Unlock()
 		return
 	}
 	ctx.err = context.Canceled
-	if cause != ErrAttemptEnded && errors.Is(cause, ErrExpired) { // the usual cause needs no walk
+	if expired {
 		ctx.err = context.DeadlineExceeded
 	}
 	ctx.cause = cause // causeCtx is made when asked for (Value)

@@ -1,0 +1,79 @@
+package execctx
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestLiveContext(t *testing.T) {
+	dl := time.Unix(100, 0)
+	ctx := New(dl, "op-1")
+	got, ok := ctx.Deadline()
+	assert.True(t, ok)
+	assert.Equal(t, dl, got)
+	assert.NoError(t, ctx.Err())
+	assert.Equal(t, "op-1", ctx.Value(IdemKey{}))
+	assert.Nil(t, ctx.Value("other"), "a live context holds no other value")
+	select {
+	case <-ctx.Done():
+		t.Fatal("done before Cancel")
+	default:
+	}
+	_, ok = New(time.Time{}, "").Deadline()
+	assert.False(t, ok, "zero deadline: none")
+	assert.Nil(t, New(time.Time{}, "").Value(IdemKey{}), "no idempotency key reads as nil")
+}
+
+func TestCancel(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		expired bool
+		want    error
+	}{{"canceled", false, context.Canceled}, {"expired", true, context.DeadlineExceeded}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cause := errors.New("why")
+			ctx := New(time.Time{}, "")
+			done := ctx.Done() // made before: closed by Cancel
+			ctx.Cancel(cause, tc.expired)
+			<-done
+			assert.ErrorIs(t, ctx.Err(), tc.want)
+			assert.Same(t, cause, context.Cause(ctx))
+			ctx.Cancel(errors.New("later"), !tc.expired)
+			assert.ErrorIs(t, ctx.Err(), tc.want, "only the first Cancel counts")
+			assert.Same(t, cause, context.Cause(ctx))
+		})
+	}
+	ctx := New(time.Time{}, "")
+	ctx.Cancel(errors.New("first"), false)
+	<-ctx.Done() // made after: already closed
+}
+
+func TestDerivedContexts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cause := errors.New("deleted")
+		ctx := New(time.Time{}, "")
+		child, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		ran := make(chan struct{})
+		context.AfterFunc(ctx, func() { close(ran) })
+		stop := context.AfterFunc(ctx, func() { t.Error("a stopped AfterFunc ran") })
+		require.True(t, stop(), "stop before cancellation reports true")
+		ctx.Cancel(cause, false)
+		<-child.Done()
+		<-ran
+		assert.Same(t, cause, context.Cause(child), "a derived context inherits the cause")
+		synctest.Wait()
+
+		// After cancellation a registration runs at once, on its own goroutine.
+		late := make(chan struct{})
+		stop = ctx.AfterFunc(func() { close(late) })
+		<-late
+		assert.False(t, stop(), "nothing to stop once run")
+	})
+}
