@@ -3,6 +3,7 @@ package dispatch
 import (
 	"errors"
 	"fmt"
+	"github.com/coalescer/dispatch/internal/breaker"
 )
 
 // This file is admission: whether a submission is accepted, which call it
@@ -230,7 +231,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	if err != nil {
 		return err
 	}
-	if s.o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.state == CircuitOpen {
+	if s.o.Droppable && d.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.breaker.State() == breaker.Open {
 		return ErrCircuitOpen
 	}
 	if quotaVictim != nil {

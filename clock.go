@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/breaker"
 	"math"
 	"time"
 
@@ -58,11 +59,11 @@ func (d *Dispatcher[K, T]) clock() {
 			// records the next time, if it still has to wait.
 			d.wakeWorker()
 		}
-		if b := d.breaker; duties.Has(due.Probe) && b != nil && b.state == CircuitOpen {
-			if now >= b.openUntil {
+		if b := d.breaker; duties.Has(due.Probe) && b != nil && b.State() == breaker.Open {
+			if now >= b.OpenUntil() {
 				d.wakeWorker() // to probe
 			} else {
-				d.due.Set(due.Probe, b.openUntil)
+				d.due.Set(due.Probe, b.OpenUntil())
 			}
 		}
 		d.due.Rearm()

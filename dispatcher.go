@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"github.com/coalescer/dispatch/internal/breaker"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,8 +92,8 @@ type Dispatcher[K comparable, T any] struct {
 	labelTimes map[string]*labelTimes
 	lastTimes  *labelTimes // the label observeExec saw last
 
-	retryBudget window.Window // Total: first attempts; Marked: retries
-	breaker     *breaker      // nil: no circuit breaker
+	retryBudget window.Window    // Total: first attempts; Marked: retries
+	breaker     *breaker.Breaker // nil: no circuit breaker
 	fallback    *fallbackState
 
 	labels    map[string]int // live calls by label, if Config.Label is set
@@ -160,7 +161,7 @@ func (d *Dispatcher[K, T]) init() {
 		d.fallback = newFallbackState(set.Rollout.Fallback)
 	}
 	if set.Breaker != nil {
-		d.breaker = &breaker{p: set.Breaker, win: window.New(set.Breaker.Window), obs: set.Observer}
+		d.breaker = breaker.New(set.Breaker.policy())
 	}
 	d.due = due.New(d.armClock)
 	d.q.due = &d.due
@@ -309,11 +310,12 @@ func (d *Dispatcher[K, T]) runSync(t *Ticket[K, T], e Event, coalesced bool, ob 
 func (d *Dispatcher[K, T]) runsHere(key K) bool {
 	l := d.lanes.lookup(key)
 	keyRuns := l != nil && l.running != nil && l.running.state == csRunning
-	if !keyRuns && !d.breaker.probeRunning() {
+	probes := d.breaker != nil && d.breaker.ProbeRunning()
+	if !keyRuns && !probes {
 		return false // the usual case, without reading the goroutine id
 	}
 	id := goid.ID()
-	return keyRuns && l.running.runner == id || d.breaker.probing(id)
+	return keyRuns && l.running.runner == id || probes && d.breaker.Probing(id)
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
 
 	"cmp"
@@ -90,7 +91,7 @@ func (d *Dispatcher[K, T]) fallbackIdle() bool {
 	if d.mode == ModeSync {
 		return f.returnAt == 0
 	}
-	breakerOpen := d.breaker != nil && d.breaker.state != CircuitClosed && f.p.MaxCircuitOpen > 0
+	breakerOpen := d.breaker != nil && d.breaker.State() != breaker.Closed && f.p.MaxCircuitOpen > 0
 	return d.liveCalls == 0 && !breakerOpen
 }
 
@@ -127,8 +128,8 @@ func (d *Dispatcher[K, T]) fallbackReason(now int64) (code, detail string) {
 			return reasonQueueWait, fmt.Sprintf("queue wait p99 > %v (%d of %d waits)", p.MaxQueueWaitP99, s.Marked, s.Total)
 		}
 	}
-	if p.MaxCircuitOpen > 0 && d.breaker != nil && d.breaker.state != CircuitClosed {
-		if open := time.Duration(now - d.breaker.since); open > p.MaxCircuitOpen {
+	if p.MaxCircuitOpen > 0 && d.breaker != nil && d.breaker.State() != breaker.Closed {
+		if open := time.Duration(now - d.breaker.Since()); open > p.MaxCircuitOpen {
 			return reasonCircuitOpen, fmt.Sprintf("circuit open for %v > %v", open, p.MaxCircuitOpen)
 		}
 	}

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"github.com/coalescer/dispatch/internal/breaker"
 	"slices"
 	"time"
 
@@ -191,8 +192,8 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 				d.run(c, now, ob, rn)
 				continue
 			}
-			if d.breaker.state == CircuitOpen {
-				wait = time.Duration(d.breaker.openUntil - now)
+			if d.breaker.State() == breaker.Open {
+				wait = time.Duration(d.breaker.OpenUntil() - now)
 			}
 		case csDelayed:
 			wait = time.Duration(c.notBefore - now)

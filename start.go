@@ -1,5 +1,10 @@
 package dispatch
 
+import (
+	"github.com/coalescer/dispatch/internal/breaker"
+	"github.com/coalescer/dispatch/internal/due"
+)
+
 // This file is the reservation of workers for urgent calls
 // (StartPolicy.ReservedWorkers). It runs under the dispatcher's lock.
 
@@ -21,4 +26,51 @@ func (d *Dispatcher[K, T]) mayProbe(c *call[K, T]) bool {
 // the reservation's band or above (settings.urgent).
 func (d *Dispatcher[K, T]) urgent(c *call[K, T]) bool {
 	return c.prio >= d.cfg.urgent
+}
+
+// breakerAdmits reports whether the circuit breaker lets an execution start
+// now, and whether it runs as a half-open probe.
+func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok bool) {
+	b := d.breaker
+	if b == nil {
+		return false, true
+	}
+	ok, probe, ch := b.Admit(now)
+	noteCircuit(d.cfg.Observer, ch, &ob.notes)
+	if !ok && b.State() == breaker.Open {
+		d.due.Set(due.Probe, b.OpenUntil())
+	}
+	return probe, ok
+}
+
+// breakerRecord tells the circuit breaker how an attempt of c ended. Only
+// executions that say something about the API's health count: ones that
+// ran, were not cut short by the call's own end, and succeeded or failed
+// retryably.
+func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
+	b := d.breaker
+	if b == nil {
+		return
+	}
+	v := breaker.Ignored
+	if a.ran && !c.orphan && !a.callDone {
+		switch {
+		case a.err == nil:
+			v = breaker.Healthy
+		case a.class == ClassRetry:
+			v = breaker.Failed
+		}
+	}
+	if c.probe {
+		b.EndProbe(c.runner)
+		c.probe = false
+	}
+	ch := b.Record(now, v)
+	noteCircuit(d.cfg.Observer, ch, &ob.notes)
+	switch {
+	case ch.To == breaker.Closed && ch.Changed():
+		d.cond.Broadcast() // resume every worker
+	case ch.To == breaker.Open:
+		d.due.Set(due.Probe, b.OpenUntil())
+	}
 }

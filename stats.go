@@ -128,7 +128,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	}
 	s.Successors = d.liveCalls - s.Ready - s.Delayed - s.InFlight
 	if d.breaker != nil {
-		s.Circuit = d.breaker.state
+		s.Circuit = Circuit(d.breaker.State())
 	}
 	for _, b := range bounds {
 		s.Backpressure[b], s.Shed[b] = t.refused[b.index()], t.shed[b.index()]

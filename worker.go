@@ -274,7 +274,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	}
 	c.runner = rn.id
 	if c.probe {
-		d.breaker.startProbe(rn.id)
+		d.breaker.StartProbe(rn.id)
 	}
 	l := c.lane
 	l.running = c
