@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"github.com/coalescer/dispatch/internal/adaptive"
 	"github.com/coalescer/dispatch/internal/breaker"
 	"sync"
 	"sync/atomic"
@@ -85,10 +86,10 @@ type Dispatcher[K comparable, T any] struct {
 	timer *time.Timer // the due list's: the clock wakes on it
 	due   due.List    // when the clock must act, by duty (clock.go)
 
-	tokens     tokens    // the rate limiter's, taken before a call is chosen
-	fetchCond  sync.Cond // the token fetcher waits here
-	adaptive   *adaptive // nil: concurrency fixed at Workers
-	lowRunning int       // worker executions below the reservation's priority
+	tokens     tokens          // the rate limiter's, taken before a call is chosen
+	fetchCond  sync.Cond       // the token fetcher waits here
+	adaptive   *adaptive.Limit // nil: concurrency fixed at Workers
+	lowRunning int             // worker executions below the reservation's priority
 	labelTimes map[string]*labelTimes
 	lastTimes  *labelTimes // the label observeExec saw last
 
@@ -152,7 +153,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 func (d *Dispatcher[K, T]) init() {
 	set := &d.cfg
 	if set.Start.Adaptive != nil {
-		d.adaptive = newAdaptive(set.Start.Adaptive, set.Workers, set.Retry.MaxBackoff)
+		d.adaptive = adaptive.New(set.Start.Adaptive.limitPolicy(), set.Workers, set.Retry.MaxBackoff)
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}

@@ -74,3 +74,26 @@ func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now in
 		d.due.Set(due.Probe, b.OpenUntil())
 	}
 }
+
+// adapt feeds an attempt's end to the adaptive limit, if any.
+func (d *Dispatcher[K, T]) adapt(a *attempt[K, T], now int64, ob *outbox[K, T]) {
+	if d.adaptive == nil || !a.ran || a.callDone || a.panicked {
+		return
+	}
+	s, hint := strainOf(a.err, a.class)
+	from, to := d.adaptive.Record(now, a.runTime, s, hint)
+	if to > from {
+		d.wakeWorker()
+	}
+	if obs := d.cfg.Observer; obs != nil && to != from {
+		ob.notes = append(ob.notes, func() { obs.OnLimitChange(from, to) })
+	}
+}
+
+// concurrency is the number of worker executions allowed now.
+func (d *Dispatcher[K, T]) concurrency() int {
+	if d.adaptive != nil {
+		return d.adaptive.Limit()
+	}
+	return d.cfg.Workers
+}

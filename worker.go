@@ -81,8 +81,8 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			return nil // every tenant with ready calls is at its in-flight cap
 		}
 		c := ten.ready.min().c
-		if a := d.adaptive; a != nil && now < a.hold && !d.mayProbe(c) {
-			d.lookAgainAt(a.hold)
+		if a := d.adaptive; a != nil && now < a.Hold() && !d.mayProbe(c) {
+			d.lookAgainAt(a.Hold())
 			return nil
 		}
 		if d.unfinishable(c, now) {
