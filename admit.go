@@ -251,9 +251,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
 	d.q.push(c)
 	d.wakeWorkerAsync(ob)
-	if d.fallback != nil {
-		d.wakeFallback(s.now)
-	}
+	d.wakeFallback(s.now)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/coalescer/dispatch/internal/fallback"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -675,7 +676,7 @@ func (c *chaos) quiesce() {
 	c.testG()
 	d := c.d
 	s := d.Stats()
-	if s.Mode != ModeSync || s.FallbackReason == "" || c.switchCount(reasonBacklog) == 0 {
+	if s.Mode != ModeSync || s.FallbackReason == "" || c.switchCount(fallback.ReasonBacklog) == 0 {
 		c.errorf("the fallback did not switch to Sync on backlog, so the run tested nothing: mode %v, reason %q", s.Mode, s.FallbackReason)
 	}
 	start := time.Now()
@@ -723,14 +724,14 @@ func (c *chaos) tail() {
 		c.errorf("tail: SetMode(Async): %v", err)
 		return
 	}
-	backlogs := c.switchCount(reasonBacklog)
+	backlogs := c.switchCount(fallback.ReasonBacklog)
 	r := rand.New(rand.NewPCG(c.seed, 1<<34))
 	first := p.keys + p.sideKeys
 	for i := range min(2*p.maxBacklog, chaosTailKeys-1) {
 		key := first + 1 + i
 		c.post(me, r, key, SubmitOptions{Tenant: "capped", Generation: c.gens[key].Load()}, false)
 	}
-	for start := time.Now(); c.switchCount(reasonBacklog) == backlogs; time.Sleep(p.fbWindow / 20) {
+	for start := time.Now(); c.switchCount(fallback.ReasonBacklog) == backlogs; time.Sleep(p.fbWindow / 20) {
 		if time.Since(start) > time.Second {
 			c.errorf("tail: the burst did not trip the fallback: %+v", d.Stats())
 			return
@@ -1059,7 +1060,7 @@ func (c *chaos) reenter(r *rand.Rand, key int, where string, leaf, ownOK, anyKey
 // setMode switches the mode from a callback: to Sync, or (with flap) back
 // to Async.
 func (c *chaos) setMode(r *rand.Rand, where string) {
-	if c.p.quiesce && c.switchCount(reasonBacklog) == 0 {
+	if c.p.quiesce && c.switchCount(fallback.ReasonBacklog) == 0 {
 		return // the fallback run's switch to Sync is the fallback's
 	}
 	c.inj.setMode.Add(1)
@@ -1595,7 +1596,7 @@ func (c *chaos) verify() {
 		}
 	}
 	var sw []string
-	for _, r := range []string{reasonManual, reasonCoolDown, reasonBacklog, reasonFailureRatio, reasonQueueWait, reasonCircuitOpen} {
+	for _, r := range []string{reasonManual, fallback.ReasonCoolDown, fallback.ReasonBacklog, fallback.ReasonFailureRatio, fallback.ReasonQueueWait, fallback.ReasonCircuitOpen} {
 		if n := c.switchCount(r); n > 0 {
 			sw = append(sw, fmt.Sprintf("%s %d", r, n))
 		}

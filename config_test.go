@@ -235,7 +235,7 @@ func TestFallbackWindow(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		d.mu.Lock()
-		parked, armed := d.fallback.parked, d.due.Armed() != due.Never
+		parked, armed := d.fallback.Parked(), d.due.Armed() != due.Never
 		d.mu.Unlock()
 		assert.True(t, parked, "the check parks while idle")
 		assert.False(t, armed, "no timer armed while idle")

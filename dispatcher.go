@@ -5,6 +5,7 @@ import (
 	"errors"
 	"github.com/coalescer/dispatch/internal/adaptive"
 	"github.com/coalescer/dispatch/internal/breaker"
+	"github.com/coalescer/dispatch/internal/fallback"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,7 +96,7 @@ type Dispatcher[K comparable, T any] struct {
 
 	retryBudget window.Window    // Total: first attempts; Marked: retries
 	breaker     *breaker.Breaker // nil: no circuit breaker
-	fallback    *fallbackState
+	fallback    *fallback.State
 
 	labels    map[string]int // live calls by label, if Config.Label is set
 	queueWait hist.Recent
@@ -159,7 +160,7 @@ func (d *Dispatcher[K, T]) init() {
 		d.labels = map[string]int{}
 	}
 	if set.Rollout.Fallback != nil {
-		d.fallback = newFallbackState(set.Rollout.Fallback)
+		d.fallback = fallback.New(set.Rollout.Fallback.fallbackPolicy())
 	}
 	if set.Breaker != nil {
 		d.breaker = breaker.New(set.Breaker.policy())

@@ -40,8 +40,7 @@ func (d *Dispatcher[K, T]) start() {
 		d.spawn(roleFetcher)
 	}
 	if d.fallback != nil {
-		d.fallback.next = d.now() + d.fallback.calls.Step()
-		d.due.Set(due.Check, d.fallback.next)
+		d.due.Set(due.Check, d.fallback.Start(d.now()))
 	}
 	d.due.Rearm() // anything recorded before there was a timer
 }

@@ -436,7 +436,7 @@ func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64,
 	d.untrack(c)
 	d.totals.calls[st]++
 	if d.fallback != nil {
-		d.fallback.finished(now, st == StateFailed)
+		d.fallback.Finished(now, st == StateFailed)
 	}
 	if d.cfg.OnDone == nil && d.cfg.Observer == nil {
 		return

@@ -41,17 +41,11 @@ func (m Mode) String() string {
 	return fmt.Sprintf("mode_%d", uint8(m))
 }
 
-// The reasons Observer.OnModeChange is given: a fixed set, safe as metric
-// label values. The measured values behind an automatic switch are in
+// reasonManual is the reason Observer.OnModeChange is given for SetMode;
+// an automatic switch gives internal/fallback's (a fixed set, safe as
+// metric label values), and its measured values are in
 // Stats.FallbackReason.
-const (
-	reasonManual       = "manual"        // SetMode was called
-	reasonCoolDown     = "cool_down"     // FallbackPolicy.ReturnAfter passed after a fallback
-	reasonBacklog      = "backlog"       // FallbackPolicy.MaxBacklog was exceeded
-	reasonFailureRatio = "failure_ratio" // FallbackPolicy.MaxFailureRatio was exceeded
-	reasonQueueWait    = "queue_wait"    // FallbackPolicy.MaxQueueWaitP99 was exceeded
-	reasonCircuitOpen  = "circuit_open"  // FallbackPolicy.MaxCircuitOpen was exceeded
-)
+const reasonManual = "manual"
 
 // SetMode switches the dispatcher between ModeAsync and ModeSync at run
 // time — the feature gate's lever, and the manual rollback. Switching to

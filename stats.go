@@ -134,7 +134,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		s.Backpressure[b], s.Shed[b] = t.refused[b.index()], t.shed[b.index()]
 	}
 	if d.fallback != nil {
-		s.FallbackReason = d.fallback.reason
+		s.FallbackReason = d.fallback.Reason()
 	}
 	s.CallbackPanics, s.LastCallbackPanic = d.panics.Load(), d.lastPanic.Load()
 	if d.labels != nil {

@@ -311,7 +311,7 @@ func (d *Dispatcher[K, T]) firstStart(c *call[K, T], now int64) {
 	wait := time.Duration(max(now-c.enq, 0))
 	d.queueWait.Observe(now, wait)
 	if d.fallback != nil {
-		d.fallback.waited(now, wait)
+		d.fallback.Waited(now, wait)
 	}
 	d.retryBudget.At(now).Total++
 }
