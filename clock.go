@@ -2,13 +2,10 @@ package dispatch
 
 import (
 	"github.com/coalescer/dispatch/internal/breaker"
-	"math"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/due"
 )
-
-const maxTime = math.MaxInt64
 
 // clock is the goroutine that acts on time: it wakes when the earliest
 // entry of the due list (internal/due) comes, takes the duties that are

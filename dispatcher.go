@@ -6,6 +6,7 @@ import (
 	"github.com/coalescer/dispatch/internal/adaptive"
 	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/fallback"
+	"github.com/coalescer/dispatch/internal/tokens"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,7 +88,7 @@ type Dispatcher[K comparable, T any] struct {
 	timer *time.Timer // the due list's: the clock wakes on it
 	due   due.List    // when the clock must act, by duty (clock.go)
 
-	tokens     tokens          // the rate limiter's, taken before a call is chosen
+	tokens     tokens.Tokens   // the rate limiter's, taken before a call is chosen
 	fetchCond  sync.Cond       // the token fetcher waits here
 	adaptive   *adaptive.Limit // nil: concurrency fixed at Workers
 	lowRunning int             // worker executions below the reservation's priority
@@ -142,7 +143,6 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		mode:        set.Rollout.Mode,
 		tenants:     map[string]*tenant[K, T]{},
 		owned:       map[uint64]int{},
-		tokens:      newTokens(set.RateLimit),
 		labelTimes:  map[string]*labelTimes{},
 	}
 	d.init()
@@ -165,6 +165,7 @@ func (d *Dispatcher[K, T]) init() {
 	if set.Breaker != nil {
 		d.breaker = breaker.New(set.Breaker.policy())
 	}
+	d.tokens = tokens.New(set.RateLimit, d.epoch)
 	d.due = due.New(d.armClock)
 	d.q.due = &d.due
 	d.noTenant = d.tenantFor("")

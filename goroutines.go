@@ -36,7 +36,7 @@ func (d *Dispatcher[K, T]) start() {
 	}
 	d.spawn(roleClock)
 	d.spawn(roleNotifier)
-	if d.tokens.needsFetcher() {
+	if d.tokens.NeedsFetcher() {
 		d.spawn(roleFetcher)
 	}
 	if d.fallback != nil {

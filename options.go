@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/coalescer/dispatch/internal/tokens"
 	"math"
 	"time"
 
@@ -240,11 +241,14 @@ func (s *settings[K, T]) ordering() error {
 
 // limiter treats a nil pointer as no limit and checks the rest.
 func (s *settings[K, T]) limiter() error {
-	if isNil(s.RateLimit) {
+	if tokens.IsNil(s.RateLimit) {
 		s.RateLimit = nil
 		return nil
 	}
-	return checkLimiter(s.RateLimit)
+	if err := tokens.Check(s.RateLimit); err != nil {
+		return fmt.Errorf("dispatch: Config.RateLimit: %w", err)
+	}
+	return nil
 }
 
 // start checks and defaults Config.Start.

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/execctx"
+	"github.com/coalescer/dispatch/internal/tokens"
 
 	"context"
 	"fmt"
@@ -113,29 +114,25 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 // fetcher wakes a worker to look again). probe: it runs as the half-open
 // breaker's probe.
 func (d *Dispatcher[K, T]) tokenAndBreaker(now int64, ob *outbox[K, T]) (probe, ok bool) {
-	if ok, at := d.tokens.ready(now, d.wall); !ok {
+	if ok, at := d.tokens.Ready(now); !ok {
 		d.lookAgainAt(at)
 		return false, false
 	}
 	if probe, ok = d.breakerAdmits(now, ob); ok {
-		d.tokens.spend()
+		d.tokens.Spend()
 	}
 	return probe, ok
 }
 
-// lookAgainAt has the clock wake a worker at at (maxTime: never; the token
-// fetcher wakes one).
+// lookAgainAt has the clock wake a worker at at (tokens.WhenFetched: the
+// token fetcher wakes one).
 func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
-	if at == maxTime {
+	if at == tokens.WhenFetched {
 		d.fetchCond.Signal() // the fetcher waits for the limiter's next token
 		return
 	}
 	d.due.Set(due.Start, at)
 }
-
-// wall converts the dispatcher's clock to wall-clock time (with its
-// monotonic reading), for the rate limiter.
-func (d *Dispatcher[K, T]) wall(now int64) time.Time { return d.epoch.Add(time.Duration(now)) }
 
 // expireUnfinishable ends call c, taken from the ready index, whose
 // waiters' deadline is closer than its label's usual execution time.
@@ -373,7 +370,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		// caller waits for one here, under the call's own context (not
 		// AttemptTimeout's, which bounds one execution). It fails only when
 		// that context ends, which ends the call.
-		if err := waitToken(a.callCtx, l); err != nil {
+		if err := tokens.Wait(a.callCtx, l); err != nil {
 			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
 			a.callDone = true
 			return

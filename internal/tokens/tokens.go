@@ -1,0 +1,239 @@
+// Package tokens hands out a rate limiter's tokens to a dispatcher's
+// workers without any of them sleeping. A token is taken before a call is
+// chosen and held by the dispatcher, not by a call, until a worker spends
+// it, so that the call that runs is the best one at the moment the token
+// is granted.
+//
+// It knows three shapes of limiter: one that takes reservations
+// (*rate.Limiter), which is asked for one and handed out when it is due;
+// one that can be tried (TryAccept and QPS, client-go's
+// flowcontrol.RateLimiter), tried again once per token interval; and any
+// other, which only a goroutine of the owner can wait on (Fetched hands
+// each token it gets over). Whatever the limiter answers, no answer is
+// committed to for longer than MaxWait, so a limiter changed at run time
+// takes effect within it and nothing spins.
+//
+// Tokens is not safe for concurrent use: its owner guards it with its
+// lock. The limiter itself is called under that lock, except Wait.
+package tokens
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"reflect"
+	"time"
+
+	"github.com/coalescer/dispatch/internal/sat"
+	"golang.org/x/time/rate"
+)
+
+// Limiter is any rate limiter: one that can at least be waited on.
+type Limiter interface {
+	Wait(ctx context.Context) error
+}
+
+// reserver and tryer are the shapes of limiter a token can be taken from
+// without blocking.
+type (
+	reserver interface {
+		ReserveN(t time.Time, n int) *rate.Reservation
+	}
+	tryer interface {
+		TryAccept() bool
+		QPS() float32
+	}
+)
+
+// MaxWait bounds how long an answer of the limiter is committed to: a
+// reservation due later than this is cancelled and asked again then, and a
+// limiter that grants nothing now (paused, slowed to almost nothing, or
+// failing) is asked again within it. So a limiter changed at run time
+// (SetLimit, SetBurst) takes effect within a second, and no limiter makes
+// the owner spin or wait forever on a stale answer.
+const MaxWait = int64(time.Second)
+
+// WhenFetched is the time Ready gives when only the fetching goroutine
+// can bring the next token.
+const WhenFetched = math.MaxInt64
+
+// Tokens is the tokens of one limiter. Its zero value has no limiter:
+// every token is ready.
+type Tokens struct {
+	l     Limiter // nil: no limit
+	res   reserver
+	try   tryer
+	epoch time.Time         // the owner's clock origin: Ready's times are ns since it
+	held  int               // granted and not yet spent
+	r     *rate.Reservation // outstanding reservation, due at at
+	at    int64             // when r is due, or when to try again; 0: now
+	fetch bool              // the fetching goroutine should wait for one
+}
+
+// New returns the tokens of l (nil: no limit), on a clock of ns since
+// epoch.
+func New(l Limiter, epoch time.Time) Tokens {
+	t := Tokens{l: l, epoch: epoch}
+	t.res, _ = l.(reserver)
+	t.try, _ = l.(tryer)
+	return t
+}
+
+// NeedsFetcher reports whether the limiter can only be waited on, by a
+// goroutine of the owner's.
+func (t *Tokens) NeedsFetcher() bool { return t.l != nil && t.res == nil && t.try == nil }
+
+// Ready reports whether a token is available at now, taking one from the
+// limiter if it can without blocking. If not, it returns when to look
+// again (WhenFetched: when the fetching goroutine delivers one), never more
+// than MaxWait ahead.
+func (t *Tokens) Ready(now int64) (bool, int64) {
+	switch {
+	case t.l == nil || t.held > 0:
+		return true, 0
+	case t.res != nil:
+		return t.readyReserved(now)
+	case t.try != nil:
+		if now >= t.at {
+			if t.try.TryAccept() {
+				t.held++
+				return true, 0
+			}
+			// Try again a token interval later, within [100µs, MaxWait]
+			// whatever QPS says (0, NaN, huge).
+			every := int64(sat.Duration(float64(time.Second) / float64(t.try.QPS())))
+			t.at = now + min(max(every, int64(100*time.Microsecond)), MaxWait)
+		}
+		return false, t.at
+	}
+	t.fetch = true
+	return false, WhenFetched
+}
+
+// readyReserved is Ready for a limiter that takes reservations: it
+// reserves a token no more than MaxWait ahead, and hands it out when it is
+// due.
+func (t *Tokens) readyReserved(now int64) (bool, int64) {
+	if t.r == nil {
+		if now < t.at {
+			return false, t.at // paused: not yet time to ask again
+		}
+		if t.paused() {
+			t.at = now + MaxWait
+			return false, t.at
+		}
+		wall := t.epoch.Add(time.Duration(now))
+		r := t.res.ReserveN(wall, 1)
+		delay := int64(r.DelayFrom(wall)) // InfDuration if !r.OK()
+		if !r.OK() || delay > MaxWait {
+			r.CancelAt(wall)
+			t.at = now + MaxWait
+			return false, t.at
+		}
+		t.r, t.at = r, now+delay
+	}
+	if now >= t.at {
+		t.r, t.held = nil, t.held+1
+		return true, 0
+	}
+	return false, t.at
+}
+
+// paused reports whether a limiter that reports its limit (*rate.Limiter)
+// has one that is not a rate — NaN or negative, set at run time — which
+// counts as a pause: no token until it is a rate again.
+func (t *Tokens) paused() bool {
+	l, ok := t.l.(interface{ Limit() rate.Limit })
+	if !ok {
+		return false
+	}
+	lim := float64(l.Limit())
+	return math.IsNaN(lim) || lim < 0
+}
+
+// Spend uses a token that Ready reported.
+func (t *Tokens) Spend() {
+	if t.l != nil {
+		t.held--
+	}
+}
+
+// WantFetch reports whether the fetching goroutine should wait for a
+// token: a worker asked for one and none is held.
+func (t *Tokens) WantFetch() bool { return t.fetch && t.held == 0 }
+
+// Fetched hands over a token the fetching goroutine got.
+func (t *Tokens) Fetched() {
+	t.held++
+	t.fetch = false
+}
+
+// Limiter returns the limiter, for the fetching goroutine to wait on.
+func (t *Tokens) Limiter() Limiter { return t.l }
+
+// Check rejects a limiter that is not a rate (a NaN or negative limit or
+// QPS) or can grant no token at all (a *rate.Limiter of burst 0 and a
+// finite limit). A limiter that grants its burst and then stops (a limit
+// of 0), or that is paused later, is not an error: executions wait until
+// it grants again.
+func Check(l Limiter) error {
+	switch l := l.(type) {
+	case *rate.Limiter:
+		switch lim := float64(l.Limit()); {
+		case math.IsNaN(lim) || lim < 0:
+			return fmt.Errorf("rate %v is not a rate", lim)
+		case l.Limit() != rate.Inf && l.Burst() <= 0:
+			return fmt.Errorf("rate %v burst %d can never grant a token", lim, l.Burst())
+		}
+	case tryer:
+		if q := float64(l.QPS()); math.IsNaN(q) || q < 0 {
+			return fmt.Errorf("QPS %v is not a rate", q)
+		}
+	}
+	return nil
+}
+
+// IsNil reports whether l is nil, or a nil pointer in an interface: the
+// common `var l *rate.Limiter; if qps > 0 { l = … }` means no limit.
+func IsNil(l Limiter) bool {
+	if l == nil {
+		return true
+	}
+	v := reflect.ValueOf(l)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Interface, reflect.Slice:
+		return v.IsNil()
+	}
+	return false
+}
+
+// Wait waits for a token of l under ctx, for an execution that runs
+// inline. A Wait that fails while ctx lives (a limiter of burst 0, say) is
+// tried again after a back-off, as the fetching goroutine does; only the
+// end of ctx ends the wait with an error.
+func Wait(ctx context.Context, l Limiter) error {
+	for failures := 1; ; failures++ {
+		err := l.Wait(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		Pause(ctx, FailureBackoff(failures))
+	}
+}
+
+// FailureBackoff is the pause after the n-th failed Wait in a row: from
+// 10ms, doubling, to MaxWait, so that a limiter that refuses at once
+// cannot make its waiter spin.
+func FailureBackoff(n int) time.Duration {
+	return time.Duration(min(int64(10*time.Millisecond)<<min(n-1, 10), MaxWait))
+}
+
+// Pause sleeps for d, or until ctx ends.
+func Pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,115 @@
+package tokens
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+)
+
+var epoch = time.Unix(1000, 0)
+
+const sec = int64(time.Second)
+
+func TestNoLimiter(t *testing.T) {
+	var tk Tokens
+	ok, _ := tk.Ready(1)
+	assert.True(t, ok)
+	tk.Spend()
+	assert.False(t, tk.NeedsFetcher())
+	assert.True(t, IsNil(nil))
+	var l *rate.Limiter
+	assert.True(t, IsNil(l), "a nil *rate.Limiter is no limit")
+	assert.False(t, IsNil(rate.NewLimiter(1, 1)))
+}
+
+func TestReserved(t *testing.T) {
+	tk := New(rate.NewLimiter(2, 1), epoch)
+	ok, _ := tk.Ready(sec)
+	require.True(t, ok, "the burst")
+	tk.Spend()
+	ok, at := tk.Ready(sec)
+	assert.False(t, ok)
+	assert.Equal(t, sec+sec/2, at, "the next token at 2/s")
+	ok, _ = tk.Ready(at)
+	assert.True(t, ok, "due: handed out")
+	ok, _ = tk.Ready(at)
+	assert.True(t, ok, "held until spent")
+	tk.Spend()
+
+	slow := New(rate.NewLimiter(rate.Every(time.Minute), 1), epoch)
+	slow.Ready(sec)
+	slow.Spend()
+	ok, at = slow.Ready(sec)
+	assert.False(t, ok)
+	assert.Equal(t, sec+MaxWait, at, "a reservation beyond MaxWait is asked again then")
+
+	paused := rate.NewLimiter(rate.Limit(math.NaN()), 1)
+	p := New(paused, epoch)
+	ok, at = p.Ready(sec)
+	assert.False(t, ok)
+	assert.Equal(t, sec+MaxWait, at, "a NaN limit pauses")
+}
+
+type polled struct{ grant bool }
+
+func (p *polled) Wait(context.Context) error { return nil }
+func (p *polled) TryAccept() bool            { return p.grant }
+func (p *polled) QPS() float32               { return 4 }
+
+func TestPolled(t *testing.T) {
+	l := &polled{}
+	tk := New(l, epoch)
+	ok, at := tk.Ready(sec)
+	assert.False(t, ok)
+	assert.Equal(t, sec+sec/4, at, "tried again a token interval later")
+	l.grant = true
+	ok, _ = tk.Ready(sec + 1)
+	assert.False(t, ok, "not before that time")
+	ok, _ = tk.Ready(at)
+	assert.True(t, ok)
+}
+
+type waitOnly struct{ err error }
+
+func (w waitOnly) Wait(context.Context) error { return w.err }
+
+func TestFetched(t *testing.T) {
+	tk := New(waitOnly{}, epoch)
+	require.True(t, tk.NeedsFetcher())
+	assert.False(t, tk.WantFetch())
+	ok, at := tk.Ready(sec)
+	assert.False(t, ok)
+	assert.Equal(t, int64(WhenFetched), at)
+	assert.True(t, tk.WantFetch())
+	tk.Fetched()
+	assert.False(t, tk.WantFetch())
+	ok, _ = tk.Ready(sec)
+	assert.True(t, ok)
+}
+
+func TestCheck(t *testing.T) {
+	assert.NoError(t, Check(rate.NewLimiter(rate.Inf, 0)))
+	assert.NoError(t, Check(rate.NewLimiter(0, 1)), "a burst, then nothing: not an error")
+	assert.EqualError(t, Check(rate.NewLimiter(rate.Limit(-1), 1)), "rate -1 is not a rate")
+	assert.EqualError(t, Check(rate.NewLimiter(1, 0)), "rate 1 burst 0 can never grant a token")
+}
+
+func TestWaitRetriesFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := Wait(ctx, waitOnly{errors.New("refused")})
+		assert.Error(t, err)
+		assert.Equal(t, 100*time.Millisecond, time.Since(start), "retried until ctx ended")
+		assert.Equal(t, 10*time.Millisecond, FailureBackoff(1))
+		assert.Equal(t, time.Duration(MaxWait), FailureBackoff(100))
+	})
+}
