@@ -6,6 +6,7 @@ import (
 	"github.com/coalescer/dispatch/internal/adaptive"
 	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/fallback"
+	"github.com/coalescer/dispatch/internal/startcheck"
 	"github.com/coalescer/dispatch/internal/tokens"
 	"sync"
 	"sync/atomic"
@@ -88,12 +89,11 @@ type Dispatcher[K comparable, T any] struct {
 	timer *time.Timer // the due list's: the clock wakes on it
 	due   due.List    // when the clock must act, by duty (clock.go)
 
-	tokens     tokens.Tokens   // the rate limiter's, taken before a call is chosen
-	fetchCond  sync.Cond       // the token fetcher waits here
-	adaptive   *adaptive.Limit // nil: concurrency fixed at Workers
-	lowRunning int             // worker executions below the reservation's priority
-	labelTimes map[string]*labelTimes
-	lastTimes  *labelTimes // the label observeExec saw last
+	tokens     tokens.Tokens     // the rate limiter's, taken before a call is chosen
+	fetchCond  sync.Cond         // the token fetcher waits here
+	adaptive   *adaptive.Limit   // nil: concurrency fixed at Workers
+	lowRunning int               // worker executions below the reservation's priority
+	check      *startcheck.Check // nil: StartPolicy.NoDeadlineCheck
 
 	retryBudget window.Window    // Total: first attempts; Marked: retries
 	breaker     *breaker.Breaker // nil: no circuit breaker
@@ -143,7 +143,6 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		mode:        set.Rollout.Mode,
 		tenants:     map[string]*tenant[K, T]{},
 		owned:       map[uint64]int{},
-		labelTimes:  map[string]*labelTimes{},
 	}
 	d.init()
 	return d, nil
@@ -155,6 +154,9 @@ func (d *Dispatcher[K, T]) init() {
 	set := &d.cfg
 	if set.Start.Adaptive != nil {
 		d.adaptive = adaptive.New(set.Start.Adaptive.limitPolicy(), set.Workers, set.Retry.MaxBackoff)
+	}
+	if sc := set.Start; !sc.NoDeadlineCheck {
+		d.check = startcheck.New(startcheck.Policy{Quantile: sc.DeadlineQuantile, Samples: sc.DeadlineSamples, Window: latencyWindow})
 	}
 	if set.Label != nil {
 		d.labels = map[string]int{}

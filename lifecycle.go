@@ -171,7 +171,7 @@ type call[K comparable, T any] struct {
 	orphan bool
 	probe  bool // admitted by a half-open breaker
 	// checkProbe is set when the start check would have refused it and let
-	// it start to learn whether the server sped up (labelTimes).
+	// it start to learn whether the server sped up (internal/startcheck).
 	checkProbe bool
 	low        bool         // running on a worker below the reservation's priority
 	endState   State        // why it was orphaned

@@ -97,3 +97,15 @@ func (d *Dispatcher[K, T]) concurrency() int {
 	}
 	return d.cfg.Workers
 }
+
+// unfinishable reports whether c cannot finish by its waiters' latest
+// deadline (the start check, internal/startcheck); a call it would refuse
+// may start as the check's probe.
+func (d *Dispatcher[K, T]) unfinishable(c *call[K, T], now int64) bool {
+	if d.check == nil {
+		return false
+	}
+	refuse, probe := d.check.Refuse(c.label, c.execDeadline(), now)
+	c.checkProbe = c.checkProbe || probe
+	return refuse
+}

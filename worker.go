@@ -420,7 +420,10 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	if a.rebuilt {
 		c.val = a.val
 	}
-	d.observeExec(c, now, a.runTime, a.ran)
+	if d.check != nil {
+		d.check.Observe(c.label, now, a.runTime, a.ran, c.checkProbe)
+		c.checkProbe = false
+	}
 	if a.ran {
 		d.execTime.Observe(now, a.runTime)
 		c.attempts++
