@@ -3,6 +3,7 @@ package dispatch
 import (
 	"errors"
 	"fmt"
+
 	"github.com/coalescer/dispatch/internal/breaker"
 )
 
@@ -39,7 +40,7 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 	if s.o.Generation < l.gen {
 		return false, errRejectStale // before any bound: it would never be accepted
 	}
-	if s.t != nil && d.liveTickets >= d.cfg.MaxWaiters {
+	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
 		return false, d.refuse(BoundWaiters)
 	}
 	supersede := s.o.Generation > l.gen
@@ -49,7 +50,8 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 			return false, err
 		}
 		if skip {
-			d.skipIncoming(s.key, s.val, s.t, ob)
+			d.totals.coalesced++
+			d.waiters.skip(s.key, s.val, s.t, ob)
 			return true, nil
 		}
 	}
@@ -64,7 +66,7 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
-			l = d.newLane(s.key, s.h, s.o.Generation)
+			l = d.lanes.add(s.key, s.h, s.o.Generation)
 		}
 	}
 	if c := l.pending; c != nil {
@@ -137,7 +139,8 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 		d.restart(c)
 		replaced = true
 	case SkipIncoming:
-		d.skipIncoming(s.key, s.val, s.t, ob)
+		d.totals.coalesced++
+		d.waiters.skip(s.key, s.val, s.t, ob)
 		return true, nil
 	default:
 		return false, err
@@ -153,7 +156,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label) {
 		d.adopt(c, s.ten, s.label)
 	}
-	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
+	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.totals.coalesced++
 	return true, nil
 }
@@ -213,7 +216,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 // just removed the key's only call, ready at once.
 func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) {
 	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
-	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
+	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	if l.running == nil {
 		d.q.push(c)
 		d.wakeWorkerAsync(ob)
@@ -224,7 +227,7 @@ func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *o
 
 // admitNewKey places a submission for a key without a lane.
 func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) error {
-	if s.t != nil && d.liveTickets >= d.cfg.MaxWaiters {
+	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
 		return d.refuse(BoundWaiters)
 	}
 	quotaVictim, capVictim, err := d.roomForKey(s)
@@ -246,9 +249,9 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	if !d.started {
 		d.start()
 	}
-	l := d.newLane(s.key, s.h, s.o.Generation)
+	l := d.lanes.add(s.key, s.h, s.o.Generation)
 	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
-	d.join(c, s.t, s.o.Priority, s.now, s.deadline)
+	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.q.push(c)
 	d.wakeWorkerAsync(ob)
 	d.wakeFallback(s.now)
@@ -306,7 +309,7 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 	case standIn != 0:
 		return standIn
 	}
-	return d.now()
+	return d.clk.now()
 }
 
 // learnClock records whether the admission of a Post without a deadline
@@ -341,12 +344,9 @@ func (d *Dispatcher[K, T]) refuse(b Bound) error {
 
 // newCall makes the pending call of l.
 func (d *Dispatcher[K, T]) newCall(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
-	c := l.newCall()
-	d.liveCalls++
+	c := l.freshCall()
+	d.calls.add(label)
 	c.label = label
-	if d.labels != nil {
-		d.labels[label]++
-	}
 	d.seq++
 	ten.queued++
 	c.ten = ten

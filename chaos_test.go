@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/coalescer/dispatch/internal/fallback"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -19,8 +18,10 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/coalescer/dispatch/internal/goid"
 	"golang.org/x/time/rate"
+
+	"github.com/coalescer/dispatch/internal/fallback"
+	"github.com/coalescer/dispatch/internal/goid"
 )
 
 var (

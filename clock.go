@@ -1,9 +1,9 @@
 package dispatch
 
 import (
-	"github.com/coalescer/dispatch/internal/breaker"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
 )
 
@@ -20,20 +20,20 @@ import (
 // go to the notifier — so a slow callback cannot make a deadline late. It
 // takes the lock itself.
 func (d *Dispatcher[K, T]) clock() {
-	defer d.timer.Stop()
+	defer d.clk.timer.Stop()
 	var ob outbox[K, T]
 	for {
 		select {
-		case <-d.timer.C:
+		case <-d.clk.timer.C:
 		case <-d.stopCh:
 			return
 		}
 		d.mu.Lock()
-		now := d.now()
+		now := d.clk.now()
 		duties := d.due.Take(now)
 		if duties.Has(due.Expire) {
 			d.expireDue(now, &ob)
-			if w, ok := d.q.deadlines.Min(); ok {
+			if w, ok := d.waiters.deadlines.Min(); ok {
 				d.due.Set(due.Expire, w.at)
 			}
 		}
@@ -70,40 +70,66 @@ func (d *Dispatcher[K, T]) clock() {
 	}
 }
 
-// armClock sets the due list's timer to fire at at; it is the list's arm
-// function. Before the dispatcher starts there is no timer: start arms it
-// then.
-func (d *Dispatcher[K, T]) armClock(at int64) bool {
-	if d.timer == nil {
+// timebase is the dispatcher's clock: monotonic ns since an epoch, and
+// the one timer the due list arms. Reading it needs no lock; the timer is
+// the due list's, under the dispatcher's lock.
+type timebase struct {
+	epoch time.Time
+	timer *time.Timer // nil until the goroutines start (launch)
+}
+
+// epochOffset puts the clock's origin before New, so that every time the
+// dispatcher compares is positive, 0 can mean "no deadline", and a deadline
+// from before New still compares as past.
+const epochOffset = time.Hour
+
+// now reads the clock once.
+func (tb *timebase) now() int64 { return int64(time.Since(tb.epoch)) }
+
+// at converts a wall-clock deadline to the clock; 0 means none.
+func (tb *timebase) at(dl time.Time) int64 {
+	if dl.IsZero() {
+		return 0
+	}
+	return max(int64(dl.Sub(tb.epoch)), 1)
+}
+
+// wall converts a time on the clock to wall-clock time.
+func (tb *timebase) wall(at int64) time.Time { return tb.epoch.Add(time.Duration(at)) }
+
+// arm sets the timer to fire at at; it is the due list's arm function.
+// Before the goroutines start there is no timer: launch arms it then.
+func (tb *timebase) arm(at int64) bool {
+	if tb.timer == nil {
 		return false
 	}
-	d.timer.Reset(time.Duration(at - d.now()))
+	tb.timer.Reset(time.Duration(at - tb.now()))
 	return true
 }
 
 // expireDue ends every waiter whose deadline is at or before now.
 func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
 	for {
-		w := d.q.popDeadline(now)
+		w := d.waiters.popDeadline(now)
 		if w == nil {
 			return
 		}
 		if w.t != nil {
-			d.leaveLocked(w.t, StateExpired, ErrExpired, now, ob)
+			d.dismiss(w.t, StateExpired, ErrExpired, now, ob)
 			continue
 		}
 		// The posts aggregate: later submissions may have pushed its
 		// deadline out since it was indexed.
 		c := w.c
 		if c.posts.deadline > now {
-			d.q.addDeadline(w, c.posts.deadline)
+			d.waiters.addDeadline(w, c.posts.deadline)
 			continue
 		}
-		d.settlePosts(c, StateExpired)
+		d.waiters.settlePosts(c, StateExpired)
 		if c.live() == 0 {
 			d.finish(c, StateExpired, ErrExpired, now, ob)
 			continue
 		}
-		d.reprioritize(c)
+		d.q.reprioritize(c)
 	}
 }

@@ -58,10 +58,15 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 func (d *Dispatcher[K, T]) beginClosing() {
 	if !d.closing {
 		d.closing = true
-		if d.lanes.Len() == 0 && !d.drainedClosed {
-			d.drainedClosed = true
-			close(d.drained)
-		}
+		d.drainedIfEmpty()
+	}
+}
+
+// drainedIfEmpty tells Close, once it closes, that nothing is left.
+func (d *Dispatcher[K, T]) drainedIfEmpty() {
+	if d.closing && d.lanes.Len() == 0 && !d.drainedClosed {
+		d.drainedClosed = true
+		close(d.drained)
 	}
 }
 
@@ -73,7 +78,7 @@ func (d *Dispatcher[K, T]) stop() {
 	d.beginClosing()
 	if !d.stopped {
 		d.stopped = true
-		now := d.now()
+		now := d.clk.now()
 		for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
 			d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
 		}

@@ -8,183 +8,12 @@ import (
 // This file is coalescing: how a submission joins a call, how a call's
 // value absorbs another, and how a pending call is amended.
 
-// join adds a submission to c: the ticket t, or a fire-and-forget one if t
-// is nil. It keeps c's effective priority and enqueue time (the highest and
-// the earliest of its live waiters) and its place in the ready index.
-func (d *Dispatcher[K, T]) join(c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
-	first := c.live() == 0
-	c.joined++
-	if t != nil {
-		t.c, t.prio, t.enq = c, prio, now
-		d.attach(c, t)
-		if deadline == 0 {
-			c.nForever++
-		}
-		d.liveTickets++
-		t.state = tsLive
-		if deadline != 0 { // then t.x.w.deadline is deadline (newTicket)
-			d.q.addDeadline(&t.x.w, deadline)
-		}
-	} else {
-		d.addPosts(c, 1, prio, now, deadline, deadline == 0)
-		d.livePosts++
-	}
-	if first {
-		c.prio, c.enq = prio, now
-		return
-	}
-	d.q.rekey(c, max(c.prio, prio), min(c.enq, now))
-}
-
-// addPosts folds n fire-and-forget submissions — highest priority prio,
-// earliest enqueue enq, latest deadline deadline, forever if any had none —
-// into c's posts aggregate, keeping its place in the deadline index.
-func (d *Dispatcher[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64, forever bool) {
-	p := &c.posts
-	if c.nPosts == 0 {
-		p.prio, p.enq, p.deadline = prio, enq, deadline
-	} else {
-		p.prio = max(p.prio, prio)
-		p.enq = min(p.enq, enq)
-		p.deadline = max(p.deadline, deadline)
-	}
-	c.nPosts += n
-	switch {
-	case c.postsForever:
-	case forever:
-		c.postsForever = true
-		d.q.removeDeadline(p)
-	case p.at == 0:
-		d.q.addDeadline(p, p.deadline)
-	}
-}
-
-// attach puts ticket t, which is joining c and has not been returned to
-// its submitter yet, in c's lists. A call's first ticket waits in c.one; a
-// plain ticket rides c's share, which the call makes when shareMin-1
-// plain tickets are already waiting to be visited.
-func (d *Dispatcher[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
-	if c.one == nil && c.more == nil && (c.share == nil || t.watched()) {
-		t.idx = -1
-		c.one = t
-		return
-	}
-	tl := d.lists(c)
-	if !t.watched() {
-		if c.share == nil && tl.plain >= shareMin-1 {
-			c.share = new(share[K, T])
-		}
-		if c.share != nil {
-			t.share = c.share // before Submit returns t: see Ticket.share
-			tl.addRider(t)
-			return
-		}
-	}
-	tl.addVisit(t)
-}
-
-// lists returns c's ticket lists, taking them from the free list (or
-// making them) for c's second ticket; the first moves there from c.one.
-func (d *Dispatcher[K, T]) lists(c *call[K, T]) *ticketLists[K, T] {
-	if c.more != nil {
-		return c.more
-	}
-	tl := popFree(&d.freeLists)
-	if tl == nil {
-		tl = new(ticketLists[K, T])
-	}
-	c.more = tl
-	if t := c.one; t != nil {
-		c.one = nil
-		tl.addVisit(t)
-	}
-	return tl
-}
-
-// addRider appends t, whose share is set, to the call's riders.
-func (tl *ticketLists[K, T]) addRider(t *Ticket[K, T]) {
-	t.idx = int32(len(tl.riders))
-	tl.riders = append(tl.riders, t)
-}
-
-// addVisit appends t to the tickets visited when the call ends.
-func (tl *ticketLists[K, T]) addVisit(t *Ticket[K, T]) {
-	t.idx = int32(len(tl.visit))
-	tl.visit = append(tl.visit, t)
-	if !t.watched() {
-		tl.plain++
-	}
-}
-
-// detach takes ticket t off its call without settling it. A rider's
-// outcome is then its own, recorded in t.r by settle, under the same lock
-// (see Ticket.outcome).
-func (d *Dispatcher[K, T]) detach(t *Ticket[K, T]) {
-	c := t.c
-	switch {
-	case t.idx < 0:
-		c.one = nil
-	case t.share != nil:
-		c.more.riders = removeAt(c.more.riders, t.idx)
-	default:
-		c.more.visit = removeAt(c.more.visit, t.idx)
-		if !t.watched() {
-			c.more.plain--
-		}
-	}
-	t.c = nil
-	if t.deadline() == 0 {
-		c.nForever--
-	}
-	d.liveTickets--
-	d.unindex(t)
-}
-
-// unindex takes ticket t out of the deadline index, if it is there.
-func (d *Dispatcher[K, T]) unindex(t *Ticket[K, T]) {
-	if t.x != nil {
-		d.q.removeDeadline(&t.x.w)
-	}
-}
-
-// removeAt removes list[i] by moving the last ticket into its place.
-func removeAt[K comparable, T any](list []*Ticket[K, T], i int32) []*Ticket[K, T] {
-	last := int32(len(list) - 1)
-	if i != last {
-		m := list[last]
-		list[i], m.idx = m, i
-	}
-	list[last] = nil
-	return list[:last]
-}
-
-// eachTicket calls f for every live ticket of c.
-func (c *call[K, T]) eachTicket(f func(*Ticket[K, T])) {
-	if c.one != nil {
-		f(c.one)
-	}
-	if tl := c.more; tl != nil {
-		for _, t := range tl.visit {
-			f(t)
-		}
-		for _, t := range tl.riders {
-			f(t)
-		}
-	}
-}
-
 // adopt gives queued call c the tenant and label of a submission that
 // raises its priority: a merged call is counted, capped and labelled as
 // its most urgent submission — a binding that replaces a pending status
 // patch runs as a binding. The caller then joins the submission.
 func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string) {
-	if d.labels != nil && label != c.label {
-		d.labels[c.label]--
-		if d.labels[c.label] == 0 {
-			delete(d.labels, c.label)
-		}
-		d.labels[label]++
-	}
+	d.calls.relabel(c.label, label)
 	c.label = label
 	if ten == c.ten {
 		return
@@ -202,28 +31,6 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 		d.q.delay(c, c.notBefore)
 	}
 	d.forgetIdle(old)
-}
-
-// reprioritize re-derives c's effective priority and enqueue time after a
-// waiter left: a call's priority falls again when the waiter that raised it
-// goes. It scans the remaining waiters, which is O(waiters of c).
-func (d *Dispatcher[K, T]) reprioritize(c *call[K, T]) {
-	if c.live() == 0 {
-		return
-	}
-	prio, enq, seen := 0, int64(0), false
-	if c.nPosts > 0 {
-		prio, enq, seen = c.posts.prio, c.posts.enq, true
-	}
-	c.eachTicket(func(t *Ticket[K, T]) {
-		if !seen {
-			prio, enq, seen = t.prio, t.enq, true
-			return
-		}
-		prio = max(prio, t.prio)
-		enq = min(enq, t.enq)
-	})
-	d.q.rekey(c, prio, enq)
 }
 
 // coalesce merges an incoming submission's call value into the pending call
@@ -276,20 +83,6 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 	}
 }
 
-// skipIncoming ends an accepted submission at once as Skipped: the merge
-// function found that the key's pending call makes it moot. It joins no
-// call, so no completion hook fires for it.
-func (d *Dispatcher[K, T]) skipIncoming(key K, val T, t *Ticket[K, T], ob *outbox[K, T]) {
-	d.totals.coalesced++
-	d.totals.outcomes[StateSkipped]++
-	if t == nil {
-		return
-	}
-	t.r = &Result[K, T]{Key: key, Call: val, Outcome: Outcome{State: StateSkipped, Waiters: 1}}
-	t.state = tsDone
-	ob.tickets = append(ob.tickets, t)
-}
-
 // absorb moves every waiter of the successor n into c (whose value already
 // holds the merge of both) and forgets n, which was never queued. If n is
 // the more urgent, c takes its tenant and label, as any merged call does.
@@ -297,38 +90,13 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	if n.prio > c.prio && (n.ten != c.ten || n.label != c.label) {
 		d.adopt(c, n.ten, n.label)
 	}
-	// n's tickets move to c as they are: a rider keeps its share, which c
-	// now tells (chained after c's own), and the rest are visited.
-	n.eachTicket(func(t *Ticket[K, T]) {
-		t.c = c
-		tl := d.lists(c)
-		if t.share != nil {
-			tl.addRider(t)
-			return
-		}
-		tl.addVisit(t)
-	})
-	if s := n.share; s != nil {
-		p := &c.share
-		for *p != nil {
-			p = &(*p).next
-		}
-		*p = s
-	}
-	c.nForever += n.nForever
-	if n.nPosts > 0 {
-		d.q.removeDeadline(&n.posts)
-		d.addPosts(c, n.nPosts, n.posts.prio, n.posts.enq, n.posts.deadline, n.postsForever)
-	}
-	c.joined += n.joined
+	d.waiters.absorb(c, n)
 	c.droppable = c.droppable && n.droppable
 	d.totals.coalesced += uint64(n.joined)
-	d.keepLists(n)
-	n.share, n.nForever, n.nPosts = nil, 0, 0
 	n.ten.queued--
 	d.forgetIdle(n.ten)
-	d.untrack(n)
-	d.reprioritize(c)
+	d.calls.remove(n.label)
+	d.q.reprioritize(c)
 }
 
 // Amend rewrites the pending call of key: the one that has not started —
@@ -405,8 +173,8 @@ func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error))
 	d.mu.Lock()
 	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
 		c := l.pending
-		now := d.now()
-		d.settleAll(c, StateSkipped, nil, now, onTime, &ob)
+		now := d.clk.now()
+		d.waiters.settleAll(c, StateSkipped, nil, now, onTime, &ob)
 		d.finish(c, StateSkipped, nil, now, &ob)
 	}
 	d.mu.Unlock()

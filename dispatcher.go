@@ -3,18 +3,18 @@ package dispatch
 import (
 	"context"
 	"errors"
-	"github.com/coalescer/dispatch/internal/adaptive"
-	"github.com/coalescer/dispatch/internal/breaker"
-	"github.com/coalescer/dispatch/internal/fallback"
-	"github.com/coalescer/dispatch/internal/startcheck"
-	"github.com/coalescer/dispatch/internal/tokens"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/adaptive"
+	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
+	"github.com/coalescer/dispatch/internal/fallback"
 	"github.com/coalescer/dispatch/internal/goid"
 	"github.com/coalescer/dispatch/internal/hist"
+	"github.com/coalescer/dispatch/internal/startcheck"
+	"github.com/coalescer/dispatch/internal/tokens"
 	"github.com/coalescer/dispatch/internal/window"
 )
 
@@ -48,9 +48,9 @@ type Dispatcher[K comparable, T any] struct {
 	// the observer helpers, labelOf: user code never runs under it), or
 	// which way it changes it (run, runInline and runSync release it around
 	// an execution; settleAttempt is called without it and returns with it).
-	exec  ExecFunc[K, T]
-	cfg   settings[K, T] // validated, defaults filled in; never changes
-	epoch time.Time      // clock origin: times are int64 ns since epoch
+	exec ExecFunc[K, T]
+	cfg  settings[K, T] // validated, defaults filled in; never changes
+	clk  timebase       // times are int64 ns since its epoch
 
 	base       context.Context // the token fetcher's: cancelled by Close (executions have their own, execctx.go)
 	baseCancel context.CancelCauseFunc
@@ -69,25 +69,20 @@ type Dispatcher[K comparable, T any] struct {
 	mu            sync.Mutex
 	cond          sync.Cond // idle workers wait here for ready calls
 	lanes         laneTable[K, T]
-	freeLanes     []*lane[K, T]        // released lanes for reuse, at most maxFreeLanes
-	freeLists     []*ticketLists[K, T] // ended calls' ticket lists for reuse (keepLists)
-	laneSlab      []lane[K, T]         // lanes not yet used, from the last slab (newLane)
 	q             queue[K, T]
 	seq           uint64
-	liveTickets   int
-	livePosts     int // fire-and-forget submissions without an outcome
+	waiters       waiters[K, T]
 	idleWorkers   int // workers waiting on cond
 	running       int // calls in flight, on workers or inline
 	workerRunning int // calls in flight on workers
-	liveCalls     int // ready, delayed, behind and running calls
+	calls         liveCalls
 
 	started       bool
 	closing       bool
 	stopped       bool
 	drainedClosed bool
 
-	timer *time.Timer // the due list's: the clock wakes on it
-	due   due.List    // when the clock must act, by duty (clock.go)
+	due due.List // when the clock must act, by duty (clock.go)
 
 	tokens     tokens.Tokens     // the rate limiter's, taken before a call is chosen
 	fetchCond  sync.Cond         // the token fetcher waits here
@@ -99,7 +94,6 @@ type Dispatcher[K comparable, T any] struct {
 	breaker     *breaker.Breaker // nil: no circuit breaker
 	fallback    *fallback.State
 
-	labels    map[string]int // live calls by label, if Config.Label is set
 	queueWait hist.Recent
 	execTime  hist.Recent
 	mode      Mode
@@ -132,7 +126,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 	d := &Dispatcher[K, T]{
 		exec:        exec,
 		cfg:         set,
-		epoch:       time.Now().Add(-epochOffset),
+		clk:         timebase{epoch: time.Now().Add(-epochOffset)},
 		drained:     make(chan struct{}),
 		stopCh:      make(chan struct{}),
 		lanes:       newLaneTable[K, T](),
@@ -159,7 +153,7 @@ func (d *Dispatcher[K, T]) init() {
 		d.check = startcheck.New(startcheck.Policy{Quantile: sc.DeadlineQuantile, Samples: sc.DeadlineSamples, Window: latencyWindow})
 	}
 	if set.Label != nil {
-		d.labels = map[string]int{}
+		d.calls.labels = map[string]int{}
 	}
 	if set.Rollout.Fallback != nil {
 		d.fallback = fallback.New(set.Rollout.Fallback.fallbackPolicy())
@@ -167,9 +161,10 @@ func (d *Dispatcher[K, T]) init() {
 	if set.Breaker != nil {
 		d.breaker = breaker.New(set.Breaker.policy())
 	}
-	d.tokens = tokens.New(set.RateLimit, d.epoch)
-	d.due = due.New(d.armClock)
+	d.tokens = tokens.New(set.RateLimit, d.clk.epoch)
+	d.due = due.New(d.clk.arm)
 	d.q.due = &d.due
+	d.waiters = newWaiters[K, T](&d.due)
 	d.noTenant = d.tenantFor("")
 	for name := range set.Tenants {
 		d.tenantFor(name) // configured tenants are reported from the start
@@ -178,23 +173,6 @@ func (d *Dispatcher[K, T]) init() {
 	d.cond.L = &d.mu
 	d.notifyCond.L = &d.mu
 	d.fetchCond.L = &d.mu
-}
-
-// epochOffset puts the clock's origin before New, so that every time the
-// dispatcher compares is positive, 0 can mean "no deadline", and a deadline
-// from before New still compares as past.
-const epochOffset = time.Hour
-
-// now reads the clock once: monotonic ns since d.epoch.
-func (d *Dispatcher[K, T]) now() int64 { return int64(time.Since(d.epoch)) }
-
-// at converts a wall-clock deadline to the dispatcher's clock; 0 means
-// none. It needs no lock.
-func (d *Dispatcher[K, T]) at(dl time.Time) int64 {
-	if dl.IsZero() {
-		return 0
-	}
-	return max(int64(dl.Sub(d.epoch)), 1)
 }
 
 // Submit hands a call to the dispatcher and returns at once with a Ticket on
@@ -233,7 +211,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	}
 	t, deadline := d.ticketFor(ctx, &o)
 	h := d.lanes.hash(key) // outside the lock, as is the clock
-	now := d.now()
+	now := d.clk.now()
 	var ob outbox[K, T]
 	d.mu.Lock()
 	ten := d.tenantFor(o.Tenant)
@@ -278,9 +256,9 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 // that can end is watched by one callback registration, no goroutine: the
 // callback takes the waiter out.
 func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ticket[K, T], int64) {
-	deadline := d.at(o.Deadline)
+	deadline := d.clk.at(o.Deadline)
 	if cd, ok := ctx.Deadline(); ok {
-		if c := d.at(cd); deadline == 0 || c < deadline {
+		if c := d.clk.at(cd); deadline == 0 || c < deadline {
 			deadline = c
 		}
 	}
@@ -335,7 +313,7 @@ func (d *Dispatcher[K, T]) runsHere(key K) bool {
 // and never the call's outcome: in Sync mode it runs the call before
 // returning, but a failed execution still returns nil.
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
-	deadline := d.at(o.Deadline)
+	deadline := d.clk.at(o.Deadline)
 	label := d.labelOf(key, call)
 	h := d.lanes.hash(key) // outside the lock
 	// The clock too, when admission will need it: for a deadline, and
@@ -344,7 +322,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	// into a pending key's fire-and-forget submissions does not.
 	var now int64
 	if deadline != 0 || d.preClock.Load() {
-		now = d.now()
+		now = d.clk.now()
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
@@ -380,7 +358,7 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 	d.mu.Lock()
 	found := false
 	if l := d.lanes.lookup(key); l != nil {
-		found = d.endLane(l, StateCanceled, err, d.now(), withRunning, &ob)
+		found = d.endLane(l, StateCanceled, err, d.clk.now(), withRunning, &ob)
 	}
 	d.mu.Unlock()
 	d.deliver(&ob)

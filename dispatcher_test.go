@@ -767,11 +767,11 @@ func TestLaneReuse(t *testing.T) {
 			require.True(t, d.Cancel(fmt.Sprint(i), nil))
 		}
 		d.mu.Lock()
-		require.Len(t, d.freeLanes, maxFreeLanes, "free list not bounded")
-		for _, s := range d.freeLanes {
+		require.Len(t, d.lanes.pool.free, maxFreeLanes, "free list not bounded")
+		for _, s := range d.lanes.pool.free {
 			require.Equal(t, lane[string, *int]{}, *s, "a released lane keeps state")
 		}
-		reused := d.freeLanes[len(d.freeLanes)-1]
+		reused := d.lanes.pool.free[len(d.lanes.pool.free)-1]
 		d.mu.Unlock()
 
 		// The next key takes a released slot, with a fresh generation and
@@ -780,7 +780,7 @@ func TestLaneReuse(t *testing.T) {
 		tk := submit(t, d, "new", &v, SubmitOptions{Generation: 1})
 		d.mu.Lock()
 		assert.Same(t, reused, d.lanes.lookup("new"))
-		assert.Len(t, d.freeLanes, maxFreeLanes-1)
+		assert.Len(t, d.lanes.pool.free, maxFreeLanes-1)
 		d.mu.Unlock()
 		release()
 		r := outcome(t, tk)

@@ -229,3 +229,8 @@ func staleErr(st State, execErr error) error {
 	}
 	return fmt.Errorf("%w: execution succeeded after its waiters left", ErrStale)
 }
+
+// fieldErr is the error for a Config field out of range.
+func fieldErr(field string, v any, why string) error {
+	return fmt.Errorf("dispatch: Config.%s: %v %s", field, v, why)
+}

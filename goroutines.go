@@ -1,10 +1,9 @@
 package dispatch
 
 import (
-	"github.com/coalescer/dispatch/internal/due"
-
 	"time"
 
+	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/goid"
 )
 
@@ -29,8 +28,8 @@ const (
 // Dispatcher that is never used starts nothing.
 func (d *Dispatcher[K, T]) start() {
 	d.started = true
-	d.timer = time.NewTimer(time.Hour)
-	d.timer.Stop()
+	d.clk.timer = time.NewTimer(time.Hour)
+	d.clk.timer.Stop()
 	for range d.cfg.Workers {
 		d.spawn(roleWorker)
 	}
@@ -40,7 +39,7 @@ func (d *Dispatcher[K, T]) start() {
 		d.spawn(roleFetcher)
 	}
 	if d.fallback != nil {
-		d.due.Set(due.Check, d.fallback.Start(d.now()))
+		d.due.Set(due.Check, d.fallback.Start(d.clk.now()))
 	}
 	d.due.Rearm() // anything recorded before there was a timer
 }

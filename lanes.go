@@ -17,6 +17,7 @@ type laneTable[K comparable, T any] struct {
 	salt  uint64           // from seed, for integer keys
 	slots []laneSlot[K, T] // a power of two of them
 	n     int
+	pool  lanePool[K, T] // released lanes, for the next keys
 }
 
 // laneSlot is one slot: a lane and its key's hash, kept here too so that a
@@ -83,16 +84,35 @@ func (t *laneTable[K, T]) get(key K, h uint64) *lane[K, T] {
 // lookup is get for a caller that has not hashed the key.
 func (t *laneTable[K, T]) lookup(key K) *lane[K, T] { return t.get(key, t.hash(key)) }
 
-// put adds l, whose key is not in the table, under l.hash.
-func (t *laneTable[K, T]) put(l *lane[K, T]) {
+// add returns a lane for key, whose hash is h and newest generation gen,
+// tracked under it: a released lane if one is kept (pool.go).
+func (t *laneTable[K, T]) add(key K, h uint64, gen uint64) *lane[K, T] {
+	l := t.pool.get()
+	l.key, l.hash, l.gen, l.tracked = key, h, gen, true
 	if (t.n+1)*4 > len(t.slots)*3 {
 		t.grow()
 	}
-	t.place(l)
+	t.insert(l)
 	t.n++
+	return l
 }
 
-func (t *laneTable[K, T]) place(l *lane[K, T]) {
+// release forgets l's key if l has no call left, keeps l for reuse, and
+// reports whether it did. Nothing refers to a released lane or its calls
+// by then: every waiter has been settled, every index has let go of its
+// calls, and no execution runs one.
+func (t *laneTable[K, T]) release(l *lane[K, T]) bool {
+	if l.running != nil || l.pending != nil || !l.tracked {
+		return false
+	}
+	t.del(l) // no hashing: the lane keeps its key's hash
+	l.tracked = false
+	t.pool.put(l)
+	return true
+}
+
+// insert puts l in its slot: the first free one from its key's home slot.
+func (t *laneTable[K, T]) insert(l *lane[K, T]) {
 	mask := uint64(len(t.slots) - 1)
 	i := l.hash & mask
 	for t.slots[i].l != nil {
@@ -106,7 +126,7 @@ func (t *laneTable[K, T]) grow() {
 	t.slots = make([]laneSlot[K, T], 2*len(old))
 	for _, s := range old {
 		if s.l != nil {
-			t.place(s.l)
+			t.insert(s.l)
 		}
 	}
 }

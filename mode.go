@@ -3,10 +3,10 @@ package dispatch
 import (
 	"context"
 	"fmt"
-	"github.com/coalescer/dispatch/internal/breaker"
 	"slices"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/goid"
 )
 
@@ -105,7 +105,7 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
 		case <-ctx.Done():
 			d.mu.Lock()
 			if d.mode == ModeSync {
-				d.cancelQueued(d.now(), &ob)
+				d.cancelQueued(d.clk.now(), &ob)
 			}
 			d.mu.Unlock()
 			d.deliver(&ob)
@@ -130,11 +130,11 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	}
 	d.mode = m
 	if m == ModeSync && d.cfg.Rollout.CancelQueued {
-		d.cancelQueued(d.now(), ob)
+		d.cancelQueued(d.clk.now(), ob)
 	}
 	if m == ModeAsync {
 		d.cond.Broadcast() // queued successors and retries run on workers again
-		d.wakeFallback(d.now())
+		d.wakeFallback(d.clk.now())
 	}
 	d.kick()
 	if obs := d.cfg.Observer; obs != nil {
@@ -165,7 +165,7 @@ func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
 func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 	rn := runner{id: goid.ID()}
 	for !t.ended() {
-		now := d.now()
+		now := d.clk.now()
 		d.expireDue(now, ob)
 		d.q.promote(now)
 		if t.ended() {

@@ -4,13 +4,13 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"github.com/coalescer/dispatch/internal/tokens"
 	"math"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/internal/execctx"
 	"github.com/coalescer/dispatch/internal/sat"
+	"github.com/coalescer/dispatch/internal/tokens"
 )
 
 // Config configures a Dispatcher; its type parameters type every
@@ -298,9 +298,4 @@ func validPolicy[P any](p **P, validate func(*P) error) error {
 	c := **p
 	*p = &c
 	return validate(&c)
-}
-
-// fieldErr is the error for a Config field out of range.
-func fieldErr(field string, v any, why string) error {
-	return fmt.Errorf("dispatch: Config.%s: %v %s", field, v, why)
 }

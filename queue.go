@@ -1,10 +1,11 @@
 package dispatch
 
 import (
+	"github.com/google/btree"
+
 	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/sat"
-	"github.com/google/btree"
 )
 
 // queue holds the ordered indexes the dispatcher schedules from, and the
@@ -16,78 +17,28 @@ import (
 //     arrival. A worker takes the best of the tenants' best (pick).
 //   - delayed: calls that may not run before a time (retry backoff), by that
 //     time. The clock moves them to ready when it comes.
-//   - deadlines: waiters with a deadline, by deadline. The clock expires them.
 //   - shed: the calls that may be evicted when the dispatcher is full.
 //
 // Each is a B-tree, so insert, remove and re-key are O(log n) and no index
-// keeps a timer, goroutine or context per entry: one timer, armed for the
-// earliest entry of delayed and deadlines, drives both (see clock.go).
+// keeps a timer, goroutine or context per entry: the clock's one timer,
+// armed for the earliest entry of delayed and of the waiters' deadlines
+// (waiters.go), drives both (see clock.go).
 type queue[K comparable, T any] struct {
-	aging     int64 // ns per priority level within a band
-	band      int64 // the width of a priority band; 1 = strict priority
-	nready    int   // ready calls over all tenants
-	active    []*tenant[K, T]
-	vpass     uint64 // pass of the tenant picked last
-	delayed   *btree.BTreeG[*call[K, T]]
-	deadlines *btree.BTreeG[*waiter[K, T]]
-	dseq      uint64 // tie-break among equal deadlines
+	aging   int64 // ns per priority level within a band
+	band    int64 // the width of a priority band; 1 = strict priority
+	nready  int   // ready calls over all tenants
+	active  []*tenant[K, T]
+	vpass   uint64 // pass of the tenant picked last
+	delayed *btree.BTreeG[*call[K, T]]
 	// shed holds the calls that may be evicted when the dispatcher is
 	// full: droppable, queued (ready or delayed), and alone in their lane,
 	// so that evicting one frees a key. It is in ready order; its maximum
 	// is the worst call: lowest effective priority, then newest.
 	shed *btree.BTreeG[entry[K, T]]
-	// due is the dispatcher's due list: an entry of delayed or deadlines
-	// is also a time the clock must act at.
+	// due is the dispatcher's due list: an entry of delayed is also a time
+	// the clock must act at.
 	due *due.List
 }
-
-// orderKey is a call's place in the ready order: lower runs first. hi is
-// the call's priority band, complemented (^band = −band−1, no overflow) so
-// that a higher band sorts first; lo is its virtual time within the band,
-// enq − offset×aging (see orderOf), as an order-preserving unsigned number.
-// Both are exact for every int priority: nothing saturates, and within the
-// dispatcher's clock range (below 2⁶² ns, 146 years after New) and the
-// band's span (settings.band) nothing overflows.
-type orderKey struct {
-	hi int64
-	lo uint64
-}
-
-func (a orderKey) less(b orderKey) bool {
-	if a.hi != b.hi {
-		return a.hi < b.hi
-	}
-	return a.lo < b.lo
-}
-
-// orderKeyOf is the order of a call of priority prio enqueued at enq, with
-// bands of width levels and aging ns per level: band descending, then the
-// virtual time enq − off×aging ascending, where off is prio's offset in its
-// band. With width 1 (strict priority) off is 0: priority, then arrival.
-// The caller keeps |enq| ≤ 2⁶² and (width−1)×aging ≤ 2⁶² (maxBandSpan), so
-// the virtual time fits in an int64.
-func orderKeyOf(enq, prio, width, aging int64) orderKey {
-	b, off := band.Of(prio, width)
-	return orderKey{^b, uint64(enq-off*aging) ^ 1<<63}
-}
-
-// maxBandSpan bounds how much virtual time a band spans, (width−1)×aging:
-// a band is narrowed to fit (settings), so that orderKeyOf cannot overflow.
-const maxBandSpan = 1 << 62
-
-// entry is a call's place in a ready-ordered index (a tenant's ready index,
-// or a shed index). The order is held in the entry itself, so that a B-tree
-// search compares within its nodes and never follows a pointer to a call:
-// at depth, that is the difference between reading a node's cache lines and
-// missing the cache once per comparison.
-type entry[K comparable, T any] struct {
-	order orderKey
-	seq   uint64
-	c     *call[K, T]
-}
-
-// entry returns c's ready-index entry for its current order.
-func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.order, c.seq, c} }
 
 // btreeDegree was chosen by BenchmarkSubmit: wider nodes cost more to shift
 // on insert, narrower ones more levels of cache misses. With 32-byte
@@ -97,11 +48,10 @@ const btreeDegree = 32
 
 func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 	return queue[K, T]{
-		aging:     aging,
-		band:      band,
-		delayed:   btree.NewG(btreeDegree, delayedLess[K, T]),
-		deadlines: btree.NewG(btreeDegree, deadlineLess[K, T]),
-		shed:      btree.NewG(btreeDegree, readyLess[K, T]),
+		aging:   aging,
+		band:    band,
+		delayed: btree.NewG(btreeDegree, delayedLess[K, T]),
+		shed:    btree.NewG(btreeDegree, readyLess[K, T]),
 	}
 }
 
@@ -117,13 +67,6 @@ func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
 		return a.notBefore < b.notBefore
 	}
 	return a.seq < b.seq
-}
-
-func deadlineLess[K comparable, T any](a, b *waiter[K, T]) bool {
-	if a.at != b.at {
-		return a.at < b.at
-	}
-	return a.dseq < b.dseq
 }
 
 // orderOf computes the ready order of a call with effective priority prio
@@ -245,6 +188,28 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	}
 }
 
+// reprioritize re-derives c's effective priority and enqueue time after a
+// waiter left: a call's priority falls again when the waiter that raised it
+// goes. It scans the remaining waiters, which is O(waiters of c).
+func (q *queue[K, T]) reprioritize(c *call[K, T]) {
+	if c.live() == 0 {
+		return
+	}
+	prio, enq, seen := 0, int64(0), false
+	if c.nPosts > 0 {
+		prio, enq, seen = c.posts.prio, c.posts.enq, true
+	}
+	c.eachTicket(func(t *Ticket[K, T]) {
+		if !seen {
+			prio, enq, seen = t.prio, t.enq, true
+			return
+		}
+		prio = max(prio, t.prio)
+		enq = min(enq, t.enq)
+	})
+	q.rekey(c, prio, enq)
+}
+
 // promote moves every delayed call whose time has come to ready and returns
 // how many it moved.
 func (q *queue[K, T]) promote(now int64) int {
@@ -258,34 +223,6 @@ func (q *queue[K, T]) promote(now int64) int {
 		q.push(c)
 		n++
 	}
-}
-
-// addDeadline indexes w at time at (> 0).
-func (q *queue[K, T]) addDeadline(w *waiter[K, T], at int64) {
-	q.dseq++
-	w.at, w.dseq = at, q.dseq
-	q.deadlines.ReplaceOrInsert(w)
-	q.due.Set(due.Expire, at)
-}
-
-// removeDeadline takes w out of the deadline index if it is there.
-func (q *queue[K, T]) removeDeadline(w *waiter[K, T]) {
-	if w.at != 0 {
-		q.deadlines.Delete(w)
-		w.at = 0
-	}
-}
-
-// popDeadline removes and returns the earliest waiter whose indexed time is
-// at or before now, or nil.
-func (q *queue[K, T]) popDeadline(now int64) *waiter[K, T] {
-	w, ok := q.deadlines.Min()
-	if !ok || w.at > now {
-		return nil
-	}
-	q.deadlines.DeleteMin()
-	w.at = 0
-	return w
 }
 
 // level is a ready call's effective priority at now: its band, and its

@@ -1,12 +1,8 @@
 package dispatch
 
 import (
-	"github.com/coalescer/dispatch/internal/band"
-	"github.com/coalescer/dispatch/internal/due"
-
 	"context"
 	"fmt"
-	"golang.org/x/time/rate"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -18,6 +14,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+
+	"github.com/coalescer/dispatch/internal/band"
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 // --- the ready order: band, then virtual time within the band ---

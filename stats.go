@@ -19,7 +19,6 @@ type counters struct {
 	unfinishable    uint64
 	refused         [numBounds]uint64 // backpressure refusals by bound
 	shed            [numBounds]uint64 // calls shed by bound
-	outcomes        stateCounts       // per submission
 	calls           stateCounts       // per call (what the hook saw)
 }
 
@@ -48,6 +47,44 @@ func (b Bound) index() int {
 		return 1
 	}
 	return 2
+}
+
+// liveCalls counts the calls not finished (ready, delayed, behind and
+// running), and by label if Config.Label is set. The Dispatcher's lock
+// guards it.
+type liveCalls struct {
+	n      int
+	labels map[string]int // nil without Config.Label
+}
+
+// add counts a new call of label.
+func (lc *liveCalls) add(label string) {
+	lc.n++
+	if lc.labels != nil {
+		lc.labels[label]++
+	}
+}
+
+// remove uncounts a call of label that is gone.
+func (lc *liveCalls) remove(label string) {
+	lc.n--
+	lc.drop(label)
+}
+
+// relabel moves a live call from label from to label to.
+func (lc *liveCalls) relabel(from, to string) {
+	if lc.labels != nil && from != to {
+		lc.drop(from)
+		lc.labels[to]++
+	}
+}
+
+func (lc *liveCalls) drop(label string) {
+	if lc.labels != nil {
+		if lc.labels[label]--; lc.labels[label] == 0 {
+			delete(lc.labels, label)
+		}
+	}
 }
 
 // latencyWindow is the span Stats' latency quantiles cover: the last
@@ -112,21 +149,21 @@ func quantiles(h hist.Hist) Quantiles {
 func (d *Dispatcher[K, T]) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.now()
+	now := d.clk.now()
 	t := &d.totals
 	s := Stats{
 		Keys: d.lanes.Len(), Ready: d.q.nready, Delayed: d.q.delayed.Len(), InFlight: d.running,
-		Tickets: d.liveTickets, Live: d.liveTickets + d.livePosts,
+		Tickets: d.waiters.tickets, Live: d.waiters.tickets + d.waiters.posts,
 		Submitted: t.submitted, Rejected: t.rejected, Coalesced: t.coalesced,
 		Executions: t.executions, StaleExecutions: t.staleExecutions, Retries: t.retries,
 		AlreadyDone: t.alreadyDone, Unfinishable: t.unfinishable,
 		Concurrency: d.concurrency(), Reserved: d.cfg.Start.ReservedWorkers, BelowReserve: d.lowRunning,
 		QueueWait: quantiles(d.queueWait.Sum(now)), ExecTime: quantiles(d.execTime.Sum(now)),
-		Mode: d.mode, Outcomes: t.outcomes.byState(), Calls: t.calls.byState(),
+		Mode: d.mode, Outcomes: d.waiters.outcomes.byState(), Calls: t.calls.byState(),
 		Backpressure: make(map[Bound]uint64, numBounds), Shed: make(map[Bound]uint64, numBounds),
 		Tenants: make(map[string]TenantStats, len(d.tenants)),
 	}
-	s.Successors = d.liveCalls - s.Ready - s.Delayed - s.InFlight
+	s.Successors = d.calls.n - s.Ready - s.Delayed - s.InFlight
 	if d.breaker != nil {
 		s.Circuit = Circuit(d.breaker.State())
 	}
@@ -137,8 +174,8 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		s.FallbackReason = d.fallback.Reason()
 	}
 	s.CallbackPanics, s.LastCallbackPanic = d.panics.Load(), d.lastPanic.Load()
-	if d.labels != nil {
-		s.Labels = maps.Clone(d.labels)
+	if d.calls.labels != nil {
+		s.Labels = maps.Clone(d.calls.labels)
 	}
 	for name, ten := range d.tenants {
 		ts := ten.st

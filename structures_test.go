@@ -27,13 +27,11 @@ func TestLaneTable(t *testing.T) {
 			h := hash(k)
 			if l := ref[k]; l != nil {
 				require.Same(t, l, tab.get(k, h))
-				tab.del(l)
+				require.True(t, tab.release(l))
 				delete(ref, k)
 			} else {
 				require.Nil(t, tab.get(k, h))
-				l := &lane[int, int]{key: k, hash: h}
-				tab.put(l)
-				ref[k] = l
+				ref[k] = tab.add(k, h, 0)
 			}
 			require.Equal(t, len(ref), tab.Len())
 		}

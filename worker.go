@@ -1,14 +1,14 @@
 package dispatch
 
 import (
-	"github.com/coalescer/dispatch/internal/due"
-	"github.com/coalescer/dispatch/internal/execctx"
-	"github.com/coalescer/dispatch/internal/tokens"
-
 	"context"
 	"fmt"
 	"runtime/debug"
 	"time"
+
+	"github.com/coalescer/dispatch/internal/due"
+	"github.com/coalescer/dispatch/internal/execctx"
+	"github.com/coalescer/dispatch/internal/tokens"
 )
 
 // This file is execution: the worker loop, and one attempt of a call —
@@ -24,7 +24,7 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 	// One clock reading serves an iteration: the end of the execution the
 	// worker just ran, or a new one after it waited or told outcomes.
 	// Decisions are then at most the time it took to retake the lock late.
-	now := d.now()
+	now := d.clk.now()
 	for !d.stopped {
 		// Anything past its deadline is expired here too, not only by the
 		// clock, so a worker never starts a call nobody is waiting for.
@@ -36,13 +36,13 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 				d.mu.Unlock()
 				d.deliver(&ob)
 				d.mu.Lock()
-				now = d.now()
+				now = d.clk.now()
 				continue
 			}
 			d.idleWorkers++
 			d.cond.Wait()
 			d.idleWorkers--
-			now = d.now()
+			now = d.clk.now()
 			continue
 		}
 		d.passOn()
@@ -138,7 +138,7 @@ func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
 // waiters' deadline is closer than its label's usual execution time.
 func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outbox[K, T]) {
 	d.totals.unfinishable++
-	d.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+	d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
 	d.finish(c, StateExpired, errUnfinishable, now, ob)
 }
 
@@ -219,7 +219,7 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 	}
 	c.ctx = nil
 	if a.end == 0 {
-		a.end = d.now()
+		a.end = d.clk.now()
 	}
 	d.endAttempt(c, a, ob, a.end)
 	return a.end
@@ -287,7 +287,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	c.ten.inflight++
 	var dl time.Time
 	if at := c.execDeadline(); at != 0 {
-		dl = d.epoch.Add(time.Duration(at))
+		dl = d.clk.wall(at)
 	}
 	ctx := execctx.New(dl, c.idem) // each execution its own: never reused
 	c.ctx = ctx
@@ -311,23 +311,6 @@ func (d *Dispatcher[K, T]) firstStart(c *call[K, T], now int64) {
 		d.fallback.Waited(now, wait)
 	}
 	d.retryBudget.At(now).Total++
-}
-
-// execDeadline is the latest deadline among c's live waiters, or 0 if any
-// of them has none.
-func (c *call[K, T]) execDeadline() int64 {
-	if c.nForever > 0 {
-		return 0 // without walking the tickets, whose memory is cold
-	}
-	var dl int64
-	if c.nPosts > 0 {
-		if c.postsForever {
-			return 0
-		}
-		dl = c.posts.deadline
-	}
-	c.eachTicket(func(t *Ticket[K, T]) { dl = max(dl, t.deadline()) }) // none is 0: nForever counts those
-	return dl
 }
 
 // execute runs one attempt outside the lock: the before-retry hook (on a
@@ -377,9 +360,9 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		}
 	}
 	a.site = callbackExec
-	start := d.now()
+	start := d.clk.now()
 	pe, err := guard(callbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
-	a.end = d.now()
+	a.end = d.clk.now()
 	a.runTime = time.Duration(a.end - start)
 	a.ran = true
 	a.err = err
@@ -484,7 +467,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 // execution that ran is reported Stale.
 func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	switch {
-	case d.settleAll(c, st, err, now, expireLate, ob):
+	case d.waiters.settleAll(c, st, err, now, expireLate, ob):
 	case a.ran:
 		d.totals.staleExecutions++
 		st, err = StateStale, staleErr(StateStale, err)

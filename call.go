@@ -1,0 +1,353 @@
+package dispatch
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/coalescer/dispatch/internal/band"
+	"github.com/coalescer/dispatch/internal/execctx"
+)
+
+// This file is a call's own data — the per-key lane, the calls in it,
+// their waiters, their place in the ready order — and every move between
+// a call's states. Nothing here is a Dispatcher method: the Dispatcher's
+// lock guards all of it.
+//
+// A lane holds at most two calls: the one running and the one pending.
+// Every state change of a call goes through enter, which holds it to the
+// table below (transitions); tests run with the check on, so a move the
+// table does not list is a bug that fails them.
+//
+//	state        lane pointer  where the call waits
+//	csNew        —             nowhere: being admitted
+//	csReady      pending       the ready index (queue.go)
+//	csDelayed    pending       the delay index, until its retry backoff ends
+//	csBehind     pending       nowhere: behind lane.running, its successor
+//	csTaken      either        nowhere, still counted queued: taken from the
+//	                           ready index to start (popFrom → begin), or
+//	                           on its way back after an attempt (requeue)
+//	csRunning    running       in a worker, or in a Sync-mode caller
+//	csEnded      running       nowhere: its attempt ended, the verdict follows
+//	csFinished   —             gone: told, counted, off the lane
+//
+// One exception: a retry whose merge with the successor that arrived during
+// its attempt was refused waits csReady or csDelayed while it stays
+// lane.running, so that the successor keeps waiting behind it.
+//
+// The moves, and where they happen:
+//
+//	csNew → csReady                admit (admit.go): a free lane
+//	csNew → csBehind               admit: the key's call is running
+//	csBehind → csReady             promote: the running call finished
+//	csReady → csTaken              queue.popFrom: a worker takes it; runInline:
+//	                               a Sync-mode caller
+//	csTaken → csRunning            begin (worker.go)
+//	csRunning → csEnded            endAttempt (worker.go)
+//	csEnded → csTaken              requeue (retry.go): a retry, or a worker
+//	                               that exited before the attempt began
+//	csTaken → csReady/csDelayed    place (retry.go): back in the queue
+//	csDelayed → csReady            queue.promote, when the backoff ends
+//	csReady → csReady              re-indexed: adopt (coalesce.go) moved it
+//	csDelayed → csDelayed            to another tenant
+//	csDelayed → csReady            restart (coalesce.go): ReplacePending
+//	                               dropped its backoff
+//	any but csRunning → csFinished finish; a running call loses its waiters
+//	                               by being orphaned (its context cancelled)
+//	                               and finishes when its exec returns
+//
+// Three verbs end things:
+//
+//   - settle: one waiter — a ticket, or the aggregate of a call's posts —
+//     gets its outcome and leaves its call.
+//   - finish: a call whose waiters are gone ends: it leaves the lane and
+//     the indexes, is counted and reported to the completion hook and the
+//     observer, and its successor becomes ready.
+//   - release: a lane with no call left is forgotten, and kept for reuse.
+//
+// What they tell (tickets, hooks, observer events) goes into an outbox,
+// delivered once the lock is released (deliver.go).
+
+// callState says where a call is; see the table above.
+type callState uint8
+
+const (
+	csNew callState = iota
+	csBehind
+	csReady
+	csDelayed
+	csTaken
+	csRunning
+	csEnded
+	csFinished
+	nCallStates
+)
+
+var callStateNames = [nCallStates]string{"new", "behind", "ready", "delayed", "taken", "running", "ended", "finished"}
+
+func (s callState) String() string {
+	if s < nCallStates {
+		return callStateNames[s]
+	}
+	return "callState(" + strconv.Itoa(int(s)) + ")"
+}
+
+// transitions is the lifecycle: transitions[from] has bit 1<<to set for
+// each move the table above lists.
+var transitions = [nCallStates]uint16{
+	csNew:      1<<csReady | 1<<csBehind,
+	csBehind:   1<<csReady | 1<<csFinished,
+	csReady:    1<<csTaken | 1<<csReady | 1<<csFinished,
+	csDelayed:  1<<csReady | 1<<csDelayed | 1<<csFinished,
+	csTaken:    1<<csRunning | 1<<csReady | 1<<csDelayed | 1<<csFinished,
+	csRunning:  1 << csEnded,
+	csEnded:    1<<csTaken | 1<<csFinished,
+	csFinished: 0,
+}
+
+// checkTransitions makes enter crash the process (crash, deliver.go) on a
+// move transitions does not list.
+// The package's tests turn it on (lifecycle_check_test.go); a production
+// build skips the table lookup on this hot path, trusting the tests.
+var checkTransitions bool
+
+// onTransition, if set (by a test), sees every move.
+var onTransition func(from, to callState)
+
+// enter moves c to state s: the one place a call's state changes.
+func (c *call[K, T]) enter(s callState) {
+	if checkTransitions {
+		if transitions[c.state]&(1<<s) == 0 {
+			// Under the lock: crash, so the bug ends the test run loudly
+			// rather than hang it.
+			crash(fmt.Sprintf("a call moved %v → %v, which its lifecycle forbids", c.state, s))
+		}
+		if onTransition != nil {
+			onTransition(c.state, s)
+		}
+	}
+	c.state = s
+}
+
+// lane is the state of one key. The first call lives inside the lane, so
+// tracking a new key costs at most an eighth of an allocation (lanePool),
+// none when a released lane is reused.
+type lane[K comparable, T any] struct {
+	key     K
+	gen     uint64 // newest generation seen for the key
+	hash    uint64 // key's hash, for d.lanes
+	tracked bool   // d.lanes maps key to this lane
+	running *call[K, T]
+	pending *call[K, T]
+	first   call[K, T]
+}
+
+// freshCall returns a zeroed call: the lane's own cell if it is free, else
+// a new one — only a successor behind a running call needs that allocation.
+func (l *lane[K, T]) freshCall() *call[K, T] {
+	c := &l.first
+	if c == l.running || c == l.pending {
+		c = new(call[K, T])
+	}
+	*c = call[K, T]{lane: l, firstStart: -1}
+	c.posts.c = c
+	return c
+}
+
+// call is one logical operation on a key: the merge of every submission
+// that coalesced into it. The fields a coalescing Post touches come first,
+// so that it reads as few cache lines as possible.
+type call[K comparable, T any] struct {
+	lane  *lane[K, T]
+	val   T
+	state callState
+	// droppable is set while every submission in the call was droppable.
+	droppable bool
+	inShed    bool // in the queue's shed index
+	// postsForever is set when a fire-and-forget submission had no
+	// deadline: the posts aggregate then never expires.
+	postsForever bool
+	// orphan is set when a running call loses its last waiter; its
+	// execution's result is then reported Stale, never as success.
+	orphan bool
+	probe  bool // admitted by a half-open breaker
+	// checkProbe is set when the start check would have refused it and let
+	// it start to learn whether the server sped up (internal/startcheck).
+	checkProbe bool
+	low        bool         // running on a worker below the reservation's priority
+	endState   State        // why it was orphaned
+	prio       int          // effective priority: max over live waiters
+	enq        int64        // effective enqueue time: min over live waiters
+	nForever   int          // tickets without a deadline
+	nPosts     int          // fire-and-forget submissions
+	joined     int          // submissions served, for Result.Waiters
+	posts      waiter[K, T] // every fire-and-forget submission, as one waiter
+
+	runner    uint64 // goroutine id of its last execution
+	idem      string
+	seq       uint64 // arrival order: FIFO among equals
+	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
+	ten       *tenant[K, T]
+	label     string         // Config.Label's label, for the observer and Stats.Labels
+	order     orderKey       // its place in the ready order (queue.go)
+	run       *fifoRun[K, T] // the FIFO run holding it, if ready in one (ready.go)
+	runPos    int            // its position in that run
+	notBefore int64          // its place in the delay index
+	// The live tickets: the first in one, or all of them in more once a
+	// second joins (a lone ticket needs no lists). share is the outcome
+	// its riders share, with any absorbed calls' chained after it.
+	one   *Ticket[K, T]
+	more  *ticketLists[K, T]
+	share *share[K, T]
+
+	attempts   int
+	firstStart int64 // -1 until the first execution
+	runTime    time.Duration
+	ctx        *execctx.Ctx // its running attempt's context
+	lastErr    error        // set while the call waits to be retried
+}
+
+func (c *call[K, T]) live() int { return c.tickets() + c.nPosts }
+
+// tickets counts c's live tickets.
+func (c *call[K, T]) tickets() int {
+	n := 0
+	if c.one != nil {
+		n = 1
+	}
+	if tl := c.more; tl != nil {
+		n += len(tl.visit) + len(tl.riders)
+	}
+	return n
+}
+
+// eachTicket calls f for every live ticket of c.
+func (c *call[K, T]) eachTicket(f func(*Ticket[K, T])) {
+	if c.one != nil {
+		f(c.one)
+	}
+	if tl := c.more; tl != nil {
+		for _, t := range tl.visit {
+			f(t)
+		}
+		for _, t := range tl.riders {
+			f(t)
+		}
+	}
+}
+
+// execDeadline is the latest deadline among c's live waiters, or 0 if any
+// of them has none.
+func (c *call[K, T]) execDeadline() int64 {
+	if c.nForever > 0 {
+		return 0 // without walking the tickets, whose memory is cold
+	}
+	var dl int64
+	if c.nPosts > 0 {
+		if c.postsForever {
+			return 0
+		}
+		dl = c.posts.deadline
+	}
+	c.eachTicket(func(t *Ticket[K, T]) { dl = max(dl, t.deadline()) }) // none is 0: nForever counts those
+	return dl
+}
+
+// event describes c for the observer.
+func (c *call[K, T]) event() Event {
+	return Event{Label: c.label, Tenant: c.ten.name}
+}
+
+// result is what a waiter or the completion hook is told about c.
+func (c *call[K, T]) result(st State, err error, now int64) Result[K, T] {
+	wait := now - c.enq
+	if c.firstStart >= 0 {
+		wait = c.firstStart - c.enq
+	}
+	return Result[K, T]{Key: c.lane.key, Call: c.val, Outcome: Outcome{
+		State:     st,
+		Err:       err,
+		Attempts:  c.attempts,
+		Waiters:   c.joined,
+		QueueWait: time.Duration(max(wait, 0)),
+		RunTime:   c.runTime,
+	}}
+}
+
+// ticketLists holds the live tickets of a call that has more than one, in
+// no order; a ticket's idx is its position in its list. Lists are kept
+// for reuse when their call ends (listPool).
+type ticketLists[K comparable, T any] struct {
+	// riders ride a share (Ticket.share): the call's end does not visit
+	// them.
+	riders []*Ticket[K, T]
+	// visit holds the tickets the call's end visits: those with a deadline
+	// or a context watch, and plain ones that joined before the share was
+	// made. plain counts the latter.
+	visit []*Ticket[K, T]
+	plain int
+}
+
+// waiter is one Ticket, or the aggregate of a call's fire-and-forget
+// submissions (t == nil).
+type waiter[K comparable, T any] struct {
+	prio     int
+	enq      int64
+	deadline int64 // 0: none
+	// at is the waiter's key in the deadline index (0: not indexed). For a
+	// ticket it equals deadline. For the posts aggregate it may lag behind a
+	// deadline that later submissions extended; the clock then re-indexes
+	// instead of expiring, which keeps a coalescing Post free of index work.
+	at   int64
+	dseq uint64
+	c    *call[K, T]   // the posts aggregate's call (a ticket's is t.c)
+	t    *Ticket[K, T] // the ticket, or nil for the posts aggregate
+}
+
+// orderKey is a call's place in the ready order: lower runs first. hi is
+// the call's priority band, complemented (^band = −band−1, no overflow) so
+// that a higher band sorts first; lo is its virtual time within the band,
+// enq − offset×aging (see orderOf), as an order-preserving unsigned number.
+// Both are exact for every int priority: nothing saturates, and within the
+// dispatcher's clock range (below 2⁶² ns, 146 years after New) and the
+// band's span (settings.band) nothing overflows.
+type orderKey struct {
+	hi int64
+	lo uint64
+}
+
+func (a orderKey) less(b orderKey) bool {
+	if a.hi != b.hi {
+		return a.hi < b.hi
+	}
+	return a.lo < b.lo
+}
+
+// orderKeyOf is the order of a call of priority prio enqueued at enq, with
+// bands of width levels and aging ns per level: band descending, then the
+// virtual time enq − off×aging ascending, where off is prio's offset in its
+// band. With width 1 (strict priority) off is 0: priority, then arrival.
+// The caller keeps |enq| ≤ 2⁶² and (width−1)×aging ≤ 2⁶² (maxBandSpan), so
+// the virtual time fits in an int64.
+func orderKeyOf(enq, prio, width, aging int64) orderKey {
+	b, off := band.Of(prio, width)
+	return orderKey{^b, uint64(enq-off*aging) ^ 1<<63}
+}
+
+// maxBandSpan bounds how much virtual time a band spans, (width−1)×aging:
+// a band is narrowed to fit (settings), so that orderKeyOf cannot overflow.
+const maxBandSpan = 1 << 62
+
+// entry is a call's place in a ready-ordered index (a tenant's ready index,
+// or a shed index). The order is held in the entry itself, so that a B-tree
+// search compares within its nodes and never follows a pointer to a call:
+// at depth, that is the difference between reading a node's cache lines and
+// missing the cache once per comparison.
+type entry[K comparable, T any] struct {
+	order orderKey
+	seq   uint64
+	c     *call[K, T]
+}
+
+// entry returns c's ready-index entry for its current order.
+func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.order, c.seq, c} }

@@ -1,0 +1,148 @@
+package dispatch
+
+// This file is how waiters and calls end. Three verbs end things:
+//
+//   - settle (waiters.go): one waiter — a ticket, or the aggregate of a
+//     call's posts — gets its outcome and leaves its call.
+//   - finish: a call whose waiters are gone ends: it leaves the lane and
+//     the indexes, is counted and reported to the completion hook and the
+//     observer, and its successor becomes ready.
+//   - release (lanes.go): a lane with no call left is forgotten, and kept
+//     for reuse.
+//
+// What they tell (tickets, hooks, observer events) goes into an outbox,
+// delivered once the lock is released (deliver.go).
+
+import (
+	"errors"
+)
+
+// leave ends ticket t alone with st: its ticket was cancelled, its context
+// ended, or its deadline passed. If it was its call's last waiter, the call
+// finishes. It takes the lock itself.
+func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
+	var ob outbox[K, T]
+	d.mu.Lock()
+	switch {
+	case t.state == tsNew: // Submit has not admitted it yet; it will see this and refuse
+		t.state = tsDone
+	case !t.ended():
+		d.dismiss(t, st, err, d.clk.now(), &ob)
+	}
+	d.mu.Unlock()
+	d.deliver(&ob)
+}
+
+// dismiss is leave under the lock, at now.
+func (d *Dispatcher[K, T]) dismiss(t *Ticket[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	c := t.c
+	d.waiters.settle(t, c, st, err, now, ob)
+	if c.live() == 0 {
+		d.finish(c, st, err, now, ob)
+		return
+	}
+	d.q.reprioritize(c)
+}
+
+// finish ends call c, which has no waiter left, with st. A call still
+// running is only orphaned: its context is cancelled with err, and it
+// finishes when its attempt ends (endAttempt), since its execution may be
+// taking effect. Any other call leaves its index and its lane, is counted
+// and reported, and lets its successor run; the lane is released if that
+// leaves it empty.
+func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	switch c.state {
+	case csRunning:
+		if !c.orphan {
+			c.orphan, c.endState = true, st
+			c.ctx.Cancel(err, errors.Is(err, ErrExpired))
+		}
+		return
+	case csEnded: // its attempt has already left the tenant's counts
+	default:
+		d.q.remove(c)
+		c.ten.queued--
+	}
+	c.enter(csFinished)
+	// Its ticket lists, if its tickets left one by one, are empty: keep
+	// them for reuse, as settleAll does.
+	d.waiters.lists.keep(c)
+	d.report(c, st, err, now, ob)
+	d.forgetIdle(c.ten)
+	l := c.lane
+	if l.pending == c {
+		l.pending = nil
+	} else {
+		l.running = nil
+		if n := l.pending; n != nil && n.state == csBehind {
+			// Its successor is ready now, with the enqueue time it had
+			// when it arrived.
+			d.q.push(n)
+			d.wakeWorker()
+		}
+	}
+	if d.lanes.release(l) {
+		d.drainedIfEmpty()
+	}
+	d.kick()
+}
+
+// report counts a finished call and queues its completion hook and
+// observer event.
+func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	d.calls.remove(c.label)
+	d.totals.calls[st]++
+	if d.fallback != nil {
+		d.fallback.Finished(now, st == StateFailed)
+	}
+	if d.cfg.OnDone == nil && d.cfg.Observer == nil {
+		return
+	}
+	r := c.result(st, err, now)
+	if d.cfg.OnDone != nil {
+		ob.hooks = append(ob.hooks, r)
+	}
+	if obs := d.cfg.Observer; obs != nil {
+		e, o := c.event(), r.Outcome
+		ob.notes = append(ob.notes, func() { obs.OnFinish(e, o) })
+	}
+}
+
+// scope says which calls of a lane endLane ends.
+type scope uint8
+
+const (
+	queuedOnly  scope = iota // the pending call; a running one goes on
+	withRunning              // the running call too: its context is cancelled
+)
+
+// endLane settles every waiter of l's calls in sc with st and finishes the
+// calls. It reports whether it ended any.
+func (d *Dispatcher[K, T]) endLane(l *lane[K, T], st State, err error, now int64, sc scope, ob *outbox[K, T]) bool {
+	ended := false
+	for _, c := range [2]*call[K, T]{l.pending, l.running} {
+		if c != nil && !c.orphan && (sc == withRunning || c.state != csRunning) {
+			ended = true
+			d.waiters.settleAll(c, st, err, now, onTime, ob)
+			d.finish(c, st, err, now, ob)
+		}
+	}
+	return ended
+}
+
+// shed drops queued call c to make room under bound b: every waiter gets
+// Dropped.
+func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K, T]) {
+	err := errDroppedCapacity
+	if b == BoundQuota {
+		err = errDroppedQuota
+	}
+	d.totals.shed[b.index()]++
+	c.ten.st.Dropped++
+	if obs := d.cfg.Observer; obs != nil {
+		e := c.event()
+		ob.notes = append(ob.notes, func() { obs.OnDrop(e, b) })
+	}
+	d.waiters.settleAll(c, StateDropped, err, now, onTime, ob)
+	d.finish(c, StateDropped, err, now, ob)
+}
