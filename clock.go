@@ -56,7 +56,7 @@ func (d *Dispatcher[K, T]) clock() {
 			// records the next time, if it still has to wait.
 			d.wakeWorker()
 		}
-		if b := d.breaker; duties.Has(due.Probe) && b != nil && b.State() == breaker.Open {
+		if b := d.gate.breaker; duties.Has(due.Probe) && b != nil && b.State() == breaker.Open {
 			if now >= b.OpenUntil() {
 				d.wakeWorker() // to probe
 			} else {

@@ -7,14 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coalescer/dispatch/internal/adaptive"
-	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/fallback"
 	"github.com/coalescer/dispatch/internal/goid"
 	"github.com/coalescer/dispatch/internal/hist"
-	"github.com/coalescer/dispatch/internal/startcheck"
-	"github.com/coalescer/dispatch/internal/tokens"
 	"github.com/coalescer/dispatch/internal/window"
 )
 
@@ -66,16 +62,16 @@ type Dispatcher[K comparable, T any] struct {
 	preClock   atomic.Bool
 	clockNeeds uint8
 
-	mu            sync.Mutex
-	cond          sync.Cond // idle workers wait here for ready calls
-	lanes         laneTable[K, T]
-	q             queue[K, T]
-	seq           uint64
-	waiters       waiters[K, T]
-	idleWorkers   int // workers waiting on cond
-	running       int // calls in flight, on workers or inline
-	workerRunning int // calls in flight on workers
-	calls         liveCalls
+	mu          sync.Mutex
+	gate        startGate // may the next execution start (start.go)
+	cond        sync.Cond // idle workers wait here for ready calls
+	lanes       laneTable[K, T]
+	q           queue[K, T]
+	seq         uint64
+	waiters     waiters[K, T]
+	idleWorkers int // workers waiting on cond
+	running     int // calls in flight, on workers or inline
+	calls       liveCalls
 
 	started       bool
 	closing       bool
@@ -84,14 +80,9 @@ type Dispatcher[K comparable, T any] struct {
 
 	due due.List // when the clock must act, by duty (clock.go)
 
-	tokens     tokens.Tokens     // the rate limiter's, taken before a call is chosen
-	fetchCond  sync.Cond         // the token fetcher waits here
-	adaptive   *adaptive.Limit   // nil: concurrency fixed at Workers
-	lowRunning int               // worker executions below the reservation's priority
-	check      *startcheck.Check // nil: StartPolicy.NoDeadlineCheck
+	fetchCond sync.Cond // the token fetcher waits here
 
-	retryBudget window.Window    // Total: first attempts; Marked: retries
-	breaker     *breaker.Breaker // nil: no circuit breaker
+	retryBudget window.Window // Total: first attempts; Marked: retries
 	fallback    *fallback.State
 
 	queueWait hist.Recent
@@ -146,22 +137,13 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 // names, and the conditions the dispatcher's goroutines wait on.
 func (d *Dispatcher[K, T]) init() {
 	set := &d.cfg
-	if set.Start.Adaptive != nil {
-		d.adaptive = adaptive.New(set.Start.Adaptive.limitPolicy(), set.Workers, set.Retry.MaxBackoff)
-	}
-	if sc := set.Start; !sc.NoDeadlineCheck {
-		d.check = startcheck.New(startcheck.Policy{Quantile: sc.DeadlineQuantile, Samples: sc.DeadlineSamples, Window: latencyWindow})
-	}
+	d.gate = newStartGate(set, &d.clk)
 	if set.Label != nil {
 		d.calls.labels = map[string]int{}
 	}
 	if set.Rollout.Fallback != nil {
 		d.fallback = fallback.New(set.Rollout.Fallback.fallbackPolicy())
 	}
-	if set.Breaker != nil {
-		d.breaker = breaker.New(set.Breaker.policy())
-	}
-	d.tokens = tokens.New(set.RateLimit, d.clk.epoch)
 	d.due = due.New(d.clk.arm)
 	d.q.due = &d.due
 	d.waiters = newWaiters[K, T](&d.due)
@@ -293,12 +275,13 @@ func (d *Dispatcher[K, T]) runSync(t *Ticket[K, T], e Event, coalesced bool, ob 
 func (d *Dispatcher[K, T]) runsHere(key K) bool {
 	l := d.lanes.lookup(key)
 	keyRuns := l != nil && l.running != nil && l.running.state == csRunning
-	probes := d.breaker != nil && d.breaker.ProbeRunning()
+	b := d.gate.breaker
+	probes := b != nil && b.ProbeRunning()
 	if !keyRuns && !probes {
 		return false // the usual case, without reading the goroutine id
 	}
 	id := goid.ID()
-	return keyRuns && l.running.runner == id || probes && d.breaker.Probing(id)
+	return keyRuns && l.running.runner == id || probes && b.Probing(id)
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no

@@ -39,7 +39,7 @@ func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
 // fallbackFacts is what the fallback looks at besides its own windows.
 func (d *Dispatcher[K, T]) fallbackFacts() fallback.Facts {
 	in := fallback.Facts{Sync: d.mode == ModeSync, Live: d.calls.n, Backlog: d.calls.n - d.running}
-	if b := d.breaker; b != nil && b.State() != breaker.Closed {
+	if b := d.gate.breaker; b != nil && b.State() != breaker.Closed {
 		in.CircuitOpen, in.CircuitSince = true, b.Since()
 	}
 	return in

@@ -35,7 +35,7 @@ func (d *Dispatcher[K, T]) start() {
 	}
 	d.spawn(roleClock)
 	d.spawn(roleNotifier)
-	if d.tokens.NeedsFetcher() {
+	if d.gate.tokens.NeedsFetcher() {
 		d.spawn(roleFetcher)
 	}
 	if d.fallback != nil {

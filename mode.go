@@ -144,7 +144,7 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 
 // asyncBacklog counts what the workers still have to run.
 func (d *Dispatcher[K, T]) asyncBacklog() int {
-	return d.q.nready + d.q.delayed.Len() + d.workerRunning
+	return d.q.nready + d.q.delayed.Len() + d.gate.running
 }
 
 // cancelQueued ends every queued call (ready, in backoff, or waiting behind
@@ -175,19 +175,22 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		wait := time.Duration(-1) // until something changes
 		switch c.state {
 		case csReady:
-			if d.unfinishable(c, now) {
-				d.expireUnfinishable(c, now, ob) // finish takes it out of the ready index
+			if c.unfinishable(&d.gate, now) {
+				// finish takes it out of the ready index
+				d.totals.unfinishable++
+				d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+				d.finish(c, StateExpired, errUnfinishable, now, ob)
 				continue
 			}
-			if probe, ok := d.breakerAdmits(now, ob); ok {
+			if probe, ok := d.mayStart(now, false, ob); ok {
 				d.q.remove(c)
 				c.enter(csTaken)
 				c.probe = probe
 				d.run(c, now, ob, rn)
 				continue
 			}
-			if d.breaker.State() == breaker.Open {
-				wait = time.Duration(d.breaker.OpenUntil() - now)
+			if d.gate.breaker.State() == breaker.Open {
+				wait = time.Duration(d.gate.breaker.OpenUntil() - now)
 			}
 		case csDelayed:
 			wait = time.Duration(c.notBefore - now)

@@ -53,12 +53,12 @@ func (d *Dispatcher[K, T]) fetcher() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for !d.stopped {
-		if !d.tokens.WantFetch() {
+		if !d.gate.tokens.WantFetch() {
 			d.fetchCond.Wait()
 			continue
 		}
 		d.mu.Unlock()
-		err := d.tokens.Limiter().Wait(d.base)
+		err := d.gate.tokens.Limiter().Wait(d.base)
 		if err != nil && d.base.Err() == nil {
 			failures++
 			tokens.Pause(d.base, tokens.FailureBackoff(failures))
@@ -68,7 +68,7 @@ func (d *Dispatcher[K, T]) fetcher() {
 			continue // closing (base is cancelled), or after the back-off
 		}
 		failures = 0
-		d.tokens.Fetched()
+		d.gate.tokens.Fetched()
 		d.wakeWorker()
 	}
 }

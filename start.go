@@ -1,111 +1,221 @@
 package dispatch
 
 import (
+	"github.com/coalescer/dispatch/internal/adaptive"
 	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
+	"github.com/coalescer/dispatch/internal/startcheck"
+	"github.com/coalescer/dispatch/internal/tokens"
 )
 
-// This file is the reservation of workers for urgent calls
-// (StartPolicy.ReservedWorkers). It runs under the dispatcher's lock.
+// This file asks "may the next execution start?" (StartPolicy, and the
+// rate limiter and circuit breaker), and tells the state machines that
+// answer it how each attempt ended. The state machines are internal
+// packages that take values and return decisions; what they decide is
+// acted on here: the clock is armed, workers are woken, the observer is
+// told. Everything here runs under the dispatcher's lock.
 
-// lowLimit is how many worker executions below the reservation's priority
-// may run: the rest of the concurrency, and at least one.
-func (d *Dispatcher[K, T]) lowLimit() int {
-	return max(d.concurrency()-d.cfg.Start.ReservedWorkers, 1)
+// startGate is what decides whether an execution may start: the concurrency
+// (fixed, or an adaptive limit), the reservation of workers for urgent
+// calls, a server's Retry-After hold, the deadline check, the rate
+// limiter's tokens and the circuit breaker. Guarded by the Dispatcher's
+// lock.
+type startGate struct {
+	workers  int              // Config.Workers: the concurrency without an adaptive limit
+	reserved int              // StartPolicy.ReservedWorkers
+	urgentAt int              // the first urgent priority (settings.urgent)
+	adaptive *adaptive.Limit  // nil: concurrency fixed at workers
+	breaker  *breaker.Breaker // nil: no circuit breaker
+	check    *startcheck.Check
+	tokens   tokens.Tokens
+	running  int // executions on workers
+	low      int // of those, below the reservation's priority
 }
 
-// mayProbe reports whether c may start while a server's Retry-After holds
-// the other calls (AdaptivePolicy): a call that may use a reserved worker
-// is never held, so that a binding does not wait out a hold that a status
-// patch drew; if the server throttles it too, its own retry waits.
-func (d *Dispatcher[K, T]) mayProbe(c *call[K, T]) bool {
-	return d.cfg.Start.ReservedWorkers > 0 && d.urgent(c)
-}
-
-// urgent reports whether c may use a reserved worker: its priority is in
-// the reservation's band or above (settings.urgent).
-func (d *Dispatcher[K, T]) urgent(c *call[K, T]) bool {
-	return c.prio >= d.cfg.urgent
-}
-
-// breakerAdmits reports whether the circuit breaker lets an execution start
-// now, and whether it runs as a half-open probe.
-func (d *Dispatcher[K, T]) breakerAdmits(now int64, ob *outbox[K, T]) (probe, ok bool) {
-	b := d.breaker
-	if b == nil {
-		return false, true
+func newStartGate[K comparable, T any](set *settings[K, T], tb *timebase) startGate {
+	g := startGate{
+		workers: set.Workers, reserved: set.Start.ReservedWorkers, urgentAt: set.urgent,
+		tokens: tokens.New(set.RateLimit, tb.epoch),
 	}
-	ok, probe, ch := b.Admit(now)
-	noteCircuit(d.cfg.Observer, ch, &ob.notes)
-	if !ok && b.State() == breaker.Open {
-		d.due.Set(due.Probe, b.OpenUntil())
+	if p := set.Start.Adaptive; p != nil {
+		g.adaptive = adaptive.New(p.limitPolicy(), set.Workers, set.Retry.MaxBackoff)
 	}
-	return probe, ok
+	if sc := set.Start; !sc.NoDeadlineCheck {
+		g.check = startcheck.New(startcheck.Policy{Quantile: sc.DeadlineQuantile, Samples: sc.DeadlineSamples, Window: latencyWindow})
+	}
+	if set.Breaker != nil {
+		g.breaker = breaker.New(set.Breaker.policy())
+	}
+	return g
 }
 
-// breakerRecord tells the circuit breaker how an attempt of c ended. Only
-// executions that say something about the API's health count: ones that
-// ran, were not cut short by the call's own end, and succeeded or failed
-// retryably.
-func (d *Dispatcher[K, T]) breakerRecord(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
-	b := d.breaker
-	if b == nil {
+// limit is the number of worker executions allowed now.
+func (g *startGate) limit() int {
+	if g.adaptive != nil {
+		return g.adaptive.Limit()
+	}
+	return g.workers
+}
+
+// urgent reports whether a call of priority prio may use a reserved
+// worker: its priority is in the reservation's band or above.
+func (g *startGate) urgent(prio int) bool { return prio >= g.urgentAt }
+
+// held reports whether a call of priority prio waits out a server's
+// Retry-After (AdaptivePolicy) at now, and until when. A call that may use
+// a reserved worker is never held, so that a binding does not wait out a
+// hold that a status patch drew; if the server throttles it too, its own
+// retry waits.
+func (g *startGate) held(prio int, now int64) (until int64, ok bool) {
+	if a := g.adaptive; a != nil && now < a.Hold() && !(g.reserved > 0 && g.urgent(prio)) {
+		return a.Hold(), true
+	}
+	return 0, false
+}
+
+// below reports whether a call of priority prio would run below the
+// reservation (low), and whether no worker is left for it there (full):
+// the rest of the concurrency, and at least one, may run such calls.
+func (g *startGate) below(prio int) (low, full bool) {
+	low = g.reserved > 0 && !g.urgent(prio)
+	return low, low && g.low >= max(g.limit()-g.reserved, 1)
+}
+
+// unfinishable reports whether c cannot finish by its waiters' latest
+// deadline (the deadline check); a call it would refuse may start as the
+// check's probe.
+func (c *call[K, T]) unfinishable(g *startGate, now int64) bool {
+	if g.check == nil {
+		return false
+	}
+	refuse, probe := g.check.Refuse(c.label, c.execDeadline(), now)
+	c.checkProbe = c.checkProbe || probe
+	return refuse
+}
+
+// next pops the call a worker runs now, if any may start: under the
+// concurrency limit, within tenant caps, outside a server's hold and the
+// reservation, with a rate-limiter token, and past the circuit breaker — in
+// that order, so that the token goes to the best call at the moment it is
+// granted. A call that can no longer finish by its deadline is expired on
+// the way (the deadline check), and the next one considered.
+func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
+	g := &d.gate
+	for d.q.nready > 0 && g.running < g.limit() {
+		ten := d.q.pick(now)
+		if ten == nil {
+			return nil // every tenant with ready calls is at its in-flight cap
+		}
+		c := ten.ready.min().c
+		if until, ok := g.held(c.prio, now); ok {
+			d.lookAgainAt(until)
+			return nil
+		}
+		if c.unfinishable(g, now) {
+			d.q.popFrom(ten)
+			d.totals.unfinishable++
+			d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+			d.finish(c, StateExpired, errUnfinishable, now, ob)
+			continue
+		}
+		low, full := g.below(c.prio)
+		if full {
+			// The rest of the workers are kept for urgent calls, which
+			// would be c's band or above: none is ready. A worker is
+			// woken when a low call ends (endAttempt).
+			return nil
+		}
+		probe, ok := d.mayStart(now, true, ob)
+		if !ok {
+			return nil
+		}
+		d.q.popFrom(ten)
+		c.probe, c.low = probe, low
+		return c
+	}
+	return nil
+}
+
+// mayStart takes a rate-limiter token (if token: an inline execution waits
+// for its own) and the circuit breaker's leave for an execution to start
+// now, or neither; the clock or the token fetcher then wakes a worker to
+// look again. probe: it runs as the half-open breaker's probe.
+func (d *Dispatcher[K, T]) mayStart(now int64, token bool, ob *outbox[K, T]) (probe, ok bool) {
+	g := &d.gate
+	if token {
+		if ok, at := g.tokens.Ready(now); !ok {
+			d.lookAgainAt(at)
+			return false, false
+		}
+	}
+	if b := g.breaker; b != nil {
+		var ch breaker.Change
+		ok, probe, ch = b.Admit(now)
+		noteCircuit(d.cfg.Observer, ch, &ob.notes)
+		if !ok {
+			if b.State() == breaker.Open {
+				d.due.Set(due.Probe, b.OpenUntil())
+			}
+			return false, false
+		}
+	}
+	if token {
+		g.tokens.Spend()
+	}
+	return probe, true
+}
+
+// lookAgainAt has the clock wake a worker at at (tokens.WhenFetched: the
+// token fetcher wakes one).
+func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
+	if at == tokens.WhenFetched {
+		d.fetchCond.Signal() // the fetcher waits for the limiter's next token
 		return
 	}
-	v := breaker.Ignored
-	if a.ran && !c.orphan && !a.callDone {
+	d.due.Set(due.Start, at)
+}
+
+// recordAttempt tells the deadline check, the circuit breaker and the
+// adaptive limit how an attempt of c ended, at now. The breaker and the
+// limit hear only executions that say something about the API's health:
+// ones that ran and were not cut short by the call's own end.
+func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
+	g := &d.gate
+	if g.check != nil {
+		g.check.Observe(c.label, now, a.runTime, a.ran, c.checkProbe)
+		c.checkProbe = false
+	}
+	said := a.ran && !a.callDone
+	if b := g.breaker; b != nil {
+		v := breaker.Ignored
 		switch {
+		case !said || c.orphan:
 		case a.err == nil:
 			v = breaker.Healthy
 		case a.class == ClassRetry:
 			v = breaker.Failed
 		}
+		if c.probe {
+			b.EndProbe(c.runner)
+			c.probe = false
+		}
+		ch := b.Record(now, v)
+		noteCircuit(d.cfg.Observer, ch, &ob.notes)
+		switch {
+		case ch.To == breaker.Closed && ch.Changed():
+			d.cond.Broadcast() // resume every worker
+		case ch.To == breaker.Open:
+			d.due.Set(due.Probe, b.OpenUntil())
+		}
 	}
-	if c.probe {
-		b.EndProbe(c.runner)
-		c.probe = false
+	if g.adaptive != nil && said && !a.panicked {
+		s, hint := strainOf(a.err, a.class)
+		from, to := g.adaptive.Record(now, a.runTime, s, hint)
+		if to > from {
+			d.wakeWorker()
+		}
+		if obs := d.cfg.Observer; obs != nil && to != from {
+			ob.notes = append(ob.notes, func() { obs.OnLimitChange(from, to) })
+		}
 	}
-	ch := b.Record(now, v)
-	noteCircuit(d.cfg.Observer, ch, &ob.notes)
-	switch {
-	case ch.To == breaker.Closed && ch.Changed():
-		d.cond.Broadcast() // resume every worker
-	case ch.To == breaker.Open:
-		d.due.Set(due.Probe, b.OpenUntil())
-	}
-}
-
-// adapt feeds an attempt's end to the adaptive limit, if any.
-func (d *Dispatcher[K, T]) adapt(a *attempt[K, T], now int64, ob *outbox[K, T]) {
-	if d.adaptive == nil || !a.ran || a.callDone || a.panicked {
-		return
-	}
-	s, hint := strainOf(a.err, a.class)
-	from, to := d.adaptive.Record(now, a.runTime, s, hint)
-	if to > from {
-		d.wakeWorker()
-	}
-	if obs := d.cfg.Observer; obs != nil && to != from {
-		ob.notes = append(ob.notes, func() { obs.OnLimitChange(from, to) })
-	}
-}
-
-// concurrency is the number of worker executions allowed now.
-func (d *Dispatcher[K, T]) concurrency() int {
-	if d.adaptive != nil {
-		return d.adaptive.Limit()
-	}
-	return d.cfg.Workers
-}
-
-// unfinishable reports whether c cannot finish by its waiters' latest
-// deadline (the start check, internal/startcheck); a call it would refuse
-// may start as the check's probe.
-func (d *Dispatcher[K, T]) unfinishable(c *call[K, T], now int64) bool {
-	if d.check == nil {
-		return false
-	}
-	refuse, probe := d.check.Refuse(c.label, c.execDeadline(), now)
-	c.checkProbe = c.checkProbe || probe
-	return refuse
 }

@@ -157,15 +157,15 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		Submitted: t.submitted, Rejected: t.rejected, Coalesced: t.coalesced,
 		Executions: t.executions, StaleExecutions: t.staleExecutions, Retries: t.retries,
 		AlreadyDone: t.alreadyDone, Unfinishable: t.unfinishable,
-		Concurrency: d.concurrency(), Reserved: d.cfg.Start.ReservedWorkers, BelowReserve: d.lowRunning,
+		Concurrency: d.gate.limit(), Reserved: d.cfg.Start.ReservedWorkers, BelowReserve: d.gate.low,
 		QueueWait: quantiles(d.queueWait.Sum(now)), ExecTime: quantiles(d.execTime.Sum(now)),
 		Mode: d.mode, Outcomes: d.waiters.outcomes.byState(), Calls: t.calls.byState(),
 		Backpressure: make(map[Bound]uint64, numBounds), Shed: make(map[Bound]uint64, numBounds),
 		Tenants: make(map[string]TenantStats, len(d.tenants)),
 	}
 	s.Successors = d.calls.n - s.Ready - s.Delayed - s.InFlight
-	if d.breaker != nil {
-		s.Circuit = Circuit(d.breaker.State())
+	if d.gate.breaker != nil {
+		s.Circuit = Circuit(d.gate.breaker.State())
 	}
 	for _, b := range bounds {
 		s.Backpressure[b], s.Shed[b] = t.refused[b.index()], t.shed[b.index()]

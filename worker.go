@@ -6,7 +6,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/execctx"
 	"github.com/coalescer/dispatch/internal/tokens"
 )
@@ -61,85 +60,9 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 // limiter's burst is spent, calls ready behind executions that hang start
 // only as those end, however many workers are free.
 func (d *Dispatcher[K, T]) passOn() {
-	if d.q.nready > 0 && d.workerRunning+1 < d.concurrency() {
+	if d.q.nready > 0 && d.gate.running+1 < d.gate.limit() {
 		d.wakeWorker()
 	}
-}
-
-// next pops the call a worker runs now, if any may start: under the
-// concurrency limit, outside a server's hold, within tenant caps and the
-// reservation, with a rate-limiter token, and past the circuit breaker — in
-// that order, so that the token goes to the best call at the moment it is
-// granted. A call that can no longer finish by its deadline is expired on
-// the way (StartCheck), and the next one considered.
-func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
-	for d.q.nready > 0 {
-		if d.workerRunning >= d.concurrency() {
-			return nil
-		}
-		ten := d.q.pick(now)
-		if ten == nil {
-			return nil // every tenant with ready calls is at its in-flight cap
-		}
-		c := ten.ready.min().c
-		if a := d.adaptive; a != nil && now < a.Hold() && !d.mayProbe(c) {
-			d.lookAgainAt(a.Hold())
-			return nil
-		}
-		if d.unfinishable(c, now) {
-			d.q.popFrom(ten)
-			d.expireUnfinishable(c, now, ob)
-			continue
-		}
-		low := d.cfg.Start.ReservedWorkers > 0 && !d.urgent(c)
-		if low && d.lowRunning >= d.lowLimit() {
-			// The rest of the workers are kept for urgent calls, which
-			// would be c's band or above: none is ready. A worker is
-			// woken when a low call ends (endAttempt).
-			return nil
-		}
-		probe, ok := d.tokenAndBreaker(now, ob)
-		if !ok {
-			return nil
-		}
-		d.q.popFrom(ten)
-		c.probe, c.low = probe, low
-		return c
-	}
-	return nil
-}
-
-// tokenAndBreaker takes a rate-limiter token and the circuit breaker's
-// leave for an execution to start now, or neither (the clock or the token
-// fetcher wakes a worker to look again). probe: it runs as the half-open
-// breaker's probe.
-func (d *Dispatcher[K, T]) tokenAndBreaker(now int64, ob *outbox[K, T]) (probe, ok bool) {
-	if ok, at := d.tokens.Ready(now); !ok {
-		d.lookAgainAt(at)
-		return false, false
-	}
-	if probe, ok = d.breakerAdmits(now, ob); ok {
-		d.tokens.Spend()
-	}
-	return probe, ok
-}
-
-// lookAgainAt has the clock wake a worker at at (tokens.WhenFetched: the
-// token fetcher wakes one).
-func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
-	if at == tokens.WhenFetched {
-		d.fetchCond.Signal() // the fetcher waits for the limiter's next token
-		return
-	}
-	d.due.Set(due.Start, at)
-}
-
-// expireUnfinishable ends call c, taken from the ready index, whose
-// waiters' deadline is closer than its label's usual execution time.
-func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outbox[K, T]) {
-	d.totals.unfinishable++
-	d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
-	d.finish(c, StateExpired, errUnfinishable, now, ob)
 }
 
 // runner is who executes a call: a worker, or a caller running it inline
@@ -209,9 +132,9 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 	}
 	d.mu.Lock()
 	if rn.onWorker {
-		d.workerRunning--
+		d.gate.running--
 		if c.low {
-			d.lowRunning--
+			d.gate.low--
 			c.low = false
 		}
 	} else {
@@ -261,9 +184,9 @@ type attempt[K comparable, T any] struct {
 // waiters (none if any waiter has none), carrying the idempotency key.
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
 	if rn.onWorker {
-		d.workerRunning++
+		d.gate.running++
 		if c.low {
-			d.lowRunning++
+			d.gate.low++
 		}
 	} else {
 		c.low = false    // inline executions are their callers' own
@@ -271,7 +194,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	}
 	c.runner = rn.id
 	if c.probe {
-		d.breaker.StartProbe(rn.id)
+		d.gate.breaker.StartProbe(rn.id)
 	}
 	l := c.lane
 	l.running = c
@@ -403,17 +326,12 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	if a.rebuilt {
 		c.val = a.val
 	}
-	if d.check != nil {
-		d.check.Observe(c.label, now, a.runTime, a.ran, c.checkProbe)
-		c.checkProbe = false
-	}
 	if a.ran {
 		d.execTime.Observe(now, a.runTime)
 		c.attempts++
 		d.totals.executions++
 	}
-	d.breakerRecord(c, a, now, ob)
-	d.adapt(a, now, ob)
+	d.recordAttempt(c, a, now, ob)
 	c.enter(csEnded)
 	switch {
 	case c.orphan:
