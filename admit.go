@@ -3,6 +3,7 @@ package dispatch
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/coalescer/dispatch/internal/breaker"
 )
@@ -41,7 +42,7 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 		return false, errRejectStale // before any bound: it would never be accepted
 	}
 	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
-		return false, d.refuse(BoundWaiters)
+		return false, d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}
 	supersede := s.o.Generation > l.gen
 	if r := l.running; r != nil && r.state == csRunning && !r.orphan && !supersede && d.cfg.Follow != nil {
@@ -62,7 +63,7 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 	if supersede {
 		l.gen = s.o.Generation
 		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, s.o.Generation), s.now, withRunning, ob)
-		d.keep(s.ten) // the ended call may have been its last: forgotten
+		d.tenants.keep(s.ten) // the ended call may have been its last: forgotten
 
 		if !l.tracked {
 			// The lane held only a queued call, and went with it.
@@ -74,7 +75,7 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 	}
 	if quotaVictim != nil {
 		d.shed(quotaVictim, BoundQuota, s.now, ob)
-		d.keep(s.ten)
+		d.tenants.keep(s.ten)
 	}
 	d.admitBehind(l, s, ob)
 	return false, nil
@@ -99,7 +100,7 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 	if v := worst(s.ten.shed, order, d.seq+1, l.pending); v != nil {
 		return v, nil
 	}
-	return nil, d.refuse(BoundQuota)
+	return nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 }
 
 // admitInto coalesces submission s into its key's pending call c.
@@ -125,7 +126,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	if moves {
 		was, wasRev, wasIdem = c.val, c.rev, c.idem
 	}
-	err = d.coalesce(c, s.val, s.o.IdempotencyKey, exitAdmit(d, t, ob))
+	err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmit(d, t, ob))
 	replaced := false
 	switch err {
 	case nil:
@@ -151,7 +152,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	}
 	if victim != nil {
 		d.shed(victim, BoundQuota, s.now, ob)
-		d.keep(s.ten)
+		d.tenants.keep(s.ten)
 	}
 	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label) {
 		d.adopt(c, s.ten, s.label)
@@ -190,7 +191,7 @@ func exitAdmit[K comparable, T any](d *Dispatcher[K, T], t *Ticket[K, T], ob *ou
 		if t != nil {
 			t.stopWatch()
 		}
-		d.deliver(ob)
+		d.tell.deliver(ob)
 	}
 }
 
@@ -207,7 +208,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 	if v := worst(s.ten.shed, order, c.seq, c); v != nil {
 		return v, nil
 	}
-	return nil, d.refuse(BoundQuota)
+	return nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 }
 
 // admitBehind makes s the pending call of lane l, which has none: the
@@ -219,7 +220,7 @@ func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *o
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	if l.running == nil {
 		d.q.push(c)
-		d.wakeWorkerAsync(ob)
+		d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
 		return
 	}
 	c.enter(csBehind)
@@ -228,7 +229,7 @@ func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *o
 // admitNewKey places a submission for a key without a lane.
 func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) error {
 	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
-		return d.refuse(BoundWaiters)
+		return d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}
 	quotaVictim, capVictim, err := d.roomForKey(s)
 	if err != nil {
@@ -244,7 +245,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 		d.shed(capVictim, BoundCapacity, s.now, ob)
 	}
 	if quotaVictim != nil || capVictim != nil {
-		d.keep(s.ten)
+		d.tenants.keep(s.ten)
 	}
 	if !d.started {
 		d.start()
@@ -253,7 +254,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.q.push(c)
-	d.wakeWorkerAsync(ob)
+	d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
 	d.wakeFallback(s.now)
 	return nil
 }
@@ -266,13 +267,13 @@ func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVict
 	order := d.q.orderOf(s.o.Priority, s.now)
 	if s.ten.overQuota(0) {
 		if quotaVictim = worst(s.ten.shed, order, d.seq+1, nil); quotaVictim == nil {
-			return nil, nil, d.refuse(BoundQuota)
+			return nil, nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 		}
 		return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
 	}
 	if d.lanes.Len() >= d.cfg.Capacity {
 		if capVictim = worst(d.q.shed, order, d.seq+1, nil); capVictim == nil {
-			return nil, nil, d.refuse(BoundCapacity)
+			return nil, nil, d.totals.refuse(BoundCapacity, d.lanes.Len())
 		}
 	}
 	return nil, capVictim, nil
@@ -288,7 +289,7 @@ func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVict
 // every minimum as it is. That spares the busiest path — a hot key
 // re-posted — a clock read. For a fire-and-forget submission without a
 // deadline, admitTime also records whether the clock was needed
-// (learnClock); one with a deadline reads it before the lock regardless,
+// (clockGuess); one with a deadline reads it before the lock regardless,
 // so it says nothing about whether Post's guess pays.
 func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOptions, now, deadline int64) int64 {
 	if t != nil {
@@ -301,7 +302,7 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 		}
 	}
 	if deadline == 0 {
-		d.learnClock(standIn == 0)
+		d.guess.learn(standIn == 0)
 	}
 	switch {
 	case now != 0:
@@ -312,34 +313,36 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 	return d.clk.now()
 }
 
-// learnClock records whether the admission of a Post without a deadline
-// needed the clock, and
-// keeps preClock, Post's guess before the lock, to what recent Posts
-// needed. clockNeeds rises with each Post that needed the clock and falls
-// with each that did not, between 0 and 3; the guess turns on at 3 and off
-// at 0. So traffic of new keys turns it on after three Posts, a hot key
-// re-posted turns it off after three, and a mix of the two does not flip
-// it with every other Post. A wrong guess costs a clock read outside the
-// lock (on) or one under it (off), never a wrong time.
-func (d *Dispatcher[K, T]) learnClock(needed bool) {
-	switch {
-	case needed && d.clockNeeds < 3:
-		d.clockNeeds++
-	case !needed && d.clockNeeds > 0:
-		d.clockNeeds--
-	}
-	switch guess := d.preClock.Load(); {
-	case d.clockNeeds == 3 && !guess:
-		d.preClock.Store(true)
-	case d.clockNeeds == 0 && guess:
-		d.preClock.Store(false)
-	}
+// clockGuess is Post's guess, read without the lock, that admission will
+// need the clock: if so, Post reads it before taking the lock, as Submit
+// does, so that the read is not part of the time the lock is held. needs,
+// under the lock, is the recent evidence (learn).
+type clockGuess struct {
+	pre   atomic.Bool
+	needs uint8
 }
 
-// refuse counts and returns a backpressure refusal.
-func (d *Dispatcher[K, T]) refuse(b Bound) error {
-	d.totals.refused[b.index()]++
-	return &BackpressureError{Bound: b, Depth: d.lanes.Len()}
+// learn records whether the admission of a Post without a deadline needed
+// the clock, and keeps the guess to what recent Posts needed. needs rises
+// with each Post that needed the clock and falls with each that did not,
+// between 0 and 3; the guess turns on at 3 and off at 0. So traffic of new
+// keys turns it on after three Posts, a hot key re-posted turns it off
+// after three, and a mix of the two does not flip it with every other
+// Post. A wrong guess costs a clock read outside the lock (on) or one under
+// it (off), never a wrong time.
+func (g *clockGuess) learn(needed bool) {
+	switch {
+	case needed && g.needs < 3:
+		g.needs++
+	case !needed && g.needs > 0:
+		g.needs--
+	}
+	switch guess := g.pre.Load(); {
+	case g.needs == 3 && !guess:
+		g.pre.Store(true)
+	case g.needs == 0 && guess:
+		g.pre.Store(false)
+	}
 }
 
 // newCall makes the pending call of l.
@@ -353,16 +356,4 @@ func (d *Dispatcher[K, T]) newCall(l *lane[K, T], val T, o *SubmitOptions, ten *
 	c.val, c.seq, c.idem, c.droppable = val, d.seq, o.IdempotencyKey, o.Droppable
 	l.pending = c
 	return c
-}
-
-// count records a submission's admission or refusal.
-func (d *Dispatcher[K, T]) count(ten *tenant[K, T], err error) {
-	d.totals.submitted++
-	if err != nil {
-		d.totals.rejected++
-		ten.st.Rejected++
-		d.forgetIdle(ten)
-		return
-	}
-	ten.st.Admitted++
 }

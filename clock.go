@@ -40,9 +40,9 @@ func (d *Dispatcher[K, T]) clock() {
 		if duties.Has(due.Promote) {
 			if n := d.q.promote(now); n > 0 {
 				for range n {
-					d.wakeWorker()
+					d.wake.worker()
 				}
-				d.kick()
+				d.wake.kick()
 			}
 			if c, ok := d.q.delayed.Min(); ok {
 				d.due.Set(due.Promote, c.notBefore)
@@ -54,19 +54,21 @@ func (d *Dispatcher[K, T]) clock() {
 		if duties.Has(due.Start) {
 			// A token is due, or a hold has ended. The worker that looks
 			// records the next time, if it still has to wait.
-			d.wakeWorker()
+			d.wake.worker()
 		}
 		if b := d.gate.breaker; duties.Has(due.Probe) && b != nil && b.State() == breaker.Open {
 			if now >= b.OpenUntil() {
-				d.wakeWorker() // to probe
+				d.wake.worker() // to probe
 			} else {
 				d.due.Set(due.Probe, b.OpenUntil())
 			}
 		}
 		d.due.Rearm()
-		d.handOff(&ob)
+		if ob.handOff(&d.notify) {
+			d.notifyCond.Signal()
+		}
 		d.mu.Unlock()
-		d.deliver(&ob) // tickets only
+		d.tell.deliver(&ob) // tickets only
 	}
 }
 

@@ -45,7 +45,7 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 	d.wg.Wait()
 	d.mu.Lock()
 	for d.running > 0 { // calls running inline, in Sync-mode callers
-		ch := d.kicked()
+		ch := d.wake.kicked()
 		d.mu.Unlock()
 		<-ch
 		d.mu.Lock()
@@ -84,10 +84,10 @@ func (d *Dispatcher[K, T]) stop() {
 		}
 		d.baseCancel(ErrClosed)
 		close(d.stopCh)
-		d.cond.Broadcast()
+		d.wake.workers()
 		d.notifyCond.Broadcast()
 		d.fetchCond.Broadcast()
 	}
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 }

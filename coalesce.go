@@ -23,18 +23,18 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 	old.queued--
 	c.ten = ten
 	ten.queued++
-	d.keep(ten)
+	d.tenants.keep(ten)
 	switch state {
 	case csReady:
 		d.q.push(c)
 	case csDelayed:
 		d.q.delay(c, c.notBefore)
 	}
-	d.forgetIdle(old)
+	d.tenants.forgetIdle(old)
 }
 
-// coalesce merges an incoming submission's call value into the pending call
-// c. On error c is untouched; SkipIncoming means the merge function found
+// merge merges an incoming submission's call value into the pending call
+// c, by the merge function (Config.Merge; nil: the incoming wins). On error c is untouched; SkipIncoming means the merge function found
 // the incoming call has nothing to add. ReplacePending means c's value is
 // now the incoming call's, a new operation: the caller restarts c.
 //
@@ -43,12 +43,12 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 // the goroutine — and must finish the caller's work and release the lock:
 // the one place where a lock is released other than by the function that
 // took it, since the goroutine never returns to that function.
-func (d *Dispatcher[K, T]) coalesce(c *call[K, T], val T, idem string, onExit func(*PanicError)) error {
+func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (T, error), onExit func(*PanicError)) error {
 	if idem != "" && c.idem != "" && idem != c.idem {
 		return errRejectIdemKey
 	}
 	var replace error
-	if merge := d.cfg.Merge; merge != nil {
+	if merge != nil {
 		var v T
 		_, err := guard(callbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
 		switch {
@@ -79,7 +79,7 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 	if c.state == csDelayed {
 		d.q.remove(c)
 		d.q.push(c)
-		d.wakeWorker()
+		d.wake.worker()
 	}
 }
 
@@ -94,7 +94,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
 	c.droppable = c.droppable && n.droppable
 	d.totals.coalesced += uint64(n.joined)
 	n.ten.queued--
-	d.forgetIdle(n.ten)
+	d.tenants.forgetIdle(n.ten)
 	d.calls.remove(n.label)
 	d.q.reprioritize(c)
 }
@@ -178,6 +178,6 @@ func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error))
 		d.finish(c, StateSkipped, nil, now, &ob)
 	}
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 	return true, nil
 }

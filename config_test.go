@@ -1,8 +1,6 @@
 package dispatch
 
 import (
-	"github.com/coalescer/dispatch/internal/due"
-
 	"context"
 	"fmt"
 	"math"
@@ -15,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 // field is one numeric setting of Config or of a policy nested in it, and

@@ -3,6 +3,8 @@ package dispatch
 import (
 	"fmt"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 )
 
 // This file is telling — outcomes reach waiters, the completion hook and
@@ -30,7 +32,7 @@ type outbox[K comparable, T any] struct {
 	hooks   []Result[K, T]
 	notes   notes
 	nh, nn  int
-	wake    bool // an idle worker is to be woken (wakeWorkerAsync)
+	wake    bool // an idle worker is to be woken, once the lock is released
 	// spare is a Result made outside the lock (stock) for the next ticket
 	// outcome recorded under it (newResult), so that a worker ending a
 	// call with tickets does not allocate while holding the lock.
@@ -66,15 +68,25 @@ func (ob *outbox[K, T]) empty() bool {
 	return len(ob.tickets) == 0 && len(ob.shares) == 0 && len(ob.hooks) == 0 && len(ob.notes) == 0
 }
 
+// teller tells what outboxes hold, outside every lock, and counts the
+// panics of the callbacks it contains. It needs no lock.
+type teller[K comparable, T any] struct {
+	onDone    func(Result[K, T]) // Config.OnDone
+	obs       Observer           // Config.Observer
+	workers   *sync.Cond         // where idle workers wait (wakes.cond)
+	panics    atomic.Uint64      // contained panics of hooks, observers and labels
+	lastPanic atomic.Pointer[PanicError]
+}
+
 // deliver wakes a worker if ob says so, and tells everything in ob, in
 // order: tickets (which runs no user code), then hooks, then observer
-// events; a panic in a hook or an observer
-// method is contained and counted. It must be called without the lock, and
-// leaves ob empty for reuse.
-func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
+// events; a panic in a hook or an observer method is contained and
+// counted. It must be called without the lock, and leaves ob empty for
+// reuse.
+func (tl *teller[K, T]) deliver(ob *outbox[K, T]) {
 	if ob.wake {
 		ob.wake = false
-		d.cond.Signal()
+		tl.workers.Signal()
 	}
 	for i, t := range ob.tickets {
 		t.stopWatch()
@@ -89,15 +101,15 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 	ob.shares = ob.shares[:0]
 	// If a callback ends this goroutine, tell the rest on its way out.
 	rest := func(pe *PanicError) {
-		d.contain(pe)
-		d.deliver(ob)
+		tl.contain(pe)
+		tl.deliver(ob)
 	}
 	for ob.nh < len(ob.hooks) {
 		r := ob.hooks[ob.nh]
 		ob.hooks[ob.nh] = Result[K, T]{}
 		ob.nh++
-		pe, _ := guard(callbackOnDone, func() error { d.cfg.OnDone(r); return nil }, rest)
-		d.contain(pe)
+		pe, _ := guard(callbackOnDone, func() error { tl.onDone(r); return nil }, rest)
+		tl.contain(pe)
 	}
 	ob.hooks, ob.nh = ob.hooks[:0], 0
 	for ob.nn < len(ob.notes) {
@@ -105,7 +117,7 @@ func (d *Dispatcher[K, T]) deliver(ob *outbox[K, T]) {
 		ob.notes[ob.nn] = nil
 		ob.nn++
 		pe, _ := guard(callbackObserver, func() error { f(); return nil }, rest)
-		d.contain(pe)
+		tl.contain(pe)
 	}
 	ob.notes, ob.nn = ob.notes[:0], 0
 }
@@ -157,17 +169,31 @@ var testHookUnderLock func()
 // contain counts a contained panic of a callback whose failure has nowhere
 // else to go (a hook, an observer method, a label): Stats reports it. It
 // needs no lock.
-func (d *Dispatcher[K, T]) contain(pe *PanicError) {
+func (tl *teller[K, T]) contain(pe *PanicError) {
 	if pe != nil {
-		d.panics.Add(1)
-		d.lastPanic.Store(pe)
+		tl.panics.Add(1)
+		tl.lastPanic.Store(pe)
 	}
 }
 
 // observe runs one observer method outside the lock, contained. If it
 // ends the goroutine, it is counted on the way out; the caller's own
 // deferred work finishes what it interrupted.
-func (d *Dispatcher[K, T]) observe(f func()) {
-	pe, _ := guard(callbackObserver, func() error { f(); return nil }, d.contain)
-	d.contain(pe)
+func (tl *teller[K, T]) observe(f func()) {
+	pe, _ := guard(callbackObserver, func() error { f(); return nil }, tl.contain)
+	tl.contain(pe)
+}
+
+// submitted tells the observer of an accepted or refused submission.
+func (tl *teller[K, T]) submitted(label string, o *SubmitOptions, coalesced bool, err error) {
+	obs := tl.obs
+	if obs == nil {
+		return
+	}
+	e := Event{Label: label, Tenant: o.Tenant}
+	if err != nil {
+		tl.observe(func() { obs.OnReject(e, err) })
+		return
+	}
+	tl.observe(func() { obs.OnSubmit(e, coalesced) })
 }

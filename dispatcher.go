@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/due"
@@ -54,24 +53,17 @@ type Dispatcher[K comparable, T any] struct {
 	stopCh     chan struct{} // closed when Close ends the rest
 	wg         sync.WaitGroup
 
-	// preClock is Post's guess, read without the lock, that admission
-	// will need the clock: if so, Post reads it before taking the lock,
-	// as Submit does, so that the read is not part of the time the lock is
-	// held. clockNeeds, under the lock, is the recent evidence
-	// (learnClock).
-	preClock   atomic.Bool
-	clockNeeds uint8
+	guess clockGuess // whether Post reads the clock before the lock
 
-	mu          sync.Mutex
-	gate        startGate // may the next execution start (start.go)
-	cond        sync.Cond // idle workers wait here for ready calls
-	lanes       laneTable[K, T]
-	q           queue[K, T]
-	seq         uint64
-	waiters     waiters[K, T]
-	idleWorkers int // workers waiting on cond
-	running     int // calls in flight, on workers or inline
-	calls       liveCalls
+	mu      sync.Mutex
+	gate    startGate // may the next execution start (start.go)
+	wake    wakes     // idle workers and state changes
+	lanes   laneTable[K, T]
+	q       queue[K, T]
+	seq     uint64
+	waiters waiters[K, T]
+	running int // calls in flight, on workers or inline
+	calls   liveCalls
 
 	started       bool
 	closing       bool
@@ -82,22 +74,19 @@ type Dispatcher[K comparable, T any] struct {
 
 	fetchCond sync.Cond // the token fetcher waits here
 
-	retryBudget window.Window // Total: first attempts; Marked: retries
-	fallback    *fallback.State
+	budget   retryBudget
+	fallback *fallback.State
 
 	queueWait hist.Recent
 	execTime  hist.Recent
 	mode      Mode
-	kickCh    chan struct{} // closed and cleared on every state change; see kick
 
-	owned      map[uint64]int // goroutines Close would wait for: its own, and inline runners
-	notify     outbox[K, T]   // what the notifier tells next
-	notifyCond sync.Cond      // the notifier waits here
-	panics     atomic.Uint64  // contained panics of hooks, observers and labels
-	lastPanic  atomic.Pointer[PanicError]
+	owned      owners       // goroutines Close would wait for: its own, and inline runners
+	notify     outbox[K, T] // what the notifier tells next
+	notifyCond sync.Cond    // the notifier waits here
+	tell       teller[K, T] // outcomes, hooks and events, outside the lock
 
-	noTenant *tenant[K, T] // the tenant of submissions that name none
-	tenants  map[string]*tenant[K, T]
+	tenants tenants[K, T]
 
 	totals counters
 }
@@ -115,19 +104,19 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		return nil, err
 	}
 	d := &Dispatcher[K, T]{
-		exec:        exec,
-		cfg:         set,
-		clk:         timebase{epoch: time.Now().Add(-epochOffset)},
-		drained:     make(chan struct{}),
-		stopCh:      make(chan struct{}),
-		lanes:       newLaneTable[K, T](),
-		q:           newQueue[K, T](set.aging, set.band),
-		retryBudget: window.New(set.Retry.BudgetWindow),
-		queueWait:   hist.NewRecent(latencyWindow),
-		execTime:    hist.NewRecent(latencyWindow),
-		mode:        set.Rollout.Mode,
-		tenants:     map[string]*tenant[K, T]{},
-		owned:       map[uint64]int{},
+		exec:      exec,
+		cfg:       set,
+		clk:       timebase{epoch: time.Now().Add(-epochOffset)},
+		drained:   make(chan struct{}),
+		stopCh:    make(chan struct{}),
+		lanes:     newLaneTable[K, T](),
+		q:         newQueue[K, T](set.aging, set.band),
+		budget:    retryBudget{win: window.New(set.Retry.BudgetWindow), ratio: set.Retry.BudgetRatio, min: set.Retry.BudgetMin},
+		queueWait: hist.NewRecent(latencyWindow),
+		execTime:  hist.NewRecent(latencyWindow),
+		mode:      set.Rollout.Mode,
+		tenants:   newTenants[K, T](set.Tenants, set.DefaultTenant),
+		owned:     owners{},
 	}
 	d.init()
 	return d, nil
@@ -147,12 +136,9 @@ func (d *Dispatcher[K, T]) init() {
 	d.due = due.New(d.clk.arm)
 	d.q.due = &d.due
 	d.waiters = newWaiters[K, T](&d.due)
-	d.noTenant = d.tenantFor("")
-	for name := range set.Tenants {
-		d.tenantFor(name) // configured tenants are reported from the start
-	}
 	d.base, d.baseCancel = context.WithCancelCause(context.Background())
-	d.cond.L = &d.mu
+	d.wake.cond.L = &d.mu
+	d.tell.onDone, d.tell.obs, d.tell.workers = set.OnDone, set.Observer, &d.wake.cond
 	d.notifyCond.L = &d.mu
 	d.fetchCond.L = &d.mu
 }
@@ -187,8 +173,10 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	}
 	if ctx.Err() != nil {
 		err := ctxErr(ctx)
-		d.rejectEarly(o.Tenant)
-		d.observeSubmit(*label, &o, false, err)
+		d.mu.Lock() // to count the refusal
+		d.tenants.count(d.tenants.get(o.Tenant), errRejectPast, &d.totals)
+		d.mu.Unlock()
+		d.tell.submitted(*label, &o, false, err)
 		return nil, err
 	}
 	t, deadline := d.ticketFor(ctx, &o)
@@ -196,7 +184,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	now := d.clk.now()
 	var ob outbox[K, T]
 	d.mu.Lock()
-	ten := d.tenantFor(o.Tenant)
+	ten := d.tenants.get(o.Tenant)
 	var err error
 	coalesced := false
 	switch {
@@ -209,7 +197,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	default:
 		coalesced, err = d.admit(&submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: ten, label: *label}, &ob)
 	}
-	d.count(ten, err)
+	d.tenants.count(ten, err, &d.totals)
 	if err != nil {
 		t.state = tsDone
 	}
@@ -223,9 +211,9 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	}
 	// Outcomes first: an observer that panics or exits must not keep the
 	// waiters this submission displaced from hearing.
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 	if d.cfg.Observer != nil {
-		d.observeSubmit(*label, &o, coalesced, err)
+		d.tell.submitted(*label, &o, coalesced, err)
 	}
 	if err != nil {
 		return nil, err
@@ -247,7 +235,7 @@ func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ti
 	watch := ctx.Done() != nil
 	t := newTicket(d, deadline, watch)
 	if watch {
-		t.x.stop = context.AfterFunc(ctx, func() { d.ctxDone(t, ctx) })
+		t.x.stop = context.AfterFunc(ctx, func() { t.ctxDone(ctx) })
 	}
 	return t, deadline
 }
@@ -262,7 +250,7 @@ func (d *Dispatcher[K, T]) runSync(t *Ticket[K, T], e Event, coalesced bool, ob 
 		ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
 	}
 	d.runInline(t, ob) // releases the lock
-	d.deliver(ob)
+	d.tell.deliver(ob)
 	// The outcome is recorded; if a worker ran the call (a retry it picked
 	// up first), it may still be telling the ticket.
 	<-t.Done()
@@ -300,20 +288,24 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	label := d.labelOf(key, call)
 	h := d.lanes.hash(key) // outside the lock
 	// The clock too, when admission will need it: for a deadline, and
-	// when recent Posts needed it (preClock). Otherwise now stays 0 and
+	// when recent Posts needed it (clockGuess). Otherwise now stays 0 and
 	// admit reads the clock only if it needs it; a Post that coalesces
 	// into a pending key's fire-and-forget submissions does not.
 	var now int64
-	if deadline != 0 || d.preClock.Load() {
+	if deadline != 0 || d.guess.pre.Load() {
 		now = d.clk.now()
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
 	if d.mode == ModeSync {
 		d.mu.Unlock()
-		return d.postSync(key, call, o, label)
+		// Run inline, through submit (with the label computed here); the
+		// call's outcome reaches the completion hook and Stats, and Post
+		// returns only a refusal.
+		_, err := d.submit(context.Background(), key, call, o, &label)
+		return err
 	}
-	ten := d.tenantFor(o.Tenant)
+	ten := d.tenants.get(o.Tenant)
 	var err error
 	coalesced := false
 	if deadline != 0 && deadline <= now {
@@ -322,11 +314,11 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	if err == nil {
 		coalesced, err = d.admit(&submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, ten: ten, label: label}, &ob)
 	}
-	d.count(ten, err)
+	d.tenants.count(ten, err, &d.totals)
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 	if d.cfg.Observer != nil { // not even a call on the hot path without one
-		d.observeSubmit(label, &o, coalesced, err)
+		d.tell.submitted(label, &o, coalesced, err)
 	}
 	return err
 }
@@ -344,7 +336,7 @@ func (d *Dispatcher[K, T]) Cancel(key K, cause error) bool {
 		found = d.endLane(l, StateCanceled, err, d.clk.now(), withRunning, &ob)
 	}
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 	return found
 }
 
@@ -360,15 +352,6 @@ func (d *Dispatcher[K, T]) Busy(key K) bool {
 	return ok
 }
 
-// ctxDone is the AfterFunc of a Submit context. It takes the lock itself.
-func (d *Dispatcher[K, T]) ctxDone(t *Ticket[K, T], ctx context.Context) {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		d.leave(t, StateExpired, ErrExpired)
-		return
-	}
-	d.leave(t, StateCanceled, canceledErr(context.Cause(ctx)))
-}
-
 // labelOf runs Config.Label, if set. It runs outside the lock, before
 // anything is admitted. A panic in it is contained and counted, and the
 // call goes unlabelled; a runtime.Goexit is counted, and ends the
@@ -378,30 +361,7 @@ func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
 		return ""
 	}
 	var label string
-	pe, _ := guard(callbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.contain)
-	d.contain(pe)
+	pe, _ := guard(callbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.tell.contain)
+	d.tell.contain(pe)
 	return label
-}
-
-// observeSubmit tells the observer of an accepted or refused submission.
-// It runs outside the lock.
-func (d *Dispatcher[K, T]) observeSubmit(label string, o *SubmitOptions, coalesced bool, err error) {
-	obs := d.cfg.Observer
-	if obs == nil {
-		return
-	}
-	e := Event{Label: label, Tenant: o.Tenant}
-	if err != nil {
-		d.observe(func() { obs.OnReject(e, err) })
-		return
-	}
-	d.observe(func() { obs.OnSubmit(e, coalesced) })
-}
-
-// rejectEarly counts a submission refused before it reached the lock's
-// critical section proper. It takes the lock itself.
-func (d *Dispatcher[K, T]) rejectEarly(name string) {
-	d.mu.Lock()
-	d.count(d.tenantFor(name), errRejectPast)
-	d.mu.Unlock()
 }

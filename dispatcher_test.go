@@ -720,19 +720,19 @@ func TestPostClockGuess(t *testing.T) {
 		for i := range 3 { // a deadline is read before the lock anyway
 			require.NoError(t, d.Post(fmt.Sprint("dl", i), 0, SubmitOptions{Deadline: time.Now().Add(time.Hour)}))
 		}
-		assert.False(t, d.preClock.Load(), "Posts with a deadline say nothing about the guess")
+		assert.False(t, d.guess.pre.Load(), "Posts with a deadline say nothing about the guess")
 		post("a")
 		post("b")
-		assert.False(t, d.preClock.Load(), "two new keys are not a pattern yet")
+		assert.False(t, d.guess.pre.Load(), "two new keys are not a pattern yet")
 		post("c")
-		assert.True(t, d.preClock.Load(), "after three new keys Post reads the clock before the lock")
+		assert.True(t, d.guess.pre.Load(), "after three new keys Post reads the clock before the lock")
 		post("e") // a new call, on the time read before the lock
 		time.Sleep(time.Second)
 		post("a") // read before the lock, and not needed
 		post("a")
-		assert.True(t, d.preClock.Load(), "two coalescing Posts do not flip the guess")
+		assert.True(t, d.guess.pre.Load(), "two coalescing Posts do not flip the guess")
 		post("a")
-		assert.False(t, d.preClock.Load(), "a hot key re-posted needs no clock")
+		assert.False(t, d.guess.pre.Load(), "a hot key re-posted needs no clock")
 		time.Sleep(time.Second)
 		post("a") // no clock at all
 		post("d")

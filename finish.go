@@ -30,7 +30,7 @@ func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
 		d.dismiss(t, st, err, d.clk.now(), &ob)
 	}
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 }
 
 // dismiss is leave under the lock, at now.
@@ -68,7 +68,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 	// them for reuse, as settleAll does.
 	d.waiters.lists.keep(c)
 	d.report(c, st, err, now, ob)
-	d.forgetIdle(c.ten)
+	d.tenants.forgetIdle(c.ten)
 	l := c.lane
 	if l.pending == c {
 		l.pending = nil
@@ -78,13 +78,13 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 			// Its successor is ready now, with the enqueue time it had
 			// when it arrived.
 			d.q.push(n)
-			d.wakeWorker()
+			d.wake.worker()
 		}
 	}
 	if d.lanes.release(l) {
 		d.drainedIfEmpty()
 	}
-	d.kick()
+	d.wake.kick()
 }
 
 // report counts a finished call and queues its completion hook and

@@ -52,7 +52,7 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 	go func() {
 		id := goid.ID()
 		d.mu.Lock()
-		d.owned[id]++
+		d.owned.add(id)
 		d.mu.Unlock()
 		returned := false
 		defer func() {
@@ -60,7 +60,8 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 				crash(r) // never take the lock the panic may have left held
 			}
 			d.mu.Lock()
-			d.disown(id)
+			d.owned.drop(id)
+			d.wake.kick()
 			if !returned && !d.stopped {
 				d.spawn(r) // before Done, so that Close cannot miss it
 			}
@@ -81,12 +82,19 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 	}()
 }
 
-// disown forgets one registration of goroutine id.
-func (d *Dispatcher[K, T]) disown(id uint64) {
-	if d.owned[id]--; d.owned[id] <= 0 {
-		delete(d.owned, id)
+// owners counts, by goroutine id, the registrations of the goroutines
+// Close would wait for: the dispatcher's own, and callers running a call
+// inline. Guarded by the Dispatcher's lock.
+type owners map[uint64]int
+
+// add registers goroutine id once more.
+func (o owners) add(id uint64) { o[id]++ }
+
+// drop forgets one registration of goroutine id.
+func (o owners) drop(id uint64) {
+	if o[id]--; o[id] <= 0 {
+		delete(o, id)
 	}
-	d.kick()
 }
 
 // reentrant reports whether the calling goroutine is one that Close or
@@ -114,22 +122,23 @@ func (d *Dispatcher[K, T]) notifier() {
 		}
 		batch, d.notify = d.notify, batch
 		d.mu.Unlock()
-		d.deliver(&batch)
+		d.tell.deliver(&batch)
 		d.mu.Lock()
 	}
 	d.mu.Unlock()
 }
 
-// handOff moves ob's hooks and observer events to the notifier, leaving
-// ob's tickets (telling them runs no user code) to the caller.
-func (d *Dispatcher[K, T]) handOff(ob *outbox[K, T]) {
+// handOff moves ob's hooks and observer events to to, the notifier's
+// outbox, leaving ob's tickets (telling them runs no user code) to the
+// caller. It reports whether it moved any.
+func (ob *outbox[K, T]) handOff(to *outbox[K, T]) bool {
 	if len(ob.hooks) == 0 && len(ob.notes) == 0 {
-		return
+		return false
 	}
-	d.notify.hooks = append(d.notify.hooks, ob.hooks...)
-	d.notify.notes = append(d.notify.notes, ob.notes...)
+	to.hooks = append(to.hooks, ob.hooks...)
+	to.notes = append(to.notes, ob.notes...)
 	clear(ob.hooks)
 	clear(ob.notes)
 	ob.hooks, ob.notes = ob.hooks[:0], ob.notes[:0]
-	d.notifyCond.Signal()
+	return true
 }

@@ -71,7 +71,7 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	}
 	d.switchMode(m, reasonManual, &ob)
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 	if m == ModeAsync || d.cfg.Rollout.CancelQueued {
 		return nil
 	}
@@ -86,7 +86,7 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
 	checked := false
 	for {
 		d.mu.Lock()
-		if d.mode != ModeSync || d.asyncBacklog() == 0 {
+		if d.mode != ModeSync || d.q.nready+d.q.delayed.Len()+d.gate.running == 0 /* the workers' backlog */ {
 			d.mu.Unlock()
 			return nil
 		}
@@ -98,7 +98,7 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
 			}
 			continue // look again: the state may have changed meanwhile
 		}
-		ch := d.kicked()
+		ch := d.wake.kicked()
 		d.mu.Unlock()
 		select {
 		case <-ch:
@@ -108,7 +108,7 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
 				d.cancelQueued(d.clk.now(), &ob)
 			}
 			d.mu.Unlock()
-			d.deliver(&ob)
+			d.tell.deliver(&ob)
 			return ctx.Err()
 		}
 	}
@@ -133,18 +133,13 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 		d.cancelQueued(d.clk.now(), ob)
 	}
 	if m == ModeAsync {
-		d.cond.Broadcast() // queued successors and retries run on workers again
+		d.wake.workers() // queued successors and retries run on workers again
 		d.wakeFallback(d.clk.now())
 	}
-	d.kick()
+	d.wake.kick()
 	if obs := d.cfg.Observer; obs != nil {
 		ob.notes = append(ob.notes, func() { obs.OnModeChange(from, m, reason) })
 	}
-}
-
-// asyncBacklog counts what the workers still have to run.
-func (d *Dispatcher[K, T]) asyncBacklog() int {
-	return d.q.nready + d.q.delayed.Len() + d.gate.running
 }
 
 // cancelQueued ends every queued call (ready, in backoff, or waiting behind
@@ -195,9 +190,9 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		case csDelayed:
 			wait = time.Duration(c.notBefore - now)
 		}
-		ch := d.kicked()
+		ch := d.wake.kicked()
 		d.mu.Unlock()
-		d.deliver(ob)
+		d.tell.deliver(ob)
 		var tm *time.Timer
 		var timer <-chan time.Time
 		if wait >= 0 {
@@ -215,13 +210,4 @@ func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
 		d.mu.Lock()
 	}
 	d.mu.Unlock()
-}
-
-// postSync is Post in Sync mode: it runs the call inline and returns the
-// submission's refusal, if any — never the call's outcome, which reaches
-// the completion hook and Stats as it would in Async mode. label is the
-// one Post computed. It takes the lock itself.
-func (d *Dispatcher[K, T]) postSync(key K, call T, o SubmitOptions, label string) error {
-	_, err := d.submit(context.Background(), key, call, o, &label)
-	return err
 }

@@ -104,6 +104,18 @@ func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
 	q.reshed(c)
 }
 
+// schedule queues c again (a retry): ready if notBefore has come, else
+// delayed until it. It reports whether c is ready, for a worker to be
+// woken.
+func (q *queue[K, T]) schedule(c *call[K, T], notBefore, now int64) bool {
+	if notBefore <= now {
+		q.push(c)
+		return true
+	}
+	q.delay(c, notBefore)
+	return false
+}
+
 // remove takes c out of whichever index holds it, if any.
 func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {

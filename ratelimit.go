@@ -69,6 +69,6 @@ func (d *Dispatcher[K, T]) fetcher() {
 		}
 		failures = 0
 		d.gate.tokens.Fetched()
-		d.wakeWorker()
+		d.wake.worker()
 	}
 }

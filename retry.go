@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch/internal/sat"
+	"github.com/coalescer/dispatch/internal/window"
 )
 
 // Class is the judgement on a failed execution (Config.Classify).
@@ -135,7 +136,7 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 	if !d.roomForRetry(c, now, ob) {
 		return 0, giveUpQuota
 	}
-	if !d.budgetAllows(now) {
+	if !d.budget.allows(now) {
 		return 0, giveUpBudget
 	}
 	return notBefore, ""
@@ -153,7 +154,7 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 		return false
 	}
 	d.shed(v, BoundQuota, now, ob)
-	d.keep(c.ten)
+	d.tenants.keep(c.ten)
 	return true
 }
 
@@ -171,13 +172,15 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 	c.lastErr = lastErr
 	c.enter(csTaken)
 	if n := l.pending; n != nil {
-		err := d.coalesce(c, n.val, n.idem, func(*PanicError) {
+		err := c.merge(n.val, n.idem, d.cfg.Merge, func(*PanicError) {
 			// The merge function ended this goroutine: the successor waits
 			// behind the retry, as if the merge had refused.
-			d.place(c, notBefore, now)
-			d.kick()
+			if d.q.schedule(c, notBefore, now) {
+				d.wake.worker()
+			}
+			d.wake.kick()
 			d.mu.Unlock()
-			d.deliver(ob)
+			d.tell.deliver(ob)
 		})
 		switch err {
 		case nil:
@@ -201,31 +204,34 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 	} else {
 		l.running, l.pending = nil, c
 	}
-	d.place(c, notBefore, now)
-}
-
-// place queues retry c: ready if notBefore has come, else delayed until it.
-func (d *Dispatcher[K, T]) place(c *call[K, T], notBefore, now int64) {
-	if notBefore <= now {
-		d.q.push(c)
-		d.wakeWorker()
-		return
+	if d.q.schedule(c, notBefore, now) {
+		d.wake.worker()
 	}
-	d.q.delay(c, notBefore)
 }
 
-// budgetAllows reports whether one more retry fits the retry budget, and
-// if so charges it.
-func (d *Dispatcher[K, T]) budgetAllows(now int64) bool {
-	p := &d.cfg.Retry
-	if math.IsInf(p.BudgetRatio, 1) {
+// retryBudget caps retries at a fraction of the first attempts of a
+// recent window (RetryPolicy.BudgetRatio). Guarded by the Dispatcher's
+// lock.
+type retryBudget struct {
+	win   window.Window // Total: first attempts; Marked: retries
+	ratio float64       // math.Inf(1): no cap
+	min   int           // retries always allowed in the window
+}
+
+// first counts a call's first attempt, at now.
+func (b *retryBudget) first(now int64) { b.win.At(now).Total++ }
+
+// allows reports whether one more retry at now fits the budget, and if so
+// charges it.
+func (b *retryBudget) allows(now int64) bool {
+	if math.IsInf(b.ratio, 1) {
 		return true
 	}
-	s := d.retryBudget.Sum(now)
-	if s.Marked >= uint64(p.BudgetMin) && float64(s.Marked+1) > p.BudgetRatio*float64(s.Total) {
+	s := b.win.Sum(now)
+	if s.Marked >= uint64(b.min) && float64(s.Marked+1) > b.ratio*float64(s.Total) {
 		return false
 	}
-	d.retryBudget.At(now).Marked++
+	b.win.At(now).Marked++
 	return true
 }
 

@@ -203,7 +203,7 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 		noteCircuit(d.cfg.Observer, ch, &ob.notes)
 		switch {
 		case ch.To == breaker.Closed && ch.Changed():
-			d.cond.Broadcast() // resume every worker
+			d.wake.workers() // resume every worker
 		case ch.To == breaker.Open:
 			d.due.Set(due.Probe, b.OpenUntil())
 		}
@@ -212,7 +212,7 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 		s, hint := strainOf(a.err, a.class)
 		from, to := g.adaptive.Record(now, a.runTime, s, hint)
 		if to > from {
-			d.wakeWorker()
+			d.wake.worker()
 		}
 		if obs := d.cfg.Observer; obs != nil && to != from {
 			ob.notes = append(ob.notes, func() { obs.OnLimitChange(from, to) })

@@ -22,6 +22,13 @@ type counters struct {
 	calls           stateCounts       // per call (what the hook saw)
 }
 
+// refuse counts and returns a backpressure refusal under bound b, with
+// depth keys tracked.
+func (c *counters) refuse(b Bound, depth int) error {
+	c.refused[b.index()]++
+	return &BackpressureError{Bound: b, Depth: depth}
+}
+
 // stateCounts counts by terminal state, indexed by State.
 type stateCounts [numStates]uint64
 
@@ -161,7 +168,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		QueueWait: quantiles(d.queueWait.Sum(now)), ExecTime: quantiles(d.execTime.Sum(now)),
 		Mode: d.mode, Outcomes: d.waiters.outcomes.byState(), Calls: t.calls.byState(),
 		Backpressure: make(map[Bound]uint64, numBounds), Shed: make(map[Bound]uint64, numBounds),
-		Tenants: make(map[string]TenantStats, len(d.tenants)),
+		Tenants: make(map[string]TenantStats, len(d.tenants.byName)),
 	}
 	s.Successors = d.calls.n - s.Ready - s.Delayed - s.InFlight
 	if d.gate.breaker != nil {
@@ -173,11 +180,11 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	if d.fallback != nil {
 		s.FallbackReason = d.fallback.Reason()
 	}
-	s.CallbackPanics, s.LastCallbackPanic = d.panics.Load(), d.lastPanic.Load()
+	s.CallbackPanics, s.LastCallbackPanic = d.tell.panics.Load(), d.tell.lastPanic.Load()
 	if d.calls.labels != nil {
 		s.Labels = maps.Clone(d.calls.labels)
 	}
-	for name, ten := range d.tenants {
+	for name, ten := range d.tenants.byName {
 		ts := ten.st
 		ts.Queued, ts.InFlight = ten.queued, ten.inflight
 		s.Tenants[name] = ts

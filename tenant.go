@@ -59,41 +59,72 @@ func (t *tenant[K, T]) overQuota(freed int) bool {
 	return t.cfg.MaxQueued > 0 && t.queued-freed >= t.cfg.MaxQueued
 }
 
-// tenantFor returns the tenant named name, creating it the first time.
+// tenants are the tenants with calls, and the configured ones, by name.
 // Tenants that Config.Tenants does not name are forgotten again when they
 // have no call left (forgetIdle), so memory stays bounded whatever names
-// callers make up.
-func (d *Dispatcher[K, T]) tenantFor(name string) *tenant[K, T] {
-	if name == "" && d.noTenant != nil {
-		return d.noTenant
+// callers make up. Guarded by the Dispatcher's lock.
+type tenants[K comparable, T any] struct {
+	byName     map[string]*tenant[K, T]
+	none       *tenant[K, T] // the tenant of submissions that name none
+	configured map[string]TenantConfig
+	rest       TenantConfig // of the tenants Config.Tenants does not name
+}
+
+// newTenants returns the tenants configured by named and rest, each
+// reported from the start.
+func newTenants[K comparable, T any](named map[string]TenantConfig, rest TenantConfig) tenants[K, T] {
+	ts := tenants[K, T]{byName: map[string]*tenant[K, T]{}, configured: named, rest: rest}
+	ts.none = ts.get("")
+	for name := range named {
+		ts.get(name)
 	}
-	t := d.tenants[name]
+	return ts
+}
+
+// get returns the tenant named name, creating it the first time.
+func (ts *tenants[K, T]) get(name string) *tenant[K, T] {
+	if name == "" && ts.none != nil {
+		return ts.none
+	}
+	t := ts.byName[name]
 	if t == nil {
-		cfg, ok := d.cfg.Tenants[name]
+		cfg, ok := ts.configured[name]
 		if !ok {
-			cfg = d.cfg.DefaultTenant
+			cfg = ts.rest
 		}
 		t = newTenant[K, T](name, cfg)
 		t.configured = ok || name == ""
-		d.tenants[name] = t
+		ts.byName[name] = t
 	}
 	return t
 }
 
 // keep puts t back if shedding its last call made forgetIdle drop it while
 // a new call of t is on its way in.
-func (d *Dispatcher[K, T]) keep(t *tenant[K, T]) {
+func (ts *tenants[K, T]) keep(t *tenant[K, T]) {
 	if !t.configured {
-		d.tenants[t.name] = t
+		ts.byName[t.name] = t
 	}
 }
 
 // forgetIdle forgets an unconfigured tenant that has no call left, with its
 // statistics.
-func (d *Dispatcher[K, T]) forgetIdle(t *tenant[K, T]) {
+func (ts *tenants[K, T]) forgetIdle(t *tenant[K, T]) {
 	if !t.configured && t.queued == 0 && t.inflight == 0 && t.active < 0 {
-		delete(d.tenants, t.name)
+		delete(ts.byName, t.name)
 	}
+}
+
+// count records a submission's admission or refusal: err says which.
+func (ts *tenants[K, T]) count(t *tenant[K, T], err error, totals *counters) {
+	totals.submitted++
+	if err != nil {
+		totals.rejected++
+		t.st.Rejected++
+		ts.forgetIdle(t)
+		return
+	}
+	t.st.Admitted++
 }
 
 // TenantConfig bounds one tenant; its zero value bounds nothing, weight 1.

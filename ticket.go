@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 )
@@ -277,6 +278,15 @@ func (t *Ticket[K, T]) Result() (Result[K, T], bool) {
 		return *r, true
 	}
 	return Result[K, T]{}, false
+}
+
+// ctxDone is the AfterFunc of t's Submit context: the waiter leaves.
+func (t *Ticket[K, T]) ctxDone(ctx context.Context) {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.d.leave(t, StateExpired, ErrExpired)
+		return
+	}
+	t.d.leave(t, StateCanceled, canceledErr(context.Cause(ctx)))
 }
 
 // Cancel ends this submission Canceled, unless it has ended. The call goes

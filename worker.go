@@ -33,14 +33,12 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 		if c == nil {
 			if !ob.empty() {
 				d.mu.Unlock()
-				d.deliver(&ob)
+				d.tell.deliver(&ob)
 				d.mu.Lock()
 				now = d.clk.now()
 				continue
 			}
-			d.idleWorkers++
-			d.cond.Wait()
-			d.idleWorkers--
+			d.wake.idleWait()
 			now = d.clk.now()
 			continue
 		}
@@ -48,7 +46,7 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 		now = d.run(c, now, &ob, rn)
 	}
 	d.mu.Unlock()
-	d.deliver(&ob)
+	d.tell.deliver(&ob)
 }
 
 // passOn wakes an idle worker, if calls are still ready and a worker is
@@ -61,7 +59,7 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 // only as those end, however many workers are free.
 func (d *Dispatcher[K, T]) passOn() {
 	if d.q.nready > 0 && d.gate.running+1 < d.gate.limit() {
-		d.wakeWorker()
+		d.wake.worker()
 	}
 }
 
@@ -103,14 +101,14 @@ func (d *Dispatcher[K, T]) run(c *call[K, T], now int64, ob *outbox[K, T], rn ru
 		}
 		d.settleAttempt(c, &a, ob, rn)
 		d.mu.Unlock()
-		d.deliver(ob)
+		d.tell.deliver(ob)
 	}()
-	d.deliver(ob)
+	d.tell.deliver(ob)
 	if obs := d.cfg.Observer; obs != nil {
 		a.site = callbackObserver
-		d.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
+		d.tell.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 	}
-	d.execute(&a)
+	a.execute(&d.cfg, d.exec, &d.clk)
 	ended = true
 	return d.settleAttempt(c, &a, ob, rn)
 }
@@ -138,7 +136,8 @@ func (d *Dispatcher[K, T]) settleAttempt(c *call[K, T], a *attempt[K, T], ob *ou
 			c.low = false
 		}
 	} else {
-		d.disown(rn.id)
+		d.owned.drop(rn.id)
+		d.wake.kick()
 	}
 	c.ctx = nil
 	if a.end == 0 {
@@ -189,8 +188,8 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 			d.gate.low++
 		}
 	} else {
-		c.low = false    // inline executions are their callers' own
-		d.owned[rn.id]++ // Close waits for this execution
+		c.low = false      // inline executions are their callers' own
+		d.owned.add(rn.id) // Close waits for this execution
 	}
 	c.runner = rn.id
 	if c.probe {
@@ -233,20 +232,20 @@ func (d *Dispatcher[K, T]) firstStart(c *call[K, T], now int64) {
 	if d.fallback != nil {
 		d.fallback.Waited(now, wait)
 	}
-	d.retryBudget.At(now).Total++
+	d.budget.first(now)
 }
 
 // execute runs one attempt outside the lock: the before-retry hook (on a
 // retry), the no-op test, a rate-limiter token, exec, and the classifier.
 // A panic in any of them ends the call Failed with a *PanicError, never
 // retried: exec may have done half of its side effect.
-func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
-	if a.lastErr != nil && d.cfg.BeforeRetry != nil {
+func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *timebase) {
+	if a.lastErr != nil && cfg.BeforeRetry != nil {
 		a.site = callbackBeforeRetry
 		var next T
 		var done bool
 		_, err := guard(callbackBeforeRetry, func() (err error) {
-			next, done, err = d.cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
+			next, done, err = cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
 			return err
 		}, nil)
 		switch {
@@ -259,10 +258,10 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		}
 		a.val, a.rebuilt = next, true
 	}
-	if d.cfg.NoOp != nil {
+	if cfg.NoOp != nil {
 		a.site = callbackNoOp
 		var isNoop bool
-		if pe, _ := guard(callbackNoOp, func() error { isNoop = d.cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
+		if pe, _ := guard(callbackNoOp, func() error { isNoop = cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
 			a.err, a.panicked = pe, true
 			return
 		}
@@ -271,7 +270,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 			return
 		}
 	}
-	if l := d.cfg.RateLimit; l != nil && a.inline {
+	if l := cfg.RateLimit; l != nil && a.inline {
 		// A worker took its token before choosing the call; an inline
 		// caller waits for one here, under the call's own context (not
 		// AttemptTimeout's, which bounds one execution). It fails only when
@@ -283,9 +282,9 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 		}
 	}
 	a.site = callbackExec
-	start := d.clk.now()
-	pe, err := guard(callbackExec, func() error { return d.exec(a.ctx, a.key, a.val) }, nil)
-	a.end = d.clk.now()
+	start := clk.now()
+	pe, err := guard(callbackExec, func() error { return exec(a.ctx, a.key, a.val) }, nil)
+	a.end = clk.now()
 	a.runTime = time.Duration(a.end - start)
 	a.ran = true
 	a.err = err
@@ -299,7 +298,7 @@ func (d *Dispatcher[K, T]) execute(a *attempt[K, T]) {
 			return
 		}
 		a.site = callbackClassify
-		if pe, _ := guard(callbackClassify, func() error { a.class = d.cfg.Classify(err); return nil }, nil); pe != nil {
+		if pe, _ := guard(callbackClassify, func() error { a.class = cfg.Classify(err); return nil }, nil); pe != nil {
 			a.err = fmt.Errorf("%w (judging the error: %w)", pe, err)
 			a.panicked = true
 		}
@@ -320,7 +319,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	if d.q.nready > 0 {
 		// The tenant may have been at its in-flight cap: a worker that found
 		// it so went idle, and nothing else would wake it.
-		d.wakeWorker()
+		d.wake.worker()
 	}
 	c.runTime += a.runTime
 	if a.rebuilt {
@@ -350,7 +349,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 			break
 		}
 		d.requeue(c, c.lastErr, now, now, ob)
-		d.kick()
+		d.wake.kick()
 	case a.hookErr != nil:
 		d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: giveUpBeforeRetry}, now, ob)
 	case a.done:
@@ -369,7 +368,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 			}
 			d.totals.retries++
 			d.requeue(c, a.err, notBefore, now, ob)
-			d.kick()
+			d.wake.kick()
 			return
 		}
 		err := a.err
