@@ -97,7 +97,7 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 		return nil, nil
 	}
 	order := d.q.orderOf(s.o.Priority, s.now)
-	if v := worst(s.ten.shed, order, d.seq+1, l.pending); v != nil {
+	if v := worst(s.ten.victims, order, d.seq+1, l.pending); v != nil {
 		return v, nil
 	}
 	return nil, d.totals.refuse(BoundQuota, d.lanes.Len())
@@ -126,7 +126,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	if moves {
 		was, wasRev, wasIdem = c.val, c.rev, c.idem
 	}
-	err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmit(d, t, ob))
+	err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmitUnlock(d, t, ob))
 	replaced := false
 	switch err {
 	case nil:
@@ -148,7 +148,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	}
 	if !s.o.Droppable {
 		c.droppable = false
-		d.q.unshed(c)
+		d.q.unmarkVictim(c)
 	}
 	if victim != nil {
 		d.shed(victim, BoundQuota, s.now, ob)
@@ -171,7 +171,7 @@ func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], ob *outbox
 	_, err = guard(callbackFollow, func() (err error) {
 		v, err = d.cfg.Follow(running, incoming, pending)
 		return err
-	}, exitAdmit(d, s.t, ob))
+	}, exitAdmitUnlock(d, s.t, ob))
 	switch {
 	case err == nil:
 		s.val = v
@@ -182,10 +182,10 @@ func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], ob *outbox
 	return false, fmt.Errorf("%w: %w", ErrMergeRejected, err)
 }
 
-// exitAdmit is what runs when a callback of admission (Merge, Follow)
+// exitAdmitUnlock is what runs when a callback of admission (Merge, Follow)
 // ends the submitting goroutine: nothing was admitted, but what a
 // supersede ended is told. It runs with the lock held and releases it.
-func exitAdmit[K comparable, T any](d *Dispatcher[K, T], t *Ticket[K, T], ob *outbox[K, T]) func(*PanicError) {
+func exitAdmitUnlock[K comparable, T any](d *Dispatcher[K, T], t *Ticket[K, T], ob *outbox[K, T]) func(*PanicError) {
 	return func(*PanicError) {
 		d.mu.Unlock()
 		if t != nil {
@@ -205,7 +205,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 		return nil, nil
 	}
 	order := d.q.orderOf(max(c.prio, s.o.Priority), min(c.enq, s.now))
-	if v := worst(s.ten.shed, order, c.seq, c); v != nil {
+	if v := worst(s.ten.victims, order, c.seq, c); v != nil {
 		return v, nil
 	}
 	return nil, d.totals.refuse(BoundQuota, d.lanes.Len())
@@ -216,7 +216,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 // finishes, with the enqueue time it has now — or, if a newer generation
 // just removed the key's only call, ready at once.
 func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) {
-	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
+	c := d.newPending(l, s.val, &s.o, s.ten, s.label)
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	if l.running == nil {
 		d.q.push(c)
@@ -248,10 +248,10 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 		d.tenants.keep(s.ten)
 	}
 	if !d.started {
-		d.start()
+		d.launch()
 	}
 	l := d.lanes.add(s.key, s.h, s.o.Generation)
-	c := d.newCall(l, s.val, &s.o, s.ten, s.label)
+	c := d.newPending(l, s.val, &s.o, s.ten, s.label)
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.q.push(c)
 	d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
@@ -266,13 +266,13 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVictim *call[K, T], err error) {
 	order := d.q.orderOf(s.o.Priority, s.now)
 	if s.ten.overQuota(0) {
-		if quotaVictim = worst(s.ten.shed, order, d.seq+1, nil); quotaVictim == nil {
+		if quotaVictim = worst(s.ten.victims, order, d.seq+1, nil); quotaVictim == nil {
 			return nil, nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 		}
 		return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
 	}
 	if d.lanes.Len() >= d.cfg.Capacity {
-		if capVictim = worst(d.q.shed, order, d.seq+1, nil); capVictim == nil {
+		if capVictim = worst(d.q.victims, order, d.seq+1, nil); capVictim == nil {
 			return nil, nil, d.totals.refuse(BoundCapacity, d.lanes.Len())
 		}
 	}
@@ -346,7 +346,7 @@ func (g *clockGuess) learn(needed bool) {
 }
 
 // newCall makes the pending call of l.
-func (d *Dispatcher[K, T]) newCall(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
+func (d *Dispatcher[K, T]) newPending(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
 	c := l.freshCall()
 	d.calls.add(label)
 	c.label = label

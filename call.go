@@ -40,7 +40,7 @@ import (
 //	csNew → csReady                admit (admit.go): a free lane
 //	csNew → csBehind               admit: the key's call is running
 //	csBehind → csReady             promote: the running call finished
-//	csReady → csTaken              queue.popFrom: a worker takes it; runInline:
+//	csReady → csTaken              queue.popFrom: a worker takes it; runInlineUnlock:
 //	                               a Sync-mode caller
 //	csTaken → csRunning            begin (worker.go)
 //	csRunning → csEnded            endAttempt (worker.go)
@@ -163,7 +163,7 @@ type call[K comparable, T any] struct {
 	state callState
 	// droppable is set while every submission in the call was droppable.
 	droppable bool
-	inShed    bool // in the queue's shed index
+	isVictim  bool // in the queue's victims index
 	// postsForever is set when a fire-and-forget submission had no
 	// deadline: the posts aggregate then never expires.
 	postsForever bool
@@ -339,7 +339,7 @@ func orderKeyOf(enq, prio, width, aging int64) orderKey {
 const maxBandSpan = 1 << 62
 
 // entry is a call's place in a ready-ordered index (a tenant's ready index,
-// or a shed index). The order is held in the entry itself, so that a B-tree
+// or a victims index). The order is held in the entry itself, so that a B-tree
 // search compares within its nodes and never follows a pointer to a call:
 // at depth, that is the difference between reading a node's cache lines and
 // missing the cache once per comparison.

@@ -463,7 +463,7 @@ func (c *chaos) injectExit(cb string, contained bool, before func()) {
 // (it is inside Dispatcher.run): a hook told there runs on a goroutine
 // that executes a call.
 func chaosRunning() bool {
-	return bytes.Contains(debug.Stack(), []byte(".(*Dispatcher[...]).run("))
+	return bytes.Contains(debug.Stack(), []byte(".(*Dispatcher[...]).runRelock("))
 }
 
 // ended records that the call with ids was ended by a panic (or Goexit) of

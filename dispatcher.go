@@ -8,7 +8,6 @@ import (
 
 	"github.com/coalescer/dispatch/internal/due"
 	"github.com/coalescer/dispatch/internal/fallback"
-	"github.com/coalescer/dispatch/internal/goid"
 	"github.com/coalescer/dispatch/internal/hist"
 	"github.com/coalescer/dispatch/internal/window"
 )
@@ -36,18 +35,20 @@ type ExecFunc[K comparable, T any] func(ctx context.Context, key K, call T) erro
 // aging, every submission ended exactly once. All methods are safe for
 // concurrent use. Create one with [New]; the zero value is not usable.
 type Dispatcher[K comparable, T any] struct {
-	// The lock rule: every unexported method expects d.mu held and returns
-	// with it held, unless its doc comment says otherwise — "It takes the
-	// lock itself" (leave, ctxDone, rejectEarly, submit, postSync,
-	// awaitDrain, the goroutine bodies), "runs outside the lock" (deliver,
-	// the observer helpers, labelOf: user code never runs under it), or
-	// which way it changes it (run, runInline and runSync release it around
-	// an execution; settleAttempt is called without it and returns with it).
+	// The lock rule: every unexported function expects d.mu held and
+	// returns with it held, unless its name or doc comment says otherwise.
+	// A name ending in Unlock is called with the lock and returns without
+	// it (runSyncUnlock, runInlineUnlock, exitAdmitUnlock); Lock, called
+	// without it, returns with it (settleAttemptLock); Relock releases it
+	// meanwhile and returns with it again (runRelock). "It takes the lock
+	// itself" (leave, submit, amend, awaitDrain, the goroutine bodies) and
+	// "without the lock" (the teller, labelOf: user code never runs under
+	// it) are said in the doc comment.
 	exec ExecFunc[K, T]
 	cfg  settings[K, T] // validated, defaults filled in; never changes
 	clk  timebase       // times are int64 ns since its epoch
 
-	base       context.Context // the token fetcher's: cancelled by Close (executions have their own, execctx.go)
+	base       context.Context // the token fetcher's: cancelled by Close (executions have their own, internal/execctx)
 	baseCancel context.CancelCauseFunc
 	drained    chan struct{} // closed when Close finds nothing left to run
 	stopCh     chan struct{} // closed when Close ends the rest
@@ -56,14 +57,14 @@ type Dispatcher[K comparable, T any] struct {
 	guess clockGuess // whether Post reads the clock before the lock
 
 	mu      sync.Mutex
-	gate    startGate // may the next execution start (start.go)
-	wake    wakes     // idle workers and state changes
 	lanes   laneTable[K, T]
 	q       queue[K, T]
 	seq     uint64
 	waiters waiters[K, T]
-	running int // calls in flight, on workers or inline
+	wake    wakes // idle workers and state changes
+	running int   // calls in flight, on workers or inline
 	calls   liveCalls
+	gate    startGate // may the next execution start (start.go)
 
 	started       bool
 	closing       bool
@@ -202,7 +203,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 		t.state = tsDone
 	}
 	if err == nil && d.mode == ModeSync {
-		d.runSync(t, Event{Label: *label, Tenant: o.Tenant}, coalesced, &ob)
+		d.runSyncUnlock(t, Event{Label: *label, Tenant: o.Tenant}, coalesced, &ob)
 		return t, nil
 	}
 	d.mu.Unlock()
@@ -238,38 +239,6 @@ func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ti
 		t.x.stop = context.AfterFunc(ctx, func() { t.ctxDone(ctx) })
 	}
 	return t, deadline
-}
-
-// runSync runs ticket t's call inline (Sync mode) after its submission,
-// event e, was accepted. It is called with the lock held and returns
-// without it, once t has its outcome.
-func (d *Dispatcher[K, T]) runSync(t *Ticket[K, T], e Event, coalesced bool, ob *outbox[K, T]) {
-	if obs := d.cfg.Observer; obs != nil {
-		// Told by deliver, which contains it: not through observe, whose
-		// own containment would count a Goexit twice.
-		ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
-	}
-	d.runInline(t, ob) // releases the lock
-	d.tell.deliver(ob)
-	// The outcome is recorded; if a worker ran the call (a retry it picked
-	// up first), it may still be telling the ticket.
-	<-t.Done()
-}
-
-// runsHere reports whether a Sync-mode submission for key would wait for
-// the calling goroutine: key's call is running on it, or it runs the
-// circuit breaker's half-open probe, which holds every other execution
-// back until it ends.
-func (d *Dispatcher[K, T]) runsHere(key K) bool {
-	l := d.lanes.lookup(key)
-	keyRuns := l != nil && l.running != nil && l.running.state == csRunning
-	b := d.gate.breaker
-	probes := b != nil && b.ProbeRunning()
-	if !keyRuns && !probes {
-		return false // the usual case, without reading the goroutine id
-	}
-	id := goid.ID()
-	return keyRuns && l.running.runner == id || probes && b.Probing(id)
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no

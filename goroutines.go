@@ -24,9 +24,9 @@ const (
 	roleFetcher              // waits for tokens of a limiter that can only be waited on
 )
 
-// start launches the goroutines. It runs once, on the first submission: a
+// launch starts the goroutines. It runs once, on the first submission: a
 // Dispatcher that is never used starts nothing.
-func (d *Dispatcher[K, T]) start() {
+func (d *Dispatcher[K, T]) launch() {
 	d.started = true
 	d.clk.timer = time.NewTimer(time.Hour)
 	d.clk.timer.Stop()

@@ -4,10 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
-
-	"github.com/coalescer/dispatch/internal/breaker"
-	"github.com/coalescer/dispatch/internal/goid"
 )
 
 // Mode is how the dispatcher runs calls.
@@ -149,65 +145,4 @@ func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
 	for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
 		d.endLane(l, StateCanceled, errFallbackCanceled, now, queuedOnly, ob)
 	}
-}
-
-// runInline runs t's call in the caller's goroutine (Sync mode), with the
-// lock held on entry, and returns with it released once t has its outcome.
-// The call takes the same path as on a worker — begin, execute, finish,
-// retries through the delay index — but the caller sleeps out a backoff
-// itself. If the key's previous call is still running (or a worker took a
-// retry first), the caller waits for it.
-func (d *Dispatcher[K, T]) runInline(t *Ticket[K, T], ob *outbox[K, T]) {
-	rn := runner{id: goid.ID()}
-	for !t.ended() {
-		now := d.clk.now()
-		d.expireDue(now, ob)
-		d.q.promote(now)
-		if t.ended() {
-			break
-		}
-		c := t.c
-		wait := time.Duration(-1) // until something changes
-		switch c.state {
-		case csReady:
-			if c.unfinishable(&d.gate, now) {
-				// finish takes it out of the ready index
-				d.totals.unfinishable++
-				d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
-				d.finish(c, StateExpired, errUnfinishable, now, ob)
-				continue
-			}
-			if probe, ok := d.mayStart(now, false, ob); ok {
-				d.q.remove(c)
-				c.enter(csTaken)
-				c.probe = probe
-				d.run(c, now, ob, rn)
-				continue
-			}
-			if d.gate.breaker.State() == breaker.Open {
-				wait = time.Duration(d.gate.breaker.OpenUntil() - now)
-			}
-		case csDelayed:
-			wait = time.Duration(c.notBefore - now)
-		}
-		ch := d.wake.kicked()
-		d.mu.Unlock()
-		d.tell.deliver(ob)
-		var tm *time.Timer
-		var timer <-chan time.Time
-		if wait >= 0 {
-			tm = time.NewTimer(wait)
-			timer = tm.C
-		}
-		select {
-		case <-ch:
-		case <-t.Done():
-		case <-timer:
-		}
-		if tm != nil {
-			tm.Stop()
-		}
-		d.mu.Lock()
-	}
-	d.mu.Unlock()
 }

@@ -195,7 +195,7 @@ func (c Config[K, T]) validate() (settings[K, T], error) {
 	steps := []func() error{
 		s.sizes, s.ordering, s.Retry.validate, s.limiter,
 		func() error { return validPolicy(&s.Breaker, (*BreakerPolicy).validate) },
-		s.start, s.rollout, s.tenants,
+		s.startPolicy, s.rollout, s.tenants,
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -251,8 +251,8 @@ func (s *settings[K, T]) limiter() error {
 	return nil
 }
 
-// start checks and defaults Config.Start.
-func (s *settings[K, T]) start() error {
+// startPolicy checks and defaults Config.Start.
+func (s *settings[K, T]) startPolicy() error {
 	p := &s.Start
 	switch {
 	case p.ReservedWorkers < 0 || p.ReservedWorkers >= s.Workers:

@@ -17,7 +17,8 @@ import (
 //     arrival. A worker takes the best of the tenants' best (pick).
 //   - delayed: calls that may not run before a time (retry backoff), by that
 //     time. The clock moves them to ready when it comes.
-//   - shed: the calls that may be evicted when the dispatcher is full.
+//   - victims: the calls that may be shed (evicted) when the dispatcher is
+//     full.
 //
 // Each is a B-tree, so insert, remove and re-key are O(log n) and no index
 // keeps a timer, goroutine or context per entry: the clock's one timer,
@@ -30,11 +31,11 @@ type queue[K comparable, T any] struct {
 	active  []*tenant[K, T]
 	vpass   uint64 // pass of the tenant picked last
 	delayed *btree.BTreeG[*call[K, T]]
-	// shed holds the calls that may be evicted when the dispatcher is
+	// victims holds the calls that may be shed when the dispatcher is
 	// full: droppable, queued (ready or delayed), and alone in their lane,
 	// so that evicting one frees a key. It is in ready order; its maximum
 	// is the worst call: lowest effective priority, then newest.
-	shed *btree.BTreeG[entry[K, T]]
+	victims *btree.BTreeG[entry[K, T]]
 	// due is the dispatcher's due list: an entry of delayed is also a time
 	// the clock must act at.
 	due *due.List
@@ -51,7 +52,7 @@ func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 		aging:   aging,
 		band:    band,
 		delayed: btree.NewG(btreeDegree, delayedLess[K, T]),
-		shed:    btree.NewG(btreeDegree, readyLess[K, T]),
+		victims: btree.NewG(btreeDegree, readyLess[K, T]),
 	}
 }
 
@@ -81,7 +82,7 @@ func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey {
 
 // push makes c ready.
 func (q *queue[K, T]) push(c *call[K, T]) {
-	q.unshed(c)
+	q.unmarkVictim(c)
 	c.order = q.orderOf(c.prio, c.enq)
 	t := c.ten
 	t.ready.insert(c)
@@ -90,18 +91,18 @@ func (q *queue[K, T]) push(c *call[K, T]) {
 		q.activate(t)
 	}
 	c.enter(csReady)
-	q.reshed(c)
+	q.markVictim(c)
 }
 
 // delay makes c wait until notBefore.
 func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
-	q.unshed(c)
+	q.unmarkVictim(c)
 	c.order = q.orderOf(c.prio, c.enq)
 	c.notBefore = notBefore
 	q.delayed.ReplaceOrInsert(c)
 	q.due.Set(due.Promote, notBefore)
 	c.enter(csDelayed)
-	q.reshed(c)
+	q.markVictim(c)
 }
 
 // schedule queues c again (a retry): ready if notBefore has come, else
@@ -129,35 +130,35 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 	case csDelayed:
 		q.delayed.Delete(c)
 	}
-	q.unshed(c)
+	q.unmarkVictim(c)
 }
 
-// reshed puts c in the shed index if it may be evicted.
-func (q *queue[K, T]) reshed(c *call[K, T]) {
-	if c.droppable && !c.inShed && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
+// markVictim puts c in the victims index if it may be shed.
+func (q *queue[K, T]) markVictim(c *call[K, T]) {
+	if c.droppable && !c.isVictim && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
 		e := c.entry()
-		q.shed.ReplaceOrInsert(e)
-		if c.ten.shed != nil {
-			c.ten.shed.ReplaceOrInsert(e)
+		q.victims.ReplaceOrInsert(e)
+		if c.ten.victims != nil {
+			c.ten.victims.ReplaceOrInsert(e)
 		}
-		c.inShed = true
+		c.isVictim = true
 	}
 }
 
-// unshed takes c out of the shed index; call it before c's order changes,
+// unmarkVictim takes c out of the victims index; call it before c's order changes,
 // or when c stops being evictable.
-func (q *queue[K, T]) unshed(c *call[K, T]) {
-	if c.inShed {
+func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
+	if c.isVictim {
 		e := c.entry()
-		q.shed.Delete(e)
-		if c.ten.shed != nil {
-			c.ten.shed.Delete(e)
+		q.victims.Delete(e)
+		if c.ten.victims != nil {
+			c.ten.victims.Delete(e)
 		}
-		c.inShed = false
+		c.isVictim = false
 	}
 }
 
-// worst returns the call of the shed index idx (the queue's, or a
+// worst returns the call of the victims index idx (the queue's, or a
 // tenant's) to evict for a newcomer that would sit at (order, seq): the
 // worst one other than except, if it is worse than the newcomer.
 func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], order orderKey, seq uint64, except *call[K, T]) *call[K, T] {
@@ -186,8 +187,8 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	if order == c.order {
 		return
 	}
-	inShed := c.inShed
-	q.unshed(c)
+	isVictim := c.isVictim
+	q.unmarkVictim(c)
 	if c.state == csReady {
 		c.ten.ready.delete(c)
 		c.order = order
@@ -195,8 +196,8 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	} else {
 		c.order = order
 	}
-	if inShed {
-		q.reshed(c)
+	if isVictim {
+		q.markVictim(c)
 	}
 }
 
@@ -302,7 +303,7 @@ func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
 	q.vpass = t.pass
 	t.pass += t.stride
 	c.enter(csTaken)
-	q.unshed(c)
+	q.unmarkVictim(c)
 	return c
 }
 

@@ -62,7 +62,7 @@ func (r *readyIndex[K, T]) insert(c *call[K, T]) {
 	for _, f := range r.runs {
 		if f.prio == c.prio {
 			if f.live == 0 || readyLess(f.items[len(f.items)-1], e) {
-				f.push(c, e)
+				f.append(c, e)
 				return
 			}
 			r.tree.ReplaceOrInsert(e)
@@ -75,11 +75,11 @@ func (r *readyIndex[K, T]) insert(c *call[K, T]) {
 	switch {
 	case free != nil:
 		free.prio = c.prio
-		free.push(c, e)
+		free.append(c, e)
 	case len(r.runs) < maxRuns:
 		f := &fifoRun[K, T]{prio: c.prio}
 		r.runs = append(r.runs, f)
-		f.push(c, e)
+		f.append(c, e)
 	default:
 		r.tree.ReplaceOrInsert(e)
 	}
@@ -90,7 +90,7 @@ func (r *readyIndex[K, T]) delete(c *call[K, T]) {
 	r.n--
 	r.bestOK = false
 	if f := c.run; f != nil {
-		f.remove(c)
+		f.drop(c)
 		return
 	}
 	r.tree.Delete(c.entry())
@@ -131,12 +131,12 @@ func (r *readyIndex[K, T]) popMin() *call[K, T] {
 	if r.best < 0 {
 		r.tree.DeleteMin()
 	} else {
-		r.runs[r.best].remove(e.c)
+		r.runs[r.best].drop(e.c)
 	}
 	return e.c
 }
 
-func (f *fifoRun[K, T]) push(c *call[K, T], e entry[K, T]) {
+func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
 	if f.live == 0 && f.head > 0 {
 		// Empty: start over at the front, keeping the memory.
 		f.base += len(f.items)
@@ -164,7 +164,7 @@ func (f *fifoRun[K, T]) squeeze() {
 
 // remove takes c out of the run: at the head, the head moves past it and
 // any holes after it; elsewhere, it leaves a hole.
-func (f *fifoRun[K, T]) remove(c *call[K, T]) {
+func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 	i := c.runPos - f.base
 	f.items[i].c = nil
 	c.run = nil

@@ -134,7 +134,7 @@ func TestShareAbsorbed(t *testing.T) {
 
 // TestShareSync: Sync-mode submitters that coalesce into one call, enough
 // to share its outcome, each return with it: one of them runs the call
-// inline, and the others' wait ends on the share (runInline).
+// inline, and the others' wait ends on the share (runInlineUnlock).
 func TestShareSync(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGate()

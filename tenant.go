@@ -25,7 +25,7 @@ type tenant[K comparable, T any] struct {
 	configured bool // named in Config.Tenants (or the tenant of no name): kept while idle
 	stride     uint64
 	ready      readyIndex[K, T]
-	shed       *btree.BTreeG[entry[K, T]] // own evictable calls, if MaxQueued > 0
+	victims    *btree.BTreeG[entry[K, T]] // own calls that may be shed, if MaxQueued > 0
 	queued     int
 	inflight   int
 	pass       uint64 // stride scheduling: lowest pass is picked next among equals
@@ -43,7 +43,7 @@ func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T]
 		active: -1,
 	}
 	if cfg.MaxQueued > 0 {
-		t.shed = btree.NewG(btreeDegree, readyLess[K, T])
+		t.victims = btree.NewG(btreeDegree, readyLess[K, T])
 	}
 	return t
 }

@@ -1,0 +1,106 @@
+package dispatch
+
+import (
+	"time"
+
+	"github.com/coalescer/dispatch/internal/breaker"
+	"github.com/coalescer/dispatch/internal/goid"
+)
+
+// This file is Sync mode's execution: a submission's call runs inline, in
+// the goroutine that submitted it, through the same path a worker takes —
+// begin, execute, endAttempt, retries through the delay index — with the
+// caller sleeping out a backoff itself.
+
+// runSyncUnlock runs ticket t's call inline (Sync mode) after its submission,
+// event e, was accepted. It is called with the lock held and returns
+// without it, once t has its outcome.
+func (d *Dispatcher[K, T]) runSyncUnlock(t *Ticket[K, T], e Event, coalesced bool, ob *outbox[K, T]) {
+	if obs := d.cfg.Observer; obs != nil {
+		// Told by deliver, which contains it: not through observe, whose
+		// own containment would count a Goexit twice.
+		ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
+	}
+	d.runInlineUnlock(t, ob) // releases the lock
+	d.tell.deliver(ob)
+	// The outcome is recorded; if a worker ran the call (a retry it picked
+	// up first), it may still be telling the ticket.
+	<-t.Done()
+}
+
+// runsHere reports whether a Sync-mode submission for key would wait for
+// the calling goroutine: key's call is running on it, or it runs the
+// circuit breaker's half-open probe, which holds every other execution
+// back until it ends.
+func (d *Dispatcher[K, T]) runsHere(key K) bool {
+	l := d.lanes.lookup(key)
+	keyRuns := l != nil && l.running != nil && l.running.state == csRunning
+	b := d.gate.breaker
+	probes := b != nil && b.ProbeRunning()
+	if !keyRuns && !probes {
+		return false // the usual case, without reading the goroutine id
+	}
+	id := goid.ID()
+	return keyRuns && l.running.runner == id || probes && b.Probing(id)
+}
+
+// runInlineUnlock runs t's call in the caller's goroutine (Sync mode), with the
+// lock held on entry, and returns with it released once t has its outcome.
+// The call takes the same path as on a worker — begin, execute, finish,
+// retries through the delay index — but the caller sleeps out a backoff
+// itself. If the key's previous call is still running (or a worker took a
+// retry first), the caller waits for it.
+func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
+	rn := runner{id: goid.ID()}
+	for !t.ended() {
+		now := d.clk.now()
+		d.expireDue(now, ob)
+		d.q.promote(now)
+		if t.ended() {
+			break
+		}
+		c := t.c
+		wait := time.Duration(-1) // until something changes
+		switch c.state {
+		case csReady:
+			if c.unfinishable(&d.gate, now) {
+				// finish takes it out of the ready index
+				d.totals.unfinishable++
+				d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+				d.finish(c, StateExpired, errUnfinishable, now, ob)
+				continue
+			}
+			if probe, ok := d.mayStart(now, false, ob); ok {
+				d.q.remove(c)
+				c.enter(csTaken)
+				c.probe = probe
+				d.runRelock(c, now, ob, rn)
+				continue
+			}
+			if d.gate.breaker.State() == breaker.Open {
+				wait = time.Duration(d.gate.breaker.OpenUntil() - now)
+			}
+		case csDelayed:
+			wait = time.Duration(c.notBefore - now)
+		}
+		ch := d.wake.kicked()
+		d.mu.Unlock()
+		d.tell.deliver(ob)
+		var tm *time.Timer
+		var timer <-chan time.Time
+		if wait >= 0 {
+			tm = time.NewTimer(wait)
+			timer = tm.C
+		}
+		select {
+		case <-ch:
+		case <-t.Done():
+		case <-timer:
+		}
+		if tm != nil {
+			tm.Stop()
+		}
+		d.mu.Lock()
+	}
+	d.mu.Unlock()
+}
