@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/coalescer/dispatch/internal/breaker"
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 // This file is admission: whether a submission is accepted, which call it
@@ -30,7 +31,7 @@ type submission[K comparable, T any] struct {
 // admit places submission s, or returns why it cannot. coalesced reports
 // that s joined (or was skipped by) an existing pending call.
 func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
-	if d.closing {
+	if d.drain.closing {
 		return false, ErrClosed
 	}
 	l := d.lanes.get(s.key, s.h)
@@ -45,30 +46,19 @@ func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesc
 		return false, d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}
 	supersede := s.o.Generation > l.gen
-	if r := l.running; r != nil && r.state == csRunning && !r.orphan && !supersede && d.cfg.Follow != nil {
-		skip, err := d.follow(l, s, ob)
-		if err != nil {
-			return false, err
-		}
+	if skip, err := d.follow(l, s, supersede, ob); err != nil || skip {
 		if skip {
 			d.totals.coalesced++
 			d.waiters.skip(s.key, s.val, s.t, ob)
-			return true, nil
 		}
+		return skip, err
 	}
 	quotaVictim, err := d.quotaForCall(l, s, supersede)
 	if err != nil {
 		return false, err
 	}
 	if supersede {
-		l.gen = s.o.Generation
-		d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, s.o.Generation), s.now, withRunning, ob)
-		d.tenants.keep(s.ten) // the ended call may have been its last: forgotten
-
-		if !l.tracked {
-			// The lane held only a queued call, and went with it.
-			l = d.lanes.add(s.key, s.h, s.o.Generation)
-		}
+		l = d.supersede(l, s, ob)
 	}
 	if c := l.pending; c != nil {
 		return d.admitInto(c, s, ob)
@@ -120,11 +110,9 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 			return false, err
 		}
 	}
-	var was T
-	var wasRev uint64
-	var wasIdem string
+	var was callValue[T] // restored if the adoption is refused after the merge
 	if moves {
-		was, wasRev, wasIdem = c.val, c.rev, c.idem
+		was = c.value()
 	}
 	err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmitUnlock(d, t, ob))
 	replaced := false
@@ -133,7 +121,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	case ReplacePending:
 		if moves && s.o.Priority <= c.prio {
 			if victim, err = d.roomToAdopt(c, s); err != nil {
-				c.val, c.rev, c.idem = was, wasRev, wasIdem
+				c.setValue(was)
 				return false, err
 			}
 		}
@@ -146,6 +134,14 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	default:
 		return false, err
 	}
+	d.joinMerged(c, s, victim, replaced, ob)
+	return true, nil
+}
+
+// joinMerged joins submission s to c, into which its value was merged
+// (replaced: it replaced c's), after it shed victim to make room: c takes
+// s's tenant and label if s is the more urgent or the replacement.
+func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim *call[K, T], replaced bool, ob *outbox[K, T]) {
 	if !s.o.Droppable {
 		c.droppable = false
 		d.q.unmarkVictim(c)
@@ -159,14 +155,31 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	}
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.totals.coalesced++
-	return true, nil
 }
 
-// follow asks Config.Follow about submission s, made while the call of
-// its key's lane l is in flight: it reports whether s is skipped, or why
-// it is refused; otherwise s.val is now Follow's result.
-func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) (skip bool, err error) {
-	running, incoming, pending := l.running.val, s.val, l.pending != nil
+// supersede ends every call of lane l for submission s of a newer
+// generation, and returns the lane s goes on in: l, or a new one if l
+// held only a queued call and went with it.
+func (d *Dispatcher[K, T]) supersede(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) *lane[K, T] {
+	l.gen = s.o.Generation
+	d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, s.o.Generation), s.now, withRunning, ob)
+	d.tenants.keep(s.ten) // the ended call may have been its last: forgotten
+	if !l.tracked {
+		l = d.lanes.add(s.key, s.h, s.o.Generation)
+	}
+	return l
+}
+
+// follow asks Config.Follow, if set, about submission s, made while the
+// call of its key's lane l may be in flight (not asked for a supersede): it
+// reports whether s is skipped, or why it is refused; otherwise s.val is
+// now Follow's result.
+func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], supersede bool, ob *outbox[K, T]) (skip bool, err error) {
+	r := l.running
+	if r == nil || r.state != csRunning || r.orphan || supersede || d.cfg.Follow == nil {
+		return false, nil
+	}
+	running, incoming, pending := r.val, s.val, l.pending != nil
 	var v T
 	_, err = guard(callbackFollow, func() (err error) {
 		v, err = d.cfg.Follow(running, incoming, pending)
@@ -255,7 +268,11 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.q.push(c)
 	d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
-	d.wakeFallback(s.now)
+	if f := d.fallback; f != nil {
+		if at, ok := f.Wake(s.now); ok { // a call to watch: the check resumes
+			d.due.Set(due.Check, at)
+		}
+	}
 	return nil
 }
 

@@ -26,8 +26,11 @@ type attempt[K comparable, T any] struct {
 	ev      Event         // for the observer, if any
 	n       int           // attempt number
 	wait    time.Duration // queue wait
+	attemptEnd
+}
 
-	// Results.
+// attemptEnd is what an attempt brings back.
+type attemptEnd struct {
 	site      string // the user code of this call running, or last run; "" before any
 	abandoned bool   // the goroutine ended before any of it ran: no attempt was made
 	err       error
@@ -48,35 +51,11 @@ type attempt[K comparable, T any] struct {
 // A panic in any of them ends the call Failed with a *PanicError, never
 // retried: exec may have done half of its side effect.
 func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *timebase) {
-	if a.lastErr != nil && cfg.BeforeRetry != nil {
-		a.site = callbackBeforeRetry
-		var next T
-		var done bool
-		_, err := guard(callbackBeforeRetry, func() (err error) {
-			next, done, err = cfg.BeforeRetry(a.callCtx, a.key, a.val, a.lastErr)
-			return err
-		}, nil)
-		switch {
-		case err != nil:
-			a.hookErr = err
-			return
-		case done:
-			a.done = true
-			return
-		}
-		a.val, a.rebuilt = next, true
+	if a.lastErr != nil && cfg.BeforeRetry != nil && !a.beforeRetry(cfg.BeforeRetry) {
+		return
 	}
-	if cfg.NoOp != nil {
-		a.site = callbackNoOp
-		var isNoop bool
-		if pe, _ := guard(callbackNoOp, func() error { isNoop = cfg.NoOp(a.key, a.val); return nil }, nil); pe != nil {
-			a.err, a.panicked = pe, true
-			return
-		}
-		if isNoop {
-			a.skipped = true
-			return
-		}
+	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
+		return
 	}
 	if l := cfg.RateLimit; l != nil && a.inline {
 		// A worker took its token before choosing the call; an inline
@@ -113,6 +92,65 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	}
 }
 
+// newAttempt makes the attempt c is about to run, with its own execution
+// context, set as c's: cancelled when c loses its waiters or the
+// dispatcher closes, reporting the latest deadline of c's live waiters
+// (none if any waiter has none), carrying the idempotency key. inline:
+// run by a Sync-mode caller; observed: the observer hears of it; timeout:
+// RetryPolicy.AttemptTimeout.
+func (c *call[K, T]) newAttempt(clk *timebase, inline, observed bool, timeout time.Duration) attempt[K, T] {
+	var dl time.Time
+	if at := c.execDeadline(); at != 0 {
+		dl = clk.wall(at)
+	}
+	ctx := execctx.New(dl, c.idem) // each execution its own: never reused
+	c.ctx = ctx
+	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: c.lane.key, val: c.val, lastErr: c.lastErr, inline: inline}
+	if observed {
+		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
+	}
+	if timeout > 0 {
+		a.ctx, a.stop = context.WithTimeout(ctx, timeout)
+	}
+	return a
+}
+
+// beforeRetry runs the before-retry hook and reports whether the attempt
+// goes on: not if the hook failed, or found the earlier attempt took
+// effect.
+func (a *attempt[K, T]) beforeRetry(hook func(context.Context, K, T, error) (T, bool, error)) bool {
+	a.site = callbackBeforeRetry
+	var next T
+	var done bool
+	_, err := guard(callbackBeforeRetry, func() (err error) {
+		next, done, err = hook(a.callCtx, a.key, a.val, a.lastErr)
+		return err
+	}, nil)
+	switch {
+	case err != nil:
+		a.hookErr = err
+		return false
+	case done:
+		a.done = true
+		return false
+	}
+	a.val, a.rebuilt = next, true
+	return true
+}
+
+// noOp runs the no-op test and reports whether the attempt ends here:
+// skipped, or the test panicked.
+func (a *attempt[K, T]) noOp(test func(K, T) bool) bool {
+	a.site = callbackNoOp
+	var isNoop bool
+	if pe, _ := guard(callbackNoOp, func() error { isNoop = test(a.key, a.val); return nil }, nil); pe != nil {
+		a.err, a.panicked = pe, true
+		return true
+	}
+	a.skipped = isNoop
+	return isNoop
+}
+
 // endAttempt records the end, at now, of an attempt of c. A call orphaned meanwhile
 // (cancelled, superseded, expired, closed) finishes Stale if exec ran — the
 // side effect may have happened, but nobody is told it succeeded. A
@@ -129,13 +167,9 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		// it so went idle, and nothing else would wake it.
 		d.wake.worker()
 	}
-	c.runTime += a.runTime
-	if a.rebuilt {
-		c.val = a.val
-	}
+	c.account(a)
 	if a.ran {
 		d.execTime.Observe(now, a.runTime)
-		c.attempts++
 		d.totals.executions++
 	}
 	d.recordAttempt(c, a, now, ob)
@@ -158,46 +192,45 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		}
 		d.requeue(c, c.lastErr, now, now, ob)
 		d.wake.kick()
-	case a.hookErr != nil:
-		d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: a.hookErr, Reason: giveUpBeforeRetry}, now, ob)
-	case a.done:
-		d.totals.alreadyDone++
-		d.conclude(c, a, StateSucceeded, nil, now, ob)
-	case a.skipped:
-		d.conclude(c, a, StateSkipped, nil, now, ob)
-	case a.err == nil:
-		d.conclude(c, a, StateSucceeded, nil, now, ob)
 	default:
-		notBefore, reason := d.retryAt(c, a, now, ob)
-		if reason == "" {
-			if obs := d.cfg.Observer; obs != nil {
-				e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
-				ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
-			}
-			d.totals.retries++
-			d.requeue(c, a.err, notBefore, now, ob)
-			d.wake.kick()
+		st, err, final := a.outcome(c.attempts)
+		if !final {
+			d.retry(c, a, now, ob)
 			return
 		}
-		err := a.err
-		if reason != giveUpPanic {
-			err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
+		if a.done {
+			d.totals.alreadyDone++
 		}
-		d.conclude(c, a, StateFailed, err, now, ob)
+		d.conclude(c, a, st, err, now, ob)
 	}
 }
 
-// conclude tells c's waiters the outcome st and finishes c. A waiter whose
-// deadline passed meanwhile gets Expired instead; if every waiter did, an
-// execution that ran is reported Stale.
-func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+// outcome is the outcome an attempt that was made gives its call, after
+// attempts executions, if it is final: the before-retry hook failed, or
+// found the earlier attempt took effect; the no-op test skipped it; it
+// succeeded. Otherwise it failed, and the retry policy decides.
+func (a *attemptEnd) outcome(attempts int) (st State, err error, final bool) {
 	switch {
-	case d.waiters.settleAll(c, st, err, now, expireLate, ob):
-	case a.ran:
-		d.totals.staleExecutions++
-		st, err = StateStale, staleErr(StateStale, err)
-	default:
-		st, err = StateExpired, ErrExpired
+	case a.hookErr != nil:
+		return StateFailed, &RetryError{Attempts: attempts, Last: a.hookErr, Reason: giveUpBeforeRetry}, true
+	case a.done:
+		return StateSucceeded, nil, true
+	case a.skipped:
+		return StateSkipped, nil, true
+	case a.err == nil:
+		return StateSucceeded, nil, true
 	}
-	d.finish(c, st, err, now, ob)
+	return 0, nil, false
+}
+
+// account adds what attempt a did to c: its run time, the value a
+// before-retry hook rebuilt, an execution.
+func (c *call[K, T]) account(a *attempt[K, T]) {
+	c.runTime += a.runTime
+	if a.rebuilt {
+		c.val = a.val
+	}
+	if a.ran {
+		c.attempts++
+	}
 }

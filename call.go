@@ -351,3 +351,29 @@ type entry[K comparable, T any] struct {
 
 // entry returns c's ready-index entry for its current order.
 func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.order, c.seq, c} }
+
+// deadline returns t's deadline on the dispatcher's clock, 0 if none.
+func (t *Ticket[K, T]) deadline() int64 {
+	if t.x == nil {
+		return 0
+	}
+	return t.x.w.deadline
+}
+
+// ended reports, under d.mu, whether t's outcome is recorded: settled on
+// its own, or through the share it rides.
+func (t *Ticket[K, T]) ended() bool {
+	return t.state == tsDone || t.share != nil && t.share.ended
+}
+
+// watched reports whether t must be visited when its call ends: it has a
+// deadline to take out of the deadline index, or a context to stop
+// watching. Such a ticket never rides a share.
+func (t *Ticket[K, T]) watched() bool { return t.x != nil }
+
+func readyLess[K comparable, T any](a, b entry[K, T]) bool {
+	if a.order != b.order {
+		return a.order.less(b.order)
+	}
+	return a.seq < b.seq
+}

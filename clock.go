@@ -1,8 +1,6 @@
 package dispatch
 
 import (
-	"time"
-
 	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
 )
@@ -29,40 +27,7 @@ func (d *Dispatcher[K, T]) clock() {
 			return
 		}
 		d.mu.Lock()
-		now := d.clk.now()
-		duties := d.due.Take(now)
-		if duties.Has(due.Expire) {
-			d.expireDue(now, &ob)
-			if w, ok := d.waiters.deadlines.Min(); ok {
-				d.due.Set(due.Expire, w.at)
-			}
-		}
-		if duties.Has(due.Promote) {
-			if n := d.q.promote(now); n > 0 {
-				for range n {
-					d.wake.worker()
-				}
-				d.wake.kick()
-			}
-			if c, ok := d.q.delayed.Min(); ok {
-				d.due.Set(due.Promote, c.notBefore)
-			}
-		}
-		if duties.Has(due.Check) {
-			d.checkFallback(now, &ob)
-		}
-		if duties.Has(due.Start) {
-			// A token is due, or a hold has ended. The worker that looks
-			// records the next time, if it still has to wait.
-			d.wake.worker()
-		}
-		if b := d.gate.breaker; duties.Has(due.Probe) && b != nil && b.State() == breaker.Open {
-			if now >= b.OpenUntil() {
-				d.wake.worker() // to probe
-			} else {
-				d.due.Set(due.Probe, b.OpenUntil())
-			}
-		}
+		d.tick(d.clk.now(), &ob)
 		d.due.Rearm()
 		if ob.handOff(&d.notify) {
 			d.notifyCond.Signal()
@@ -72,41 +37,42 @@ func (d *Dispatcher[K, T]) clock() {
 	}
 }
 
-// timebase is the dispatcher's clock: monotonic ns since an epoch, and
-// the one timer the due list arms. Reading it needs no lock; the timer is
-// the due list's, under the dispatcher's lock.
-type timebase struct {
-	epoch time.Time
-	timer *time.Timer // nil until the goroutines start (launch)
-}
-
-// epochOffset puts the clock's origin before New, so that every time the
-// dispatcher compares is positive, 0 can mean "no deadline", and a deadline
-// from before New still compares as past.
-const epochOffset = time.Hour
-
-// now reads the clock once.
-func (tb *timebase) now() int64 { return int64(time.Since(tb.epoch)) }
-
-// at converts a wall-clock deadline to the clock; 0 means none.
-func (tb *timebase) at(dl time.Time) int64 {
-	if dl.IsZero() {
-		return 0
+// tick does the duties that are due at now, recording each duty's next
+// time, if it has one.
+func (d *Dispatcher[K, T]) tick(now int64, ob *outbox[K, T]) {
+	duties := d.due.Take(now)
+	if duties.Has(due.Expire) {
+		d.expireDue(now, ob)
+		if w, ok := d.waiters.deadlines.Min(); ok {
+			d.due.Set(due.Expire, w.at)
+		}
 	}
-	return max(int64(dl.Sub(tb.epoch)), 1)
-}
-
-// wall converts a time on the clock to wall-clock time.
-func (tb *timebase) wall(at int64) time.Time { return tb.epoch.Add(time.Duration(at)) }
-
-// arm sets the timer to fire at at; it is the due list's arm function.
-// Before the goroutines start there is no timer: launch arms it then.
-func (tb *timebase) arm(at int64) bool {
-	if tb.timer == nil {
-		return false
+	if duties.Has(due.Promote) {
+		if n := d.q.promote(now); n > 0 {
+			for range n {
+				d.wake.worker()
+			}
+			d.wake.kick()
+		}
+		if c, ok := d.q.delayed.Min(); ok {
+			d.due.Set(due.Promote, c.notBefore)
+		}
 	}
-	tb.timer.Reset(time.Duration(at - tb.now()))
-	return true
+	if duties.Has(due.Check) {
+		d.checkFallback(now, ob)
+	}
+	if duties.Has(due.Start) {
+		// A token is due, or a hold has ended. The worker that looks
+		// records the next time, if it still has to wait.
+		d.wake.worker()
+	}
+	if b := d.gate.breaker; duties.Has(due.Probe) && b != nil && b.State() == breaker.Open {
+		if now >= b.OpenUntil() {
+			d.wake.worker() // to probe
+		} else {
+			d.due.Set(due.Probe, b.OpenUntil())
+		}
+	}
 }
 
 // expireDue ends every waiter whose deadline is at or before now.

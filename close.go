@@ -28,15 +28,15 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 		return ErrReentrant
 	}
 	d.mu.Lock()
-	d.beginClosing()
+	d.drain.begin(d.lanes.Len())
 	d.mu.Unlock()
 
 	var err error
 	select {
-	case <-d.drained:
+	case <-d.drain.done:
 	default:
 		select {
-		case <-d.drained:
+		case <-d.drain.done:
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
@@ -54,28 +54,12 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 	return err
 }
 
-// beginClosing stops admission.
-func (d *Dispatcher[K, T]) beginClosing() {
-	if !d.closing {
-		d.closing = true
-		d.drainedIfEmpty()
-	}
-}
-
-// drainedIfEmpty tells Close, once it closes, that nothing is left.
-func (d *Dispatcher[K, T]) drainedIfEmpty() {
-	if d.closing && d.lanes.Len() == 0 && !d.drainedClosed {
-		d.drainedClosed = true
-		close(d.drained)
-	}
-}
-
 // stop ends every call left with Closed and tells the goroutines to exit.
 // It takes the lock itself.
 func (d *Dispatcher[K, T]) stop() {
 	var ob outbox[K, T]
 	d.mu.Lock()
-	d.beginClosing()
+	d.drain.begin(d.lanes.Len())
 	if !d.stopped {
 		d.stopped = true
 		now := d.clk.now()

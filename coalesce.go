@@ -33,6 +33,20 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 	d.tenants.forgetIdle(old)
 }
 
+// callValue is what a merge changes in a call: its value, the value's
+// revision, its idempotency key.
+type callValue[T any] struct {
+	val  T
+	rev  uint64
+	idem string
+}
+
+// value returns c's value, to restore it with setValue.
+func (c *call[K, T]) value() callValue[T] { return callValue[T]{c.val, c.rev, c.idem} }
+
+// setValue restores a value that value returned.
+func (c *call[K, T]) setValue(v callValue[T]) { c.val, c.rev, c.idem = v.val, v.rev, v.idem }
+
 // merge merges an incoming submission's call value into the pending call
 // c, by the merge function (Config.Merge; nil: the incoming wins). On error c is untouched; SkipIncoming means the merge function found
 // the incoming call has nothing to add. ReplacePending means c's value is
@@ -85,9 +99,10 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 
 // absorb moves every waiter of the successor n into c (whose value already
 // holds the merge of both) and forgets n, which was never queued. If n is
-// the more urgent, c takes its tenant and label, as any merged call does.
-func (d *Dispatcher[K, T]) absorb(c, n *call[K, T]) {
-	if n.prio > c.prio && (n.ten != c.ten || n.label != c.label) {
+// the more urgent, or replaced c's value (ReplacePending), c takes its
+// tenant and label, as any merged call does.
+func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
+	if (replaced || n.prio > c.prio) && (n.ten != c.ten || n.label != c.label) {
 		d.adopt(c, n.ten, n.label)
 	}
 	d.waiters.absorb(c, n)
@@ -162,12 +177,20 @@ func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error))
 	if d.cfg.NoOp == nil || inFlight {
 		return true, nil
 	}
+	return true, d.skipIfNoOp(key, v, seq, rev)
+}
+
+// skipIfNoOp ends key's pending call Skipped if Config.NoOp finds its
+// amended value v would change nothing — unless the call changed since
+// (seq and rev tell: a submission coalesced into it, or it started). It
+// returns the no-op test's panic, if any. It takes the lock itself.
+func (d *Dispatcher[K, T]) skipIfNoOp(key K, v T, seq, rev uint64) error {
 	var noop bool
 	if pe, _ := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
 		if pe != nil {
-			return true, pe
+			return pe
 		}
-		return true, nil
+		return nil
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
@@ -179,5 +202,5 @@ func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error))
 	}
 	d.mu.Unlock()
 	d.tell.deliver(&ob)
-	return true, nil
+	return nil
 }

@@ -197,3 +197,18 @@ func (tl *teller[K, T]) submitted(label string, o *SubmitOptions, coalesced bool
 	}
 	tl.observe(func() { obs.OnSubmit(e, coalesced) })
 }
+
+// handOff moves ob's hooks and observer events to to, the notifier's
+// outbox, leaving ob's tickets (telling them runs no user code) to the
+// caller. It reports whether it moved any.
+func (ob *outbox[K, T]) handOff(to *outbox[K, T]) bool {
+	if len(ob.hooks) == 0 && len(ob.notes) == 0 {
+		return false
+	}
+	to.hooks = append(to.hooks, ob.hooks...)
+	to.notes = append(to.notes, ob.notes...)
+	clear(ob.hooks)
+	clear(ob.notes)
+	ob.hooks, ob.notes = ob.hooks[:0], ob.notes[:0]
+	return true
+}

@@ -50,7 +50,6 @@ type Dispatcher[K comparable, T any] struct {
 
 	base       context.Context // the token fetcher's: cancelled by Close (executions have their own, internal/execctx)
 	baseCancel context.CancelCauseFunc
-	drained    chan struct{} // closed when Close finds nothing left to run
 	stopCh     chan struct{} // closed when Close ends the rest
 	wg         sync.WaitGroup
 
@@ -66,10 +65,9 @@ type Dispatcher[K comparable, T any] struct {
 	calls   liveCalls
 	gate    startGate // may the next execution start (start.go)
 
-	started       bool
-	closing       bool
-	stopped       bool
-	drainedClosed bool
+	started bool
+	drain   drain // Close's: admission stopped, nothing left
+	stopped bool
 
 	due due.List // when the clock must act, by duty (clock.go)
 
@@ -108,7 +106,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		exec:      exec,
 		cfg:       set,
 		clk:       timebase{epoch: time.Now().Add(-epochOffset)},
-		drained:   make(chan struct{}),
+		drain:     drain{done: make(chan struct{})},
 		stopCh:    make(chan struct{}),
 		lanes:     newLaneTable[K, T](),
 		q:         newQueue[K, T](set.aging, set.band),
@@ -127,7 +125,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 // names, and the conditions the dispatcher's goroutines wait on.
 func (d *Dispatcher[K, T]) init() {
 	set := &d.cfg
-	d.gate = newStartGate(set, &d.clk)
+	d.gate = newStartGate(set, &d.clk, &d.due, &d.fetchCond)
 	if set.Label != nil {
 		d.calls.labels = map[string]int{}
 	}
@@ -169,7 +167,7 @@ func (d *Dispatcher[K, T]) Submit(ctx context.Context, key K, call T, o SubmitOp
 // submission. It takes the lock itself.
 func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOptions, label *string) (*Ticket[K, T], error) {
 	if label == nil {
-		l := d.labelOf(key, call)
+		l := d.cfg.labelOf(key, call, &d.tell)
 		label = &l
 	}
 	if ctx.Err() != nil {
@@ -186,18 +184,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	var ob outbox[K, T]
 	d.mu.Lock()
 	ten := d.tenants.get(o.Tenant)
-	var err error
-	coalesced := false
-	switch {
-	case t.state == tsDone: // ctx ended before we took the lock
-		err = ctxErr(ctx)
-	case deadline != 0 && deadline <= now:
-		err = errRejectPast
-	case d.mode == ModeSync && d.runsHere(key):
-		err = ErrReentrant
-	default:
-		coalesced, err = d.admit(&submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: ten, label: *label}, &ob)
-	}
+	coalesced, err := d.admitTicket(ctx, &submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: ten, label: *label}, &ob)
 	d.tenants.count(ten, err, &d.totals)
 	if err != nil {
 		t.state = tsDone
@@ -220,6 +207,21 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 		return nil, err
 	}
 	return t, nil
+}
+
+// admitTicket is admit for a Submit under ctx: refused if ctx ended before
+// the lock was taken, the deadline has passed, or, in Sync mode, the call
+// would wait for its own goroutine.
+func (d *Dispatcher[K, T]) admitTicket(ctx context.Context, s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
+	switch {
+	case s.t.state == tsDone: // ctx ended before we took the lock
+		return false, ctxErr(ctx)
+	case s.deadline != 0 && s.deadline <= s.now:
+		return false, errRejectPast
+	case d.mode == ModeSync && d.runsHere(s.key):
+		return false, ErrReentrant
+	}
+	return d.admit(s, ob)
 }
 
 // ticketFor makes the ticket of a submission under ctx with options o,
@@ -254,7 +256,7 @@ func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ti
 // returning, but a failed execution still returns nil.
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.clk.at(o.Deadline)
-	label := d.labelOf(key, call)
+	label := d.cfg.labelOf(key, call, &d.tell)
 	h := d.lanes.hash(key) // outside the lock
 	// The clock too, when admission will need it: for a deadline, and
 	// when recent Posts needed it (clockGuess). Otherwise now stays 0 and
@@ -325,12 +327,12 @@ func (d *Dispatcher[K, T]) Busy(key K) bool {
 // anything is admitted. A panic in it is contained and counted, and the
 // call goes unlabelled; a runtime.Goexit is counted, and ends the
 // submitting goroutine with nothing submitted.
-func (d *Dispatcher[K, T]) labelOf(key K, call T) string {
-	if d.cfg.Label == nil {
+func (s *settings[K, T]) labelOf(key K, call T, tl *teller[K, T]) string {
+	if s.Label == nil {
 		return ""
 	}
 	var label string
-	pe, _ := guard(callbackLabel, func() error { label = d.cfg.Label(key, call); return nil }, d.tell.contain)
-	d.tell.contain(pe)
+	pe, _ := guard(callbackLabel, func() error { label = s.Label(key, call); return nil }, tl.contain)
+	tl.contain(pe)
 	return label
 }

@@ -45,16 +45,6 @@ func (d *Dispatcher[K, T]) fallbackFacts() fallback.Facts {
 	return in
 }
 
-// wakeFallback resumes a parked fallback check at now: a call was admitted,
-// or the mode went back to Async.
-func (d *Dispatcher[K, T]) wakeFallback(now int64) {
-	if f := d.fallback; f != nil {
-		if at, ok := f.Wake(now); ok {
-			d.due.Set(due.Check, at)
-		}
-	}
-}
-
 // FallbackPolicy switches to ModeSync, as SetMode would, when a threshold
 // is crossed, and records the values in Stats.FallbackReason. A zero
 // threshold is not checked; at least one must be set.

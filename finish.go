@@ -82,7 +82,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 		}
 	}
 	if d.lanes.release(l) {
-		d.drainedIfEmpty()
+		d.drain.left(d.lanes.Len())
 	}
 	d.wake.kick()
 }
@@ -145,4 +145,44 @@ func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K,
 	}
 	d.waiters.settleAll(c, StateDropped, err, now, onTime, ob)
 	d.finish(c, StateDropped, err, now, ob)
+}
+
+// conclude tells c's waiters the outcome st and finishes c. A waiter whose
+// deadline passed meanwhile gets Expired instead; if every waiter did, an
+// execution that ran is reported Stale.
+func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, err error, now int64, ob *outbox[K, T]) {
+	switch {
+	case d.waiters.settleAll(c, st, err, now, expireLate, ob):
+	case a.ran:
+		d.totals.staleExecutions++
+		st, err = StateStale, staleErr(StateStale, err)
+	default:
+		st, err = StateExpired, ErrExpired
+	}
+	d.finish(c, st, err, now, ob)
+}
+
+// drain is Close's drain: whether admission has stopped, and the channel
+// that tells Close that nothing is left to run. Guarded by the
+// Dispatcher's lock.
+type drain struct {
+	closing bool          // admission has stopped
+	done    chan struct{} // closed when closing finds nothing left to run
+	told    bool          // done is closed
+}
+
+// begin stops admission; keys is how many are tracked.
+func (dr *drain) begin(keys int) {
+	if !dr.closing {
+		dr.closing = true
+		dr.left(keys)
+	}
+}
+
+// left tells Close, once closing, that nothing is left when keys is 0.
+func (dr *drain) left(keys int) {
+	if dr.closing && keys == 0 && !dr.told {
+		dr.told = true
+		close(dr.done)
+	}
 }

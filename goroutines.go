@@ -82,31 +82,6 @@ func (d *Dispatcher[K, T]) spawn(r role) {
 	}()
 }
 
-// owners counts, by goroutine id, the registrations of the goroutines
-// Close would wait for: the dispatcher's own, and callers running a call
-// inline. Guarded by the Dispatcher's lock.
-type owners map[uint64]int
-
-// add registers goroutine id once more.
-func (o owners) add(id uint64) { o[id]++ }
-
-// drop forgets one registration of goroutine id.
-func (o owners) drop(id uint64) {
-	if o[id]--; o[id] <= 0 {
-		delete(o, id)
-	}
-}
-
-// reentrant reports whether the calling goroutine is one that Close or
-// SetMode would wait for. It costs about a microsecond: cold paths only.
-// It takes the lock itself.
-func (d *Dispatcher[K, T]) reentrant() bool {
-	id := goid.ID()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.owned[id] > 0
-}
-
 // notifier runs the completion hooks and observer events of calls the
 // clock ended, so that a slow or blocked callback never holds up the clock
 // — and with it every deadline and backoff. It takes the lock itself.
@@ -126,19 +101,4 @@ func (d *Dispatcher[K, T]) notifier() {
 		d.mu.Lock()
 	}
 	d.mu.Unlock()
-}
-
-// handOff moves ob's hooks and observer events to to, the notifier's
-// outbox, leaving ob's tickets (telling them runs no user code) to the
-// caller. It reports whether it moved any.
-func (ob *outbox[K, T]) handOff(to *outbox[K, T]) bool {
-	if len(ob.hooks) == 0 && len(ob.notes) == 0 {
-		return false
-	}
-	to.hooks = append(to.hooks, ob.hooks...)
-	to.notes = append(to.notes, ob.notes...)
-	clear(ob.hooks)
-	clear(ob.notes)
-	ob.hooks, ob.notes = ob.hooks[:0], ob.notes[:0]
-	return true
 }

@@ -64,13 +64,10 @@ func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
 		switch c.state {
 		case csReady:
 			if c.unfinishable(&d.gate, now) {
-				// finish takes it out of the ready index
-				d.totals.unfinishable++
-				d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
-				d.finish(c, StateExpired, errUnfinishable, now, ob)
+				d.expireUnfinishable(c, now, ob) // finish takes it out of the ready index
 				continue
 			}
-			if probe, ok := d.mayStart(now, false, ob); ok {
+			if probe, ok := d.gate.mayStart(now, false, &ob.notes); ok {
 				d.q.remove(c)
 				c.enter(csTaken)
 				c.probe = probe
@@ -86,21 +83,24 @@ func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
 		ch := d.wake.kicked()
 		d.mu.Unlock()
 		d.tell.deliver(ob)
-		var tm *time.Timer
-		var timer <-chan time.Time
-		if wait >= 0 {
-			tm = time.NewTimer(wait)
-			timer = tm.C
-		}
-		select {
-		case <-ch:
-		case <-t.Done():
-		case <-timer:
-		}
-		if tm != nil {
-			tm.Stop()
-		}
+		waitChange(ch, t.Done(), wait)
 		d.mu.Lock()
 	}
 	d.mu.Unlock()
+}
+
+// waitChange waits until kicked or done is closed, or wait has passed
+// (wait < 0: no limit).
+func waitChange(kicked, done <-chan struct{}, wait time.Duration) {
+	var timer <-chan time.Time
+	if wait >= 0 {
+		tm := time.NewTimer(wait)
+		defer tm.Stop()
+		timer = tm.C
+	}
+	select {
+	case <-kicked:
+	case <-done:
+	case <-timer:
+	}
 }

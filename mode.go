@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 // Mode is how the dispatcher runs calls.
@@ -61,7 +63,7 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if d.closing {
+	if d.drain.closing {
 		d.mu.Unlock()
 		return ErrClosed
 	}
@@ -130,7 +132,11 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	}
 	if m == ModeAsync {
 		d.wake.workers() // queued successors and retries run on workers again
-		d.wakeFallback(d.clk.now())
+		if f := d.fallback; f != nil {
+			if at, ok := f.Wake(d.clk.now()); ok { // back to Async: the check resumes
+				d.due.Set(due.Check, at)
+			}
+		}
 	}
 	d.wake.kick()
 	if obs := d.cfg.Observer; obs != nil {

@@ -56,13 +56,6 @@ func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 	}
 }
 
-func readyLess[K comparable, T any](a, b entry[K, T]) bool {
-	if a.order != b.order {
-		return a.order.less(b.order)
-	}
-	return a.seq < b.seq
-}
-
 func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
 	if a.notBefore != b.notBefore {
 		return a.notBefore < b.notBefore

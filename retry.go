@@ -103,11 +103,11 @@ func (p *RetryPolicy) backoff(n int) time.Duration {
 	return d
 }
 
-// retryAt decides whether a failed attempt of c runs again, and when. It
-// returns the time the retry may start, or the reason it may not.
-func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) (int64, string) {
-	p := &d.cfg.Retry
-	var delay time.Duration
+// retryDelay decides whether an attempt that failed after the call's
+// attempts executions may run again, judged by its own verdict alone, and
+// after what delay; or the reason it may not (recompute: a BeforeRetry
+// hook is set).
+func (p *RetryPolicy) retryDelay(a *attemptEnd, attempts int, recompute bool) (time.Duration, string) {
 	switch {
 	case a.panicked:
 		return 0, giveUpPanic
@@ -115,31 +115,51 @@ func (d *Dispatcher[K, T]) retryAt(c *call[K, T], a *attempt[K, T], now int64, o
 		return 0, giveUpDeadline
 	case a.class == ClassPermanent:
 		return 0, giveUpPermanent
-	case a.class == ClassRecompute && d.cfg.BeforeRetry == nil:
+	case a.class == ClassRecompute && !recompute:
 		return 0, giveUpRecompute
-	case c.attempts >= p.MaxAttempts:
+	case attempts >= p.MaxAttempts:
 		return 0, giveUpAttempts
 	case a.class == ClassRecompute:
 		// Rebuild from fresh state at once: waiting does not resolve a
 		// conflict, re-reading does.
-	default:
-		if hint, ok := retryAfter(a.err); ok {
-			delay = hint
-		} else {
-			delay = p.backoff(c.attempts)
-		}
+		return 0, ""
 	}
+	if hint, ok := retryAfter(a.err); ok {
+		return hint, ""
+	}
+	return p.backoff(attempts), ""
+}
+
+// retry runs c, whose attempt a failed at now, again after the retry
+// policy's delay — unless its deadline comes first, its tenant has no room
+// for it to wait, or the retry budget is spent: then it fails.
+func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
+	delay, reason := d.cfg.Retry.retryDelay(&a.attemptEnd, c.attempts, d.cfg.BeforeRetry != nil)
 	notBefore := sat.Add(now, int64(delay))
-	if dl := c.execDeadline(); dl != 0 && notBefore >= dl {
-		return 0, giveUpDeadline
+	switch {
+	case reason != "":
+	case c.execDeadline() != 0 && notBefore >= c.execDeadline():
+		reason = giveUpDeadline
+	case !d.roomForRetry(c, now, ob):
+		reason = giveUpQuota
+	case !d.budget.allows(now):
+		reason = giveUpBudget
 	}
-	if !d.roomForRetry(c, now, ob) {
-		return 0, giveUpQuota
+	if reason == "" {
+		if obs := d.cfg.Observer; obs != nil {
+			e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
+			ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
+		}
+		d.totals.retries++
+		d.requeue(c, a.err, notBefore, now, ob)
+		d.wake.kick()
+		return
 	}
-	if !d.budget.allows(now) {
-		return 0, giveUpBudget
+	err := a.err
+	if reason != giveUpPanic {
+		err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
 	}
-	return notBefore, ""
+	d.conclude(c, a, StateFailed, err, now, ob)
 }
 
 // roomForRetry reports whether c's tenant has room under its quota for c to
@@ -184,18 +204,14 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 		})
 		switch err {
 		case nil:
-			d.absorb(c, n)
+			d.absorb(c, n, false)
 			l.running, l.pending = nil, c
 		case ReplacePending:
 			// The successor is a new operation: the retry becomes it,
 			// at once and from its first attempt.
 			d.restart(c)
 			notBefore = now
-			ten, label := n.ten, n.label
-			d.absorb(c, n)
-			if ten != c.ten || label != c.label {
-				d.adopt(c, ten, label)
-			}
+			d.absorb(c, n, true)
 			l.running, l.pending = nil, c
 		}
 		// else — refused, or moot (SkipIncoming): l.running stays c, and n

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"sync"
+
 	"github.com/coalescer/dispatch/internal/adaptive"
 	"github.com/coalescer/dispatch/internal/breaker"
 	"github.com/coalescer/dispatch/internal/due"
@@ -30,12 +32,16 @@ type startGate struct {
 	tokens   tokens.Tokens
 	running  int // executions on workers
 	low      int // of those, below the reservation's priority
+
+	due   *due.List  // the clock's: to look again at a time
+	fetch *sync.Cond // the token fetcher's
+	obs   Observer   // told of the breaker's changes
 }
 
-func newStartGate[K comparable, T any](set *settings[K, T], tb *timebase) startGate {
+func newStartGate[K comparable, T any](set *settings[K, T], tb *timebase, dl *due.List, fetch *sync.Cond) startGate {
 	g := startGate{
 		workers: set.Workers, reserved: set.Start.ReservedWorkers, urgentAt: set.urgent,
-		tokens: tokens.New(set.RateLimit, tb.epoch),
+		tokens: tokens.New(set.RateLimit, tb.epoch), due: dl, fetch: fetch, obs: set.Observer,
 	}
 	if p := set.Start.Adaptive; p != nil {
 		g.adaptive = adaptive.New(p.limitPolicy(), set.Workers, set.Retry.MaxBackoff)
@@ -108,14 +114,12 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 		}
 		c := ten.ready.min().c
 		if until, ok := g.held(c.prio, now); ok {
-			d.lookAgainAt(until)
+			g.lookAgainAt(until)
 			return nil
 		}
 		if c.unfinishable(g, now) {
 			d.q.popFrom(ten)
-			d.totals.unfinishable++
-			d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
-			d.finish(c, StateExpired, errUnfinishable, now, ob)
+			d.expireUnfinishable(c, now, ob)
 			continue
 		}
 		low, full := g.below(c.prio)
@@ -125,7 +129,7 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			// woken when a low call ends (endAttempt).
 			return nil
 		}
-		probe, ok := d.mayStart(now, true, ob)
+		probe, ok := g.mayStart(now, true, &ob.notes)
 		if !ok {
 			return nil
 		}
@@ -136,25 +140,32 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 	return nil
 }
 
+// expireUnfinishable ends call c, out of the ready index or about to be,
+// whose waiters' deadline is closer than its label's usual execution time.
+func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outbox[K, T]) {
+	d.totals.unfinishable++
+	d.waiters.settleAll(c, StateExpired, errUnfinishable, now, onTime, ob)
+	d.finish(c, StateExpired, errUnfinishable, now, ob)
+}
+
 // mayStart takes a rate-limiter token (if token: an inline execution waits
 // for its own) and the circuit breaker's leave for an execution to start
 // now, or neither; the clock or the token fetcher then wakes a worker to
 // look again. probe: it runs as the half-open breaker's probe.
-func (d *Dispatcher[K, T]) mayStart(now int64, token bool, ob *outbox[K, T]) (probe, ok bool) {
-	g := &d.gate
+func (g *startGate) mayStart(now int64, token bool, ob *notes) (probe, ok bool) {
 	if token {
 		if ok, at := g.tokens.Ready(now); !ok {
-			d.lookAgainAt(at)
+			g.lookAgainAt(at)
 			return false, false
 		}
 	}
 	if b := g.breaker; b != nil {
 		var ch breaker.Change
 		ok, probe, ch = b.Admit(now)
-		noteCircuit(d.cfg.Observer, ch, &ob.notes)
+		noteCircuit(g.obs, ch, ob)
 		if !ok {
 			if b.State() == breaker.Open {
-				d.due.Set(due.Probe, b.OpenUntil())
+				g.due.Set(due.Probe, b.OpenUntil())
 			}
 			return false, false
 		}
@@ -167,12 +178,12 @@ func (d *Dispatcher[K, T]) mayStart(now int64, token bool, ob *outbox[K, T]) (pr
 
 // lookAgainAt has the clock wake a worker at at (tokens.WhenFetched: the
 // token fetcher wakes one).
-func (d *Dispatcher[K, T]) lookAgainAt(at int64) {
+func (g *startGate) lookAgainAt(at int64) {
 	if at == tokens.WhenFetched {
-		d.fetchCond.Signal() // the fetcher waits for the limiter's next token
+		g.fetch.Signal() // the fetcher waits for the limiter's next token
 		return
 	}
-	d.due.Set(due.Start, at)
+	g.due.Set(due.Start, at)
 }
 
 // recordAttempt tells the deadline check, the circuit breaker and the

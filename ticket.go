@@ -70,14 +70,6 @@ func newTicket[K comparable, T any](d *Dispatcher[K, T], deadline int64, watch b
 	return t
 }
 
-// deadline returns t's deadline on the dispatcher's clock, 0 if none.
-func (t *Ticket[K, T]) deadline() int64 {
-	if t.x == nil {
-		return 0
-	}
-	return t.x.w.deadline
-}
-
 // stopWatch unregisters t's context watch, if it has one. It runs without
 // the lock.
 func (t *Ticket[K, T]) stopWatch() {
@@ -225,17 +217,6 @@ func (t *Ticket[K, T]) outcome() *Result[K, T] {
 	// Done at once (watchDone): until then the outcome is not told here.
 	return nil
 }
-
-// ended reports, under d.mu, whether t's outcome is recorded: settled on
-// its own, or through the share it rides.
-func (t *Ticket[K, T]) ended() bool {
-	return t.state == tsDone || t.share != nil && t.share.ended
-}
-
-// watched reports whether t must be visited when its call ends: it has a
-// deadline to take out of the deadline index, or a context to stop
-// watching. Such a ticket never rides a share.
-func (t *Ticket[K, T]) watched() bool { return t.x != nil }
 
 // tell marks the outcome told and closes the Done channel, if one was made.
 // The result must be recorded before. It closes the channel first and only

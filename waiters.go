@@ -243,52 +243,27 @@ func (w *waiters[K, T]) told(t *Ticket[K, T], r *Result[K, T], ob *outbox[K, T])
 // with a deadline or a context, and the few plain ones that joined before
 // the share was made — are visited.
 func (w *waiters[K, T]) settleAll(c *call[K, T], st State, err error, now int64, late lateness, ob *outbox[K, T]) bool {
-	served := false
 	n := c.tickets()
-	var res Result[K, T]
+	oc := sharedOutcome[K, T]{now: now, late: late}
 	if n > 0 {
-		res = c.result(st, err, now)
+		oc.res = c.result(st, err, now)
 	}
 	// The visited tickets told res share one copy of it: the share's, if
 	// the call has one, else one made for the first of them (a worker's
 	// was made before it took the lock: outbox.stock). Those that expired
 	// late share another.
-	var onTime, expired *Result[K, T]
-	for s := c.share; s != nil; s = s.next {
-		s.res, s.ended = res, true
-		ob.shares = append(ob.shares, s)
-		if onTime == nil {
-			onTime = &s.res
-		}
-	}
-	c.share = nil
-	visit := func(t *Ticket[K, T]) {
-		t.c = nil
-		w.unindex(t)
-		if dl := t.deadline(); late == expireLate && dl != 0 && dl <= now {
-			if expired == nil {
-				expired = ob.newResult(c.result(StateExpired, ErrExpired, now))
-			}
-			w.told(t, expired, ob)
-			return
-		}
-		served = true
-		if onTime == nil {
-			onTime = ob.newResult(res)
-		}
-		w.told(t, onTime, ob)
-	}
+	oc.onTime = c.tellShares(oc.res, ob)
 	if c.one != nil {
-		visit(c.one)
+		w.visit(c.one, c, &oc, ob)
 		c.one = nil
 	}
 	if tl := c.more; tl != nil {
 		if len(tl.riders) > 0 {
-			served = true
+			oc.served = true
 			w.outcomes[st] += uint64(len(tl.riders))
 		}
 		for _, t := range tl.visit {
-			visit(t)
+			w.visit(t, c, &oc, ob)
 		}
 		w.lists.keep(c)
 	}
@@ -299,11 +274,56 @@ func (w *waiters[K, T]) settleAll(c *call[K, T], st State, err error, now int64,
 		if late == expireLate && !c.postsForever && c.posts.deadline <= now {
 			pst = StateExpired
 		} else {
-			served = true
+			oc.served = true
 		}
 		w.settlePosts(c, pst)
 	}
-	return served
+	return oc.served
+}
+
+// sharedOutcome is the outcome of a call's end as its visited tickets are
+// told it (settleAll): res, in one copy for those on time and one for
+// those expired late.
+type sharedOutcome[K comparable, T any] struct {
+	res             Result[K, T]
+	onTime, expired *Result[K, T]
+	now             int64
+	late            lateness
+	served          bool // a waiter got res
+}
+
+// visit tells ticket t of call c its share of oc.
+func (w *waiters[K, T]) visit(t *Ticket[K, T], c *call[K, T], oc *sharedOutcome[K, T], ob *outbox[K, T]) {
+	t.c = nil
+	w.unindex(t)
+	if dl := t.deadline(); oc.late == expireLate && dl != 0 && dl <= oc.now {
+		if oc.expired == nil {
+			oc.expired = ob.newResult(c.result(StateExpired, ErrExpired, oc.now))
+		}
+		w.told(t, oc.expired, ob)
+		return
+	}
+	oc.served = true
+	if oc.onTime == nil {
+		oc.onTime = ob.newResult(oc.res)
+	}
+	w.told(t, oc.onTime, ob)
+}
+
+// tellShares records res as the outcome of c's shares (its own, and those
+// of the calls it absorbed), for ob to tell their riders, and returns the
+// first share's copy of it, or nil if c has no share.
+func (c *call[K, T]) tellShares(res Result[K, T], ob *outbox[K, T]) *Result[K, T] {
+	var first *Result[K, T]
+	for s := c.share; s != nil; s = s.next {
+		s.res, s.ended = res, true
+		ob.shares = append(ob.shares, s)
+		if first == nil {
+			first = &s.res
+		}
+	}
+	c.share = nil
+	return first
 }
 
 // settlePosts gives every fire-and-forget submission of c the outcome st.

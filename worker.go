@@ -1,11 +1,8 @@
 package dispatch
 
 import (
-	"context"
 	"runtime/debug"
 	"time"
-
-	"github.com/coalescer/dispatch/internal/execctx"
 )
 
 // This file is execution: the worker loop, and one attempt of a call —
@@ -145,10 +142,8 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	return a.end
 }
 
-// begin marks c running and gives it its execution context (execctx.go):
-// cancelled when c loses its waiters (among them, when their deadlines
-// pass) or the dispatcher closes, reporting the latest deadline of c's live
-// waiters (none if any waiter has none), carrying the idempotency key.
+// begin marks c running, counts its execution, and returns its attempt
+// (newAttempt).
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
 	if rn.onWorker {
 		d.gate.running++
@@ -175,20 +170,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 	d.running++
 	c.ten.queued--
 	c.ten.inflight++
-	var dl time.Time
-	if at := c.execDeadline(); at != 0 {
-		dl = d.clk.wall(at)
-	}
-	ctx := execctx.New(dl, c.idem) // each execution its own: never reused
-	c.ctx = ctx
-	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: l.key, val: c.val, lastErr: c.lastErr, inline: !rn.onWorker}
-	if d.cfg.Observer != nil {
-		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
-	}
-	if t := d.cfg.Retry.AttemptTimeout; t > 0 {
-		a.ctx, a.stop = context.WithTimeout(ctx, t)
-	}
-	return a
+	return c.newAttempt(&d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
 }
 
 // firstStart records the first execution of c, at now: its queue wait,
