@@ -73,8 +73,9 @@
 // charges that bucket for every further request of the execution (upstream's
 // calls retry inside Execute). No request pays twice, nor goes unpaid: the
 // server sees no more than the rate the scheduler was configured with. The
-// derived clientset speaks JSON, whatever content type the given one was
-// configured with.
+// derived clientset keeps the given one's settings — content type
+// (protobuf, if the scheduler asked for it), accepted types, user agent,
+// timeout — except its limiter and a per-client warning handler.
 //
 // The adapter waits for one token at a time, so among other users of the
 // bucket that wait on it continuously it has one waiter's share, however

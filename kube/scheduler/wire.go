@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,10 +25,9 @@ import (
 // dispatcher, with a goroutine per call, puts it behind every queued patch
 // (kubernetes#135900). So the adapter takes each execution's token from that
 // same bucket itself, before the core chooses the call (gate), and runs the
-// call on a clientset derived from the given one — the same HTTP client,
-// hence the same transport, credentials and user agent — that has no bucket
-// of its own (meter). No request pays twice, and the total rate stays what
-// the scheduler was configured with.
+// call on a clientset derived from the given one that has no bucket of its
+// own (meter), and is otherwise the same (newWire). No request pays twice,
+// and the total rate stays what the scheduler was configured with.
 type wire struct {
 	// client is what calls' Execute gets.
 	client kubernetes.Interface
@@ -47,6 +47,31 @@ type wire struct {
 // upstream's dispatcher. Priority still decides which call a free worker
 // takes, and the reserved workers keep bindings moving; only the wait in
 // the client's own bucket is out of order.
+//
+// The derived clientset sends the requests the given one would, but for
+// the wait in its bucket: a clientset is a rest.Config's settings spread
+// over its REST clients, and each is recovered from the core group's:
+//
+//   - the HTTP client, reused (only its transport is wrapped): credentials,
+//     TLS, user agent, impersonation, proxy, compression — all of which
+//     client-go puts in the transport — and the Timeout, which client-go
+//     also sends as the requests' timeout parameter;
+//   - the server URL with any path prefix (hostOf);
+//   - the content type and the accepted types (contentOf; kube-scheduler's
+//     clients speak protobuf). client-go keeps them unexported, with no
+//     getter, so they are read by reflection; should a client-go release
+//     move them, the client is used as it is rather than re-encoded;
+//   - the limiter, which the gate and the meter stand in for.
+//
+// APIPath, GroupVersion and NegotiatedSerializer need no recovering: every
+// typed client of a clientset sets its own. One setting is not kept: a
+// warning handler of the client's own (rest.Config.WarningHandler or
+// WarningHandlerWithContext). client-go holds it in an unexported interface
+// field, whose value reflection cannot hand out, so the derived clientset's
+// warnings go to the process's default handler (rest.SetDefaultWarningHandler)
+// instead; kube-scheduler's clients set none of their own. (A client that
+// may send CBOR also learns apart from the given one that a server refuses
+// it.)
 func newWire(client kubernetes.Interface) wire {
 	w := wire{client: client, gate: newGate()}
 	rc, ok := client.CoreV1().RESTClient().(*rest.RESTClient)
@@ -57,6 +82,11 @@ func newWire(client kubernetes.Interface) wire {
 	host, ok := hostOf(rc)
 	if !ok {
 		w.why = "its REST client's URL does not end in /api/v1"
+		return w
+	}
+	content, ok := contentOf(rc)
+	if !ok {
+		w.why = "its REST client's content type could not be read (a client-go this adapter does not know)"
 		return w
 	}
 	hc := rc.Client
@@ -71,7 +101,7 @@ func newWire(client kubernetes.Interface) wire {
 	derived := *hc
 	derived.Transport = &meter{next: next, limiter: limiter}
 	// QPS -1: client-go makes no bucket; the meter charges the given one.
-	cs, err := kubernetes.NewForConfigAndClient(&rest.Config{Host: host, QPS: -1}, &derived)
+	cs, err := kubernetes.NewForConfigAndClient(&rest.Config{Host: host, ContentConfig: content, QPS: -1}, &derived)
 	if err != nil {
 		w.why = "a clientset could not be derived from it: " + err.Error()
 		return w
@@ -93,6 +123,30 @@ func hostOf(rc *rest.RESTClient) (string, bool) {
 	}
 	h := url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}
 	return h.String(), true
+}
+
+// contentOf returns the content type and accepted types rc was built with,
+// as a rest.Config carries them. client-go keeps them in the unexported
+// rc.content.base, a rest.ClientContentConfig, and exports no way to read
+// them (APIVersion gives the group version only), so they are read by
+// reflection: read-only, without package unsafe. ok is false if rc does
+// not hold them there.
+//
+// An empty ContentType stays empty, not client-go's default
+// application/json: for built-in types, client-go asks for protobuf only
+// when the client has no content type of its own.
+func contentOf(rc *rest.RESTClient) (content rest.ContentConfig, ok bool) {
+	v := reflect.ValueOf(rc).Elem().FieldByName("content")
+	if v.Kind() != reflect.Struct {
+		return content, false
+	}
+	v = v.FieldByName("base")
+	if !v.IsValid() || v.Type() != reflect.TypeFor[rest.ClientContentConfig]() {
+		return content, false
+	}
+	content.ContentType = v.FieldByName("ContentType").String()
+	content.AcceptContentTypes = v.FieldByName("AcceptContentTypes").String()
+	return content, true
 }
 
 // gate is the core's RateLimiter. It grants nothing before Start

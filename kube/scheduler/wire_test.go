@@ -80,11 +80,19 @@ func (s *server) wake() {
 
 // arrival is one request as the server saw it.
 type arrival struct {
-	kind     string // "patch", "bind", "get"
-	pod      string
-	at       time.Time
-	auth, ua string
-	retryOf  int // how many earlier requests of this kind the pod had
+	kind    string // "patch", "bind", "get"
+	pod     string
+	at      time.Time
+	retryOf int // how many earlier requests of this kind the pod had
+	wire    request
+}
+
+// request is what a client decides about a request: all of it but the
+// host, and the body, whose encoding Content-Type names.
+type request struct {
+	Method, URI                    string // URI: path and query
+	ContentType, Accept, UserAgent string
+	Authorization                  string
 }
 
 func newServer(t *testing.T) *server {
@@ -97,7 +105,14 @@ func newServer(t *testing.T) *server {
 func (s *server) serve(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/") // api v1 namespaces NS pods NAME [sub]
-	a := arrival{kind: "get", at: time.Now(), auth: r.Header.Get("Authorization"), ua: r.Header.Get("User-Agent")}
+	a := arrival{kind: "get", at: time.Now(), wire: request{
+		Method:        r.Method,
+		URI:           r.URL.RequestURI(),
+		ContentType:   r.Header.Get("Content-Type"),
+		Accept:        r.Header.Get("Accept"),
+		UserAgent:     r.Header.Get("User-Agent"),
+		Authorization: r.Header.Get("Authorization"),
+	}}
 	if len(parts) >= 6 {
 		a.pod = parts[5]
 	}
@@ -212,8 +227,8 @@ func TestWireDerivesClient(t *testing.T) {
 	require.NoError(t, res.Err)
 	got := s.arrivals()
 	require.Len(t, got, 1)
-	assert.Equal(t, "Bearer secret", got[0].auth)
-	assert.Equal(t, "kube-scheduler/test", got[0].ua)
+	assert.Equal(t, "Bearer secret", got[0].wire.Authorization)
+	assert.Equal(t, "kube-scheduler/test", got[0].wire.UserAgent)
 	assert.Nil(t, d.wire.client.CoreV1().RESTClient().(*rest.RESTClient).GetRateLimiter(), "the derived client has no bucket")
 
 	prefixed, err := kubernetes.NewForConfig(&rest.Config{Host: s.srv.URL + "/some/prefix", QPS: -1})
@@ -231,6 +246,65 @@ func TestWireDerivesClient(t *testing.T) {
 			assert.False(t, d.wire.metered)
 			assert.NotEmpty(t, d.wire.why)
 			assert.Equal(t, client, d.wire.client, "used as it is")
+		})
+	}
+}
+
+// TestWireKeepsClientSettings: the derived clientset sends what the given
+// one sends — the same method, path and query (client-go puts the HTTP
+// client's timeout there), Content-Type, Accept, User-Agent and
+// credentials — for a binding and a status patch, whatever content type
+// the given clientset was configured with (kube-scheduler's speaks
+// protobuf); only its limiter is gone.
+func TestWireKeepsClientSettings(t *testing.T) {
+	const protobuf = "application/vnd.kubernetes.protobuf"
+	for name, cfg := range map[string]rest.Config{
+		"defaults":                      {},
+		"protobuf, as kube-scheduler's": {ContentConfig: rest.ContentConfig{ContentType: protobuf}},
+		"protobuf, accepting JSON too":  {ContentConfig: rest.ContentConfig{ContentType: protobuf, AcceptContentTypes: protobuf + ",application/json"}},
+		"timeout":                       {Timeout: 42 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			calls := func() []*restCall {
+				return []*restCall{{typ: PodBinding, pod: "p"}, {typ: PodStatusPatch, pod: "q"}}
+			}
+			// newClient returns the given clientset, as a scheduler builds it,
+			// and the server it talks to.
+			newClient := func() (*server, kubernetes.Interface) {
+				s := newServer(t)
+				c := cfg
+				c.Host, c.BearerToken, c.UserAgent, c.QPS, c.Burst = s.srv.URL, "secret", "kube-scheduler/headers", 50, 100
+				cs, err := kubernetes.NewForConfig(&c)
+				require.NoError(t, err)
+				return s, cs
+			}
+			sent := func(s *server) []request {
+				var out []request
+				for _, a := range s.arrivals() {
+					out = append(out, a.wire)
+				}
+				return out
+			}
+
+			direct, cs := newClient()
+			for _, c := range calls() {
+				require.NoError(t, c.Execute(t.Context(), cs))
+			}
+
+			dispatched, cs := newClient()
+			d := startDispatcher(t, cs, Options{})
+			require.True(t, d.wire.metered, "the client was not unwrapped: %s", d.wire.why)
+			for _, c := range calls() {
+				tk, err := d.Submit(c, fwk.APICallOptions{})
+				require.NoError(t, err)
+				res, err := tk.Wait(t.Context())
+				require.NoError(t, err)
+				require.NoError(t, res.Err)
+			}
+
+			want := sent(direct)
+			require.Len(t, want, 2)
+			assert.Equal(t, want, sent(dispatched))
 		})
 	}
 }
