@@ -1,0 +1,112 @@
+package crclient
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+
+	"github.com/coalescer/dispatch/kube/writer"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// New returns the writer.Client that sends a Writer's requests through c:
+// reads with reader (c if nil), writes with c — the status through
+// c.Status(), the object through c itself.
+//
+// The writer reads an object only when it needs the live one: after a
+// write refused as stale, or for a desire given without a
+// resourceVersion. A manager's default client (mgr.GetClient()) reads
+// from the informer cache, which may not have caught up: give
+// mgr.GetAPIReader() as reader. And give c no client-side rate limit of
+// its own, so the writer's priority order holds (writer.RESTConfig;
+// controller-runtime's own config.GetConfig already turns client-go's
+// limit off): build it with
+//
+//	c, err := client.New(writer.RESTConfig(cfg), client.Options{Scheme: scheme})
+//
+// c's scheme names the apiVersion and kind of a server-side apply
+// (writer.ModeApply) for a typed object.
+func New[O client.Object](c client.Client, reader client.Reader) writer.Client[O] {
+	if reader == nil {
+		reader = c
+	}
+	return &adapter[O]{c: c, r: reader}
+}
+
+type adapter[O client.Object] struct {
+	c client.Client
+	r client.Reader
+}
+
+// fresh returns an empty object of like's type, with like's apiVersion and
+// kind if it is unstructured.
+func fresh[O client.Object](like O) O {
+	if u, ok := any(like).(*unstructured.Unstructured); ok {
+		n := &unstructured.Unstructured{}
+		n.SetGroupVersionKind(u.GroupVersionKind())
+		o, _ := any(n).(O)
+		return o
+	}
+	o, _ := reflect.New(reflect.TypeOf(like).Elem()).Interface().(O)
+	return o
+}
+
+func (a *adapter[O]) Get(ctx context.Context, obj O) (O, error) {
+	out := fresh(obj)
+	if err := a.r.Get(ctx, client.ObjectKeyFromObject(obj), out); err != nil {
+		var none O
+		return none, err
+	}
+	return out, nil
+}
+
+// Update sends a copy of obj: controller-runtime writes the server's
+// answer into the object it is given, and the writer's objects are never
+// changed once handed over.
+func (a *adapter[O]) Update(ctx context.Context, obj O, sub string, opts metav1.UpdateOptions) (O, error) {
+	out, _ := obj.DeepCopyObject().(O)
+	var err error
+	switch sub {
+	case "":
+		err = a.c.Update(ctx, out, &client.UpdateOptions{Raw: &opts})
+	case "status":
+		err = a.c.Status().Update(ctx, out, &client.SubResourceUpdateOptions{UpdateOptions: client.UpdateOptions{Raw: &opts}})
+	default:
+		err = fmt.Errorf("crclient: cannot update subresource %q", sub)
+	}
+	if err != nil {
+		var none O
+		return none, err
+	}
+	return out, nil
+}
+
+func (a *adapter[O]) Patch(ctx context.Context, obj O, pt types.PatchType, data []byte, sub string, opts metav1.PatchOptions) (O, error) {
+	out, _ := obj.DeepCopyObject().(O)
+	p := client.RawPatch(pt, data)
+	var err error
+	switch sub {
+	case "":
+		err = a.c.Patch(ctx, out, p, &client.PatchOptions{Raw: &opts})
+	case "status":
+		err = a.c.Status().Patch(ctx, out, p, &client.SubResourcePatchOptions{PatchOptions: client.PatchOptions{Raw: &opts}})
+	default:
+		err = fmt.Errorf("crclient: cannot patch subresource %q", sub)
+	}
+	if err != nil {
+		var none O
+		return none, err
+	}
+	return out, nil
+}
+
+// GroupVersionKindFor is c's: the writer asks it for the apiVersion and
+// kind of an apply.
+func (a *adapter[O]) GroupVersionKindFor(obj runtime.Object) (schema.GroupVersionKind, error) {
+	return a.c.GroupVersionKindFor(obj)
+}

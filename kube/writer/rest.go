@@ -1,0 +1,102 @@
+package writer
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/coalescer/dispatch/kube"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+)
+
+// RESTConfig returns a copy of cfg for the writer's own client (a
+// clientset, a dynamic client, a controller-runtime client), with two
+// changes, both for the writer's priority order:
+//
+//   - No client-side rate limit (kube.RESTConfig: QPS -1, no
+//     RateLimiter): the writer takes a token of its own limiter
+//     (Options.QPS) before it chooses which write runs, so the most urgent
+//     write gets the next token. A bucket in the client would sit behind
+//     that choice and hand its tokens out in whatever order workers reach
+//     it: a Ready condition would wait behind every routine write that
+//     already holds a worker.
+//   - For the writer's requests only, a 429 or 5xx answer's Retry-After
+//     header is handed to the writer instead of to client-go, which would
+//     otherwise sleep it out and resend inside the worker, up to ten times;
+//     the writer waits it out in its queue, holding no worker. Other
+//     requests made with the config are left as client-go makes them.
+//
+// Build the writer's client from it, and let the rest of the program keep
+// its own config and limits:
+//
+//	cs, err := kubernetes.NewForConfig(writer.RESTConfig(cfg))
+func RESTConfig(cfg *rest.Config) *rest.Config {
+	out := kube.RESTConfig(cfg)
+	out.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &tap{next: rt} })
+	return out
+}
+
+// note is one writer request's account with the tap, carried in its
+// context: the delay the server asked for, which the tap took off the
+// answer.
+type note struct{ retryAfter atomic.Int64 }
+
+type noteKey struct{}
+
+func withNote(ctx context.Context) (context.Context, *note) {
+	n := &note{}
+	return context.WithValue(ctx, noteKey{}, n), n
+}
+
+// tap is the transport RESTConfig adds.
+type tap struct{ next http.RoundTripper }
+
+func (t *tap) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	n, _ := req.Context().Value(noteKey{}).(*note)
+	if n == nil || resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500) {
+		return resp, err
+	}
+	if v := resp.Header.Get("Retry-After"); v != "" {
+		if s, perr := strconv.Atoi(v); perr == nil && s >= 0 {
+			// client-go resends only when the header is there.
+			resp.Header.Del("Retry-After")
+			n.retryAfter.Store(int64(time.Duration(s) * time.Second))
+		}
+	}
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go's transport utilities see through the
+// tap.
+func (t *tap) WrappedRoundTripper() http.RoundTripper { return t.next }
+
+// delayedError carries the delay a server asked for to the dispatcher's
+// backoff (a RetryAfter method in the error chain); it unwraps to the API
+// error, so every apierrors test still sees it.
+type delayedError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *delayedError) Error() string             { return e.err.Error() }
+func (e *delayedError) Unwrap() error             { return e.err }
+func (e *delayedError) RetryAfter() time.Duration { return e.delay }
+
+// withDelay wraps err with the delay the server asked for: the header the
+// tap took, or a Status's details.retryAfterSeconds.
+func withDelay(err error, n *note) error {
+	if err == nil {
+		return nil
+	}
+	if d := time.Duration(n.retryAfter.Load()); d > 0 {
+		return &delayedError{err: err, delay: d}
+	}
+	if s, ok := apierrors.SuggestsClientDelay(err); ok && s > 0 {
+		return &delayedError{err: err, delay: time.Duration(s) * time.Second}
+	}
+	return err
+}

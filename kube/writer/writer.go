@@ -1,0 +1,329 @@
+package writer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Writer writes the desired state of objects of type O in the background:
+// one lane per object UID, the newest desire coalesced into the pending
+// one, nothing sent when nothing would change, every write fenced by the
+// object's UID, by priority of class, fair across tenants, at a bounded
+// rate. Create one with New; the zero value is not usable. A Writer is
+// safe for concurrent use.
+type Writer[O Object] struct {
+	d       *dispatch.Dispatcher[types.UID, *op[O]]
+	c       Client[O]
+	mode    Mode
+	manager string
+	force   bool
+	applyRV bool
+	classes map[string]int
+	tenancy Tenancy
+	merge   func(pending, incoming Change[O]) Change[O]
+	onDone  func(Result[O])
+	// limiter charges a write's requests after its first, whose token the
+	// dispatcher took before it chose the write.
+	limiter  dispatch.RateLimiter
+	classify func(error) dispatch.Class
+	known    known[O]
+	n        counters
+	// stop ends when Close gives up waiting: the changes the dispatcher's
+	// no-op test runs, which have no context of their own, end with it.
+	stop     context.Context
+	halt     context.CancelFunc
+	changing changes
+}
+
+// SetOptions are one desire's settings; the zero value is valid: class "",
+// the Writer's tenancy, no deadline, never shed.
+type SetOptions struct {
+	// Class names the write's class (Options.Classes): its priority and its
+	// label in Stats and metrics.
+	Class string
+	// Tenant, if set, is the write's tenant instead of the one
+	// Options.Tenancy gives.
+	Tenant string
+	// Deadline, if set, ends the desire Expired if it has not been written
+	// by then (with Submit, the context's deadline counts too).
+	Deadline time.Time
+	// Droppable lets a full writer shed this desire for a more urgent
+	// one (it ends Dropped): a routine write the next reconcile will make
+	// again.
+	Droppable bool
+}
+
+// New returns a Writer that sends its writes through c, configured by o.
+// It starts no goroutine until the first write. A bad option is reported
+// here: a setting of the writer's own by its Options field, one passed to
+// the dispatcher by the dispatch.Config field it went to.
+func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
+	if c == nil || reflect.ValueOf(c).Kind() == reflect.Pointer && reflect.ValueOf(c).IsNil() {
+		return nil, errors.New("writer: New: client is nil")
+	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	w := &Writer[O]{
+		c: c, mode: o.Mode, manager: o.FieldManager, force: o.Force, applyRV: o.ApplyResourceVersion,
+		classes: o.Classes, tenancy: o.Tenancy, merge: o.Merge, onDone: o.OnDone,
+		limiter: o.limiter(), classify: o.Classify,
+	}
+	if w.manager == "" {
+		w.manager = defaultManager
+	}
+	w.known.init(capacityOf(o.Capacity))
+	w.stop, w.halt = context.WithCancel(context.Background())
+	d, err := dispatch.New(w.exec, w.config(&o))
+	if err != nil {
+		return nil, fmt.Errorf("writer: Options: %w", err)
+	}
+	w.d = d
+	return w, nil
+}
+
+// config is the dispatcher's configuration: the writer's rules and the
+// options passed through.
+func (w *Writer[O]) config(o *Options[O]) dispatch.Config[types.UID, *op[O]] {
+	return dispatch.Config[types.UID, *op[O]]{
+		Workers:       o.Workers,
+		RateLimit:     w.limiter,
+		Capacity:      o.Capacity,
+		MaxWaiters:    o.MaxWaiters,
+		Merge:         w.mergeOps,
+		NoOp:          w.noOp,
+		Classify:      w.judge,
+		BeforeRetry:   w.beforeRetry,
+		Retry:         o.retry(),
+		OnDone:        w.done,
+		Observer:      o.Observer,
+		Aging:         o.Aging,
+		AgingBand:     o.AgingBand,
+		Label:         func(_ types.UID, p *op[O]) string { return p.class },
+		Tenants:       o.Tenants,
+		DefaultTenant: o.DefaultTenant,
+		Breaker:       o.Breaker,
+		Start:         dispatch.StartPolicy{ReservedWorkers: o.ReservedWorkers, UrgentPriority: urgent(o.Classes)},
+	}
+}
+
+// capacityOf is Options.Capacity with the dispatcher's default: how many
+// ended lanes' resourceVersions the writer keeps.
+func capacityOf(c int) int {
+	if c == 0 {
+		return defaultCapacity
+	}
+	return c
+}
+
+// urgent is the highest priority of classes.
+func urgent(classes map[string]int) int {
+	top := 0
+	for _, p := range classes {
+		top = max(top, p)
+	}
+	return top
+}
+
+// Set hands a desire for obj to the writer and returns at once, from a
+// Reconcile say: fire and forget. obj is the object as the controller read
+// it (from an informer's cache, or a Get): the writer takes its namespace,
+// name and UID — the lane and the fence — and, if it has a
+// resourceVersion and is newer than what the writer last heard from the
+// server, uses it as the baseline the change is applied to. obj is read,
+// never written, until the write is done: do not modify it meanwhile.
+//
+// If the object already has a pending desire, d is merged into it
+// (Options.Merge, per target); if its write is in flight, d is written
+// after it, against the object that write returns. If nothing is pending
+// or in flight and d would change nothing on obj, nothing is queued and
+// Set returns nil: no request, no token, no watch event.
+//
+// Set returns an error, and queues nothing, for an obj without a UID or a
+// name, an empty desire, an unknown class, or when the writer is closed
+// (dispatch.ErrClosed) or full (dispatch.ErrBackpressure). The outcome
+// reaches Options.OnDone, the Observer and Stats.
+func (w *Writer[O]) Set(obj O, d Desire[O], o SetOptions) error {
+	p, so, err := w.newOp(obj, d, o)
+	if err != nil {
+		return err
+	}
+	if err := refused(context.Background(), o.Deadline); err != nil {
+		return err
+	}
+	if w.moot(p) {
+		return nil
+	}
+	return w.d.Post(p.uid, p, so)
+}
+
+// Submit is Set with a Ticket on the outcome, for a caller that must know
+// the write landed (a finalizer's removal, say): Ticket.Wait returns the
+// object as the server returned it. ctx scopes this caller's interest: if
+// it ends first, this submission ends Canceled or Expired, and the write
+// goes on for any other submissions merged into it. A desire that would
+// change nothing returns a Ticket already Skipped.
+func (w *Writer[O]) Submit(ctx context.Context, obj O, d Desire[O], o SetOptions) (*Ticket[O], error) {
+	p, so, err := w.newOp(obj, d, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := refused(ctx, o.Deadline); err != nil {
+		return nil, err
+	}
+	if w.moot(p) {
+		return skippedTicket(p), nil
+	}
+	t, err := w.d.Submit(ctx, p.uid, p, so)
+	if err != nil {
+		return nil, err
+	}
+	return &Ticket[O]{t: t}, nil
+}
+
+// refused is the error for a submission whose context is done or whose
+// deadline has passed, as the dispatcher would give it.
+func refused(ctx context.Context, deadline time.Time) error {
+	err := ctx.Err()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", dispatch.ErrExpired, err)
+	case err != nil:
+		return fmt.Errorf("%w: %w", dispatch.ErrCanceled, err)
+	case !deadline.IsZero() && !time.Now().Before(deadline):
+		return fmt.Errorf("%w: SetOptions.Deadline %s has passed", dispatch.ErrExpired, deadline.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// newOp checks a desire and makes it the dispatcher's call value.
+func (w *Writer[O]) newOp(obj O, d Desire[O], o SetOptions) (*op[O], dispatch.SubmitOptions, error) {
+	var so dispatch.SubmitOptions
+	switch {
+	case isNil(obj):
+		return nil, so, errors.New("writer: obj is nil")
+	case obj.GetUID() == "":
+		return nil, so, fmt.Errorf("writer: obj %s has no UID: give the object as read from the server", key(obj))
+	case obj.GetName() == "":
+		return nil, so, fmt.Errorf("writer: obj of UID %s has no name", obj.GetUID())
+	case d.empty():
+		return nil, so, fmt.Errorf("writer: desire for %s is empty: set Status or Object", key(obj))
+	}
+	prio, ok := w.classes[o.Class]
+	if !ok && o.Class != "" {
+		return nil, so, fmt.Errorf("writer: SetOptions.Class %q is not in Options.Classes", o.Class)
+	}
+	so = dispatch.SubmitOptions{Priority: prio, Deadline: o.Deadline, Tenant: o.Tenant, Droppable: o.Droppable}
+	if so.Tenant == "" {
+		so.Tenant = w.tenantOf(obj)
+	}
+	return &op[O]{obj: obj, uid: obj.GetUID(), desire: d, class: o.Class}, so, nil
+}
+
+// moot reports whether p may end at once, unsent: its object has nothing
+// queued or in flight, and p changes nothing on the newest object known.
+// If another desire for the object is admitted meanwhile, the two were
+// concurrent, and p comes first.
+func (w *Writer[O]) moot(p *op[O]) bool {
+	if w.d.Busy(p.uid) || !w.unneededHere(p) {
+		return false
+	}
+	w.n.moot.Add(1)
+	return true
+}
+
+func (w *Writer[O]) tenantOf(obj O) string {
+	switch w.tenancy {
+	case TenancyNamespace:
+		return obj.GetNamespace()
+	case TenancyKind:
+		gvk := obj.GetObjectKind().GroupVersionKind()
+		return gvk.GroupKind().String()
+	}
+	return ""
+}
+
+// Forget ends every desire for the object of UID uid that has not been
+// written, Canceled with ErrGone, cancels its write in flight, and forgets
+// what the writer knows of it. Call it when the object is deleted (from an
+// informer's delete handler). It reports whether there was a desire to end.
+func (w *Writer[O]) Forget(uid types.UID) bool {
+	ended := w.d.Cancel(uid, ErrGone)
+	w.known.forget(uid)
+	return ended
+}
+
+// Busy reports whether the object of UID uid has a desire not yet written:
+// queued, waiting for a retry, or in flight.
+func (w *Writer[O]) Busy(uid types.UID) bool { return w.d.Busy(uid) }
+
+// Close stops taking desires (ErrClosed), writes what is queued, most
+// urgent first, until ctx ends, then ends the rest Closed — each reaches
+// Options.OnDone with its object's identity, so it can be requeued (a
+// write in flight is cancelled, and reaches OnDone Stale if its request
+// returned anyway: it may have landed) — and returns once every request
+// has returned. It returns nil if everything was written, else an error
+// that says how many desires it ended and wraps ctx's error. Close is
+// idempotent.
+//
+// Called from a change, Close cannot wait for the write that runs it: it
+// stops admission, finishes in the background as Close(ctx) would, and
+// returns dispatch.ErrReentrant at once.
+func (w *Writer[O]) Close(ctx context.Context) error {
+	if w.inChange() {
+		go func() { _ = w.close(ctx) }()
+		return dispatch.ErrReentrant
+	}
+	return w.close(ctx)
+}
+
+func (w *Writer[O]) close(ctx context.Context) error {
+	before := w.d.Stats().Outcomes[dispatch.StateClosed]
+	stop := context.AfterFunc(ctx, w.halt)
+	err := w.d.Close(ctx)
+	stop()
+	w.halt()
+	w.known.clear()
+	if err == nil {
+		return nil
+	}
+	n := w.d.Stats().Outcomes[dispatch.StateClosed] - before
+	return fmt.Errorf("writer: Close: %d desires ended Closed, unwritten (or, if in flight, unconfirmed): %w", n, err)
+}
+
+// key names obj in errors.
+func key(obj Object) string {
+	if ns := obj.GetNamespace(); ns != "" {
+		return ns + "/" + obj.GetName()
+	}
+	return obj.GetName()
+}
+
+// isNil reports whether obj is a nil pointer.
+func isNil(obj Object) bool {
+	if obj == nil {
+		return true
+	}
+	v := reflect.ValueOf(obj)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// unneededHere is Set's no-op test, run on the caller's goroutine: the
+// changes run inline (the caller's own code, on its own goroutine), and a
+// panic is taken as "needed": the desire is queued, and its write fails
+// with the panic on a worker.
+func (w *Writer[O]) unneededHere(p *op[O]) (moot bool) {
+	defer func() {
+		if recover() != nil {
+			p.prep = [numTargets]prepared[O]{}
+			moot = false
+		}
+	}()
+	return w.unneeded(inline, p)
+}
