@@ -56,7 +56,7 @@ func TestClassify(t *testing.T) {
 		{"http2 GOAWAY", urlErr(errors.New("http2: server sent GOAWAY and closed the connection; LastStreamID=1")), dispatch.ClassRetry},
 		{"http2 connection lost", urlErr(errors.New("http2: client connection lost")), dispatch.ClassRetry},
 		// What a proxy's RST_STREAM gives client-go (x/net/http2), seen
-		// against kube-apiserver in kube/integration's lost-response
+		// against kube-apiserver in test/integration's lost-response
 		// scenario, and what net/http's own HTTP/2 gives.
 		{"http2 stream reset", urlErr(http2.StreamError{StreamID: 5, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}), dispatch.ClassRetry},
 		{"http2 stream refused", urlErr(http2.StreamError{StreamID: 7, Code: http2.ErrCodeRefusedStream}), dispatch.ClassRetry},

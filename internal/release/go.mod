@@ -4,7 +4,7 @@ module github.com/coalescer/dispatch/internal/release
 go 1.26.0
 
 // golang.org/x/mod is the version the workspace already selects (through
-// golang.org/x/tools in kube/integration's and benchmarks' graphs): a newer
+// golang.org/x/tools in test/integration's and benchmarks' graphs): a newer
 // one would raise x/tools, x/net and x/sys for every module in go.work.
 require golang.org/x/mod v0.41.0
 
