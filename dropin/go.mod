@@ -9,8 +9,8 @@ go 1.26.0
 
 require (
 	github.com/coalescer/dispatch v0.1.0
-	github.com/coalescer/dispatch/test/integration v0.1.0
 	github.com/coalescer/dispatch/kube/scheduler v0.1.0
+	github.com/coalescer/dispatch/test/integration v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/mod v0.37.0
