@@ -140,6 +140,7 @@ func (d *Dispatcher) add(e *entry) error {
 		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errNoEffect
 	}
+	d.pending.see(e.typ)
 	err := d.core.Post(uid, e, d.set.options(e.typ, time.Now()))
 	if err != nil {
 		e.displaced.Store(nil) // refused: whatever it merged stays in place

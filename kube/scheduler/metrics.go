@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -29,14 +30,20 @@ type Metrics interface {
 
 // pendingGauge keeps Metrics.Pending up to date. Events (an Add, an
 // execution's start, a call's end) kick it; one goroutine, started by
-// Start, answers each batch of kicks with one Stats snapshot — the core's
-// own count of each tenant's (call type's) waiting calls — and reports the
-// types whose count changed. A kick arriving during a snapshot is kept, so
+// Start, answers each batch of kicks by reading the core's count of each
+// call type's (tenant's) waiting calls — dispatch.Dispatcher.Queued, one
+// counter read under the core's lock per type, no allocation — and reports
+// the types whose count changed. A kick arriving during a read is kept, so
 // the last change is always reported.
 type pendingGauge struct {
 	core *dispatch.Dispatcher[types.UID, *entry]
 	m    Metrics
 	kc   chan struct{} // kicks, capacity 1
+
+	// types holds every call type added so far, never changed once
+	// stored: Add looks its type up without a lock, and adds a new one
+	// under mu by storing a copy.
+	types atomic.Pointer[map[fwk.APICallType]struct{}]
 
 	mu      sync.Mutex
 	running bool
@@ -53,7 +60,30 @@ func (g *pendingGauge) init(core *dispatch.Dispatcher[types.UID, *entry], m Metr
 		g.kc = make(chan struct{}, 1)
 		g.quit = make(chan struct{})
 		g.reported = make(map[fwk.APICallType]int)
+		g.types.Store(&map[fwk.APICallType]struct{}{})
 	}
+}
+
+// see records that calls of type t are added, for the goroutine to read.
+func (g *pendingGauge) see(t fwk.APICallType) {
+	if g.kc == nil {
+		return
+	}
+	if _, ok := (*g.types.Load())[t]; ok {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := *g.types.Load()
+	if _, ok := old[t]; ok {
+		return
+	}
+	next := make(map[fwk.APICallType]struct{}, len(old)+1)
+	for k := range old {
+		next[k] = struct{}{}
+	}
+	next[t] = struct{}{}
+	g.types.Store(&next)
 }
 
 // kick says the number of waiting calls may have changed.
@@ -113,18 +143,11 @@ func (g *pendingGauge) loop() {
 }
 
 func (g *pendingGauge) report() {
-	s := g.core.Stats()
-	for t, n := range g.reported {
-		if _, ok := s.Tenants[string(t)]; !ok && n != 0 {
-			g.m.Pending(t, 0)
-			g.reported[t] = 0
-		}
-	}
-	for name, ts := range s.Tenants {
-		t := fwk.APICallType(name)
-		if n, ok := g.reported[t]; !ok || n != ts.Queued {
-			g.m.Pending(t, ts.Queued)
-			g.reported[t] = ts.Queued
+	for t := range *g.types.Load() {
+		n := g.core.Queued(string(t))
+		if old, ok := g.reported[t]; !ok || old != n {
+			g.m.Pending(t, n)
+			g.reported[t] = n
 		}
 	}
 }
