@@ -1,0 +1,73 @@
+package dispatch
+
+import (
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSetTenantMaxInFlight: a tenant's cap changed at run time holds for
+// the calls that start after it — lowered, running executions finish and
+// no more start than the new cap; raised, idle workers start the tenant's
+// waiting calls at once; lifted (0), every worker may take them.
+func TestSetTenantMaxInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder(100 * time.Millisecond)
+		d := newD(t, r.exec, Config[string, int]{
+			Workers:  8,
+			Capacity: 1000,
+			Tenants:  map[string]TenantConfig{"patch": {MaxInFlight: 4}},
+		})
+		for i := range 200 {
+			require.NoError(t, d.Post(fmt.Sprint("patch/", i), 0, SubmitOptions{Tenant: "patch"}))
+		}
+		synctest.Wait()
+		assert.Equal(t, 4, d.Stats().InFlight, "the configured cap")
+
+		require.NoError(t, d.SetTenantMaxInFlight("patch", 1))
+		synctest.Wait()
+		assert.Equal(t, 4, d.Stats().InFlight, "running executions are not stopped")
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, 1, d.Stats().InFlight, "lowered: one starts as the four end")
+
+		require.NoError(t, d.SetTenantMaxInFlight("patch", 3))
+		synctest.Wait()
+		assert.Equal(t, 3, d.Stats().InFlight, "raised: idle workers start the waiting calls at once")
+
+		require.NoError(t, d.SetTenantMaxInFlight("patch", 0))
+		synctest.Wait()
+		assert.Equal(t, 8, d.Stats().InFlight, "lifted: every worker")
+
+		closeD(t, d)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		assert.Equal(t, 8, r.peak["patch"])
+	})
+}
+
+// TestSetTenantMaxInFlightUnnamed: a tenant Config.Tenants does not name
+// keeps a cap set at run time while it is idle, for its next calls; a
+// negative cap is refused, naming the argument.
+func TestSetTenantMaxInFlightUnnamed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder(100 * time.Millisecond)
+		d := newD(t, r.exec, Config[string, int]{Workers: 8, Capacity: 1000})
+		require.ErrorContains(t, d.SetTenantMaxInFlight("patch", -1), `SetTenantMaxInFlight("patch"): n -1 must not be negative`)
+		require.NoError(t, d.SetTenantMaxInFlight("patch", 2))
+		synctest.Wait()
+		for i := range 20 {
+			require.NoError(t, d.Post(fmt.Sprint("patch/", i), 0, SubmitOptions{Tenant: "patch"}))
+		}
+		synctest.Wait()
+		assert.Equal(t, 2, d.Stats().InFlight)
+		closeD(t, d)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		assert.Equal(t, 2, r.peak["patch"])
+	})
+}
