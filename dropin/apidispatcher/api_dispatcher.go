@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube/scheduler"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientset "k8s.io/client-go/kubernetes"
@@ -35,14 +34,13 @@ type APIDispatcher struct {
 
 // New returns an APIDispatcher that runs calls with client, on
 // parallelization workers (kube-scheduler's parallelism; the default if not
-// positive), with the relevance table apiCallRelevances. At most
-// statusPatchesInFlight of those workers run status patches at once.
-// Nothing runs before Run.
+// positive), with the relevance table apiCallRelevances. Status patches
+// are paced (see below). Nothing runs before Run.
 func New(client clientset.Interface, parallelization int, apiCallRelevances fwk.APICallRelevances) *APIDispatcher {
 	d, err := scheduler.New(client, apiCallRelevances, scheduler.Options{
-		Workers: max(parallelization, 0),
-		Metrics: schedulerMetrics{},
-		Tenants: map[fwk.APICallType]dispatch.TenantConfig{scheduler.PodStatusPatch: {MaxInFlight: statusPatchesInFlight}},
+		Workers:           max(parallelization, 0),
+		Metrics:           schedulerMetrics{},
+		PaceStatusPatches: true,
 	})
 	if err != nil {
 		// Only a nil client or invalid options fail, and the options are
@@ -52,19 +50,19 @@ func New(client clientset.Interface, parallelization int, apiCallRelevances fwk.
 	return &APIDispatcher{d: d}
 }
 
-// statusPatchesInFlight caps the status patches at the server at once (the
-// MaxInFlight of their tenant, PodStatusPatch). Bindings have workers of
-// their own either way (the adapter's reservation); the cap bounds the
-// storm's share of the server instead. Without it, the storm's first
-// second puts a patch from every free worker at the server together, and
-// a binding sent then waits behind them there: in the storm test
-// (test/storm) the first bindings waited 80–105 ms for the
-// server's answer with 16 patches in flight, against 6 ms for the median
-// binding. Two keeps the patches' rate: at kube-scheduler's 50 qps one
-// patch in flight suffices while the server answers within 20 ms, and two
-// are still twice what the synchronous path keeps in flight (its
-// scheduling loop sends one patch at a time) when the server is slow.
-const statusPatchesInFlight = 2
+// Status patches are paced (kube/scheduler's Options.PaceStatusPatches):
+// at most twice the client's QPS × their average execution time run at
+// once. Bindings have workers of their own either way (the adapter's
+// reservation); the pace bounds the storm's share of the server instead.
+// Uncapped, the storm's first second puts a patch from every free worker
+// at the server together, and a binding sent then waits behind them there:
+// in the storm test (test/storm) the first bindings waited 80–105 ms for
+// the server's answer with 16 patches in flight, against 6 ms for the
+// median binding. A constant cap fixes that but not the rate: n in flight
+// carry n ÷ the latency a second, which falls below the client's rate as
+// soon as the server or the machine slow down, and the unschedulable pods'
+// conditions — which cluster-autoscaler scales up on — land later than
+// with upstream's dispatcher. Paced, they land at the client's rate.
 
 // Add queues an API call. It returns an error if the call is not queued:
 // one matching fwk.ErrCallSkipped when it is skipped (handle it as upstream

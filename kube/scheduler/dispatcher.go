@@ -27,6 +27,7 @@ type Dispatcher struct {
 	started    atomic.Bool
 
 	pending pendingGauge
+	pace    *pacer // Options.PaceStatusPatches; nil: off
 }
 
 var _ fwk.APIDispatcher = (*Dispatcher)(nil)
@@ -60,6 +61,11 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	d.pending.init(d.core, set.metrics)
+	if set.pace && d.wire.metered {
+		d.pace = newPacer(float64(d.wire.gate.l.QPS()), set.workers, set.reserved, func(n int) error {
+			return d.core.SetTenantMaxInFlight(string(PodStatusPatch), n)
+		})
+	}
 	return d, nil
 }
 
@@ -233,8 +239,12 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	ctx = context.WithValue(klog.NewContext(ctx, d.log()), attemptKey{}, a)
 	start := time.Now()
 	err := e.call.Execute(ctx, d.wire.client)
+	elapsed := time.Since(start)
 	if m := d.set.metrics; m != nil {
-		m.Executed(e.typ, err, time.Since(start))
+		m.Executed(e.typ, err, elapsed)
+	}
+	if d.pace != nil && e.typ == PodStatusPatch {
+		d.pace.observe(elapsed)
 	}
 	if err != nil {
 		if ra := time.Duration(a.retryAfter.Load()); ra > 0 {

@@ -89,6 +89,27 @@
 // token from the dispatcher. Give the dispatcher a clientset that nothing
 // else waits on continuously.
 //
+// # Paced status patches
+//
+// With Options.PaceStatusPatches (the drop-in sets it), the status patches
+// executing at once are capped at twice the client's QPS × their average
+// execution time (a moving average, each patch weighing 1/8), rounded up,
+// at least 1 and at most the workers not reserved for bindings; the cap
+// moves after every patch (the core's SetTenantMaxInFlight on the
+// PodStatusPatch tenant). By Little's law that many in flight carry twice
+// the client's rate, so a storm of patches drains at the rate the bucket
+// grants — as fast as upstream's goroutine per call — however slow the
+// server or the machine get, and no more of them sit at the server than
+// that rate needs, so that a binding sent meanwhile does not queue there
+// behind a burst of them. A constant cap of n carries only n ÷ the latency
+// a second: two patches at 50 ms each are 40 a second, below
+// kube-scheduler's 50, and the unschedulable pods' PodScheduled=False
+// conditions, on which cluster-autoscaler scales up, land later than with
+// upstream's dispatcher. When the server cannot keep the client's rate,
+// the latency and so the cap rise to the workers not reserved: patches
+// then use them as they would without pacing. Pacing needs the bucket the
+// adapter takes its tokens from; with a client it cannot unwrap it is off.
+//
 // A clientset that cannot be unwrapped — the fake clientset, a wrapper whose
 // CoreV1 REST client is not a *rest.RESTClient — is used as it is: its own
 // limiter, if any, applies behind the workers, as with upstream's

@@ -106,6 +106,19 @@ type Options struct {
 	// so a type's queued and in-flight calls can be capped and its share
 	// of workers weighted.
 	Tenants map[fwk.APICallType]dispatch.TenantConfig
+	// PaceStatusPatches caps the status patches executing at once at what
+	// the client's rate needs at the speed the server answers them: twice
+	// the client's QPS × their average execution time (a moving average,
+	// each new patch weighing 1/8), rounded up, at least 1 and at most the
+	// workers not reserved for bindings; the cap moves after every patch.
+	// The patches then keep the client's rate however slow the server or
+	// the machine get — a constant cap of n carries only n ÷ the latency a
+	// second — and put no more at the server than that rate needs, so that
+	// a binding sent meanwhile does not queue there behind a burst of them.
+	// It needs a client whose token bucket the adapter takes its tokens
+	// from (see New); with any other (a fake clientset) it does nothing.
+	// Tenants must not then give PodStatusPatch a MaxInFlight.
+	PaceStatusPatches bool
 	// Retry bounds the dispatcher's own retries; zero fields mean the
 	// dispatch defaults (3 attempts, backoff from 100ms, a retry budget of
 	// 20% of first attempts). Upstream's PodStatusPatchCall and
@@ -145,6 +158,7 @@ type settings struct {
 	bind     int           // PodBinding's priority: calls in its band or above are kept and never shed
 	reserved int           // workers kept for them
 	workers  int
+	pace     bool // PaceStatusPatches
 	metrics  Metrics
 	observer dispatch.Observer
 }
@@ -191,6 +205,9 @@ func (o Options) resolve() (settings, error) {
 		return settings{}, optErr("Capacity", o.Capacity, "must not be negative")
 	case o.AgingBand < 0:
 		return settings{}, optErr("AgingBand", o.AgingBand, "must not be negative")
+	case o.PaceStatusPatches && o.Tenants[PodStatusPatch].MaxInFlight > 0:
+		return settings{}, optErr("PaceStatusPatches", true, fmt.Sprintf(
+			"and Tenants[%s].MaxInFlight %d both cap the status patches in flight: set one", PodStatusPatch, o.Tenants[PodStatusPatch].MaxInFlight))
 	}
 	s := settings{
 		prio:     map[fwk.APICallType]int{PodBinding: DefaultBindingPriority, PodStatusPatch: DefaultStatusPatchPriority},
@@ -198,6 +215,7 @@ func (o Options) resolve() (settings, error) {
 		deflt:    o.Timeout,
 		band:     cmp.Or(o.AgingBand, DefaultAgingBand),
 		workers:  min(cmp.Or(o.Workers, DefaultWorkers), maxWorkers),
+		pace:     o.PaceStatusPatches,
 		metrics:  o.Metrics,
 		observer: o.Observer,
 	}
