@@ -118,7 +118,7 @@ type chaosParams struct {
 // fallback to Sync while they are queued, submitters go on inline (the
 // capped tenant's among them, which ignore the cap and hold it), and once
 // they are done everything must finish without Close's help; then the
-// tail replays issue 10's item 1 exactly (a worker that found the tenant
+// tail replays a lost wake-up exactly (a worker that found the tenant
 // capped by an inline call went idle, and nothing woke it when that call
 // ended), on the same dispatcher.
 //
@@ -135,7 +135,7 @@ type chaosParams struct {
 //     executions at once than workers;
 //   - a *PanicError is always one the soak injected, names a callback that
 //     may end a call (or, refusing a submission, Merge or Follow), and the
-//     call it ended never runs again (no retry of a panic, issue 10, item 6);
+//     call it ended never runs again (a panic is never retried);
 //   - the completion hook fires once per finished call (its count equals
 //     Σ Stats.Calls), and every accepted id appears in exactly one hook
 //     result — except one that the merge or Follow found moot on arrival,
@@ -710,7 +710,7 @@ const chaosTailKeys = 64
 
 func (c *chaos) isTail(key int) bool { return key >= c.p.keys+c.p.sideKeys }
 
-// tail replays issue 10's item 1 on the fallback run's dispatcher, with
+// tail replays the lost wake-up of a capped tenant on the fallback run's dispatcher, with
 // whatever state the chaos left in it. Back in Async, a burst of the
 // capped tenant's calls (2ms each) trips the fallback again: one runs on a
 // worker, the rest wait. Then the test's goroutine submits one more call

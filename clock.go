@@ -11,12 +11,15 @@ import (
 // whose backoff ended to the ready index, wakes a worker for a token that
 // is due or a hold that ended, lets the circuit breaker probe, checks the
 // fallback policy — recording each duty's next time, if it has one. The
-// due list's timer is the dispatcher's one timer for all of them; the
-// others it keeps are SetMode's wait for a drain and the back-off between
-// failed Waits of a limiter that can only be waited on (ratelimit.go). The
-// clock runs no user code — the hooks and observer events of what it ends
-// go to the notifier — so a slow callback cannot make a deadline late. It
-// takes the lock itself.
+// due list's timer is the one timer for all of them. Three other places
+// keep timers of their own, none per queued call: an attempt under
+// RetryPolicy.AttemptTimeout (attempt.go, the context package's timer), a
+// Sync-mode caller waiting out a backoff or the breaker's cool-down
+// (inline.go), and the back-off between failed Waits of a limiter that can
+// only be waited on (ratelimit.go, internal/tokens). The clock runs no
+// user code — the hooks and observer events of what it ends go to the
+// notifier — so a slow callback cannot make a deadline late. It takes the
+// lock itself.
 func (d *Dispatcher[K, T]) clock() {
 	defer d.clk.timer.Stop()
 	var ob outbox[K, T]

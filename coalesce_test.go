@@ -719,7 +719,7 @@ func TestMergeSkipIncoming(t *testing.T) {
 		})
 	})
 	t.Run("a successor waits behind a retry that finds it moot", func(t *testing.T) {
-		// Issue 20, item 18: the successor arrived while the deletion ran,
+		// The successor arrived while the deletion ran,
 		// so it was never judged against a pending call; the retry may
 		// still fail. It waits behind the retry and runs after it.
 		synctest.Test(t, func(t *testing.T) {
@@ -799,7 +799,7 @@ func TestMergeAdoptsUrgentTenantAndLabel(t *testing.T) {
 	})
 }
 
-// TestReplacePendingStartsFresh (issue 20, items 16 and 17): a merge that
+// TestReplacePendingStartsFresh: a merge that
 // returns ReplacePending makes the incoming call a new operation. A
 // binding that replaces a status patch waiting out its retry's backoff
 // runs at once, from its first attempt, without the patch's last error
@@ -882,7 +882,7 @@ func TestReplacePendingStartsFresh(t *testing.T) {
 	}
 }
 
-// TestRetryBecomesReplacingSuccessor (issue 20, item 16): a successor that
+// TestRetryBecomesReplacingSuccessor: a successor that
 // arrived while its key's call ran, and whose merge into that call's retry
 // says ReplacePending, replaces the retry and runs at once from its first
 // attempt.

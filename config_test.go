@@ -104,8 +104,8 @@ var extremeValues = map[string][]float64{
 	"float":    {0, 1e-300, -1, math.NaN(), math.Inf(1), math.Inf(-1), math.MaxFloat64, 0.5, 1},
 }
 
-// TestConfigExtremes (issue 20, "every duration, count and rate is
-// validated or saturates"): every numeric field of Config and its nested
+// TestConfigExtremes (every duration, count and rate is validated or
+// saturates): every numeric field of Config and its nested
 // policies, at 0, the smallest step, a negative value, NaN, ±Inf and its
 // largest value, either is refused by New with an error naming the field,
 // or gives a dispatcher that works: a call succeeds, a call failing
@@ -198,7 +198,7 @@ func TestConfigFieldsListed(t *testing.T) {
 	}
 }
 
-// TestHugeCapacity (issue 20, item 7): a Capacity near the largest int
+// TestHugeCapacity: a Capacity near the largest int
 // used to overflow the default MaxWaiters (4 × Capacity) into a negative
 // bound that refused every Submit.
 func TestHugeCapacity(t *testing.T) {
@@ -211,7 +211,7 @@ func TestHugeCapacity(t *testing.T) {
 	})
 }
 
-// TestFallbackWindow (issue 20, item 10): a fallback window too short to
+// TestFallbackWindow: a fallback window too short to
 // check sensibly is refused, and an idle dispatcher's fallback check
 // parks instead of waking every tenth of its window (at 1ns it burned a
 // fifth of a core); the next call wakes it, and it still switches.

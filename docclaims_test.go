@@ -1,16 +1,25 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,12 +27,14 @@ import (
 )
 
 // One test per documented claim that a review found the code once
-// contradicted. Each names the doc it holds to.
+// contradicted. Each begins by finding the sentence it holds to in the
+// live doc comment (docSays), so a claim reworded or dropped from the docs
+// fails its test instead of leaving it to test a promise no longer made.
 
-// TestLabelOncePerSubmission (Config.Label: "runs once per submission"):
-// Submit and Post, in both modes, run Label once each — a Sync-mode Post
-// too, though it goes through Submit's path.
+// TestLabelOncePerSubmission: Submit and Post, in both modes, run Label
+// once each — a Sync-mode Post too, though it goes through Submit's path.
 func TestLabelOncePerSubmission(t *testing.T) {
+	docSays(t, "Config.Label", "it runs once per submission")
 	for _, mode := range []Mode{ModeAsync, ModeSync} {
 		t.Run(mode.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -43,11 +54,11 @@ func TestLabelOncePerSubmission(t *testing.T) {
 	}
 }
 
-// TestMaxWaitersCountsSyncPosts (Config.MaxWaiters: "live tickets (Submit
-// callers, and Sync-mode Posts while they run)"): a Sync-mode Post holds a
-// waiter while it runs, so with MaxWaiters 1 a second one is refused, and
-// accepted again once the first returns.
+// TestMaxWaitersCountsSyncPosts: a Sync-mode Post holds a waiter while it
+// runs, so with MaxWaiters 1 a second one is refused, and accepted again
+// once the first returns.
 func TestMaxWaitersCountsSyncPosts(t *testing.T) {
+	docSays(t, "Config.MaxWaiters", "bounds live tickets, counting Sync-mode Posts while they run")
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
 		exec := func(_ context.Context, key string, _ int) error {
@@ -68,11 +79,11 @@ func TestMaxWaitersCountsSyncPosts(t *testing.T) {
 	})
 }
 
-// TestClockEventsOnNotifier (Observer: events of the clock are told "on
-// the dispatcher's notifier goroutine, so that a slow observer never
-// delays the clock"): an observer stuck in the OnFinish of an expired call
-// does not hold up the next deadline.
+// TestClockEventsOnNotifier: an observer stuck in the OnFinish of an
+// expired call does not hold up the next deadline.
 func TestClockEventsOnNotifier(t *testing.T) {
+	docSays(t, "Observer", "or for the clock's (a deadline, a fallback) on the notifier goroutine")
+	docSays(t, "", "A blocked callback holds up only its own goroutine: the clock that drives deadlines and backoffs runs no user code.")
 	synctest.Test(t, func(t *testing.T) {
 		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
 		block := make(chan struct{})
@@ -101,12 +112,10 @@ func TestClockEventsOnNotifier(t *testing.T) {
 	})
 }
 
-// TestOneClockGoroutine (package doc: one clock goroutine serves every
-// ticket deadline, backoff and queued token wait; AttemptTimeout and a
-// Sync-mode caller's wait use timers of their own, not goroutines): a
-// thousand tickets with distinct deadlines and a thousand calls in backoff
-// add no goroutine.
+// TestOneClockGoroutine: a thousand tickets with distinct deadlines and a
+// thousand calls in backoff add no goroutine.
 func TestOneClockGoroutine(t *testing.T) {
+	docSays(t, "README.md", "One clock goroutine serves deadlines, backoffs and token waits: the submit path starts no goroutine, timer or context per call.")
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
 		exec := func(_ context.Context, key string, _ int) error {
@@ -141,11 +150,13 @@ func TestOneClockGoroutine(t *testing.T) {
 	})
 }
 
-// TestErrorsMatchSentinels (the sentinel errors' doc): a refusal's error
-// matches a sentinel, a refusal for a done context matches the context's
-// error too, a Failed outcome's error is the call's own, and New's and
-// SetMode's argument errors name the argument and match no sentinel.
+// TestErrorsMatchSentinels: a refusal's error matches a sentinel, a
+// refusal for a done context matches the context's error too, a Failed
+// outcome's error is the call's own, and New's and SetMode's argument
+// errors name the argument and match no sentinel.
 func TestErrorsMatchSentinels(t *testing.T) {
+	docSays(t, "ErrBackpressure", "A refusal, and every outcome's error but a Failed one, matches one with [errors.Is] (a refusal for a done context also matches the context's error). New's and SetMode's errors for bad arguments match none.")
+	docSays(t, "Config", "New reports a field out of range by name")
 	sentinels := []error{ErrBackpressure, ErrClosed, ErrDropped, ErrExpired, ErrCanceled, ErrStale,
 		ErrCircuitOpen, ErrMergeRejected, ErrFallback, ErrAttemptEnded}
 	matchesNone := func(t *testing.T, err error) {
@@ -195,10 +206,10 @@ func TestErrorsMatchSentinels(t *testing.T) {
 	})
 }
 
-// TestEventTenantAsGiven (Event: "the dispatcher does not bound them"):
-// the observer sees a submission's tenant as given, declared or not, so a
-// free-form tenant is the caller's to avoid.
+// TestEventTenantAsGiven: the observer sees a submission's tenant as
+// given, declared or not, so a free-form tenant is the caller's to avoid.
 func TestEventTenantAsGiven(t *testing.T) {
+	docSays(t, "Event", "Event names an observation's call by label and tenant, as given: as metric labels, both must come from small fixed sets.")
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		var seen []Event
@@ -221,12 +232,12 @@ type funcObserver struct {
 
 func (o *funcObserver) OnFinish(e Event, out Outcome) { o.finish(e, out) }
 
-// TestLimiterChecks (Config.RateLimit): New refuses a limiter that is not a
-// rate or can grant nothing, and only those: a nil *rate.Limiter is no
-// limit, and a paused limiter (rate 0, with a burst) or an unlimited one of
-// burst 0 is accepted, since it can grant tokens (now, or once SetLimit
-// resumes it).
+// TestLimiterChecks: New refuses a limiter that is not a rate or can grant
+// nothing, and only those: a nil *rate.Limiter is no limit, and a paused
+// limiter (rate 0, with a burst) or an unlimited one of burst 0 is
+// accepted, since it can grant tokens (now, or once SetLimit resumes it).
 func TestLimiterChecks(t *testing.T) {
+	docSays(t, "Config.RateLimit", "New refuses a NaN or negative limit, and a *rate.Limiter of burst 0 with a finite limit; a nil *rate.Limiter means no limit.")
 	var unset *rate.Limiter
 	for _, c := range []struct {
 		name string
@@ -250,4 +261,138 @@ func TestLimiterChecks(t *testing.T) {
 			require.NoError(t, d.Close(t.Context()))
 		})
 	}
+}
+
+// TestLaneSizeDoc: the memory maxFreeLanes caps is stated with a lane's
+// size, which changes whenever a lane's fields do.
+func TestLaneSizeDoc(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the figure is a 64-bit platform's")
+	}
+	size := unsafe.Sizeof(lane[string, int]{})
+	docSays(t, "maxFreeLanes", fmt.Sprintf("a lane is %d bytes with string keys and int values", size))
+	docSays(t, "maxFreeLanes", fmt.Sprintf("at %d lanes: about %.1f MB", maxFreeLanes, float64(maxFreeLanes*size)/1e6))
+}
+
+// TestDocSaysFindsGoneSentences: docSays fails for a sentence the docs do
+// not contain, and for a name they do not declare.
+func TestDocSaysFindsGoneSentences(t *testing.T) {
+	text, err := liveDoc("Config.Label")
+	require.NoError(t, err)
+	assert.Contains(t, text, "runs once per submission")
+	assert.NotContains(t, text, "the dispatcher does not bound them")
+	_, err = liveDoc("Config.NoSuchField")
+	assert.Error(t, err)
+	_, err = liveDoc("NoSuchName")
+	assert.Error(t, err)
+}
+
+// docSays fails t unless the live documentation of name contains sentence
+// (both compared with runs of white space as one space). name is "" for
+// the package doc, a declared name ("Observer", "ErrClosed", "New",
+// "maxFreeLanes"), a method or field ("Config.Label",
+// "Dispatcher.Submit"), or a Markdown file of the module ("README.md").
+func docSays(t *testing.T, name, sentence string) {
+	t.Helper()
+	text, err := liveDoc(name)
+	require.NoError(t, err)
+	if !strings.Contains(text, squash(sentence)) {
+		t.Fatalf("the doc of %q no longer says %q; it says:\n%s", cmp.Or(name, "package dispatch"), sentence, text)
+	}
+}
+
+// squash turns every run of white space into one space.
+func squash(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// livePackage is the package's documentation as go/doc reads it from the
+// non-test sources in this directory, unexported declarations included.
+var livePackage = sync.OnceValues(func() (*doc.Package, error) {
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		return nil, err
+	}
+	var files []*ast.File
+	for _, n := range names {
+		if strings.HasSuffix(n, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, n, nil, parser.ParseComments)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return doc.NewFromFiles(fset, files, "github.com/coalescer/dispatch", doc.AllDecls)
+})
+
+// liveDoc returns the documentation of name (see docSays), squashed.
+func liveDoc(name string) (string, error) {
+	if strings.HasSuffix(name, ".md") {
+		b, err := os.ReadFile(name)
+		return squash(string(b)), err
+	}
+	p, err := livePackage()
+	if err != nil {
+		return "", err
+	}
+	if name == "" {
+		return squash(p.Doc), nil
+	}
+	outer, inner, member := strings.Cut(name, ".")
+	for _, typ := range p.Types {
+		if typ.Name == outer && member {
+			return memberDoc(typ, inner)
+		}
+		if typ.Name == outer {
+			return squash(typ.Doc), nil
+		}
+	}
+	funcs, values := p.Funcs, append(p.Consts, p.Vars...)
+	for _, typ := range p.Types {
+		funcs = append(funcs, typ.Funcs...)
+		values = append(append(values, typ.Consts...), typ.Vars...)
+	}
+	for _, f := range funcs {
+		if f.Name == name {
+			return squash(f.Doc), nil
+		}
+	}
+	for _, v := range values {
+		for _, spec := range v.Decl.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for _, id := range vs.Names {
+				if id.Name == name {
+					return squash(v.Doc + " " + vs.Doc.Text() + " " + vs.Comment.Text()), nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("package dispatch declares no %q", name)
+}
+
+// memberDoc returns the doc of typ's method or field name.
+func memberDoc(typ *doc.Type, name string) (string, error) {
+	for _, m := range typ.Methods {
+		if m.Name == name {
+			return squash(m.Doc), nil
+		}
+	}
+	var fields *ast.FieldList
+	switch t := typ.Decl.Specs[0].(*ast.TypeSpec).Type.(type) {
+	case *ast.StructType:
+		fields = t.Fields
+	case *ast.InterfaceType:
+		fields = t.Methods
+	}
+	if fields != nil {
+		for _, f := range fields.List {
+			for _, id := range f.Names {
+				if id.Name == name {
+					return squash(f.Doc.Text() + " " + f.Comment.Text()), nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("%s has no method or field %q", typ.Name, name)
 }

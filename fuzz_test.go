@@ -285,7 +285,7 @@ var fzSeeds = [][]byte{
 		fzSubmitOp(0, 0), fzSubmitOp(1, 0), fzSubmitOp(0, 0), fzFinishOp(fzRetry),
 		fzOp{kind: fzTicketCancel, idx: 0}, fzFinishOp(fzOK), fzFinishOp(fzOK)),
 
-	// Priorities at the extremes, with aging (issue 10, item 3): higher
+	// Priorities at the extremes, with aging: higher
 	// runs first for every pair of int priorities at every aging, where
 	// priority × aging leaves int64. Each submits the lower priority first,
 	// so that a tie (arrival order) would run it first.

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Issue 12: priority holds where the scarce resource is handed out — the
+// Priority holds where the scarce resource is handed out — the
 // rate limiter's token, a worker, the server's capacity — and a call that
 // cannot finish in time is not started.
 
@@ -113,7 +113,7 @@ func TestTokenFirst(t *testing.T) {
 	}
 }
 
-// TestRateLimiterRefusals (issue 10, item 2): a limiter that can never
+// TestRateLimiterRefusals: a limiter that can never
 // grant a token is an error from New; a slow token rate does not fail calls
 // under AttemptTimeout (meant for one execution), nor spend the retry
 // budget; and with the retry budget off, nothing retries without limit.
@@ -456,7 +456,7 @@ func TestSyncUnfinishableKeepsReadyCount(t *testing.T) {
 	})
 }
 
-// TestLimiterValidation (issue 20, items 6, 8, 11): New refuses exactly
+// TestLimiterValidation: New refuses exactly
 // the limiters that are not a rate or can grant no token at all, and takes
 // every other — among them one that grants its burst and then stops, and a
 // nil *rate.Limiter, which means no limit.
@@ -517,7 +517,7 @@ func TestLimiterValidation(t *testing.T) {
 	})
 }
 
-// TestLimiterPausedAtRunTime (issue 20, item 4): a *rate.Limiter paused
+// TestLimiterPausedAtRunTime: a *rate.Limiter paused
 // while calls wait — SetLimit(0), a limit so small that its next token is
 // centuries away, SetBurst(0), a NaN limit — holds every execution (it used
 // to lift the limit: now + InfDuration overflowed), and once it grants
@@ -568,7 +568,7 @@ func (f *failingLimiter) Wait(ctx context.Context) error {
 	return errors.New("limiter: refused")
 }
 
-// TestFailingWaitLimiter (issue 20, item 5): a Wait-only limiter whose
+// TestFailingWaitLimiter: a Wait-only limiter whose
 // Wait fails is asked again after a back-off, by the fetcher and by an
 // inline (Sync) caller alike: a few dozen Waits in ten seconds, not
 // millions; nothing runs without a token, and an inline call ends at its
@@ -691,7 +691,7 @@ var adaptiveServers = []struct {
 	{"queues>4", uniform(10*time.Millisecond, 10*time.Millisecond), 4},
 }
 
-// TestAdaptiveModelledServers (issue 20, item 2): 4 000 calls, 16
+// TestAdaptiveModelledServers: 4 000 calls, 16
 // workers, fixed against adaptive concurrency, on modelled servers
 // (synctest: virtual time, so the figures are the model's, not the
 // machine's). On a server whose latency varies but does not grow with
@@ -766,7 +766,7 @@ func TestAdaptiveModelledServers(t *testing.T) {
 	}
 }
 
-// TestRetryAfterHoldRule (issue 20, item 13): a Retry-After that one
+// TestRetryAfterHoldRule: a Retry-After that one
 // low-priority call draws holds the other calls below the reservation for
 // at most Retry.MaxBackoff, and never holds a call that may use a reserved
 // worker; the call that drew it waits out the whole Retry-After itself.
@@ -809,7 +809,7 @@ func TestRetryAfterHoldRule(t *testing.T) {
 	})
 }
 
-// TestStartCheckLearnsSpeedUp (issue 20, item 12): after 20 executions at
+// TestStartCheckLearnsSpeedUp: after 20 executions at
 // 1 s the server answers in 5 ms. Calls with 500 ms deadlines, one every
 // 500 ms, are refused at first (the estimate says 1 s), but a refused call
 // starts as a probe once nothing of its label has run for a while, its

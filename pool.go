@@ -9,8 +9,9 @@ package dispatch
 // maxFreeLanes bounds the free list of released lanes. Reusing a lane
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it). The bound caps what a burst of finished keys leaves
-// behind at 4096 lanes: about 1.7 MB with small keys and values (a lane
-// is 416 bytes with string keys and int values, more for a large K or T).
+// behind at 4096 lanes: about 1.5 MB with small keys and values (on a
+// 64-bit platform a lane is 360 bytes with string keys and int values,
+// more for a large K or T; TestLaneSizeDoc keeps the figure true).
 const maxFreeLanes = 4096
 
 // laneSlab is how many lanes one allocation makes when the free list is

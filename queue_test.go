@@ -409,7 +409,7 @@ func TestAgingStream(t *testing.T) {
 	}
 }
 
-// TestAgedStormNeverPassesBinding (issue 20, item 1): aging never lifts a
+// TestAgedStormNeverPassesBinding: aging never lifts a
 // call past a higher priority band. A storm of priority-0 status patches
 // of any age — 12 s is past the ten levels between it and a priority-10
 // binding, at one level per second — never runs before a binding, and

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The regression tests of issue 10's broken promises, one per promise.
-// Each names the promise; each failed before its fix.
+// Regression tests for promises the dispatcher once broke, one per
+// promise. Each names the promise; each failed before its fix.
 
 // TestNoStrandedCallAfterSyncSwitch: a tenant-capped call queued before a
 // switch to Sync runs once an inline execution of the same tenant frees
@@ -54,7 +54,7 @@ func TestNoStrandedCallAfterSyncSwitch(t *testing.T) {
 	})
 }
 
-// TestLargePrioritiesDoNotTie is in queue_test.go (issue 10, item 3).
+// TestLargePrioritiesDoNotTie is in queue_test.go.
 
 // TestObserverPanicOnSubmitLosesNothing: Submit and Post tell the outcomes
 // they settled (a droppable call evicted for capacity, an older generation

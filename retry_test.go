@@ -520,8 +520,8 @@ func TestRetryAbsorbsUrgentTenantAndLabel(t *testing.T) {
 	})
 }
 
-// extremePolicies are retry policies at the edge of the duration range
-// (issue 20, item 3): each used to overflow the backoff's float-to-Duration
+// extremePolicies are retry policies at the edge of the duration range:
+// each used to overflow the backoff's float-to-Duration
 // conversion and panic in rand.Int64N under the dispatcher's lock.
 var extremePolicies = map[string]RetryPolicy{
 	"InitialBackoff max/full":    {InitialBackoff: math.MaxInt64, Jitter: JitterFull},
@@ -548,7 +548,7 @@ func TestBackoffSaturates(t *testing.T) {
 	}
 }
 
-// TestExtremeBackoffNoDeadlock (issue 20, item 3): with any extreme retry
+// TestExtremeBackoffNoDeadlock: with any extreme retry
 // policy, a retryable failure schedules a retry as late as can be, and
 // nothing hangs: Stats answers, a call with a deadline gives up at once
 // (its retry could not start in time), and one without waits until Close
@@ -583,7 +583,7 @@ func TestExtremeBackoffNoDeadlock(t *testing.T) {
 	}
 }
 
-// TestHugeRetryAfterAndCooldown (issue 20, item 9): a Retry-After near the
+// TestHugeRetryAfterAndCooldown: a Retry-After near the
 // largest duration delays the retry (it used to overflow into the past and
 // run at once), and a breaker Cooldown of the largest duration keeps the
 // breaker open (it used to probe within a second).
@@ -628,7 +628,7 @@ func TestHugeRetryAfterAndCooldown(t *testing.T) {
 	})
 }
 
-// TestPanicUnderLockCrashes (issue 20, item 3): a panic in the
+// TestPanicUnderLockCrashes: a panic in the
 // dispatcher's own code while it holds its lock — only a bug could cause
 // one; testHookUnderLock stands in for it — ends the process loudly, with
 // the panic's value, instead of deadlocking on the lock. On a worker; and

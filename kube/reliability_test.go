@@ -15,9 +15,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
-// Issue 20: the preset's promises under failure and time.
+// The preset's promises under failure and time.
 
-// TestPresetAgedStorm (item 1): with the default Options, a binding
+// TestPresetAgedStorm: with the default Options, a binding
 // submitted into a storm of 2 000 queued status patches waits for one
 // token of the preset's 50 qps, however old the storm — 12 s used to lift
 // the patches past it (it waited 26 s behind 1 300 of them) — and the
@@ -59,7 +59,7 @@ func TestPresetAgedStorm(t *testing.T) {
 	}
 }
 
-// TestReplacementStartsFresh (items 16 and 17): a call that replaces a
+// TestReplacementStartsFresh: a call that replaces a
 // pending call of another kind is a new operation. A binding replacing a
 // status patch that waits out its retry is sent at once and succeeds
 // after one request (it used to end Failed with the patch's attempts, or
@@ -121,7 +121,7 @@ func TestReplacementStartsFresh(t *testing.T) {
 	})
 }
 
-// TestPatchBehindFailingBinding (item 18): a status patch submitted while
+// TestPatchBehindFailingBinding: a status patch submitted while
 // the pod's binding is in flight waits behind it and runs next, even when
 // the binding fails retryably (500 three times) — it used to end Skipped,
 // its condition never landing.

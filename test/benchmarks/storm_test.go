@@ -75,8 +75,8 @@ type scenario struct {
 	retryAfter time.Duration // the 429's Retry-After
 }
 
-// theStorm is the scenario of kubernetes#135900 as the core's issue 12 states
-// it, with the dispatcher as a drop-in: priorities on, the client's bucket.
+// theStorm is the scenario of kubernetes#135900 (500 status patches, then
+// bindings, at a limited QPS), with the dispatcher as a drop-in: priorities on, the client's bucket.
 func theStorm() scenario {
 	return scenario{
 		patches:      500,
@@ -493,7 +493,7 @@ func TestStormScenario(t *testing.T) {
 	t.Run("targets", func(t *testing.T) { checkStormTargets(t, results) })
 }
 
-// checkStormTargets checks issue 12's targets on the fake clock, where the
+// checkStormTargets checks the targets for priority at the wire on the fake clock, where the
 // figures are the policy's alone: with the limit on the dispatcher's side,
 // no tenant cap and no reservation, bind p99 ≤ 2 × (latency + one token
 // interval) at 8 and at 16 workers, and the storm no slower than FIFO's;

@@ -19,7 +19,7 @@ import (
 )
 
 // TestScenarios runs the kube adapter against a real kube-apiserver and
-// etcd: the scenarios of issue 11 that no fake can settle, because they
+// etcd: the scenarios that no fake can settle, because they
 // depend on what the server really does — pods/binding's 409, a
 // resourceVersion precondition, a pod gone under a queued call, responses
 // lost after the write happened, throttling with Retry-After.

@@ -56,7 +56,7 @@ type Workload struct {
 
 // sizes are the workloads -storm.size names.
 var sizes = map[string]Workload{
-	// Issue 23's: the storm alone takes 40 s at kube-scheduler's 50
+	// The full storm: the storm alone takes 40 s at kube-scheduler's 50
 	// requests per second.
 	"full": {Nodes: 100, Unschedulable: 2000, Schedulable: 200, Every: 50 * time.Millisecond, HighPriority: 1000},
 	// CI's, under the race detector with everything on two cores, where

@@ -208,7 +208,7 @@ func compile(ctx context.Context, verb, modfile, pkg, out string, race bool, tag
 }
 
 // materialiser is the drop-in's materialiser, a main package of this
-// repository (issue 22), by directory from the repository's root.
+// repository, by directory from the repository's root.
 const materialiser = "dropin/cmd/materialise"
 
 // materialise has the drop-in's materialiser write its copy of
