@@ -24,19 +24,34 @@ import (
 // IdemKey is the Value key under which a Ctx holds its idempotency key.
 type IdemKey struct{}
 
-// Ctx is one execution's context. Its fields are guarded by mu, except
-// done's fast path, which is atomic; deadline and idem are set by New and
-// never change.
+// Ctx is one execution's context. Every execution makes one, so it holds
+// only what each needs — 56 bytes on a 64-bit platform, one allocation
+// of 64 — and what only some use (an idempotency key, AfterFunc
+// registrations, the cause's carrier) is made on first use. Its fields
+// are guarded by mu, except done once made (see Done); deadline is set by
+// New and never changes.
 type Ctx struct {
 	mu       sync.Mutex
-	done     atomic.Value // chan struct{}: made by the first Done; closedCh if cancelled first
-	err      error
+	made     atomic.Uint32 // 1 once done holds the Done channel for good
+	state    uint8         // live, canceled or expired
+	done     chan struct{} // made by the first Done; closedCh if cancelled first
 	cause    error
-	causeCtx context.Context // once cancelled and asked: a cancelled context.WithCancelCause carrying cause, for context.Cause
-	deadline time.Time       // zero: none
+	deadline int64 // Unix nanoseconds; 0: none
+	x        *extra
+}
+
+// extra is what only some executions use.
+type extra struct {
 	idem     string
 	afters   []*afterFunc
+	causeCtx context.Context // once cancelled and asked: a cancelled context.WithCancelCause carrying cause, for context.Cause
 }
+
+const (
+	live uint8 = iota
+	canceled
+	expired
+)
 
 // afterFunc is one registration of AfterFunc.
 type afterFunc struct {
@@ -55,29 +70,49 @@ var closedCh = func() chan struct{} {
 var _ context.Context = (*Ctx)(nil)
 
 // New returns a live context with deadline (zero: none) whose Value for
-// IdemKey{} is idem ("" reads as nil).
+// IdemKey{} is idem ("" reads as nil). The deadline keeps its wall-clock
+// reading only.
 func New(deadline time.Time, idem string) *Ctx {
-	return &Ctx{deadline: deadline, idem: idem}
+	ctx := &Ctx{}
+	if !deadline.IsZero() {
+		ctx.deadline = deadline.UnixNano()
+	}
+	if idem != "" {
+		ctx.x = &extra{idem: idem}
+	}
+	return ctx
+}
+
+// more returns ctx's extra, making it; ctx.mu is held.
+func (ctx *Ctx) more() *extra {
+	if ctx.x == nil {
+		ctx.x = &extra{}
+	}
+	return ctx.x
 }
 
 // Deadline returns the deadline New was given, if any.
 func (ctx *Ctx) Deadline() (time.Time, bool) {
-	return ctx.deadline, !ctx.deadline.IsZero()
+	if ctx.deadline == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ctx.deadline), true
 }
 
-// Done returns a channel closed when the context is cancelled.
+// Done returns a channel closed when the context is cancelled. Once made
+// (or set to closedCh), the channel never changes: made's store publishes
+// it, so a load that sees made needs no lock.
 func (ctx *Ctx) Done() <-chan struct{} {
-	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
-		return ch
+	if ctx.made.Load() != 0 {
+		return ctx.done
 	}
 	ctx.mu.Lock()
 	defer ctx.mu.Unlock()
-	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
-		return ch
+	if ctx.done == nil {
+		ctx.done = make(chan struct{})
+		ctx.made.Store(1)
 	}
-	ch := make(chan struct{})
-	ctx.done.Store(ch)
-	return ch
+	return ctx.done
 }
 
 // Err returns nil until the context is cancelled; then
@@ -86,30 +121,43 @@ func (ctx *Ctx) Done() <-chan struct{} {
 func (ctx *Ctx) Err() error {
 	ctx.mu.Lock()
 	defer ctx.mu.Unlock()
-	return ctx.err
+	return ctx.err()
+}
+
+// err is Err with ctx.mu held.
+func (ctx *Ctx) err() error {
+	switch ctx.state {
+	case canceled:
+		return context.Canceled
+	case expired:
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // Value returns the idempotency key for IdemKey{}; once cancelled, for any
 // other key, what a cancelled context.WithCancelCause carrying the cause
 // returns (so context.Cause reports it); nil for anything else.
 func (ctx *Ctx) Value(key any) any {
+	ctx.mu.Lock()
 	if _, ok := key.(IdemKey); ok {
-		if ctx.idem == "" {
+		defer ctx.mu.Unlock()
+		if ctx.x == nil || ctx.x.idem == "" {
 			return nil
 		}
-		return ctx.idem
+		return ctx.x.idem
 	}
-	ctx.mu.Lock()
-	if ctx.err == nil {
+	if ctx.state == live {
 		ctx.mu.Unlock()
 		return nil
 	}
-	if ctx.causeCtx == nil {
+	x := ctx.more()
+	if x.causeCtx == nil {
 		cc, cancel := context.WithCancelCause(context.Background())
 		cancel(ctx.cause)
-		ctx.causeCtx = cc
+		x.causeCtx = cc
 	}
-	cc := ctx.causeCtx
+	cc := x.causeCtx
 	ctx.mu.Unlock()
 	return cc.Value(key)
 }
@@ -123,13 +171,14 @@ func (ctx *Ctx) Value(key any) any {
 // AfterFunc holding a lock that f takes).
 func (ctx *Ctx) AfterFunc(f func()) (stop func() bool) {
 	ctx.mu.Lock()
-	if ctx.err != nil {
+	if ctx.state != live {
 		ctx.mu.Unlock()
 		go f()
 		return func() bool { return false }
 	}
 	a := &afterFunc{f: f}
-	ctx.afters = append(ctx.afters, a)
+	x := ctx.more()
+	x.afters = append(x.afters, a)
 	ctx.mu.Unlock()
 	return func() bool {
 		ctx.mu.Lock()
@@ -142,32 +191,35 @@ func (ctx *Ctx) AfterFunc(f func()) (stop func() bool) {
 	}
 }
 
-// Cancel ends ctx with cause; expired makes Err context.DeadlineExceeded,
+// Cancel ends ctx with cause; expire makes Err context.DeadlineExceeded,
 // else context.Canceled. Only the first call has an effect; it runs the
 // AfterFunc registrations after releasing the context's lock.
-func (ctx *Ctx) Cancel(cause error, expired bool) {
+func (ctx *Ctx) Cancel(cause error, expire bool) {
 	ctx.mu.Lock()
-	if ctx.err != nil {
+	if ctx.state != live {
 		ctx.mu.Unlock()
 		return
 	}
-	ctx.err = context.Canceled
-	if expired {
-		ctx.err = context.DeadlineExceeded
+	ctx.state = canceled
+	if expire {
+		ctx.state = expired
 	}
-	ctx.cause = cause // causeCtx is made when asked for (Value)
-	if ch, _ := ctx.done.Load().(chan struct{}); ch != nil {
-		close(ch)
+	ctx.cause = cause // the carrier for context.Cause is made when asked for (Value)
+	if ctx.done != nil {
+		close(ctx.done)
 	} else {
-		ctx.done.Store(closedCh)
+		ctx.done = closedCh
+		ctx.made.Store(1)
 	}
-	afters := ctx.afters
-	ctx.afters = nil
 	var run []func()
-	for _, a := range afters {
-		if !a.stopped {
-			a.stopped = true
-			run = append(run, a.f)
+	if x := ctx.x; x != nil {
+		afters := x.afters
+		x.afters = nil
+		for _, a := range afters {
+			if !a.stopped {
+				a.stopped = true
+				run = append(run, a.f)
+			}
 		}
 	}
 	ctx.mu.Unlock()

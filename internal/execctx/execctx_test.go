@@ -3,9 +3,11 @@ package execctx
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -77,3 +79,36 @@ func TestDerivedContexts(t *testing.T) {
 		assert.False(t, stop(), "nothing to stop once run")
 	})
 }
+
+// TestDoneRace asks for Done from many goroutines while another cancels:
+// every one gets the same channel, closed (run with -race).
+func TestDoneRace(t *testing.T) {
+	for range 100 {
+		ctx := New(time.Time{}, "")
+		var wg sync.WaitGroup
+		chans := make([]<-chan struct{}, 4)
+		for i := range chans {
+			wg.Go(func() { chans[i] = ctx.Done() })
+		}
+		wg.Go(func() { ctx.Cancel(errors.New("end"), false) })
+		wg.Wait()
+		for _, ch := range chans {
+			assert.Equal(t, chans[0], ch, "one Done channel")
+			<-ch
+		}
+		assert.Equal(t, chans[0], ctx.Done())
+	}
+}
+
+// TestSize: every execution allocates a Ctx, so it stays small; the
+// package doc states the figure.
+func TestSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the figure is for 64-bit platforms")
+	}
+	assert.LessOrEqual(t, unsafe.Sizeof(Ctx{}), uintptr(56))
+	dl := time.Now()
+	assert.Equal(t, 1.0, testing.AllocsPerRun(100, func() { sink = New(dl, "") }), "a deadline costs no allocation of its own")
+}
+
+var sink *Ctx
