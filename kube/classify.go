@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/coalescer/dispatch"
 	"golang.org/x/net/http2"
@@ -76,29 +75,4 @@ func Classify(err error) dispatch.Class {
 func isStreamReset(err error) bool {
 	var se http2.StreamError
 	return errors.As(err, &se) || strings.Contains(err.Error(), "stream error: stream ID ")
-}
-
-// delayedError is an API error that carries the server's requested delay,
-// in the form the dispatcher honours for its backoff: a RetryAfter method
-// anywhere in the error chain. It unwraps to the API error, so errors.Is,
-// errors.As and every apierrors.Is… keep working.
-type delayedError struct {
-	err   error
-	delay time.Duration
-}
-
-func (e *delayedError) Error() string             { return e.err.Error() }
-func (e *delayedError) Unwrap() error             { return e.err }
-func (e *delayedError) RetryAfter() time.Duration { return e.delay }
-
-// withDelay wraps err in a delayedError if the server asked for a delay
-// before the next try.
-func withDelay(err error) error {
-	if err == nil {
-		return nil
-	}
-	if s, ok := apierrors.SuggestsClientDelay(err); ok && s > 0 {
-		return &delayedError{err: err, delay: time.Duration(s) * time.Second}
-	}
-	return err
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	"github.com/stretchr/testify/assert"
 	"golang.org/x/net/http2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -90,7 +91,7 @@ func TestClassify(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			assert.Equal(t, c.want, Classify(c.err), "bare")
 			assert.Equal(t, c.want, Classify(fmt.Errorf("kube: bind: %w", c.err)), "wrapped with %%w")
-			assert.Equal(t, c.want, Classify(withDelay(c.err)), "as exec returns it")
+			assert.Equal(t, c.want, Classify(retryafter.FromStatus(c.err)), "as exec returns it")
 		})
 	}
 }
@@ -121,7 +122,7 @@ func TestWithDelay(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := withDelay(c.err)
+			got := retryafter.FromStatus(c.err)
 			assert.ErrorIs(t, got, c.err)
 			assert.Equal(t, c.err.Error(), got.Error())
 			var hint interface{ RetryAfter() time.Duration }
@@ -138,5 +139,5 @@ func TestWithDelay(t *testing.T) {
 			assert.Equal(t, c.want, time.Duration(s)*time.Second)
 		})
 	}
-	assert.NoError(t, withDelay(nil))
+	assert.NoError(t, retryafter.FromStatus(nil))
 }

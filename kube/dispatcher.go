@@ -25,7 +25,7 @@ import (
 // is not offered: SyncObject is its form for pods.
 type Dispatcher struct {
 	d    *dispatch.Dispatcher[types.UID, Call]
-	prio Priorities // every field set
+	prio map[CallType]int // every call type's
 }
 
 // Ticket is the handle on one submission's outcome (see dispatch.Ticket).
@@ -97,7 +97,7 @@ func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) 
 // if o.Tenant is "".
 func (d *Dispatcher) options(c Call, o SubmitOptions) dispatch.SubmitOptions {
 	out := dispatch.SubmitOptions{
-		Priority:       d.prio.of(c.typ),
+		Priority:       d.prio[c.typ],
 		Deadline:       o.Deadline,
 		Tenant:         o.Tenant,
 		Generation:     o.Generation,

@@ -37,23 +37,25 @@ func TestOptionsErrors(t *testing.T) {
 		{"QPS just below the minimum", Options{QPS: 0.99 / 60}, "Options.QPS 0.0165 is below one call a minute"},
 		{"RateLimit and QPS", Options{RateLimit: rate.NewLimiter(1, 1), QPS: 5}, "Options.RateLimit is set: leave QPS and Burst 0"},
 		{"RateLimit and Burst", Options{RateLimit: rate.NewLimiter(1, 1), Burst: 5}, "Options.RateLimit is set: leave QPS and Burst 0"},
-		{"ReservedWorkers as many as the workers", Options{ReservedWorkers: defaultWorkers},
-			"Options.ReservedWorkers 16 must be less than the workers (16)"},
-		{"ReservedWorkers with one worker", Options{Workers: 1, ReservedWorkers: 1},
-			"Options.ReservedWorkers 1 must be less than the workers (1)"},
+		{"a priority of no call type", Options{Priorities: map[CallType]int{"pod_eviction": 3}},
+			`kube: Options.Priorities names "pod_eviction", which is not a call type`},
 		{"StatusPatchMaxInFlight negative", Options{StatusPatchMaxInFlight: -1}, "Options.StatusPatchMaxInFlight -1 must not be negative"},
 		{"StatusPatchMaxInFlight and a status-patch tenant", Options{
 			StatusPatchMaxInFlight: 2, Tenants: map[string]dispatch.TenantConfig{"pod_status_patch": {MaxQueued: 9}},
 		}, "Options.StatusPatchMaxInFlight is set and Options.Tenants names pod_status_patch"},
-		{"status patches in the bindings' band", Options{Priorities: Priorities{Binding: new(25), StatusPatch: new(21)}},
+		{"status patches in the bindings' band", Options{Priorities: map[CallType]int{PodBinding: 25, PodStatusPatch: 21}},
 			"Options.Priorities puts status patches (21) below pod_binding (25) in one priority band (of 10)"},
-		{"deletions in the status patches' band", Options{Priorities: Priorities{Deletion: new(5)}},
+		{"deletions in the status patches' band", Options{Priorities: map[CallType]int{PodDeletion: 5}},
 			"Options.Priorities puts status patches (0) below pod_deletion (5) in one priority band (of 10)"},
 		{"the bands follow AgingBand", Options{AgingBand: 30},
 			"Options.Priorities puts status patches (0) below pod_binding (20) in one priority band (of 30)"},
 		{"core validation", Options{Workers: -2}, "kube: Options: dispatch: Config.Workers: -2"},
-		{"core validation of a Start field", Options{Adaptive: &dispatch.AdaptivePolicy{MinWorkers: 99}},
+		{"core validation of a Start field", Options{Start: dispatch.StartPolicy{Adaptive: &dispatch.AdaptivePolicy{MinWorkers: 99}}},
 			"kube: Options: dispatch: Config.Start.Adaptive.MinWorkers: 99"},
+		{"as many workers reserved as there are", Options{Start: dispatch.StartPolicy{ReservedWorkers: 16}},
+			"kube: Options: dispatch: Config.Start.ReservedWorkers: 16 must be in [0, Workers) = [0, 16)"},
+		{"a worker reserved of one", Options{Workers: 1, Start: dispatch.StartPolicy{ReservedWorkers: 1}},
+			"kube: Options: dispatch: Config.Start.ReservedWorkers: 1 must be in [0, Workers) = [0, 1)"},
 		{"core validation of Rollout", Options{Rollout: dispatch.RolloutPolicy{Mode: 9}}, "kube: Options: dispatch: Config.Rollout.Mode"},
 	}
 	for _, c := range cases {
@@ -71,7 +73,7 @@ func TestOptionsErrors(t *testing.T) {
 }
 
 // presetConfig is the Config NewDispatcher would give the core for o.
-func presetConfig(o Options) (dispatch.Config[types.UID, Call], Priorities, error) {
+func presetConfig(o Options) (dispatch.Config[types.UID, Call], map[CallType]int, error) {
 	return o.config(&calls{log: klog.Background()})
 }
 
@@ -83,12 +85,14 @@ func TestPresetConfig(t *testing.T) {
 		require.NoError(t, err)
 		lim, ok := cfg.RateLimit.(*rate.Limiter)
 		require.True(t, ok)
-		assert.Equal(t, rate.Limit(DefaultQPS), lim.Limit())
-		assert.Equal(t, DefaultBurst, lim.Burst())
+		assert.Equal(t, rate.Limit(50), lim.Limit(), "QPS 50")
+		assert.Equal(t, 100, lim.Burst(), "burst 100")
+		assert.Equal(t, 16, cfg.Workers)
+		assert.Equal(t, 10, cfg.AgingBand)
 		assert.Empty(t, cfg.Tenants, "no status-patch cap unless asked for")
-		assert.Equal(t, dispatch.StartPolicy{ReservedWorkers: defaultWorkers / 4, UrgentPriority: DefaultDeletionPriority}, cfg.Start,
+		assert.Equal(t, dispatch.StartPolicy{ReservedWorkers: 16 / 4, UrgentPriority: 10}, cfg.Start,
 			"a quarter of the workers kept for deletions and bindings")
-		assert.Equal(t, Priorities{Binding: new(20), Deletion: new(10), StatusPatch: new(0)}, prio)
+		assert.Equal(t, map[CallType]int{PodBinding: 20, PodDeletion: 10, PodStatusPatch: 0}, prio)
 		assert.NotNil(t, cfg.Merge)
 		assert.NotNil(t, cfg.NoOp)
 		assert.NotNil(t, cfg.Label)
@@ -104,17 +108,20 @@ func TestPresetConfig(t *testing.T) {
 			_, err = dispatch.New(func(context.Context, types.UID, Call) error { return nil }, cfg)
 			require.NoError(t, err, "workers %d: the core accepts it", workers)
 		}
-		cfg, _, err := presetConfig(Options{ReservedWorkers: 5})
+		cfg, _, err := presetConfig(Options{Start: dispatch.StartPolicy{ReservedWorkers: 5}})
 		require.NoError(t, err)
 		assert.Equal(t, 5, cfg.Start.ReservedWorkers)
 	})
 	t.Run("the reservation is for the band of the less urgent of bindings and deletions", func(t *testing.T) {
-		cfg, _, err := presetConfig(Options{Priorities: Priorities{Binding: new(57), Deletion: new(43), StatusPatch: new(-3)}})
+		cfg, _, err := presetConfig(Options{Priorities: map[CallType]int{PodBinding: 57, PodDeletion: 43, PodStatusPatch: -3}})
 		require.NoError(t, err)
 		assert.Equal(t, 43, cfg.Start.UrgentPriority, "the core takes the band's calls and those above")
-		cfg, _, err = presetConfig(Options{Priorities: Priorities{Deletion: new(0), StatusPatch: new(-10)}})
+		cfg, _, err = presetConfig(Options{Priorities: map[CallType]int{PodDeletion: 0, PodStatusPatch: -10}})
 		require.NoError(t, err)
 		assert.Equal(t, 0, cfg.Start.UrgentPriority, "a deletion at priority 0 is urgent")
+		cfg, _, err = presetConfig(Options{Start: dispatch.StartPolicy{UrgentPriority: 15}})
+		require.NoError(t, err)
+		assert.Equal(t, 15, cfg.Start.UrgentPriority, "the user's own is kept")
 	})
 	t.Run("user settings are kept", func(t *testing.T) {
 		userTenants := map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}}
@@ -124,7 +131,7 @@ func TestPresetConfig(t *testing.T) {
 			Classify:               classify,
 			Capacity:               17,
 			QPS:                    1000,
-			Priorities:             Priorities{StatusPatch: new(-1)},
+			Priorities:             map[CallType]int{PodStatusPatch: -1},
 			StatusPatchMaxInFlight: 3,
 		})
 		require.NoError(t, err)
@@ -133,8 +140,8 @@ func TestPresetConfig(t *testing.T) {
 		assert.Equal(t, dispatch.ClassRetry, cfg.Classify(errConflict()))
 		assert.Equal(t, map[string]dispatch.TenantConfig{"pod_binding": {Weight: 3}, "pod_status_patch": {MaxInFlight: 3}}, cfg.Tenants)
 		assert.Len(t, userTenants, 1, "the user's map is not written")
-		assert.Equal(t, -1, *prio.StatusPatch)
-		assert.Equal(t, DefaultBindingPriority, *prio.Binding)
+		assert.Equal(t, -1, prio[PodStatusPatch])
+		assert.Equal(t, 20, prio[PodBinding], "a type not named keeps its default")
 
 		userLimit := rate.NewLimiter(7, 1)
 		cfg, _, err = presetConfig(Options{RateLimit: userLimit})
@@ -147,11 +154,11 @@ func TestPresetConfig(t *testing.T) {
 		assert.Equal(t, rate.Limit(1.0/60), cfg.RateLimit.(*rate.Limiter).Limit())
 	})
 	t.Run("no limit, no reservation", func(t *testing.T) {
-		cfg, _, err := presetConfig(Options{QPS: -1, ReservedWorkers: -1})
+		cfg, _, err := presetConfig(Options{QPS: -1, Start: dispatch.StartPolicy{ReservedWorkers: -1, UrgentPriority: 7}})
 		require.NoError(t, err)
 		assert.Nil(t, cfg.RateLimit)
 		assert.Empty(t, cfg.Tenants)
-		assert.Zero(t, cfg.Start.ReservedWorkers)
+		assert.Equal(t, dispatch.StartPolicy{UrgentPriority: 7}, cfg.Start)
 	})
 }
 
@@ -162,7 +169,6 @@ func TestPresetConfig(t *testing.T) {
 // decides which it is.
 func TestOptionsCoverConfig(t *testing.T) {
 	presets := map[string]bool{"Merge": true, "Follow": true, "NoOp": true, "Label": true, "BeforeRetry": true}
-	derived := map[string]bool{"ReservedWorkers": true, "UrgentPriority": true} // of Start: Options.ReservedWorkers and the priorities
 	opts := reflect.TypeFor[Options]()
 	check := func(path string, ft reflect.StructField) {
 		of, ok := opts.FieldByName(ft.Name)
@@ -178,12 +184,6 @@ func TestOptionsCoverConfig(t *testing.T) {
 		case presets[ft.Name]:
 			_, ok := opts.FieldByName(ft.Name)
 			assert.False(t, ok, "Options.%s: the preset's own", ft.Name)
-		case ft.Name == "Start":
-			for sf := range ft.Type.Fields() {
-				if !derived[sf.Name] {
-					check("Start."+sf.Name, sf)
-				}
-			}
 		default:
 			check(ft.Name, ft)
 		}
@@ -195,8 +195,11 @@ func TestOptionsCoverConfig(t *testing.T) {
 		Workers: 7, RateLimit: rate.NewLimiter(3, 3), Capacity: 11, MaxWaiters: 13,
 		Classify: func(error) dispatch.Class { return dispatch.ClassRetry },
 		Retry:    dispatch.RetryPolicy{MaxAttempts: 5},
-		Breaker:  &dispatch.BreakerPolicy{Probes: 2}, Adaptive: &dispatch.AdaptivePolicy{MinWorkers: 2},
-		NoDeadlineCheck: true, DeadlineQuantile: 0.5, DeadlineSamples: 9,
+		Breaker:  &dispatch.BreakerPolicy{Probes: 2},
+		Start: dispatch.StartPolicy{
+			Adaptive:        &dispatch.AdaptivePolicy{MinWorkers: 2},
+			NoDeadlineCheck: true, DeadlineQuantile: 0.5, DeadlineSamples: 9,
+		},
 		Aging: time.Minute, AgingBand: 5, Tenants: map[string]dispatch.TenantConfig{"x": {Weight: 2}},
 		DefaultTenant: dispatch.TenantConfig{MaxQueued: 4},
 		Rollout:       dispatch.RolloutPolicy{Mode: dispatch.ModeSync, CancelQueued: true},
@@ -212,11 +215,10 @@ func TestOptionsCoverConfig(t *testing.T) {
 	assert.Equal(t, dispatch.ClassRetry, cfg.Classify(nil))
 	assert.Equal(t, o.Retry, cfg.Retry)
 	assert.Same(t, o.Breaker, cfg.Breaker)
-	assert.Same(t, o.Adaptive, cfg.Start.Adaptive)
-	assert.Equal(t, dispatch.StartPolicy{
-		ReservedWorkers: 1, UrgentPriority: 10, // the deletions' band of 5
-		Adaptive: o.Adaptive, NoDeadlineCheck: true, DeadlineQuantile: 0.5, DeadlineSamples: 9,
-	}, cfg.Start)
+	assert.Same(t, o.Start.Adaptive, cfg.Start.Adaptive)
+	want := o.Start
+	want.ReservedWorkers, want.UrgentPriority = 1, 10 // the preset's zeros: a quarter of 7, the deletions' priority
+	assert.Equal(t, want, cfg.Start)
 	assert.Equal(t, o.Aging, cfg.Aging)
 	assert.Equal(t, o.AgingBand, cfg.AgingBand)
 	assert.Equal(t, o.Tenants, cfg.Tenants)
@@ -375,10 +377,10 @@ func TestSubmitRefusesInvalidCalls(t *testing.T) {
 // the preset's defaults for what they leave unset — the call type's
 // priority and tenant — and any priority, 0 included, can be asked for.
 func TestSubmitOptions(t *testing.T) {
-	d := &Dispatcher{prio: Priorities{Binding: new(7)}.resolved()}
+	d := &Dispatcher{prio: map[CallType]int{PodBinding: 7, PodDeletion: 10, PodStatusPatch: 0}}
 	bind, patch := Bind(newPod("p"), "n1"), PatchStatus(newPod("p"), StatusPatch{NominatedNodeName: ptr("n1")})
 	assert.Equal(t, dispatch.SubmitOptions{Priority: 7, Tenant: "pod_binding"}, d.options(bind, SubmitOptions{}))
-	assert.Equal(t, dispatch.SubmitOptions{Priority: DefaultStatusPatchPriority, Tenant: "pod_status_patch"}, d.options(patch, SubmitOptions{}))
+	assert.Equal(t, dispatch.SubmitOptions{Priority: 0, Tenant: "pod_status_patch"}, d.options(patch, SubmitOptions{}))
 	assert.Equal(t, dispatch.SubmitOptions{Priority: 0, Tenant: "pod_binding"}, d.options(bind, SubmitOptions{Priority: new(0)}),
 		"priority 0 for a binding")
 	deadline := time.Unix(100, 0)

@@ -82,16 +82,17 @@
 // clientset no limit of its own (RESTConfig).
 //
 // Options holds what may be set: the preset's own settings (rate,
-// priorities, reservation, status-patch cap, logger) and the dispatch
-// settings that make sense for pod writes (workers, capacity, retry
-// policy, circuit breaker, adaptive concurrency, tenants, rollout and
-// fallback, observer, completion hook). The merge, no-op, label and
-// before-retry rules are the preset's and cannot be replaced. Every
-// priority can be asked for: Options.Priorities and
-// SubmitOptions.Priority are pointers, nil meaning the call type's
-// default, so new(0) is priority 0. ModeOf and SetEnabled map a feature
-// gate to the dispatcher's mode: off is Sync, each write made inline by
-// its caller through the same machinery.
+// priorities by call type, status-patch cap, logger) and the dispatch
+// settings that make sense for pod writes, under their dispatch.Config
+// names and types (workers, capacity, the start policy with its
+// reservation and adaptive concurrency, retry policy, circuit breaker,
+// tenants, rollout and fallback, observer, completion hook), the preset
+// filling in the zeros whose default is its own. The merge, no-op, label
+// and before-retry rules are the preset's and cannot be replaced.
+// SubmitOptions.Priority is a pointer, nil meaning the call type's, so
+// new(0) is priority 0. ModeOf and SetEnabled map a feature gate to the
+// dispatcher's mode: off is Sync, each write made inline by its caller
+// through the same machinery.
 //
 // The Dispatcher offers the core's methods typed for pods: a call is
 // always queued under its own pod's UID (Submit, Post), SyncObject is the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,7 +55,7 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 				return next.rebase(b), nil
 			})
 		}
-		return withDelay(err)
+		return retryafter.FromStatus(err)
 	case PodBinding:
 		a.info(vWrite, &c, "Binding pod to node", "node", c.node)
 		err := a.pods.bind(ctx, &v1.Binding{
@@ -64,9 +65,9 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 		if err == nil {
 			a.successor(uid, func(next Call) (Call, error) { return next.boundTo(c.node), nil })
 		}
-		return withDelay(err)
+		return retryafter.FromStatus(err)
 	default:
-		return withDelay(a.delete(ctx, &c))
+		return retryafter.FromStatus(a.delete(ctx, &c))
 	}
 }
 

@@ -19,14 +19,14 @@ func TestLowestPriorities(t *testing.T) {
 	for off := range 12 {
 		p := math.MinInt + off
 		t.Run(fmt.Sprintf("MinInt+%d", off), func(t *testing.T) {
-			d, err := NewDispatcher(newFakeAPI().client(), Options{Priorities: Priorities{Binding: new(p), Deletion: new(p), StatusPatch: new(p)}})
+			d, err := NewDispatcher(newFakeAPI().client(), Options{Priorities: map[CallType]int{PodBinding: p, PodDeletion: p, PodStatusPatch: p}})
 			require.NoError(t, err)
 			s := d.Stats()
-			assert.Equal(t, defaultWorkers/4, s.Reserved)
+			assert.Equal(t, 16/4, s.Reserved)
 			require.NoError(t, d.Close(t.Context()))
 		})
 	}
-	_, err := NewDispatcher(newFakeAPI().client(), Options{Priorities: Priorities{Binding: new(math.MinInt + 5), StatusPatch: new(math.MinInt)}})
+	_, err := NewDispatcher(newFakeAPI().client(), Options{Priorities: map[CallType]int{PodBinding: math.MinInt + 5, PodStatusPatch: math.MinInt}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Options.Priorities", "a status patch below the binding in the lowest band is named as the caller set it")
 }

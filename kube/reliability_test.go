@@ -47,10 +47,10 @@ func TestPresetAgedStorm(t *testing.T) {
 				tk := submit(t, d, Bind(bound, "n1"))
 				r := outcome(t, tk)
 				assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
-				assert.LessOrEqual(t, bindAt.Sub(submitted), time.Second/DefaultQPS, "the binding waited for more than one token")
+				assert.LessOrEqual(t, bindAt.Sub(submitted), time.Second/stormQPS, "the binding waited for more than one token")
 				time.Sleep(time.Second)
 				synctest.Wait()
-				assert.InDelta(t, DefaultQPS, api.count("patch/status")-before, 3, "the patches drain at the full rate")
+				assert.InDelta(t, stormQPS, api.count("patch/status")-before, 3, "the patches drain at the full rate")
 				ctx, cancel := contextDone()
 				defer cancel()
 				_ = d.Close(ctx) // the rest of the storm ends Closed
@@ -102,7 +102,7 @@ func TestReplacementStartsFresh(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			api := newFakeAPI(newPod("hold"), newPod("p"))
 			obs := &countObserver{finished: map[dispatch.Event]int{}}
-			d := newTestDispatcher(t, api, Options{Workers: 1, Observer: obs, ReservedWorkers: -1})
+			d := newTestDispatcher(t, api, Options{Workers: 1, Observer: obs, Start: dispatch.StartPolicy{ReservedWorkers: -1}})
 			release := api.hold("create/binding", "hold")
 			first := submit(t, d, Bind(api.pod("hold"), "n1"))
 			synctest.Wait() // the one worker is busy

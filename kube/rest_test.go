@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
@@ -251,8 +252,8 @@ func TestRESTErrors(t *testing.T) {
 			assert.Equal(t, c.class, Classify(err), "%v", err)
 			var hint interface{ RetryAfter() time.Duration }
 			if c.delay == 0 {
-				assert.False(t, errors.As(withDelay(err), &hint))
-			} else if assert.ErrorAs(t, withDelay(err), &hint) {
+				assert.False(t, errors.As(retryafter.FromStatus(err), &hint))
+			} else if assert.ErrorAs(t, retryafter.FromStatus(err), &hint) {
 				assert.Equal(t, c.delay, hint.RetryAfter())
 			}
 			assert.Len(t, s.requests(), before+1, "one request: client-go did not retry on its own")

@@ -21,6 +21,12 @@ type event struct {
 	at   time.Time
 }
 
+// The preset's defaults the storm runs with (Options.Workers, Options.QPS).
+const (
+	stormWorkers = 16
+	stormQPS     = 50
+)
+
 // stormResult is what a storm run observed.
 type stormResult struct {
 	events []event
@@ -155,8 +161,8 @@ func TestStorm(t *testing.T) {
 			assert.Zero(t, n, "binding %d started after %d patches that were submitted before it", i, n)
 			assert.Zero(t, r.waited[i], "binding %d waited for a worker", i)
 		}
-		kept := defaultWorkers / 4
-		assert.Equal(t, defaultWorkers-kept, r.maxPatchFlight, "patches never held the kept workers")
+		kept := stormWorkers / 4
+		assert.Equal(t, stormWorkers-kept, r.maxPatchFlight, "patches never held the kept workers")
 		assert.True(t, r.lastBindDone.Before(r.lastPatchStart), "binds done before the patch backlog drained")
 	})
 	t.Run("preset, dispatcher rate limit 50 qps burst 100", func(t *testing.T) {
@@ -164,12 +170,12 @@ func TestStorm(t *testing.T) {
 		// binding waits for the next token, and one more for each binding
 		// ahead of it — never for a patch.
 		r := runStorm(t, Options{}, SubmitOptions{})
-		interval := time.Second / DefaultQPS
+		interval := time.Second / stormQPS
 		for i, n := range r.overtaken {
 			assert.Zero(t, n, "binding %d waited behind %d patches", i, n)
 			assert.LessOrEqual(t, r.waited[i], time.Duration(r.ahead[i]+1)*interval, "binding %d: %d bindings ahead", i, r.ahead[i])
 		}
-		assert.LessOrEqual(t, r.maxPatchFlight, defaultWorkers-defaultWorkers/4)
+		assert.LessOrEqual(t, r.maxPatchFlight, stormWorkers-stormWorkers/4)
 		assert.True(t, r.lastBindDone.Before(r.lastPatchStart), "binds done before the patch backlog drained")
 	})
 	t.Run("FIFO: one priority, no cap", func(t *testing.T) {
@@ -177,13 +183,13 @@ func TestStorm(t *testing.T) {
 		// uncapped, is upstream's FIFO: each binding waits for the backlog
 		// ahead of it.
 		r := runStorm(t, Options{
-			QPS:             -1,
-			Priorities:      Priorities{Binding: new(DefaultStatusPatchPriority)},
-			ReservedWorkers: -1,
+			QPS:        -1,
+			Priorities: map[CallType]int{PodBinding: 0}, // the status patches'
+			Start:      dispatch.StartPolicy{ReservedWorkers: -1},
 		}, SubmitOptions{Tenant: "all"})
 		for i, n := range r.overtaken {
 			assert.Greater(t, n, 500, "FIFO binding %d overtaken by only %d patches", i, n)
 		}
-		assert.Equal(t, defaultWorkers, r.maxFlight)
+		assert.Equal(t, stormWorkers, r.maxFlight)
 	})
 }

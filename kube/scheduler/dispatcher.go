@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -63,7 +64,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 	d.pending.init(d.core, set.metrics)
 	if set.pace && d.wire.metered {
 		d.pace = newPacer(float64(d.wire.gate.l.QPS()), set.workers, set.reserved, func(n int) error {
-			return d.core.SetTenantMaxInFlight(string(PodStatusPatch), n)
+			return d.core.SetTenantMaxInFlight(string(podStatusPatch), n)
 		})
 	}
 	return d, nil
@@ -220,15 +221,6 @@ func (d *Dispatcher) SetMode(ctx context.Context, m dispatch.Mode) error {
 	return d.core.SetMode(ctx, m)
 }
 
-// ModeOf maps the SchedulerAsyncAPICalls feature gate to a mode: enabled is
-// dispatch.ModeAsync, disabled dispatch.ModeSync.
-func ModeOf(enabled bool) dispatch.Mode {
-	if enabled {
-		return dispatch.ModeAsync
-	}
-	return dispatch.ModeSync
-}
-
 // exec is the core's ExecFunc: one execution of e's call, on the wire's
 // client, with the logger and the meter's account in its context.
 func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
@@ -243,13 +235,11 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	if m := d.set.metrics; m != nil {
 		m.Executed(e.typ, err, elapsed)
 	}
-	if d.pace != nil && e.typ == PodStatusPatch {
+	if d.pace != nil && e.typ == podStatusPatch {
 		d.pace.observe(elapsed)
 	}
 	if err != nil {
-		if ra := time.Duration(a.retryAfter.Load()); ra > 0 {
-			err = &delayedError{err: err, delay: ra}
-		}
+		err = retryafter.Wrap(err, time.Duration(a.retryAfter.Load()))
 	}
 	return err
 }
@@ -292,10 +282,7 @@ func callError(err error) error {
 	if errors.As(err, &re) && re.Last != nil {
 		err = re.Last
 	}
-	if de, ok := err.(*delayedError); ok {
-		err = de.err
-	}
-	return err
+	return retryafter.Strip(err)
 }
 
 // tellDisplaced tells the entries e overwrote that they were.

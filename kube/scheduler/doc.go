@@ -36,8 +36,8 @@
 //
 // # Priorities
 //
-// Each call type has a priority (Options.Priorities): PodBinding 20, a
-// plugin's own types 10, PodStatusPatch 0 — a pod's binding cycle waits on
+// Each call type has a priority (Options.Priorities): pod_binding 20, a
+// plugin's own types 10, pod_status_patch 0 — a pod's binding cycle waits on
 // the first, perhaps on the second, never on the third. Each is in a
 // priority band of its own (Options.AgingBand, 10 wide by default): a
 // waiting call gains a level per Options.Aging over the calls of its band,

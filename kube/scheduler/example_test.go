@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/coalescer/dispatch/kube"
 	"github.com/coalescer/dispatch/kube/scheduler"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -34,7 +35,12 @@ func (c *labelCall) IsNoOp() bool                                  { return fals
 // relevance table, adds calls, and starts it with the scheduler; each
 // call's result arrives on its OnFinish channel, exactly once.
 func ExampleNew() {
-	relevances := fwk.APICallRelevances{scheduler.PodStatusPatch: 1, scheduler.PodBinding: 2, "example_label": 1}
+	// kube-scheduler's own table is upstream's api_calls.Relevances.
+	relevances := fwk.APICallRelevances{
+		fwk.APICallType(kube.PodStatusPatch): 1,
+		fwk.APICallType(kube.PodBinding):     2,
+		"example_label":                      1,
+	}
 	d, err := scheduler.New(fake.NewClientset(), relevances, scheduler.Options{})
 	if err != nil {
 		panic(err)

@@ -68,10 +68,10 @@ func TestMetrics(t *testing.T) {
 		d := newIdleDispatcher(t, Options{Workers: 2, Metrics: r})
 		j := &journal{}
 		hold := newHolder()
-		inFlight := newCall(j, "held", PodStatusPatch, "1", "x")
+		inFlight := newCall(j, "held", podStatusPatch, "1", "x")
 		inFlight.exec = hold.exec
 		require.NoError(t, d.Add(inFlight, fwk.APICallOptions{}))
-		flaky := newCall(j, "flaky", PodBinding, "2", "x")
+		flaky := newCall(j, "flaky", podBinding, "2", "x")
 		failures := 1
 		flaky.exec = func(context.Context, *testCall) error {
 			time.Sleep(time.Millisecond)
@@ -84,19 +84,19 @@ func TestMetrics(t *testing.T) {
 		require.NoError(t, d.Add(flaky, fwk.APICallOptions{}))
 		d.Start(testLogger(t))
 		<-hold.arrived
-		require.NoError(t, d.Add(newCall(j, "successor", PodStatusPatch, "1", "y"), fwk.APICallOptions{}))
+		require.NoError(t, d.Add(newCall(j, "successor", podStatusPatch, "1", "y"), fwk.APICallOptions{}))
 		require.NoError(t, d.Add(newCall(j, "other", "plugin_call", "3", "y"), fwk.APICallOptions{}))
 		synctest.Wait()
 		_, pending := r.snapshot()
-		assert.Equal(t, 1, pending[PodStatusPatch], "the successor waits behind the call in flight")
+		assert.Equal(t, 1, pending[podStatusPatch], "the successor waits behind the call in flight")
 
 		hold.release <- struct{}{}
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		executed, pending := r.snapshot()
 		assert.Equal(t, map[fwk.APICallType][2]int{
-			PodStatusPatch: {2, 0},
-			PodBinding:     {1, 1}, // one retry
+			podStatusPatch: {2, 0},
+			podBinding:     {1, 1}, // one retry
 			"plugin_call":  {1, 0},
 		}, executed)
 		for typ, n := range pending {

@@ -23,11 +23,11 @@ func TestLowestPriorities(t *testing.T) {
 	for off := range 12 {
 		p := math.MinInt + off
 		t.Run(fmt.Sprintf("MinInt+%d", off), func(t *testing.T) {
-			prios := map[fwk.APICallType]int{PodBinding: p, PodStatusPatch: math.MaxInt}
-			d := newIdleDispatcher(t, Options{Priorities: prios, ReservedWorkers: -1, Capacity: 1})
+			prios := map[fwk.APICallType]int{podBinding: p, podStatusPatch: math.MaxInt}
+			d := newIdleDispatcher(t, Options{Priorities: prios, Start: dispatch.StartPolicy{ReservedWorkers: -1}, Capacity: 1})
 			j := &journal{}
-			require.NoError(t, d.Add(newCall(j, "bind", PodBinding, typeUID("1"), "x"), fwk.APICallOptions{}))
-			err := d.Add(newCall(j, "patch", PodStatusPatch, typeUID("2"), "x"), fwk.APICallOptions{})
+			require.NoError(t, d.Add(newCall(j, "bind", podBinding, typeUID("1"), "x"), fwk.APICallOptions{}))
+			err := d.Add(newCall(j, "patch", podStatusPatch, typeUID("2"), "x"), fwk.APICallOptions{})
 			assert.True(t, errors.Is(err, dispatch.ErrBackpressure), "a full dispatcher sheds no binding: %v", err)
 			assert.Zero(t, d.Stats().Shed[dispatch.BoundCapacity], "calls shed")
 

@@ -52,7 +52,7 @@ func (s *paceServer) storm(t *testing.T, d *Dispatcher, from, n int) {
 	t.Helper()
 	done := make(chan error, n)
 	for i := range n {
-		c := newCall(&journal{}, fmt.Sprint("patch", from+i), PodStatusPatch, types.UID(fmt.Sprint("pod", from+i)), "PodScheduled")
+		c := newCall(&journal{}, fmt.Sprint("patch", from+i), podStatusPatch, types.UID(fmt.Sprint("pod", from+i)), "PodScheduled")
 		c.exec = s.exec
 		require.NoError(t, d.Add(c, fwk.APICallOptions{OnFinish: done}))
 	}
@@ -71,9 +71,9 @@ func pacedDispatcher(t *testing.T, qps float32, burst, capped int) *Dispatcher {
 	require.NoError(t, err)
 	o := Options{PaceStatusPatches: true}
 	if capped > 0 {
-		o = Options{Tenants: map[fwk.APICallType]dispatch.TenantConfig{PodStatusPatch: {MaxInFlight: capped}}}
+		o = Options{Tenants: map[fwk.APICallType]dispatch.TenantConfig{podStatusPatch: {MaxInFlight: capped}}}
 	}
-	d, err := New(cs, fwk.APICallRelevances{PodStatusPatch: 1, PodBinding: 2}, o)
+	d, err := New(cs, fwk.APICallRelevances{podStatusPatch: 1, podBinding: 2}, o)
 	require.NoError(t, err)
 	require.True(t, d.wire.metered, d.wire.why)
 	d.Start(testLogger(t))
@@ -162,7 +162,7 @@ func TestPacerCap(t *testing.T) {
 func TestPaceStatusPatchesOptions(t *testing.T) {
 	_, err := New(fake.NewClientset(), testRelevances, Options{
 		PaceStatusPatches: true,
-		Tenants:           map[fwk.APICallType]dispatch.TenantConfig{PodStatusPatch: {MaxInFlight: 2}},
+		Tenants:           map[fwk.APICallType]dispatch.TenantConfig{podStatusPatch: {MaxInFlight: 2}},
 	})
 	require.ErrorContains(t, err, "Options.PaceStatusPatches true and Tenants[pod_status_patch].MaxInFlight 2 both cap the status patches in flight: set one")
 	d := newIdleDispatcher(t, Options{PaceStatusPatches: true})

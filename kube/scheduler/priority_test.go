@@ -36,12 +36,12 @@ func TestBindingBeforeStorm(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				d := newTestDispatcher(t, Options{Workers: workers, ReservedWorkers: tc.reserved})
+				d := newTestDispatcher(t, Options{Workers: workers, Start: dispatch.StartPolicy{ReservedWorkers: tc.reserved}})
 				j := &journal{}
 				var mu sync.Mutex
 				var patchStarts []time.Time
 				slow := func(ctx context.Context, c *testCall) error {
-					if c.typ == PodStatusPatch {
+					if c.typ == podStatusPatch {
 						mu.Lock()
 						patchStarts = append(patchStarts, time.Now())
 						mu.Unlock()
@@ -54,7 +54,7 @@ func TestBindingBeforeStorm(t *testing.T) {
 					}
 				}
 				for i := range patches {
-					c := newCall(j, fmt.Sprintf("patch%d", i), PodStatusPatch, typeUID(fmt.Sprint(i)), "PodScheduled")
+					c := newCall(j, fmt.Sprintf("patch%d", i), podStatusPatch, typeUID(fmt.Sprint(i)), "PodScheduled")
 					c.exec = slow
 					require.NoError(t, d.Add(c, fwk.APICallOptions{}))
 				}
@@ -62,7 +62,7 @@ func TestBindingBeforeStorm(t *testing.T) {
 				added := time.Now()
 				var started time.Time
 				var behind int
-				bind := newCall(j, "bind", PodBinding, "bound-pod", "node")
+				bind := newCall(j, "bind", podBinding, "bound-pod", "node")
 				bind.exec = func(ctx context.Context, c *testCall) error {
 					started, behind = time.Now(), d.Stats().Ready
 					return slow(ctx, c)
@@ -103,7 +103,7 @@ func TestAgingWithinBand(t *testing.T) {
 			time.Sleep(aging / 2)
 			return nil
 		}
-		patch := newCall(j, "patch", PodStatusPatch, "p", "PodScheduled")
+		patch := newCall(j, "patch", podStatusPatch, "p", "PodScheduled")
 		patch.exec = busy
 		call := func(i int) {
 			c := newCall(j, fmt.Sprintf("plugin%d", i), plugin, typeUID(fmt.Sprint(i)), "x")
@@ -121,7 +121,7 @@ func TestAgingWithinBand(t *testing.T) {
 			case err := <-ch:
 				require.NoError(t, err)
 				waited := time.Since(added)
-				assert.LessOrEqual(t, waited, (5-DefaultStatusPatchPriority+2)*aging, "aging bounds the patch's wait")
+				assert.LessOrEqual(t, waited, (5-0+2)*aging, "aging bounds the patch's wait")
 				assert.Greater(t, waited, aging, "the plugin's calls went first while the patch was young")
 				return
 			default:
@@ -145,12 +145,12 @@ func TestBandsNeverOvertake(t *testing.T) {
 			return nil
 		}
 		bind := func(i int) {
-			c := newCall(j, fmt.Sprintf("bind%d", i), PodBinding, typeUID(fmt.Sprint(i)), "node")
+			c := newCall(j, fmt.Sprintf("bind%d", i), podBinding, typeUID(fmt.Sprint(i)), "node")
 			c.exec = busy
 			require.NoError(t, d.Add(c, fwk.APICallOptions{}))
 		}
 		bind(0)
-		patch := newCall(j, "patch", PodStatusPatch, "p", "PodScheduled")
+		patch := newCall(j, "patch", podStatusPatch, "p", "PodScheduled")
 		plugin := newCall(j, "plugin", "plugin_call", "q", "x")
 		require.NoError(t, d.Add(patch, fwk.APICallOptions{}))
 		require.NoError(t, d.Add(plugin, fwk.APICallOptions{}))
@@ -176,7 +176,7 @@ func TestStrictPriority(t *testing.T) {
 		const plugin fwk.APICallType = "plugin_call"
 		d := newIdleDispatcher(t, Options{Workers: 1, AgingBand: 1, Priorities: map[fwk.APICallType]int{plugin: 5}})
 		j := &journal{}
-		require.NoError(t, d.Add(newCall(j, "patch", PodStatusPatch, "p", "x"), fwk.APICallOptions{}))
+		require.NoError(t, d.Add(newCall(j, "patch", podStatusPatch, "p", "x"), fwk.APICallOptions{}))
 		for i := range 5 {
 			require.NoError(t, d.Add(newCall(j, fmt.Sprintf("plugin%d", i), plugin, typeUID(fmt.Sprint(i)), "x"), fwk.APICallOptions{}))
 		}
@@ -195,14 +195,18 @@ func TestStrictPriority(t *testing.T) {
 func TestPriorityOptions(t *testing.T) {
 	s, err := Options{}.resolve()
 	require.NoError(t, err)
-	assert.Equal(t, 20, s.priority(PodBinding))
+	assert.Equal(t, 20, s.priority(podBinding))
 	assert.Equal(t, 10, s.priority("plugin_call"))
-	assert.Equal(t, 0, s.priority(PodStatusPatch))
-	assert.Equal(t, DefaultWorkers/4, s.reserved)
-	assert.False(t, s.options(PodBinding, time.Now()).Droppable)
+	assert.Equal(t, 0, s.priority(podStatusPatch))
+	assert.Equal(t, 16/4, s.reserved)
+	assert.Equal(t, dispatch.StartPolicy{ReservedWorkers: 16 / 4, UrgentPriority: 20}, s.start, "kept for the binding's band")
+	assert.Equal(t, 16, s.workers)
+	assert.Equal(t, 10, s.band)
+	assert.Equal(t, 5*time.Minute, s.deflt)
+	assert.False(t, s.options(podBinding, time.Now()).Droppable)
 	assert.True(t, s.options("plugin_call", time.Now()).Droppable)
 
-	s, err = Options{Priorities: map[fwk.APICallType]int{PodBinding: 25, "above": 31, "below": 19}}.resolve()
+	s, err = Options{Priorities: map[fwk.APICallType]int{podBinding: 25, "above": 31, "below": 19}}.resolve()
 	require.NoError(t, err)
 	assert.False(t, s.options("above", time.Now()).Droppable, "a band above the binding's is kept")
 	assert.True(t, s.options("below", time.Now()).Droppable, "a band below the binding's is droppable")
@@ -212,13 +216,14 @@ func TestPriorityOptions(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{"a patch in the binding's band", Options{Priorities: map[fwk.APICallType]int{PodStatusPatch: 21, PodBinding: 25}},
+		{"a patch in the binding's band", Options{Priorities: map[fwk.APICallType]int{podStatusPatch: 21, podBinding: 25}},
 			"put pod_status_patch (21) below pod_binding (25) in one priority band (of 10)"},
 		{"a wide band", Options{AgingBand: 100},
 			"below pod_binding (20) in one priority band (of 100)"},
-		{"unknown types in the binding's band", Options{Priorities: map[fwk.APICallType]int{PodBinding: 15}},
-			"put a plugin's type (DefaultPriority) (10) below pod_binding (15)"},
-		{"every worker reserved", Options{Workers: 4, ReservedWorkers: 4}, "ReservedWorkers 4 must be less than the workers (4)"},
+		{"unknown types in the binding's band", Options{Priorities: map[fwk.APICallType]int{podBinding: 15}},
+			"put a plugin's type (by default) (10) below pod_binding (15)"},
+		{"every worker reserved", Options{Workers: 4, Start: dispatch.StartPolicy{ReservedWorkers: 4}},
+			"scheduler: dispatch: Config.Start.ReservedWorkers: 4 must be in [0, Workers) = [0, 4)"},
 		{"a negative band", Options{AgingBand: -1}, "AgingBand -1 must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -227,6 +232,6 @@ func TestPriorityOptions(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
-	_, err = New(fake.NewClientset(), testRelevances, Options{Priorities: map[fwk.APICallType]int{PodStatusPatch: 21, PodBinding: 35}})
+	_, err = New(fake.NewClientset(), testRelevances, Options{Priorities: map[fwk.APICallType]int{podStatusPatch: 21, podBinding: 35}})
 	assert.NoError(t, err, "a patch below the binding, in a band of its own")
 }

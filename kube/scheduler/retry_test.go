@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,7 +40,7 @@ func TestRetries(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				d := newTestDispatcher(t, Options{})
 				j := &journal{}
-				c := newCall(j, "a", PodStatusPatch, "1", "x")
+				c := newCall(j, "a", podStatusPatch, "1", "x")
 				var mu sync.Mutex
 				n := 0
 				c.exec = func(context.Context, *testCall) error {
@@ -77,14 +78,14 @@ func TestTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newIdleDispatcher(t, Options{
 			Timeout:  time.Minute,
-			Timeouts: map[fwk.APICallType]time.Duration{PodBinding: -1, typeLow: 10 * time.Second},
+			Timeouts: map[fwk.APICallType]time.Duration{podBinding: -1, typeLow: 10 * time.Second},
 		})
 		j := &journal{}
 		ch := map[string]chan error{}
 		for _, c := range []*testCall{
 			newCall(j, "low", typeLow, "1", "x"),
-			newCall(j, "patch", PodStatusPatch, "2", "x"),
-			newCall(j, "bind", PodBinding, "3", "x"),
+			newCall(j, "patch", podStatusPatch, "2", "x"),
+			newCall(j, "bind", podBinding, "3", "x"),
 		} {
 			ch[c.name] = make(chan error, 1)
 			require.NoError(t, d.Add(c, fwk.APICallOptions{OnFinish: ch[c.name]}))
@@ -110,7 +111,7 @@ func TestTimeout(t *testing.T) {
 // caller, through the same rules, so its result is on OnFinish when Add
 // returns; SetMode switches at run time.
 func TestSyncMode(t *testing.T) {
-	d := newTestDispatcher(t, Options{Rollout: dispatch.RolloutPolicy{Mode: ModeOf(false)}})
+	d := newTestDispatcher(t, Options{Rollout: dispatch.RolloutPolicy{Mode: kube.ModeOf(false)}})
 	j := &journal{}
 	ch := make(chan error, 1)
 	require.NoError(t, d.Add(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: ch}))
@@ -122,7 +123,7 @@ func TestSyncMode(t *testing.T) {
 	}
 	assert.Equal(t, []string{"execute a"}, j.only("execute"))
 
-	require.NoError(t, d.SetMode(t.Context(), ModeOf(true)))
+	require.NoError(t, d.SetMode(t.Context(), kube.ModeOf(true)))
 	assert.Equal(t, dispatch.ModeAsync, d.Mode())
 	hold := newHolder()
 	b := newCall(j, "b", typeLow, "2", "x")
@@ -135,17 +136,17 @@ func TestSyncMode(t *testing.T) {
 
 // TestStatsByCallType: each call type is its own tenant and label.
 func TestStatsByCallType(t *testing.T) {
-	d := newIdleDispatcher(t, Options{Tenants: map[fwk.APICallType]dispatch.TenantConfig{PodStatusPatch: {MaxQueued: 2}}})
+	d := newIdleDispatcher(t, Options{Tenants: map[fwk.APICallType]dispatch.TenantConfig{podStatusPatch: {MaxQueued: 2}}})
 	j := &journal{}
-	for i, typ := range []fwk.APICallType{PodStatusPatch, PodStatusPatch, PodBinding} {
+	for i, typ := range []fwk.APICallType{podStatusPatch, podStatusPatch, podBinding} {
 		require.NoError(t, d.Add(newCall(j, "c", typ, typeUID(string(rune('a'+i))), "x"), fwk.APICallOptions{}))
 	}
-	err := d.Add(newCall(j, "d", PodStatusPatch, "d", "x"), fwk.APICallOptions{})
+	err := d.Add(newCall(j, "d", podStatusPatch, "d", "x"), fwk.APICallOptions{})
 	assert.ErrorIs(t, err, dispatch.ErrBackpressure, "the status patches' quota")
 	s := d.Stats()
-	assert.Equal(t, 2, s.Tenants[string(PodStatusPatch)].Queued)
-	assert.Equal(t, 1, s.Tenants[string(PodBinding)].Queued)
-	assert.Equal(t, map[string]int{string(PodStatusPatch): 2, string(PodBinding): 1}, s.Labels)
+	assert.Equal(t, 2, s.Tenants[string(podStatusPatch)].Queued)
+	assert.Equal(t, 1, s.Tenants[string(podBinding)].Queued)
+	assert.Equal(t, map[string]int{string(podStatusPatch): 2, string(podBinding): 1}, s.Labels)
 }
 
 // TestOverwriteStartsFresh: a call that overwrites a pending call of

@@ -5,12 +5,11 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
@@ -220,7 +219,7 @@ func (m *meter) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := m.next.RoundTrip(req)
 	if a != nil && resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
-		if s, ok := retryAfter(resp.Header); ok {
+		if s, ok := retryafter.Header(resp.Header); ok {
 			resp.Header.Del("Retry-After")
 			a.retryAfter.Store(int64(s))
 		}
@@ -231,28 +230,3 @@ func (m *meter) RoundTrip(req *http.Request) (*http.Response, error) {
 // WrappedRoundTripper lets client-go's transport utilities see through
 // the meter.
 func (m *meter) WrappedRoundTripper() http.RoundTripper { return m.next }
-
-// retryAfter reads a Retry-After header in seconds, as client-go does.
-func retryAfter(h http.Header) (time.Duration, bool) {
-	v := h.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
-	s, err := strconv.Atoi(v)
-	if err != nil || s < 0 {
-		return 0, false
-	}
-	return time.Duration(s) * time.Second, true
-}
-
-// delayedError carries the server's requested delay to the core's
-// backoff (a RetryAfter method in the error chain); it unwraps to the
-// API's error, so every apierrors test still sees it.
-type delayedError struct {
-	err   error
-	delay time.Duration
-}
-
-func (e *delayedError) Error() string             { return e.err.Error() }
-func (e *delayedError) Unwrap() error             { return e.err }
-func (e *delayedError) RetryAfter() time.Duration { return e.delay }

@@ -185,7 +185,7 @@ func (c *restCall) Sync(o metav1.Object) (metav1.Object, error) { return o, nil 
 
 func (c *restCall) Execute(ctx context.Context, client kubernetes.Interface) error {
 	pods := client.CoreV1().Pods("default")
-	if c.typ == PodBinding {
+	if c.typ == podBinding {
 		return pods.Bind(ctx, &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: c.pod, Namespace: "default"}, Target: v1.ObjectReference{Kind: "Node", Name: "n"}}, metav1.CreateOptions{})
 	}
 	return retry.OnError(retry.DefaultBackoff, apierrors.IsServiceUnavailable, func() error {
@@ -205,7 +205,7 @@ func upstreamLike(client kubernetes.Interface, calls []fwk.APICall) (wait func()
 }
 
 func startDispatcher(t *testing.T, client kubernetes.Interface, o Options) *Dispatcher {
-	d, err := New(client, fwk.APICallRelevances{PodStatusPatch: 1, PodBinding: 2}, o)
+	d, err := New(client, fwk.APICallRelevances{podStatusPatch: 1, podBinding: 2}, o)
 	require.NoError(t, err)
 	d.Start(testLogger(t))
 	t.Cleanup(func() { d.Close(canceled()) })
@@ -220,7 +220,7 @@ func TestWireDerivesClient(t *testing.T) {
 	cs := s.client(t, 50, 100)
 	d := startDispatcher(t, cs, Options{})
 	require.True(t, d.wire.metered, d.wire.why)
-	tk, err := d.Submit(&restCall{typ: PodBinding, pod: "p"}, fwk.APICallOptions{})
+	tk, err := d.Submit(&restCall{typ: podBinding, pod: "p"}, fwk.APICallOptions{})
 	require.NoError(t, err)
 	res, err := tk.Wait(t.Context())
 	require.NoError(t, err)
@@ -266,7 +266,7 @@ func TestWireKeepsClientSettings(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			calls := func() []*restCall {
-				return []*restCall{{typ: PodBinding, pod: "p"}, {typ: PodStatusPatch, pod: "q"}}
+				return []*restCall{{typ: podBinding, pod: "p"}, {typ: podStatusPatch, pod: "q"}}
 			}
 			// newClient returns the given clientset, as a scheduler builds it,
 			// and the server it talks to.
@@ -333,7 +333,7 @@ func TestBindingWaitsForOneToken(t *testing.T) {
 	storm := func() []fwk.APICall {
 		var calls []fwk.APICall
 		for i := range patches {
-			calls = append(calls, &restCall{typ: PodStatusPatch, pod: fmt.Sprint("pod", i)})
+			calls = append(calls, &restCall{typ: podStatusPatch, pod: fmt.Sprint("pod", i)})
 		}
 		return calls
 	}
@@ -361,7 +361,7 @@ func TestBindingWaitsForOneToken(t *testing.T) {
 		<-s.reached("patch", 5)
 		added := time.Now()
 		ch := make(chan error, 1)
-		require.NoError(t, d.Add(&restCall{typ: PodBinding, pod: "bound"}, fwk.APICallOptions{OnFinish: ch}))
+		require.NoError(t, d.Add(&restCall{typ: podBinding, pod: "bound"}, fwk.APICallOptions{OnFinish: ch}))
 		require.NoError(t, outcome(t, ch))
 		n := between(s, added)
 		t.Logf("patches between the binding's Add and its request: %d (of %d queued)", n, patches)
@@ -374,7 +374,7 @@ func TestBindingWaitsForOneToken(t *testing.T) {
 		wait := upstreamLike(client, storm())
 		<-s.reached("patch", 5)
 		added := time.Now()
-		wait2 := upstreamLike(client, []fwk.APICall{&restCall{typ: PodBinding, pod: "bound"}})
+		wait2 := upstreamLike(client, []fwk.APICall{&restCall{typ: podBinding, pod: "bound"}})
 		wait2()
 		n := between(s, added)
 		t.Logf("patches between the binding's Add and its request: %d (of %d queued)", n, patches)
@@ -428,9 +428,9 @@ func TestRateAsConfigured(t *testing.T) {
 	})
 	var chans []chan error
 	for i := range calls {
-		typ := PodStatusPatch
+		typ := podStatusPatch
 		if i%10 == 9 {
-			typ = PodBinding
+			typ = podBinding
 		}
 		ch := make(chan error, 1)
 		chans = append(chans, ch)
@@ -508,7 +508,7 @@ func TestRetryAfterInTheQueue(t *testing.T) {
 		return false
 	}
 	d := startDispatcher(t, s.client(t, 50, 100), Options{})
-	tk, err := d.Submit(&restCall{typ: PodBinding, pod: "p"}, fwk.APICallOptions{})
+	tk, err := d.Submit(&restCall{typ: podBinding, pod: "p"}, fwk.APICallOptions{})
 	require.NoError(t, err)
 	res, err := tk.Wait(t.Context())
 	require.NoError(t, err)

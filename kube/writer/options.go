@@ -1,13 +1,14 @@
 package writer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	"github.com/coalescer/dispatch"
-	"github.com/coalescer/dispatch/kube"
+	"github.com/coalescer/dispatch/kube/internal/preset"
 	"golang.org/x/time/rate"
 )
 
@@ -114,11 +115,11 @@ type Options[O Object] struct {
 	// QPS bounds the writer's requests per second: a token is taken before
 	// the write to send is chosen, so the most urgent one gets it, and each
 	// further request of a write (a read after a conflict) takes one too.
-	// 0 means kube.DefaultQPS (50); a negative value means no limit. A
-	// positive value must allow one request a minute; NaN and +Inf are
-	// refused. Give the client no limit of its own (RESTConfig).
+	// 0 means 50; a negative value means no limit. A positive value must
+	// allow one request a minute; NaN and +Inf are refused. Give the
+	// client no limit of its own (RESTConfig).
 	QPS float64
-	// Burst is the limiter's burst (0 means kube.DefaultBurst, 100).
+	// Burst is the limiter's burst (0 means 100).
 	Burst int
 	// RateLimit, if set, is the limiter instead (QPS and Burst then 0):
 	// one shared with other writers, say.
@@ -199,14 +200,7 @@ func (o *Options[O]) limiter() dispatch.RateLimiter {
 	case o.QPS < 0:
 		return nil
 	}
-	qps, burst := o.QPS, o.Burst
-	if qps == 0 {
-		qps = kube.DefaultQPS
-	}
-	if burst == 0 {
-		burst = kube.DefaultBurst
-	}
-	return rate.NewLimiter(rate.Limit(qps), burst)
+	return rate.NewLimiter(rate.Limit(cmp.Or(o.QPS, preset.QPS)), cmp.Or(o.Burst, preset.Burst))
 }
 
 // retry is Options.Retry with the writer's defaults.

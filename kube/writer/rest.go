@@ -3,12 +3,11 @@ package writer
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/coalescer/dispatch/kube"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	"k8s.io/client-go/rest"
 )
 
@@ -60,12 +59,9 @@ func (t *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 	if n == nil || resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500) {
 		return resp, err
 	}
-	if v := resp.Header.Get("Retry-After"); v != "" {
-		if s, perr := strconv.Atoi(v); perr == nil && s >= 0 {
-			// client-go resends only when the header is there.
-			resp.Header.Del("Retry-After")
-			n.retryAfter.Store(int64(time.Duration(s) * time.Second))
-		}
+	if d, ok := retryafter.Header(resp.Header); ok {
+		resp.Header.Del("Retry-After") // client-go resends only when the header is there
+		n.retryAfter.Store(int64(d))
 	}
 	return resp, err
 }
@@ -74,29 +70,11 @@ func (t *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 // tap.
 func (t *tap) WrappedRoundTripper() http.RoundTripper { return t.next }
 
-// delayedError carries the delay a server asked for to the dispatcher's
-// backoff (a RetryAfter method in the error chain); it unwraps to the API
-// error, so every apierrors test still sees it.
-type delayedError struct {
-	err   error
-	delay time.Duration
-}
-
-func (e *delayedError) Error() string             { return e.err.Error() }
-func (e *delayedError) Unwrap() error             { return e.err }
-func (e *delayedError) RetryAfter() time.Duration { return e.delay }
-
 // withDelay wraps err with the delay the server asked for: the header the
 // tap took, or a Status's details.retryAfterSeconds.
 func withDelay(err error, n *note) error {
-	if err == nil {
-		return nil
-	}
 	if d := time.Duration(n.retryAfter.Load()); d > 0 {
-		return &delayedError{err: err, delay: d}
+		return retryafter.Wrap(err, d)
 	}
-	if s, ok := apierrors.SuggestsClientDelay(err); ok && s > 0 {
-		return &delayedError{err: err, delay: time.Duration(s) * time.Second}
-	}
-	return err
+	return retryafter.FromStatus(err)
 }

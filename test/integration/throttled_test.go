@@ -53,7 +53,7 @@ func testThrottled(t *testing.T, s *apiserver.Server) {
 		return kube.Options{
 			QPS:      -1,
 			Workers:  workers,
-			Adaptive: a,
+			Start:    dispatch.StartPolicy{Adaptive: a},
 			Retry:    dispatch.RetryPolicy{BudgetMin: budgetMin},
 		}
 	}

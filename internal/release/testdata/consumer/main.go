@@ -24,9 +24,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clientset "k8s.io/client-go/kubernetes"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -163,7 +163,11 @@ func (c labelCall) IsNoOp() bool                                  { return false
 
 // pluginCall runs a labelCall through kube/scheduler's dispatcher.
 func pluginCall(ctx context.Context, client clientset.Interface, pod *v1.Pod) {
-	relevances := fwk.APICallRelevances{scheduler.PodStatusPatch: 1, scheduler.PodBinding: 2, "example_label": 1}
+	relevances := fwk.APICallRelevances{
+		fwk.APICallType(kube.PodStatusPatch): 1,
+		fwk.APICallType(kube.PodBinding):     2,
+		"example_label":                      1,
+	}
 	d, err := scheduler.New(client, relevances, scheduler.Options{})
 	if err != nil {
 		log.Fatal(err)
