@@ -1,6 +1,7 @@
 package dispatchprom
 
 import (
+	"github.com/coalescer/dispatch"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -33,19 +34,9 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v int, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
-
-	// Pending calls by call type. Types seen before but idle now are sent
-	// as 0: a series that vanished would read as "no data", not as "none
-	// pending", and alerts on it would go quiet.
-	pending := make(map[string]int, len(s.Labels))
-	o.callTypes.each(func(ct string) { pending[ct] = 0 })
-	for l, n := range s.Labels {
-		pending[o.callTypes.value(l)] += n
-	}
-	for ct, n := range pending {
+	for ct, n := range o.pendingByType(s) {
 		gauge(o.pending, n, ct)
 	}
-
 	gauge(o.queued, s.Ready, "ready")
 	gauge(o.queued, s.Delayed, "delayed")
 	gauge(o.queued, s.Successors, "successor")
@@ -56,18 +47,35 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	gauge(o.limit, s.Concurrency)
 	gauge(o.reserved, s.Reserved)
 	gauge(o.belowReserve, s.BelowReserve)
+	for t, q := range o.byTenant(s) {
+		gauge(o.tenantQueued, q.Queued, t)
+		gauge(o.tenantInFlight, q.InFlight, t)
+	}
+}
 
-	queued := make(map[string][2]int, len(s.Tenants))
-	o.tenants.each(func(t string) { queued[t] = [2]int{} })
+// pendingByType is s's pending calls by call-type label value. Types seen
+// before but idle now are 0: a series that vanished would read as "no
+// data", not as "none pending", and alerts on it would go quiet.
+func (o *Observer) pendingByType(s dispatch.Stats) map[string]int {
+	pending := make(map[string]int, len(s.Labels))
+	o.callTypes.each(func(ct string) { pending[ct] = 0 })
+	for l, n := range s.Labels {
+		pending[o.callTypes.value(l)] += n
+	}
+	return pending
+}
+
+// byTenant is s's queued and in-flight calls by tenant label value, the
+// tenants seen before included, as for pendingByType.
+func (o *Observer) byTenant(s dispatch.Stats) map[string]dispatch.TenantStats {
+	out := make(map[string]dispatch.TenantStats, len(s.Tenants))
+	o.tenants.each(func(t string) { out[t] = dispatch.TenantStats{} })
 	for name, ts := range s.Tenants {
 		t := o.tenants.value(name)
-		q := queued[t]
-		q[0] += ts.Queued
-		q[1] += ts.InFlight
-		queued[t] = q
+		q := out[t]
+		q.Queued += ts.Queued
+		q.InFlight += ts.InFlight
+		out[t] = q
 	}
-	for t, q := range queued {
-		gauge(o.tenantQueued, q[0], t)
-		gauge(o.tenantInFlight, q[1], t)
-	}
+	return out
 }

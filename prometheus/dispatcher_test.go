@@ -165,7 +165,7 @@ dispatch_coalesced_total{call_type="status"} 1
 # HELP dispatch_dropped_total Queued calls shed to make room, by call type and reason (capacity, quota).
 # TYPE dispatch_dropped_total counter
 dispatch_dropped_total{call_type="status",reason="capacity"} 1
-# HELP dispatch_rejected_total Submissions refused, by call type and reason (capacity, waiters, quota, closed, circuit, stale, expired, merge, canceled, other).
+# HELP dispatch_rejected_total Submissions refused, by call type and reason (capacity, waiters, quota, backpressure, closed, circuit, stale, expired, merge, canceled, other).
 # TYPE dispatch_rejected_total counter
 dispatch_rejected_total{call_type="bind",reason="closed"} 1
 dispatch_rejected_total{call_type="bind",reason="merge"} 1
@@ -246,7 +246,7 @@ func TestDispatcherModeChanges(t *testing.T) {
 	require.NoError(t, h.d.Close(ctx))
 
 	const want = `
-# HELP dispatch_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open).
+# HELP dispatch_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open, other).
 # TYPE dispatch_mode_changes_total counter
 dispatch_mode_changes_total{reason="manual",to="async"} 1
 dispatch_mode_changes_total{reason="manual",to="sync"} 1

@@ -25,11 +25,14 @@
 //
 // Labels are bounded: call_type is the dispatch.Config.Label label, tenant is
 // SubmitOptions.Tenant, and every other label (result, reason, from, to,
-// state) takes values from a small fixed set. Keys and error text never
-// become label values: reasons take their values from the dispatcher's own
-// vocabularies (dispatch.Bounds, dispatch.SwitchReasons). As a safety net,
-// each of call_type and tenant takes at most Options.MaxLabelValues distinct
-// values; later ones are exported as "other".
+// state, direction) takes values from a small fixed set. Keys and error text
+// never become label values: reasons take their values from the
+// dispatcher's own vocabularies (the dispatch.Bound constants, the sentinel
+// errors, and the mode-change reasons that Observer.OnModeChange and
+// FallbackPolicy name), and a value outside them is exported as "other". As
+// a safety net, each of call_type and tenant takes at most
+// Options.MaxLabelValues distinct values; later ones are exported as
+// "other".
 //
 // # Example
 //
@@ -68,16 +71,17 @@
 //	mode_changes_total{to,reason}                                counter
 //	concurrency_limit                                            gauge: workers, or the adaptive limit
 //	concurrency_limit_changes_total{direction}                   counter: up, down
-//	reserved_workers, below_reserve_in_flight_calls              gauges: Config.Reserve
+//	reserved_workers, below_reserve_in_flight_calls              gauges: Config.Start.ReservedWorkers
 //
 // result is the terminal state in lower case (succeeded, skipped, failed,
 // canceled, expired, dropped, stale, closed). The rejection reason is the
-// backpressure bound (capacity, waiters, quota) or closed, circuit, stale,
-// expired, merge, canceled, other. The mode-change reason is manual,
-// cool_down, or the kind of fallback threshold crossed (backlog,
-// failure_ratio, queue_wait, circuit_open); the fallback's full message,
-// with its measured values, is in dispatch.Stats.FallbackReason. The gauges
-// exist only while a Stats source is set.
+// backpressure bound (capacity, waiters, quota; backpressure for another) or
+// closed, circuit, stale, expired, merge, canceled, other; a drop's is the
+// bound (capacity, quota). The mode-change reason is manual, cool_down, or
+// the kind of fallback threshold crossed (backlog, failure_ratio,
+// queue_wait, circuit_open); the fallback's full message, with its measured
+// values, is in dispatch.Stats.FallbackReason. The gauges exist only while a
+// Stats source is set.
 //
 // # Rolling out
 //

@@ -49,9 +49,11 @@ func (b *bounded) each(f func(string)) {
 	})
 }
 
-// knownBounds and knownSwitches are the dispatcher's own vocabularies (the
-// Bound constants, and the reasons Observer.OnModeChange documents): a
-// value outside them (from a newer dispatch, say) is exported as overflow.
+// knownBounds and knownSwitches are the dispatcher's own vocabularies: the
+// Bound constants, and the mode-change reasons Observer.OnModeChange and
+// FallbackPolicy name. A value outside them (from a newer dispatch, say) is
+// exported as overflow; TestVocabulariesAreTheCores fails when the core's
+// lists and these part.
 var (
 	knownBounds   = set([]dispatch.Bound{dispatch.BoundCapacity, dispatch.BoundWaiters, dispatch.BoundQuota})
 	knownSwitches = set([]string{"manual", "cool_down", "backlog", "failure_ratio", "queue_wait", "circuit_open"})

@@ -1,6 +1,7 @@
 package dispatchprom
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -12,19 +13,15 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// DefaultBuckets are the histogram buckets used when Options leaves them
-// nil, in seconds: 1ms to 60s, fine where API calls usually land (tens of
-// milliseconds) and coarse in the tail, where a slow API or a long backlog
-// shows.
-var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+// defaultBuckets are the histograms' buckets when Options leaves them nil
+// (see Options.ExecBuckets).
+var defaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
-// DefaultMaxLabelValues is the bound on distinct values per label used when
-// Options.MaxLabelValues is 0.
-const DefaultMaxLabelValues = 64
+// defaultMaxLabelValues is Options.MaxLabelValues's default.
+const defaultMaxLabelValues = 64
 
-// Options configures an Observer. The zero value is valid: namespace
-// "dispatch", no subsystem, no constant labels, DefaultBuckets, at most
-// DefaultMaxLabelValues values per label, and no Stats source.
+// Options configures an Observer. The zero value is valid: each field's
+// default is in its doc.
 type Options struct {
 	// Namespace prefixes every metric name ("dispatch" if empty). Use
 	// "scheduler" to get kube-scheduler's KEP-5229 names, e.g.
@@ -36,21 +33,25 @@ type Options struct {
 	// tell the Observers of several Dispatchers apart in one registry.
 	ConstLabels prometheus.Labels
 	// ExecBuckets are the buckets of the execution-duration histogram, in
-	// seconds (DefaultBuckets if nil).
+	// seconds. nil means 1ms to 60s — .001, .0025, .005, .01, .025, .05,
+	// .1, .25, .5, 1, 2.5, 5, 10, 30, 60 — fine where API calls usually
+	// land (tens of milliseconds) and coarse in the tail, where a slow API
+	// or a long backlog shows.
 	ExecBuckets []float64
 	// QueueWaitBuckets are the buckets of the queue-wait histogram, in
-	// seconds (DefaultBuckets if nil).
+	// seconds (nil: ExecBuckets' default).
 	QueueWaitBuckets []float64
 	// MaxLabelValues bounds the distinct values each of the call_type and
 	// tenant labels may take; later newcomers are exported as "other". 0
-	// means DefaultMaxLabelValues, a negative number no bound. The bound is
-	// a safety net: Config.Label and tenant names should come from a small
-	// fixed set in the first place.
+	// means 64, a negative number no bound. The bound is a safety net:
+	// Config.Label and tenant names should come from a small fixed set in
+	// the first place.
 	MaxLabelValues int
 	// Stats, if set, is read at every scrape for the gauges that need a
 	// snapshot (pending calls by call type, queue depth, in flight, tracked
 	// keys, tenants, mode, breaker state). Pass the Dispatcher's Stats
-	// method, or call SetStats once the Dispatcher exists.
+	// method, or call SetStats once the Dispatcher exists. nil: no gauges
+	// until SetStats.
 	Stats func() dispatch.Stats
 }
 
@@ -92,118 +93,25 @@ var _ prometheus.Collector = (*Observer)(nil)
 // Prometheus name, buckets that are not increasing — here rather than as a
 // panic or a registration error later.
 func NewObserver(opts Options) (*Observer, error) {
-	if opts.Namespace == "" {
-		opts.Namespace = "dispatch"
-	}
-	execBuckets, err := buckets(opts.ExecBuckets, "ExecBuckets")
+	opts.Namespace = cmp.Or(opts.Namespace, "dispatch")
+	execBuckets, waitBuckets, err := opts.check()
 	if err != nil {
 		return nil, err
 	}
-	waitBuckets, err := buckets(opts.QueueWaitBuckets, "QueueWaitBuckets")
-	if err != nil {
-		return nil, err
-	}
-	// Names are held to the classic character set, which every Prometheus
-	// server and exposition format accepts; client_golang alone would take
-	// any UTF-8 and quote it.
-	for _, part := range []string{opts.Namespace, opts.Subsystem} {
-		if part != "" && !model.LegacyValidation.IsValidMetricName(part) {
-			return nil, fmt.Errorf("dispatchprom: NewObserver: %q is not a valid metric name part", part)
-		}
-	}
-	for name := range opts.ConstLabels {
-		if !model.LegacyValidation.IsValidLabelName(name) {
-			return nil, fmt.Errorf("dispatchprom: NewObserver: %q is not a valid label name", name)
-		}
-	}
-	if _, ok := opts.ConstLabels["le"]; ok {
-		// A histogram's bucket label: client_golang would panic on the
-		// first observation rather than at registration.
-		return nil, errors.New(`dispatchprom: NewObserver: ConstLabels must not use "le"`)
-	}
-	limit := opts.MaxLabelValues
-	if limit == 0 {
-		limit = DefaultMaxLabelValues
-	}
-	o := &Observer{
-		callTypes: &bounded{max: limit},
-		tenants:   &bounded{max: limit},
-	}
+	limit := cmp.Or(opts.MaxLabelValues, defaultMaxLabelValues)
+	o := &Observer{callTypes: &bounded{max: limit}, tenants: &bounded{max: limit}}
 	if opts.Stats != nil {
 		o.SetStats(opts.Stats)
 	}
-	ns, sub, cl := opts.Namespace, opts.Subsystem, opts.ConstLabels
-	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		v := prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: name, Help: help, ConstLabels: cl,
-		}, labels)
-		o.events = append(o.events, v)
-		return v
-	}
-	histogram := func(name, help string, b []float64, labels ...string) *prometheus.HistogramVec {
-		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: name, Help: help, ConstLabels: cl, Buckets: b,
-		}, labels)
-		o.events = append(o.events, v)
-		return v
-	}
-	gauge := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(ns, sub, name), help, labels, cl)
-	}
-
-	o.finished = counter("async_api_call_execution_total",
-		"Calls finished, by call type and terminal state (result). A call that coalesced several submissions counts once.",
-		"call_type", "result")
-	o.duration = histogram("async_api_call_execution_duration_seconds",
+	m := &metrics{o: o, ns: opts.Namespace, sub: opts.Subsystem, cl: opts.ConstLabels}
+	o.newCounters(m)
+	o.duration = m.histogram("async_api_call_execution_duration_seconds",
 		"Time a finished call spent executing, over all its attempts, by call type and terminal state. Calls that never ran are not observed.",
 		execBuckets, "call_type", "result")
-	o.attempts = counter("async_api_call_attempts_total",
-		"Executions started (API attempts, retries included), by call type.",
-		"call_type")
-	o.queueWait = histogram("queue_wait_seconds",
+	o.queueWait = m.histogram("queue_wait_seconds",
 		"Time from a call's enqueue to its first execution, by call type.",
 		waitBuckets, "call_type")
-	o.submissions = counter("submissions_total",
-		"Submissions (Submit and Post), accepted or rejected, by call type and tenant.",
-		"call_type", "tenant")
-	o.coalesced = counter("coalesced_total",
-		"Submissions merged into a call already pending for their key, by call type.",
-		"call_type")
-	o.rejected = counter("rejected_total",
-		"Submissions refused, by call type and reason (capacity, waiters, quota, closed, circuit, stale, expired, merge, canceled, other).",
-		"call_type", "reason")
-	o.dropped = counter("dropped_total",
-		"Queued calls shed to make room, by call type and reason (capacity, quota).",
-		"call_type", "reason")
-	o.retries = counter("retries_total",
-		"Executions scheduled again after a retryable failure, by call type: the dispatcher's own API retries.",
-		"call_type")
-	o.breakerChanges = counter("breaker_transitions_total",
-		"Circuit breaker state changes, by state left and state entered (closed, open, half_open).",
-		"from", "to")
-	o.modeChanges = counter("mode_changes_total",
-		"Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open).",
-		"to", "reason")
-
-	o.limitChanges = counter("concurrency_limit_changes_total",
-		"Changes of the adaptive concurrency limit, by direction (up, down).",
-		"direction")
-
-	o.pending = gauge("pending_async_api_calls",
-		"Calls queued or in flight, by call type.", "call_type")
-	o.queued = gauge("queued_calls",
-		"Calls waiting to run, by state: ready (for a worker), delayed (in retry backoff), successor (behind their key's in-flight call).",
-		"state")
-	o.inFlight = gauge("in_flight_calls", "Calls executing.")
-	o.keys = gauge("tracked_keys", "Keys with a call queued or in flight: the quantity the capacity bounds.")
-	o.mode = gauge("mode", "The dispatcher's mode: 0 async, 1 sync.")
-	o.breaker = gauge("breaker_state", "The circuit breaker's state: 0 closed, 1 open, 2 half_open.")
-	o.limit = gauge("concurrency_limit", "Worker executions allowed now: the worker count, or the adaptive limit.")
-	o.reserved = gauge("reserved_workers", "Workers kept for urgent calls (Config.Reserve).")
-	o.belowReserve = gauge("below_reserve_in_flight_calls", "Worker executions running below the reservation's priority.")
-	o.tenantQueued = gauge("tenant_queued_calls", "Calls waiting to run, by tenant.", "tenant")
-	o.tenantInFlight = gauge("tenant_in_flight_calls", "Calls executing, by tenant.", "tenant")
-
+	o.newGauges(m)
 	// A pedantic registry checks every name and label as registration
 	// would, so a bad Namespace or ConstLabels fails here, not at Register.
 	if err := prometheus.NewPedanticRegistry().Register(o); err != nil {
@@ -212,9 +120,36 @@ func NewObserver(opts Options) (*Observer, error) {
 	return o, nil
 }
 
+// check reports a bad option, and returns the buckets to use.
+func (opts *Options) check() (execBuckets, waitBuckets []float64, err error) {
+	// Names are held to the classic character set, which every Prometheus
+	// server and exposition format accepts; client_golang alone would take
+	// any UTF-8 and quote it.
+	for _, part := range []string{opts.Namespace, opts.Subsystem} {
+		if part != "" && !model.LegacyValidation.IsValidMetricName(part) {
+			return nil, nil, fmt.Errorf("dispatchprom: NewObserver: %q is not a valid metric name part", part)
+		}
+	}
+	for name := range opts.ConstLabels {
+		if !model.LegacyValidation.IsValidLabelName(name) {
+			return nil, nil, fmt.Errorf("dispatchprom: NewObserver: %q is not a valid label name", name)
+		}
+	}
+	if _, ok := opts.ConstLabels["le"]; ok {
+		// A histogram's bucket label: client_golang would panic on the
+		// first observation rather than at registration.
+		return nil, nil, errors.New(`dispatchprom: NewObserver: ConstLabels must not use "le"`)
+	}
+	if execBuckets, err = buckets(opts.ExecBuckets, "ExecBuckets"); err != nil {
+		return nil, nil, err
+	}
+	waitBuckets, err = buckets(opts.QueueWaitBuckets, "QueueWaitBuckets")
+	return execBuckets, waitBuckets, err
+}
+
 func buckets(b []float64, field string) ([]float64, error) {
 	if b == nil {
-		b = DefaultBuckets
+		b = defaultBuckets
 	}
 	if len(b) == 0 {
 		return nil, fmt.Errorf("dispatchprom: NewObserver: %s is empty", field)

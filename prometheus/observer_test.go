@@ -93,11 +93,11 @@ scheduler_coalesced_total{call_type="status-patch",dispatcher="test"} 2
 # TYPE scheduler_dropped_total counter
 scheduler_dropped_total{call_type="status-patch",dispatcher="test",reason="capacity"} 1
 scheduler_dropped_total{call_type="status-patch",dispatcher="test",reason="quota"} 1
-# HELP scheduler_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open).
+# HELP scheduler_mode_changes_total Mode switches, by mode entered (async, sync) and reason (manual, cool_down, backlog, failure_ratio, queue_wait, circuit_open, other).
 # TYPE scheduler_mode_changes_total counter
 scheduler_mode_changes_total{dispatcher="test",reason="backlog",to="sync"} 1
 scheduler_mode_changes_total{dispatcher="test",reason="manual",to="async"} 1
-# HELP scheduler_rejected_total Submissions refused, by call type and reason (capacity, waiters, quota, closed, circuit, stale, expired, merge, canceled, other).
+# HELP scheduler_rejected_total Submissions refused, by call type and reason (capacity, waiters, quota, backpressure, closed, circuit, stale, expired, merge, canceled, other).
 # TYPE scheduler_rejected_total counter
 scheduler_rejected_total{call_type="bind",dispatcher="test",reason="other"} 1
 scheduler_rejected_total{call_type="bind",dispatcher="test",reason="stale"} 1
@@ -122,7 +122,7 @@ scheduler_submissions_total{call_type="status-patch",dispatcher="test",tenant="p
 		"scheduler_retries_total",
 		"scheduler_submissions_total",
 	))
-	// Queue wait: one sample per call (first attempt only), in DefaultBuckets.
+	// Queue wait: one sample per call (first attempt only), in the default buckets.
 	assert.Equal(t, 1.0, value(t, reg, "scheduler_queue_wait_seconds", "call_type", "bind"))
 	assert.Equal(t, 1.0, value(t, reg, "scheduler_queue_wait_seconds", "call_type", "status-patch"))
 
