@@ -23,7 +23,10 @@
 // default in this release), to run upstream's tests with it on. A fourth,
 // dispatch_perf_client (PerfClientTag), gives scheduler_perf's scheduler a
 // client at its configuration's QPS and burst, as kube-scheduler's has, for
-// the storm of kubernetes#135900 as a scheduler_perf workload.
+// the storm of kubernetes#135900 as a scheduler_perf workload. A fifth,
+// LimiterTag, with BaselineTag, builds a model of kubernetes#142123
+// instead of upstream's package: upstream's dispatcher with a limiter of
+// the failure handler's status patches (see limitermodel/).
 package upstream
 
 import (
@@ -55,6 +58,11 @@ const Version = "v1.37.2"
 // BaselineTag is the build tag that selects upstream's own package in a
 // materialised copy instead of the drop-in.
 const BaselineTag = "dispatch_upstream"
+
+// LimiterTag, with BaselineTag, selects a model of kubernetes#142123 in a
+// materialised copy: upstream's own package with a limiter of the failure
+// handler's status patches (see the package in limitermodel/).
+const LimiterTag = "dispatch_upstream_limiter"
 
 // GateOnTag is the build tag that turns the SchedulerAsyncAPICalls feature
 // gate on by default in a materialised copy, so that every test that does
@@ -95,6 +103,8 @@ var (
 	dropIn []byte
 	//go:embed apidispatcher/expect_test.go
 	dropInTest []byte
+	//go:embed limitermodel/limiter.go
+	limiterModel []byte
 )
 
 // The drop-in's file names in the copy.
@@ -358,7 +368,12 @@ func stamp(local string) []byte {
 	for _, name := range slices.Sorted(maps.Keys(perfClientFiles)) {
 		fmt.Fprintf(perf, "%s %x\n", name, sha256.Sum256([]byte(perfClientFiles[name])))
 	}
-	return fmt.Appendf(nil, "drop-in %x\ndrop-in test %x\ngate %x\nperf client %x\n%s %x\n", sha256.Sum256(dropIn), sha256.Sum256(dropInTest), sha256.Sum256([]byte(gateOn)), perf.Sum(nil), modsPrefix, mods.Sum(nil))
+	model := sha256.New()
+	model.Write(limiterModel)
+	for _, r := range limiterRun {
+		fmt.Fprintf(model, "%q => %q\n", r[0], r[1])
+	}
+	return fmt.Appendf(nil, "drop-in %x\ndrop-in test %x\ngate %x\nperf client %x\nlimiter model %x\n%s %x\n", sha256.Sum256(dropIn), sha256.Sum256(dropInTest), sha256.Sum256([]byte(gateOn)), perf.Sum(nil), model.Sum(nil), modsPrefix, mods.Sum(nil))
 }
 
 // modsPrefix starts the line of a stamp that covers our modules' go.mod
@@ -522,7 +537,68 @@ func writeOurs(root string) error {
 	if err := writeAtomic(filepath.Join(pkg, dropInTestFile), append([]byte(header), dropInTest...)); err != nil {
 		return err
 	}
+	if err := writeLimiterModel(pkg); err != nil {
+		return err
+	}
 	return writeAtomic(filepath.Join(root, "pkg", "features", gateOnFile), []byte(gateOn))
+}
+
+// The model of kubernetes#142123's files in the copy: upstream's
+// api_dispatcher.go with limiterRun's changes, and the limiter.
+const (
+	limiterRunFile   = "api_dispatcher_limiter_run.go"
+	limiterModelFile = "api_dispatcher_limiter_model.go"
+)
+
+// limiterRun are the changes that make upstream's api_dispatcher.go the
+// model's, each an exact piece of its Run and what replaces it: the
+// context Run makes for the executions carries the limiter, and each
+// call's goroutine takes a slot before it executes the call (see
+// limitermodel/).
+var limiterRun = [][2]string{
+	{"ctx, cancel := context.WithCancel(context.Background())",
+		"ctx, cancel := context.WithCancel(withFailureHandlerLimiter(context.Background()))"},
+	{"\t\t\tgo func() {\n\t\t\t\tstartTime := time.Now()\n",
+		"\t\t\tgo func() {\n\t\t\t\tdefer acquireFailureHandlerSlot(ctx, apiCall.APICall)()\n\t\t\t\tstartTime := time.Now()\n"},
+}
+
+// writeLimiterModel writes the model of kubernetes#142123 into the
+// package directory pkg of a copy: upstream's api_dispatcher.go goes
+// behind BaselineTag and not LimiterTag, and a copy of it with
+// limiterRun's changes, and the limiter, behind both. It checks that each
+// change applies exactly once: the model is written for Version.
+func writeLimiterModel(pkg string) error {
+	path := filepath.Join(pkg, "api_dispatcher.go")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	// Upstream's text, without the build line tagUpstream (or an earlier
+	// writeLimiterModel) put first.
+	orig := data
+	if first, rest, ok := bytes.Cut(data, []byte("\n\n")); ok && bytes.HasPrefix(first, []byte("//go:build "+BaselineTag)) {
+		orig = rest
+	}
+	upstreamOnly := append([]byte("//go:build "+BaselineTag+" && !"+LimiterTag+"\n\n"), orig...)
+	if !bytes.Equal(upstreamOnly, data) {
+		if err := writeAtomic(path, upstreamOnly); err != nil {
+			return err
+		}
+	}
+	run := string(orig)
+	for _, r := range limiterRun {
+		if n := strings.Count(run, r[0]); n != 1 {
+			return fmt.Errorf("materialise: %s has %q %d times, not once: the model of kubernetes#142123 is written for %s's api_dispatcher.go", path, r[0], n, Version)
+		}
+		run = strings.Replace(run, r[0], r[1], 1)
+	}
+	header := "//go:build " + BaselineTag + " && " + LimiterTag + "\n\n" +
+		"// Code placed here by github.com/coalescer/dispatch/dropin (materialise):\n" +
+		"// a model of kubernetes#142123; build with -tags " + BaselineTag + "," + LimiterTag + ".\n\n"
+	if err := writeAtomic(filepath.Join(pkg, limiterRunFile), []byte(header+run)); err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(pkg, limiterModelFile), append([]byte(header), limiterModel...))
 }
 
 // writeAtomic writes data to path through a temporary file renamed into

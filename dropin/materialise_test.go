@@ -69,8 +69,32 @@ func TestPlaceDropIn(t *testing.T) {
 	gofiles, tests = files(BaselineTag)
 	assert.Equal(t, []string{"api_dispatcher.go", "call_queue.go", "goroutines_limiter.go"}, gofiles)
 	assert.Equal(t, []string{"api_dispatcher_test.go", "call_queue_test.go", "goroutines_limiter_test.go"}, tests)
+	gofiles, tests = files(BaselineTag, LimiterTag)
+	assert.Equal(t, []string{limiterModelFile, limiterRunFile, "call_queue.go", "goroutines_limiter.go"}, gofiles, "the model: upstream's Run changed, and the limiter")
+	assert.Equal(t, []string{"api_dispatcher_test.go", "call_queue_test.go", "goroutines_limiter_test.go"}, tests)
 
-	orig, err := os.ReadFile(filepath.Join(upstreamPackage(t), "call_queue.go"))
+	// The model's Run is upstream's with limiterRun's changes, and nothing
+	// else; writing our files again changes nothing.
+	orig, err := os.ReadFile(filepath.Join(upstreamPackage(t), "api_dispatcher.go"))
+	require.NoError(t, err)
+	run, err := os.ReadFile(filepath.Join(pkg, limiterRunFile))
+	require.NoError(t, err)
+	want := string(orig)
+	for _, r := range limiterRun {
+		want = strings.Replace(want, r[0], r[1], 1)
+	}
+	_, body, _ := strings.Cut(string(run), "\n\n// Code placed here")
+	_, body, _ = strings.Cut(body, ".\n\n")
+	assert.Equal(t, want, body)
+	upstreamRun, err := os.ReadFile(filepath.Join(pkg, "api_dispatcher.go"))
+	require.NoError(t, err)
+	require.NoError(t, writeOurs(root))
+	again, err := os.ReadFile(filepath.Join(pkg, "api_dispatcher.go"))
+	require.NoError(t, err)
+	assert.Equal(t, upstreamRun, again)
+	assert.Equal(t, "//go:build "+BaselineTag+" && !"+LimiterTag+"\n\n"+string(orig), string(again), "upstream's Run, behind the tags")
+
+	orig, err = os.ReadFile(filepath.Join(upstreamPackage(t), "call_queue.go"))
 	require.NoError(t, err)
 	tagged, err := os.ReadFile(filepath.Join(pkg, "call_queue.go"))
 	require.NoError(t, err)
@@ -168,6 +192,11 @@ func TestRefresh(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "pkg", "features"), 0o755))
 	copyPerfUtil(t, dir)
 	require.NoError(t, os.WriteFile(filepath.Join(pkg, dropInFile), []byte("an older drop-in"), 0o644))
+	// Upstream's Run as a copy made before the model of kubernetes#142123
+	// has it, behind BaselineTag alone.
+	orig, err := os.ReadFile(filepath.Join(upstreamPackage(t), "api_dispatcher.go"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(pkg, "api_dispatcher.go"), append([]byte("//go:build "+BaselineTag+"\n\n"), orig...), 0o644))
 	// An older drop-in, with the same modules: only our files change.
 	older := append([]byte("drop-in 0\n"), modsLine(stamp(""))...)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, markerFile), older, 0o644))
@@ -180,6 +209,11 @@ func TestRefresh(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(pkg, dropInFile))
 	require.NoError(t, err)
 	assert.Contains(t, string(got), string(dropIn))
+	got, err = os.ReadFile(filepath.Join(pkg, "api_dispatcher.go"))
+	require.NoError(t, err)
+	assert.Equal(t, "//go:build "+BaselineTag+" && !"+LimiterTag+"\n\n"+string(orig), string(got), "upstream's Run, out of the model's build")
+	_, err = os.Stat(filepath.Join(pkg, limiterModelFile))
+	require.NoError(t, err, "the model's limiter")
 	_, err = os.Stat(filepath.Join(dir, "go.mod"))
 	assert.True(t, os.IsNotExist(err), "nothing else was written")
 }

@@ -27,7 +27,7 @@ import (
 // scheduler was started, with the storm's pods already created.
 type Result struct {
 	Priority   string   `json:"priority"`  // high or same
-	Scheduler  string   `json:"scheduler"` // sync, upstream or dispatch
+	Scheduler  string   `json:"scheduler"` // sync, upstream, limiter or dispatch
 	Workload   Workload `json:"workload"`
 	Dispatcher string   `json:"dispatcher"` // what the binary linked
 	Kubernetes string   `json:"kubernetes"` // where its k8s.io/kubernetes came from
@@ -45,8 +45,10 @@ type Result struct {
 	LastBound    float64 `json:"last_bound_s"`
 	StormDrained float64 `json:"storm_drained_s"`
 	// BoundBeforeDrain counts the schedulable pods bound before the last
-	// condition landed.
-	BoundBeforeDrain int `json:"bound_before_drain"`
+	// condition landed; ConditionsAtLastBound counts the storm's
+	// conditions that had landed when the last schedulable pod was bound.
+	BoundBeforeDrain      int `json:"bound_before_drain"`
+	ConditionsAtLastBound int `json:"conditions_at_last_bound"`
 	// ConditionsBefore is, for the median schedulable pod, how many of
 	// the storm's conditions had landed before it was bound; Overtaking
 	// is, at the median and at most, how many landed between a pod's
@@ -186,6 +188,7 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 	var latencies []time.Duration
 	var before, overtaking []int
 	firstCreated, lastBound := time.Duration(math.MaxInt64), time.Duration(0)
+	lastBoundSeq := 0
 	doubles := map[string]bool{}
 	accepted := map[string]apiserver.Request{} // each pod's accepted binding
 	for _, q := range reqs {
@@ -203,6 +206,7 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		created, bound := p.created.Sub(t0), p.bound.Sub(t0)
 		latencies = append(latencies, bound-created)
 		firstCreated, lastBound = min(firstCreated, created), max(lastBound, bound)
+		lastBoundSeq = max(lastBoundSeq, p.boundSeq)
 		pt := PodTiming{Name: name, Created: ms(created), Bound: ms(bound)}
 		if q, ok := accepted[name]; ok {
 			pt.BindingReceived, pt.BindingAnswered = ms(q.Received.Sub(t0)), ms(q.Answered.Sub(t0))
@@ -228,6 +232,7 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		slices.Sort(before)
 		slices.Sort(overtaking)
 		r.ConditionsBefore = percentile(before, 0.5)
+		r.ConditionsAtLastBound = sort.SearchInts(conditionSeqs, lastBoundSeq)
 		r.OvertakingMedian = percentile(overtaking, 0.5)
 		r.OvertakingMax = overtaking[len(overtaking)-1]
 	}
@@ -386,16 +391,25 @@ func checkOrdering(t *testing.T, r *Result) {
 func table(results []*Result) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "priority\tscheduler\tbind p50\tp99\tmax\tpods/s\tlast bound\tstorm drained\tbound before drain\tpatches first (median/max)\tstatus patches\tbindings\t429s\tconditions\tlost\tbound twice\t")
+	fmt.Fprintln(tw, "priority\tscheduler\tbind p50\tp99\tmax\tpods/s\tlast bound\tstorm drained\tbound before drain\tconditions at last bound\tpatches first (median/max)\trequests\tstatus patches\tbindings\t429s\tconditions\tlost\tbound twice\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%.1fs\t%.1fs\t%d/%d\t%d/%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%.1fs\t%.1fs\t%d/%d\t%d\t%d/%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t\n",
 			r.Priority, r.Scheduler, fmtMs(r.BindP50), fmtMs(r.BindP99), fmtMs(r.BindMax), r.Throughput,
-			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable,
-			r.OvertakingMedian, r.OvertakingMax, r.StatusPatches, r.Bindings, r.Status429,
+			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable, r.ConditionsAtLastBound,
+			r.OvertakingMedian, r.OvertakingMax, requests(r), r.StatusPatches, r.Bindings, r.Status429,
 			r.Conditions, r.Workload.Unschedulable, r.Lost, r.DoubleBound)
 	}
 	tw.Flush()
 	return b.String()
+}
+
+// requests is every request of the scheduler's the server saw.
+func requests(r *Result) int {
+	n := 0
+	for _, c := range r.Requests {
+		n += c
+	}
+	return n
 }
 
 // fmtMs formats milliseconds for the table: ms below 10 s, else seconds.
@@ -448,13 +462,13 @@ func markdown(results []*Result) string {
 	w := results[0].Workload
 	fmt.Fprintf(&b, "%d nodes; %d unschedulable pods at once, then %d schedulable pods one every %v.\n\n",
 		w.Nodes, w.Unschedulable, w.Schedulable, w.Every)
-	b.WriteString("| priority | scheduler | bind p50 | bind p99 | bind max | pods/s | last bound | storm drained | bound before drain | patches first (median/max) | conditions | lost | bound twice | 429s |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| priority | scheduler | bind p50 | bind p99 | bind max | pods/s | last bound | storm drained | bound before drain | conditions at last bound | patches first (median/max) | requests | conditions | lost | bound twice | 429s |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f | %.1f s | %.1f s | %d/%d | %d/%d | %d/%d | %d | %d | %d |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f | %.1f s | %.1f s | %d/%d | %d | %d/%d | %d | %d/%d | %d | %d | %d |\n",
 			r.Priority, r.Scheduler, fmtMs(r.BindP50), fmtMs(r.BindP99), fmtMs(r.BindMax), r.Throughput,
-			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable,
-			r.OvertakingMedian, r.OvertakingMax, r.Conditions, r.Workload.Unschedulable, r.Lost, r.DoubleBound, r.Status429)
+			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable, r.ConditionsAtLastBound,
+			r.OvertakingMedian, r.OvertakingMax, requests(r), r.Conditions, r.Workload.Unschedulable, r.Lost, r.DoubleBound, r.Status429)
 	}
 	b.WriteString("\nWhere the time went. From the scheduler's own histograms, means in ms: a scheduling attempt that bound " +
 		"(its cycle and its binding cycle); the Bind extension point (with the gate on, a binding's Add → its outcome: " +

@@ -149,6 +149,8 @@ func schedulerTitle(r *Result) string {
 		return "gate off: synchronous"
 	case "upstream":
 		return "upstream's APIDispatcher"
+	case "limiter":
+		return "upstream's with a limiter (a model of kubernetes#142123)"
 	case "dispatch":
 		return "dispatch inside (the drop-in)"
 	}

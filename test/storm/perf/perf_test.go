@@ -1,3 +1,5 @@
+//go:build schedulerperf
+
 // Package perf runs kube-scheduler's own benchmark harness,
 // k8s.io/kubernetes/test/integration/scheduler_perf, on the workloads of
 // performance-config.yaml: SchedulingBasic and the storm of
@@ -11,6 +13,14 @@
 // EtcdBinary: $ETCD_BIN, etcd in $PATH, or one built with Go), so that
 // nothing but Go is needed. scheduler_perf checks for leaked goroutines
 // after each workload itself (test/integration/framework's GoleakCheck).
+//
+// scheduler_perf runs kube-apiserver and kube-scheduler inside its test
+// binary, so the package builds only with the build tag schedulerperf:
+// without it, go test ./... in this module skips it, and never compiles
+// kube-apiserver into a test binary (with -race, the longest compile
+// there is). cmd/perfcompare sets the tag; to run the small workloads:
+//
+//	go test -count=1 -tags schedulerperf -run TestSchedulerPerf ./perf
 package perf
 
 import (
@@ -93,12 +103,21 @@ func BenchmarkPerfScheduling(b *testing.B) {
 	perf.RunBenchmarkPerfScheduling(b, config, build(), nil)
 }
 
-// build tells which APIDispatcher this test binary links: "dispatch" when
-// the APIDispatcher of k8s.io/kubernetes/pkg/scheduler/backend/api_dispatcher
-// holds one of our types (the drop-in's wraps kube/scheduler's
-// Dispatcher), "upstream" otherwise. A test binary's build information
+// build tells which APIDispatcher this test binary links: "limiter" when it
+// was built with the copy's tags of the model of kubernetes#142123,
+// "dispatch" when the APIDispatcher of
+// k8s.io/kubernetes/pkg/scheduler/backend/api_dispatcher holds one of our
+// types (the drop-in's wraps kube/scheduler's Dispatcher), "upstream"
+// otherwise. A test binary's build information
 // lists no dependencies, so the type is what tells.
 func build() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), variant.LimiterTag) {
+				return "limiter" // the model of kubernetes#142123: upstream's with a limiter
+			}
+		}
+	}
 	t := reflect.TypeFor[apidispatcher.APIDispatcher]()
 	for i := range t.NumField() {
 		ft := t.Field(i).Type

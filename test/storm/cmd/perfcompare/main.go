@@ -6,7 +6,7 @@
 //	benchstat results/perf/upstream.txt results/perf/dispatch.txt
 //
 // It compiles ./perf twice with package variant (go test -c outside the
-// workspace), both against the drop-in's copy of k8s.io/kubernetes, from
+// workspace, with the build tag schedulerperf that ./perf needs), both against the drop-in's copy of k8s.io/kubernetes, from
 // the same sources: with the copy's dispatch_upstream tag for upstream's
 // APIDispatcher, without it for dispatch's. With -client config (the
 // default), both builds also take the copy's dispatch_perf_client tag:
@@ -30,10 +30,14 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch/test/storm/internal/variant"
 )
+
+// perfTag is the build tag without which ./perf does not build.
+const perfTag = "schedulerperf"
 
 func main() {
 	if err := run(); err != nil {
@@ -48,18 +52,20 @@ func run() error {
 		bench = flag.String("bench", ".", "benchmarks to run (go test -bench)")
 		out   = flag.String("o", "perf-results", "`directory` for upstream.txt and dispatch.txt")
 		cl    = flag.String("client", "config", "the scheduler's client: config (its configuration's QPS and burst) or harness (scheduler_perf's 5 000, as released)")
+		model = flag.Bool("limiter", true, "run the model of kubernetes#142123 too (limiter.txt): upstream's APIDispatcher with a limiter of the failure handler's status patches")
 	)
 	flag.Parse()
-	var common []string
+	common := []string{perfTag}
 	switch *cl {
 	case "config":
-		common = []string{variant.PerfClientTag}
+		common = append(common, variant.PerfClientTag)
 	case "harness":
 	default:
 		return fmt.Errorf("-client %q: want config or harness", *cl)
 	}
 	tags := map[string][]string{
 		variant.Upstream: append([]string{variant.BaselineTag}, common...),
+		variant.Limiter:  append(variant.Tags(variant.Limiter), common...),
 		variant.Dispatch: common,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -87,6 +93,9 @@ func run() error {
 	defer os.RemoveAll(bins)
 
 	builds := []string{variant.Upstream, variant.Dispatch}
+	if *model {
+		builds = []string{variant.Upstream, variant.Limiter, variant.Dispatch}
+	}
 	results := map[string]*os.File{}
 	for _, build := range builds {
 		start := time.Now()
@@ -130,7 +139,10 @@ func run() error {
 			fmt.Fprintf(os.Stderr, "perfcompare: %s run %d of %d in %v\n", build, i+1, *count, time.Since(start).Round(time.Second))
 		}
 	}
-	fmt.Fprintf(os.Stderr, "perfcompare: wrote %s; compare with\n\tbenchstat %s %s\n", *out,
-		filepath.Join(*out, variant.Upstream+".txt"), filepath.Join(*out, variant.Dispatch+".txt"))
+	var files []string
+	for _, build := range builds {
+		files = append(files, filepath.Join(*out, build+".txt"))
+	}
+	fmt.Fprintf(os.Stderr, "perfcompare: wrote %s; compare with\n\tbenchstat %s\n", *out, strings.Join(files, " "))
 	return nil
 }

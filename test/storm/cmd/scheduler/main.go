@@ -2,11 +2,12 @@
 // and Run with the default profile — against the apiserver a kubeconfig
 // names, as the storm test's scheduler under test.
 //
-// The storm test builds this one source twice: against k8s.io/kubernetes
-// v1.37.2 as released (upstream's APIDispatcher with -async, the synchronous
-// path without it), and against a copy of that release whose
-// pkg/scheduler/backend/api_dispatcher is dispatch's drop-in (see package
-// variant). Each build runs in a process of its own, as kube-scheduler does
+// The storm test builds this one source three ways: against
+// k8s.io/kubernetes v1.37.2 as released (upstream's APIDispatcher with
+// -async, the synchronous path without it), against a copy of that release
+// whose pkg/scheduler/backend/api_dispatcher is dispatch's drop-in, and
+// against the same copy with the build tags of its model of
+// kubernetes#142123 (see package variant). Each build runs in a process of its own, as kube-scheduler does
 // in a cluster, so that no variant shares a heap, a garbage collector or
 // client connections with the test's kube-apiserver or with another variant.
 //
@@ -33,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +52,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/profile"
 
 	"github.com/coalescer/dispatch/test/storm/internal/schedout"
+	"github.com/coalescer/dispatch/test/storm/internal/variant"
 )
 
 func main() {
@@ -170,13 +173,20 @@ func emit(l schedout.Line) error {
 	return err
 }
 
-// linked tells which APIDispatcher the binary holds and where its
-// k8s.io/kubernetes came from, from the build information.
+// linked tells which APIDispatcher the binary holds — "upstream",
+// "limiter" (the model of kubernetes#142123, upstream's with a limiter) or
+// "dispatch" — and where its k8s.io/kubernetes came from, from the build
+// information.
 func linked() (dispatcher, kube string) {
 	dispatcher = "upstream"
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return dispatcher, "unknown"
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), variant.LimiterTag) {
+			dispatcher = "limiter" // the model of kubernetes#142123
+		}
 	}
 	for _, m := range info.Deps {
 		switch m.Path {

@@ -1,15 +1,18 @@
-// Package variant builds the storm module's packages the two ways the storm
+// Package variant builds the storm module's packages the ways the storm
 // compares schedulers: against k8s.io/kubernetes v1.37.2 as released
 // ([Upstream]: upstream's APIDispatcher, and the synchronous path when the
-// feature gate is off), and against a copy of that release whose
-// pkg/scheduler/backend/api_dispatcher is dispatch's drop-in ([Dispatch]).
+// feature gate is off), against a copy of that release whose
+// pkg/scheduler/backend/api_dispatcher is dispatch's drop-in ([Dispatch]),
+// and against the same copy with the build tags of its model of
+// kubernetes#142123 ([Limiter]: upstream's APIDispatcher with a limiter of
+// the failure handler's status patches).
 //
 // Both builds compile the same sources of this module, outside the
 // workspace (GOWORK=off), each with an alternate go.mod (go build
 // -modfile) generated from this module's: [Upstream] adds only replace
 // directives that point our own modules (required at the release being
 // prepared, which the module proxy does not have yet) at this checkout, as
-// the workspace's go.work does; [Dispatch] adds to those the directives the
+// the workspace's go.work does; [Dispatch] and [Limiter] add to those the directives the
 // drop-in's materialiser (dropin's cmd/materialise)
 // prints, which point k8s.io/kubernetes at the copy it writes into the
 // user's cache directory. The alternate files are generated, never
@@ -42,7 +45,21 @@ const (
 	Upstream = "upstream"
 	// Dispatch builds against the copy with dispatch's drop-in.
 	Dispatch = "dispatch"
+	// Limiter builds against the same copy with [BaselineTag] and
+	// [LimiterTag]: a model of kubernetes#142123, upstream's
+	// APIDispatcher with a limiter of the failure handler's status
+	// patches (see the drop-in's limitermodel).
+	Limiter = "limiter"
 )
+
+// Tags returns the build tags build needs besides its go.mod: those of
+// the model of kubernetes#142123 for [Limiter], none for the others.
+func Tags(build string) []string {
+	if build == Limiter {
+		return []string{BaselineTag, LimiterTag}
+	}
+	return nil
+}
 
 // ErrNoDropIn is returned for a [Dispatch] build when this tree holds no
 // drop-in to materialise.
@@ -60,7 +77,7 @@ func Root() (string, error) {
 
 // Modfile returns the go.mod file that build compiles with, written into
 // dir with its go.sum beside it: this module's go.mod with our modules
-// pointed at this checkout, and for [Dispatch] k8s.io/kubernetes pointed at
+// pointed at this checkout, and for [Dispatch] and [Limiter] k8s.io/kubernetes pointed at
 // the drop-in's copy, which is materialised first (a minute or two the
 // first time on a machine, nothing later).
 func Modfile(ctx context.Context, build, dir string) (string, error) {
@@ -68,11 +85,11 @@ func Modfile(ctx context.Context, build, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if build != Upstream && build != Dispatch {
+	if build != Upstream && build != Dispatch && build != Limiter {
 		return "", fmt.Errorf("variant: unknown build %q", build)
 	}
 	replaces := ours(root)
-	if build == Dispatch {
+	if build != Upstream {
 		lines, err := materialise(ctx, root)
 		if err != nil {
 			return "", err
@@ -149,9 +166,9 @@ func Command(verb, modfile string) (args, env []string, err error) {
 
 // Build compiles the main package pkg (a path relative to the module,
 // such as ./cmd/scheduler) with modfile into the binary out, with the race
-// detector if race.
-func Build(ctx context.Context, modfile, pkg, out string, race bool) error {
-	return compile(ctx, "build", modfile, pkg, out, race)
+// detector if race, and the build tags given ([Tags]).
+func Build(ctx context.Context, modfile, pkg, out string, race bool, tags ...string) error {
+	return compile(ctx, "build", modfile, pkg, out, race, tags...)
 }
 
 // TestBinary compiles the tests of pkg (a path relative to the module,
@@ -168,6 +185,9 @@ func TestBinary(ctx context.Context, modfile, pkg, out string, race bool, tags .
 const (
 	// BaselineTag selects upstream's own APIDispatcher in the copy.
 	BaselineTag = "dispatch_upstream"
+	// LimiterTag, with BaselineTag, selects the model of kubernetes#142123
+	// in the copy instead of upstream's APIDispatcher.
+	LimiterTag = "dispatch_upstream_limiter"
 	// PerfClientTag gives scheduler_perf's scheduler a client at the QPS
 	// and burst of its configuration's clientConnection instead of the
 	// harness's 5 000.
