@@ -169,18 +169,22 @@ func (d *Dispatcher) add(e *entry) error {
 		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessRelevant
 	case e.merged.Load() && e.noop.Load():
-		// The merged call changes nothing: drop it if it has not started.
-		// The core's no-op test reads the same flag, so a worker that took
-		// it meanwhile skips it too; either way its outcome is Skipped.
-		d.core.Amend(uid, func(p *entry) (*entry, error) {
-			if p != e {
-				return p, errReplaced // a later call took its place: leave that one be
-			}
-			return p, nil
-		})
+		d.dropNoOp(uid, e)
 		return errNoEffect
 	}
 	return nil
+}
+
+// dropNoOp drops e, a merged call that changes nothing, if it has not
+// started. The core's no-op test reads the same flag, so a worker that
+// took it meanwhile skips it too; either way its outcome is Skipped.
+func (d *Dispatcher) dropNoOp(uid types.UID, e *entry) {
+	d.core.Amend(uid, func(p *entry) (*entry, error) {
+		if p != e {
+			return p, errReplaced // a later call took its place: leave that one be
+		}
+		return p, nil
+	})
 }
 
 // SyncObject brings the object's newest call in line with obj, the
