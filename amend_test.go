@@ -1,7 +1,9 @@
 package dispatch
 
 import (
+	"context"
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 
@@ -122,5 +124,87 @@ func TestAmendRaceWithMerge(t *testing.T) {
 		assert.Equal(t, map[State]int{StateSucceeded: 2}, tally(t, a, a2))
 		assert.Equal(t, []int{5}, f.calls("a"))
 		closeD(t, d)
+	})
+}
+
+// TestAmendNewest: AmendNewest shows the pending call, or, when none is
+// pending, the call in flight (never rewritten), and whether a call is in
+// flight; a no-op found while a call is in flight is not dropped (that
+// call may change what it was judged against), neither through Amend.
+func TestAmendNewest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var mu sync.Mutex
+		var ran []int
+		d := newD(t, func(ctx context.Context, _ string, v int) error {
+			mu.Lock()
+			ran = append(ran, v)
+			mu.Unlock()
+			if v == 1 {
+				return g.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{
+			Workers: 1,
+			NoOp:    func(_ string, v int) bool { return v == 0 },
+		})
+		found, err := d.AmendNewest("none", func(int, bool) (int, error) { panic("not called") })
+		require.NoError(t, err)
+		assert.False(t, found)
+
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait() // in flight, nothing pending
+		var seen []followCall
+		found, err = d.AmendNewest("k", func(v int, inFlight bool) (int, error) {
+			seen = append(seen, followCall{running: v, pending: inFlight})
+			return 99, nil // dropped: a call in flight is never rewritten
+		})
+		require.NoError(t, err)
+		assert.True(t, found)
+
+		behind := submit(t, d, "k", 2, SubmitOptions{})
+		found, err = d.AmendNewest("k", func(v int, inFlight bool) (int, error) {
+			seen = append(seen, followCall{running: v, pending: inFlight})
+			return 0, nil // a no-op, judged while 1 is in flight: kept
+		})
+		require.NoError(t, err)
+		assert.True(t, found)
+		assert.Equal(t, []followCall{{running: 1, pending: true}, {running: 2, pending: true}}, seen)
+		found, err = d.Amend("k", func(int) (int, error) { return 0, nil })
+		require.NoError(t, err)
+		assert.True(t, found)
+		_, done := behind.Result()
+		assert.False(t, done, "a no-op judged while a call is in flight is not dropped")
+
+		g.open()
+		<-first.Done()
+		<-behind.Done()
+		assert.Equal(t, StateSucceeded, outcome(t, first).State)
+		assert.Equal(t, StateSkipped, outcome(t, behind).State, "its own test, before it starts, decides")
+		mu.Lock()
+		assert.Equal(t, []int{1}, ran, "1 ran as submitted")
+		mu.Unlock()
+
+		// Nothing in flight: a no-op rewrite drops the pending call at once.
+		h := newGate()
+		d2 := newD(t, func(ctx context.Context, k string, _ int) error {
+			if k == "hold" {
+				return h.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{Workers: 1, NoOp: func(_ string, v int) bool { return v == 0 }})
+		submit(t, d2, "hold", 1, SubmitOptions{})
+		synctest.Wait()
+		queued := submit(t, d2, "q", 5, SubmitOptions{})
+		found, err = d2.AmendNewest("q", func(v int, inFlight bool) (int, error) {
+			assert.False(t, inFlight)
+			return 0, nil
+		})
+		require.NoError(t, err)
+		assert.True(t, found)
+		assert.Equal(t, StateSkipped, outcome(t, queued).State)
+		h.open()
+		closeD(t, d)
+		closeD(t, d2)
 	})
 }

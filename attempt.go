@@ -57,16 +57,8 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
 		return
 	}
-	if l := cfg.RateLimit; l != nil && a.inline {
-		// A worker took its token before choosing the call; an inline
-		// caller waits for one here, under the call's own context (not
-		// AttemptTimeout's, which bounds one execution). It fails only when
-		// that context ends, which ends the call.
-		if err := tokens.Wait(a.callCtx, l); err != nil {
-			a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
-			a.callDone = true
-			return
-		}
+	if l := cfg.RateLimit; l != nil && a.inline && !a.inlineToken(l) {
+		return
 	}
 	a.site = callbackExec
 	start := clk.now()
@@ -90,6 +82,20 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 			a.panicked = true
 		}
 	}
+}
+
+// inlineToken waits for l's token for an inline (Sync-mode) attempt, and
+// reports whether it got one. A worker took its token before choosing the
+// call; an inline caller waits for one here, under the call's own context
+// (not AttemptTimeout's, which bounds one execution). It fails only when
+// that context ends, which ends the call.
+func (a *attempt[K, T]) inlineToken(l RateLimiter) bool {
+	if err := tokens.Wait(a.callCtx, l); err != nil {
+		a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
+		a.callDone = true
+		return false
+	}
+	return true
 }
 
 // newAttempt makes the attempt c is about to run, with its own execution
@@ -151,11 +157,19 @@ func (a *attempt[K, T]) noOp(test func(K, T) bool) bool {
 	return isNoop
 }
 
-// endAttempt records the end, at now, of an attempt of c. A call orphaned meanwhile
-// (cancelled, superseded, expired, closed) finishes Stale if exec ran — the
-// side effect may have happened, but nobody is told it succeeded. A
-// retryable failure sends the call back to the queue (requeue); otherwise
-// its waiters are told and it finishes.
+// endAttempt records the end, at now, of an attempt of c. A call orphaned
+// meanwhile (cancelled, superseded, expired, closed) finishes Stale if exec
+// ran — the side effect may have happened, but nobody is told it
+// succeeded. A retryable failure sends the call back to the queue
+// (requeue); otherwise its waiters are told and it finishes. An attempt
+// abandoned before any of it ran is not an attempt: c waits again, in its
+// old place in the order — if its tenant still has room, as a retry must:
+// a submission may have taken the place c left while earlier outcomes
+// were told.
+//
+// With calls ready, it wakes a worker: the tenant may have been at its
+// in-flight cap, and a worker that found it so went idle with nothing else
+// to wake it.
 func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], now int64) {
 	if testHookUnderLock != nil {
 		testHookUnderLock()
@@ -163,8 +177,6 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	d.running--
 	c.ten.inflight--
 	if d.q.nready > 0 {
-		// The tenant may have been at its in-flight cap: a worker that found
-		// it so went idle, and nothing else would wake it.
 		d.wake.worker()
 	}
 	c.account(a)
@@ -176,16 +188,8 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	c.enter(csEnded)
 	switch {
 	case c.orphan:
-		st := c.endState
-		if a.ran {
-			st = StateStale
-			d.totals.staleExecutions++
-		}
-		d.finish(c, st, staleErr(st, a.err), now, ob)
+		d.conclude(c, a, c.endState, a.err, now, ob)
 	case a.abandoned:
-		// Not an attempt: c waits again, in its old place in the order —
-		// if its tenant still has room, as a retry must: a submission may
-		// have taken the place c left while earlier outcomes were told.
 		if !d.roomForRetry(c, now, ob) {
 			d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: c.lastErr, Reason: giveUpQuota}, now, ob)
 			break

@@ -2,7 +2,10 @@ package dispatch
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -12,10 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 )
-
-// Core bugs found while extending the fuzz model and the chaos soak with
-// the tenant quotas (TenantConfig.MaxQueued). Each test fails until the
-// core is fixed; none changes non-test code.
 
 // TestAbandonedAttemptKeepsQuota: a call that a worker has taken leaves its
 // tenant's queued count (begin), and a worker whose goroutine a completion
@@ -72,36 +71,158 @@ func TestAbandonedAttemptKeepsQuota(t *testing.T) {
 	})
 }
 
-// TestSupersedeKeepsTenant: a submission of a newer generation ends the
-// key's calls (Stale) before it makes its own. When the call it ends was
-// the last of a tenant that Config.Tenants does not name, finish forgets
-// the tenant (forgetIdle) — but the submission goes on with it, and its
-// new call is counted in a tenant the dispatcher no longer knows (admit
-// calls keep only when it shed a victim). The next submission of that
-// tenant gets a fresh one: the tenant's MaxQueued is passed (two calls
-// queued, quota one), and Stats.Tenants no longer counts the first call,
-// nor the tenant's earlier submissions.
-//
-// Found by TestChaosSoak's quota invariant, with the DefaultTenant's quota
-// on tenant "a".
-func TestSupersedeKeepsTenant(t *testing.T) {
+// The execution context each attempt gets (internal/execctx, made by
+// newAttempt): these tests hold it to what a context.WithCancelCause child
+// would do.
+
+func TestExecContextCancelCause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		d, _, release := holdWorker(t, nopExec, Config[string, int]{DefaultTenant: TenantConfig{MaxQueued: 1}})
-		submit(t, d, "k1", 1, SubmitOptions{Tenant: "a"})
-		submit(t, d, "k1", 2, SubmitOptions{Tenant: "a", Generation: 1}) // k1's call of generation 0 ends Stale
-		tk, err := d.Submit(bg, "k2", 3, SubmitOptions{Tenant: "a"})
-		st := d.Stats()
-		assert.ErrorIs(t, err, ErrBackpressure, "tenant a has k1's call queued, and may queue one")
-		queued := 0
-		for _, ts := range st.Tenants {
-			queued += ts.Queued
+		cause := errors.New("node deleted")
+		type seen struct {
+			err, cause, childCause error
+			afterRan, stopped      bool
 		}
-		assert.Equal(t, st.Ready+st.Delayed+st.Successors, queued, "Stats.Tenants counts every queued call: %+v", st.Tenants)
-		assert.Equal(t, uint64(2), st.Tenants["a"].Admitted, "tenant a's admissions: %+v", st.Tenants["a"])
-		release()
-		if tk != nil {
-			<-tk.Done()
+		got := make(chan seen, 1)
+		exec := func(ctx context.Context, _ string, _ int) error {
+			child, cancel := context.WithTimeout(ctx, time.Hour)
+			defer cancel()
+			var ran atomic.Bool
+			context.AfterFunc(ctx, func() { ran.Store(true) })
+			never := context.AfterFunc(ctx, func() { t.Error("a stopped AfterFunc ran") })
+			stopped := never()
+			<-ctx.Done()
+			<-child.Done()
+			synctest.Wait() // the AfterFunc goroutine
+			got <- seen{ctx.Err(), context.Cause(ctx), context.Cause(child), ran.Load(), stopped}
+			return ctx.Err()
 		}
+		d := newD(t, exec, Config[string, int]{Workers: 1})
+		tk := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()
+		require.True(t, d.Cancel("k", cause))
+		s := <-got
+		assert.ErrorIs(t, s.err, context.Canceled)
+		assert.ErrorIs(t, s.cause, cause, "context.Cause reports the dispatcher's cause")
+		assert.ErrorIs(t, s.childCause, cause, "a derived context inherits the cause")
+		assert.True(t, s.afterRan, "AfterFunc ran on cancellation")
+		assert.True(t, s.stopped, "stop before cancellation reports true")
+		assert.Equal(t, StateCanceled, outcome(t, tk).State)
 		closeD(t, d)
 	})
+}
+
+func TestExecContextExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type seen struct {
+			dl        time.Time
+			ok        bool
+			err, caus error
+			idem      string
+		}
+		got := make(chan seen, 1)
+		exec := func(ctx context.Context, _ string, _ int) error {
+			dl, ok := ctx.Deadline()
+			<-ctx.Done()
+			got <- seen{dl, ok, ctx.Err(), context.Cause(ctx), IdempotencyKey(ctx)}
+			return ctx.Err()
+		}
+		d := newD(t, exec, Config[string, int]{Workers: 1})
+		deadline := time.Now().Add(time.Second)
+		require.NoError(t, d.Post("k", 1, SubmitOptions{Deadline: deadline, IdempotencyKey: "op-1"}))
+		s := <-got
+		assert.True(t, s.ok)
+		assert.True(t, s.dl.Equal(deadline), "Deadline is the waiters' deadline: %v, want %v", s.dl, deadline)
+		assert.ErrorIs(t, s.err, context.DeadlineExceeded)
+		assert.ErrorIs(t, s.caus, ErrExpired)
+		assert.Equal(t, "op-1", s.idem)
+		assert.True(t, time.Now().Equal(deadline), "cancelled at the deadline, not later")
+		closeD(t, d)
+	})
+}
+
+// TestExecContextClose: Close cancels a running execution with ErrClosed.
+func TestExecContextClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cause := make(chan error, 1)
+		exec := func(ctx context.Context, _ string, _ int) error {
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return ctx.Err()
+		}
+		d := newD(t, exec, Config[string, int]{Workers: 1})
+		require.NoError(t, d.Post("k", 1, SubmitOptions{}))
+		synctest.Wait()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		assert.Error(t, d.Close(ctx))
+		assert.ErrorIs(t, <-cause, ErrClosed)
+	})
+}
+
+// TestExecContextKeptPastExec: every execution has a context of its own,
+// done once exec returns with ErrAttemptEnded as its cause, and it stays so
+// — never live again, never reporting another call's cause — while later
+// calls run under their own, in both modes, with and without AttemptTimeout.
+func TestExecContextKeptPastExec(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		for _, timeout := range []time.Duration{0, time.Hour} {
+			t.Run(fmt.Sprintf("%v/attempt_timeout=%v", mode, timeout), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { testExecContextKept(t, mode, timeout) })
+			})
+		}
+	}
+}
+
+func testExecContextKept(t *testing.T, mode Mode, timeout time.Duration) {
+	var mu sync.Mutex
+	kept := map[string]context.Context{}
+	exec := func(ctx context.Context, key string, wait bool) error {
+		mu.Lock()
+		kept[key] = ctx // handed on untouched, as to a goroutine
+		mu.Unlock()
+		if wait {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}
+	d := newD(t, exec, Config[string, bool]{
+		Workers: 1,
+		Retry:   RetryPolicy{AttemptTimeout: timeout},
+		Rollout: RolloutPolicy{Mode: mode},
+	})
+	post := func(key string, wait bool) <-chan error {
+		errc := make(chan error, 1)
+		go func() { errc <- d.Post(key, wait, SubmitOptions{}) }()
+		synctest.Wait()
+		return errc
+	}
+	require.NoError(t, <-post("first", false))
+	cause := errors.New("the second call's own cause")
+	second := post("second", true) // running, on the same worker in Async mode
+	require.True(t, d.Cancel("second", cause))
+	<-second
+	require.NoError(t, <-post("third", false))
+	synctest.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, kept, 3)
+	for key, ctx := range kept {
+		select {
+		case <-ctx.Done():
+		default:
+			t.Errorf("%s: the context of a finished execution is not done", key)
+		}
+		assert.ErrorIs(t, ctx.Err(), context.Canceled, key)
+		if key == "second" {
+			assert.ErrorIs(t, context.Cause(ctx), cause, "%s: its own cause", key)
+			continue
+		}
+		assert.ErrorIs(t, context.Cause(ctx), ErrAttemptEnded, key)
+		assert.NotErrorIs(t, context.Cause(ctx), cause, "%s: another call's cause", key)
+	}
+	assert.NotSame(t, kept["first"], kept["second"])
+	assert.NotSame(t, kept["second"], kept["third"])
+	closeD(t, d)
 }

@@ -107,7 +107,7 @@ var transitions = [nCallStates]uint16{
 
 // checkTransitions makes enter crash the process (crash, deliver.go) on a
 // move transitions does not list.
-// The package's tests turn it on (lifecycle_check_test.go); a production
+// The package's tests turn it on (call_test.go); a production
 // build skips the table lookup on this hot path, trusting the tests.
 var checkTransitions bool
 

@@ -183,12 +183,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	now := d.clk.now()
 	var ob outbox[K, T]
 	d.mu.Lock()
-	ten := d.tenants.get(o.Tenant)
-	coalesced, err := d.admitTicket(ctx, &submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: ten, label: *label}, &ob)
-	d.tenants.count(ten, err, &d.totals)
-	if err != nil {
-		t.state = tsDone
-	}
+	coalesced, err := d.admitTicket(ctx, &submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: d.tenants.get(o.Tenant), label: *label}, &ob)
 	if err == nil && d.mode == ModeSync {
 		d.runSyncUnlock(t, Event{Label: *label, Tenant: o.Tenant}, coalesced, &ob)
 		return t, nil
@@ -211,17 +206,24 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 
 // admitTicket is admit for a Submit under ctx: refused if ctx ended before
 // the lock was taken, the deadline has passed, or, in Sync mode, the call
-// would wait for its own goroutine.
+// would wait for its own goroutine. It counts the submission for its
+// tenant; a refused one's ticket is done.
 func (d *Dispatcher[K, T]) admitTicket(ctx context.Context, s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
 	switch {
 	case s.t.state == tsDone: // ctx ended before we took the lock
-		return false, ctxErr(ctx)
+		err = ctxErr(ctx)
 	case s.deadline != 0 && s.deadline <= s.now:
-		return false, errRejectPast
+		err = errRejectPast
 	case d.mode == ModeSync && d.runsHere(s.key):
-		return false, ErrReentrant
+		err = ErrReentrant
+	default:
+		coalesced, err = d.admit(s, ob)
 	}
-	return d.admit(s, ob)
+	d.tenants.count(s.ten, err, &d.totals)
+	if err != nil {
+		s.t.state = tsDone
+	}
+	return coalesced, err
 }
 
 // ticketFor makes the ticket of a submission under ctx with options o,

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -789,5 +790,81 @@ func TestLaneReuse(t *testing.T) {
 		assert.Equal(t, 42, *r.Call)
 		checkConservation(t, d)
 		closeD(t, d)
+	})
+}
+
+// TestCancelKey: Cancel ends every submission for a key — in flight,
+// successor, fire-and-forget — as Canceled wrapping the cause, cancels the
+// execution context with it, reports whether there was anything to cancel,
+// and a late success of the cancelled execution is Stale.
+func TestCancelKey(t *testing.T) {
+	cause := errors.New("pod deleted")
+	synctest.Test(t, func(t *testing.T) {
+		hooks := &hookLog[string, int]{}
+		release := newGate()
+		var execCause atomic.Value
+		var runs atomic.Int32
+		d := newD(t, func(ctx context.Context, key string, call int) error {
+			runs.Add(1)
+			if key != "A" || call != 1 {
+				return nil
+			}
+			<-ctx.Done()
+			execCause.Store(context.Cause(ctx))
+			_ = release.wait(context.Background())
+			return nil // succeeds after it was cancelled
+		}, Config[string, int]{Workers: 4, OnDone: hooks.add})
+		inflight := submit(t, d, "A", 1, prio(0))
+		synctest.Wait()
+		succ1 := submit(t, d, "A", 2, prio(0))
+		succ2 := submit(t, d, "A", 3, prio(5))
+		require.NoError(t, d.Post("A", 4, SubmitOptions{}))
+		other := submit(t, d, "B", 1, prio(0))
+
+		assert.False(t, d.Cancel("nobody", cause), "nothing to cancel")
+		assert.True(t, d.Cancel("A", cause))
+		synctest.Wait()
+		for _, tk := range []*Ticket[string, int]{inflight, succ1, succ2} {
+			r := outcome(t, tk)
+			assert.Equal(t, StateCanceled, r.State)
+			assert.ErrorIs(t, r.Err, ErrCanceled)
+			assert.ErrorIs(t, r.Err, cause)
+		}
+		require.NotNil(t, execCause.Load())
+		assert.ErrorIs(t, execCause.Load().(error), cause)
+		assert.False(t, d.Cancel("A", cause), "the orphaned execution has no waiter left to cancel")
+		assert.True(t, d.Busy("A"), "the cancelled execution has not returned yet")
+
+		// A new submission waits for the cancelled execution to return.
+		again := submit(t, d, "A", 5, prio(0))
+		synctest.Wait()
+		assert.Equal(t, int32(2), runs.Load(), "a new call for the key ran beside the cancelled execution")
+		release.open()
+		r, err := again.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, 5, r.Call)
+		assert.Equal(t, StateSucceeded, outcome(t, other).State)
+
+		assert.False(t, d.Cancel("A", nil), "nothing left to cancel")
+		synctest.Wait()
+		assert.ElementsMatch(t, []State{StateCanceled, StateStale, StateSucceeded}, hooks.states("A"))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.StaleExecutions)
+		assert.Equal(t, map[State]int{StateCanceled: 4, StateSucceeded: 2}, counts(s.Outcomes))
+	})
+	t.Run("nil cause", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			d, _, release := holdWorker(t, f.exec, Config[string, int]{})
+			a := submit(t, d, "A", 0, prio(0))
+			assert.True(t, d.Cancel("A", nil))
+			r := outcome(t, a)
+			assert.Equal(t, StateCanceled, r.State)
+			assert.ErrorIs(t, r.Err, ErrCanceled)
+			assert.False(t, d.Busy("A"))
+			release()
+			assert.Empty(t, f.keys(), "a cancelled call ran")
+			closeD(t, d)
+		})
 	})
 }

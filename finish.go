@@ -149,13 +149,17 @@ func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K,
 
 // conclude tells c's waiters the outcome st and finishes c. A waiter whose
 // deadline passed meanwhile gets Expired instead; if every waiter did, an
-// execution that ran is reported Stale.
+// execution that ran is reported Stale. An orphaned call has no waiter
+// left (st is how they left: c.endState): it finishes with st, or Stale if
+// exec ran.
 func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	switch {
-	case d.waiters.settleAll(c, st, err, now, expireLate, ob):
+	case !c.orphan && d.waiters.settleAll(c, st, err, now, expireLate, ob):
 	case a.ran:
 		d.totals.staleExecutions++
 		st, err = StateStale, staleErr(StateStale, err)
+	case c.orphan:
+		err = staleErr(st, err)
 	default:
 		st, err = StateExpired, ErrExpired
 	}

@@ -148,9 +148,9 @@ const (
 // Config.Tenants does not name (DefaultTenant's, forgotten with their
 // statistics when they have no call left: tenant_test.go's and the chaos
 // soak's), the start check (disabled: it judges by a quantile of recent
-// execution times; limits_test.go has its tests), Sync mode, SetMode and
+// execution times; start_test.go has its tests), Sync mode, SetMode and
 // the fallback policy (mode_test.go's), Amend and AmendNewest, the
-// observer, Goexit in Follow (follow_test.go's: it ends the submitting
+// observer, Goexit in Follow (admit_test.go's: it ends the submitting
 // goroutine, the test's), and QueueWait/RunTime values (only checked to be
 // non-negative).
 //

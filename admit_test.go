@@ -1,0 +1,344 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSupersedeKeepsTenant: a submission of a newer generation ends the
+// key's calls (Stale) before it makes its own. When the call it ends was
+// the last of a tenant that Config.Tenants does not name, finish forgets
+// the tenant (forgetIdle) — but the submission goes on with it, and its
+// new call is counted in a tenant the dispatcher no longer knows (admit
+// calls keep only when it shed a victim). The next submission of that
+// tenant gets a fresh one: the tenant's MaxQueued is passed (two calls
+// queued, quota one), and Stats.Tenants no longer counts the first call,
+// nor the tenant's earlier submissions.
+//
+// Found by TestChaosSoak's quota invariant, with the DefaultTenant's quota
+// on tenant "a".
+func TestSupersedeKeepsTenant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{DefaultTenant: TenantConfig{MaxQueued: 1}})
+		submit(t, d, "k1", 1, SubmitOptions{Tenant: "a"})
+		submit(t, d, "k1", 2, SubmitOptions{Tenant: "a", Generation: 1}) // k1's call of generation 0 ends Stale
+		tk, err := d.Submit(bg, "k2", 3, SubmitOptions{Tenant: "a"})
+		st := d.Stats()
+		assert.ErrorIs(t, err, ErrBackpressure, "tenant a has k1's call queued, and may queue one")
+		queued := 0
+		for _, ts := range st.Tenants {
+			queued += ts.Queued
+		}
+		assert.Equal(t, st.Ready+st.Delayed+st.Successors, queued, "Stats.Tenants counts every queued call: %+v", st.Tenants)
+		assert.Equal(t, uint64(2), st.Tenants["a"].Admitted, "tenant a's admissions: %+v", st.Tenants["a"])
+		release()
+		if tk != nil {
+			<-tk.Done()
+		}
+		closeD(t, d)
+	})
+}
+
+// followCall is one Follow question: what it was shown.
+type followCall struct {
+	running, incoming int
+	pending           bool
+}
+
+// TestFollow: a submission made while its key's call is in flight is put
+// to Config.Follow, with that call and whether another waits behind it:
+// what Follow returns is the call that goes on (then merged into the
+// pending one, if any), SkipIncoming ends the submission Skipped without
+// running it, another error refuses it; a submission of a newer generation
+// is not asked about.
+func TestFollow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var asked []followCall
+		var ran []int
+		g := newGate()
+		errNo := errors.New("no")
+		d := newD(t, func(ctx context.Context, _ string, v int) error {
+			mu.Lock()
+			ran = append(ran, v)
+			mu.Unlock()
+			if v == 1 {
+				return g.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{
+			Workers: 1,
+			Merge:   func(p, i int) (int, error) { return p*1000 + i, nil },
+			Follow: func(running, incoming int, pending bool) (int, error) {
+				mu.Lock()
+				asked = append(asked, followCall{running, incoming, pending})
+				mu.Unlock()
+				switch incoming {
+				case 2:
+					return 0, SkipIncoming
+				case 3:
+					return 0, errNo
+				}
+				return running*100 + incoming, nil
+			},
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait() // 1 is in flight
+
+		skipped := submit(t, d, "k", 2, SubmitOptions{})
+		assert.Equal(t, StateSkipped, outcome(t, skipped).State, "skipped at once")
+		_, err := d.Submit(bg, "k", 3, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrMergeRejected)
+		assert.ErrorIs(t, err, errNo)
+
+		behind := submit(t, d, "k", 4, SubmitOptions{}) // Follow: 104, the successor
+		merged := submit(t, d, "k", 5, SubmitOptions{}) // Follow: 105, merged: 104105
+		newer := submit(t, d, "k", 6, SubmitOptions{Generation: 1})
+		mu.Lock()
+		assert.Equal(t, []followCall{{1, 2, false}, {1, 3, false}, {1, 4, false}, {1, 5, true}}, asked)
+		mu.Unlock()
+		g.open()
+		for _, tk := range []*Ticket[string, int]{first, behind, merged} {
+			<-tk.Done()
+		}
+		<-newer.Done()
+		assert.Equal(t, StateStale, outcome(t, first).State, "superseded by generation 1")
+		assert.Equal(t, StateSucceeded, outcome(t, newer).State)
+		mu.Lock()
+		assert.Equal(t, []int{1, 6}, ran, "skipped and refused calls never ran; the newer generation replaced the successor")
+		mu.Unlock()
+		closeD(t, d)
+	})
+}
+
+// TestFollowWhileStarting: the call in flight is the core's own state, so
+// Follow sees it from the moment it starts — while the worker is still
+// telling earlier outcomes and the observer hears OnStart, before exec is
+// entered — until its end is recorded.
+func TestFollowWhileStarting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inStart := make(chan struct{})
+		leave := make(chan struct{})
+		var once sync.Once
+		obs := &startBlocker{onStart: func() {
+			once.Do(func() {
+				close(inStart)
+				<-leave
+			})
+		}}
+		var asked []followCall
+		d := newD(t, func(context.Context, string, int) error { return nil }, Config[string, int]{
+			Workers:  1,
+			Observer: obs,
+			Follow: func(running, incoming int, pending bool) (int, error) {
+				asked = append(asked, followCall{running, incoming, pending})
+				return 0, SkipIncoming
+			},
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		<-inStart // taken by the worker: OnStart holds it before exec
+		later := submit(t, d, "k", 2, SubmitOptions{})
+		assert.Equal(t, StateSkipped, outcome(t, later).State)
+		assert.Equal(t, []followCall{{1, 2, false}}, asked)
+		close(leave)
+		<-first.Done()
+		assert.Equal(t, StateSucceeded, outcome(t, first).State)
+		closeD(t, d)
+	})
+}
+
+type startBlocker struct {
+	NopObserver
+	onStart func()
+}
+
+func (o *startBlocker) OnStart(Event, int, time.Duration) { o.onStart() }
+
+// TestFollowPanicAndGoexit: a Follow that panics or ends its goroutine
+// refuses the submission with a *PanicError, and leaves the key working.
+func TestFollowPanicAndGoexit(t *testing.T) {
+	for _, how := range []string{"panic", "goexit"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				d := newD(t, func(ctx context.Context, _ string, v int) error {
+					if v == 1 {
+						return g.wait(ctx)
+					}
+					return nil
+				}, Config[string, int]{
+					Workers: 1,
+					Follow: func(_, incoming int, _ bool) (int, error) {
+						if incoming == 2 {
+							if how == "panic" {
+								panic("boom")
+							}
+							runtime.Goexit()
+						}
+						return incoming, nil
+					},
+				})
+				first := submit(t, d, "k", 1, SubmitOptions{})
+				synctest.Wait()
+				done := make(chan error, 1)
+				go func() {
+					var err error
+					defer func() { done <- err }()
+					_, err = d.Submit(bg, "k", 2, SubmitOptions{})
+				}()
+				err := <-done
+				if how == "panic" {
+					var pe *PanicError
+					require.ErrorAs(t, err, &pe)
+					assert.Equal(t, "follow", pe.Callback)
+					assert.ErrorIs(t, err, ErrMergeRejected)
+				}
+				after := submit(t, d, "k", 3, SubmitOptions{})
+				g.open()
+				<-first.Done()
+				<-after.Done()
+				assert.Equal(t, StateSucceeded, outcome(t, after).State, "the key is not wedged")
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestGenerationSupersedes: a newer generation ends the key's older calls —
+// pending waiters get Stale at once, the in-flight execution's context is
+// cancelled and its late success is reported Stale — then runs after the
+// old execution returns. Older generations are then refused with ErrStale.
+func TestGenerationSupersedes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hooks := &hookLog[string, int]{}
+		gen2 := newGate()
+		var (
+			mu         sync.Mutex
+			order      []int
+			inflight   atomic.Int32
+			overlap    atomic.Bool
+			execCause1 error
+		)
+		d := newD(t, func(ctx context.Context, _ string, call int) error {
+			if inflight.Add(1) > 1 {
+				overlap.Store(true)
+			}
+			defer inflight.Add(-1)
+			mu.Lock()
+			order = append(order, call)
+			mu.Unlock()
+			switch call {
+			case 1:
+				<-ctx.Done()
+				mu.Lock()
+				execCause1 = context.Cause(ctx)
+				mu.Unlock()
+				return nil // late success
+			case 3:
+				return gen2.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{Workers: 4, OnDone: hooks.add})
+
+		run1 := submit(t, d, "A", 1, SubmitOptions{Generation: 1})
+		synctest.Wait()
+		pend1 := submit(t, d, "A", 2, SubmitOptions{Generation: 1})
+		require.NoError(t, d.Post("A", 2, SubmitOptions{Generation: 1}))
+		new2 := submit(t, d, "A", 3, SubmitOptions{Generation: 2})
+		synctest.Wait()
+
+		for _, tk := range []*Ticket[string, int]{run1, pend1} {
+			r := outcome(t, tk)
+			assert.Equal(t, StateStale, r.State)
+			assert.ErrorIs(t, r.Err, ErrStale)
+		}
+		mu.Lock()
+		assert.ErrorIs(t, execCause1, ErrStale, "superseded execution's context not cancelled")
+		assert.Equal(t, []int{1, 3}, order, "generation 2 runs after generation 1 returned; the superseded pending call never runs")
+		mu.Unlock()
+
+		// While generation 2 is tracked, older generations are refused.
+		tk, err := d.Submit(bg, "A", 9, SubmitOptions{Generation: 1})
+		assert.ErrorIs(t, err, ErrStale)
+		assert.Nil(t, tk)
+		assert.ErrorIs(t, d.Post("A", 9, SubmitOptions{Generation: 0}), ErrStale)
+		same := submit(t, d, "A", 4, SubmitOptions{Generation: 2}) // same generation: accepted
+
+		gen2.open()
+		r, err := new2.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, StateSucceeded, r.State)
+		assert.Equal(t, 3, r.Call)
+		r, err = same.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, 4, r.Call)
+		synctest.Wait()
+		assert.False(t, overlap.Load(), "two generations of one key ran at once")
+
+		assert.ElementsMatch(t, []State{StateStale, StateStale, StateSucceeded, StateSucceeded}, hooks.states("A"),
+			"superseded in-flight (ran, late success) and pending (never ran) calls are Stale")
+		for _, hr := range hooks.of("A") {
+			if hr.State == StateStale {
+				assert.ErrorIs(t, hr.Err, ErrStale)
+			}
+		}
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.StaleExecutions)
+		assert.Equal(t, uint64(2), s.Rejected)
+		assert.Equal(t, map[State]int{StateStale: 3, StateSucceeded: 2}, counts(s.Outcomes))
+	})
+}
+
+// TestGenerationNeverMerges: submissions of different generations are never
+// merged — the merge function is not consulted across generations.
+func TestGenerationNeverMerges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, string]()
+		var merges []string
+		d, _, release := holdWorker(t, f.exec, Config[string, string]{
+			Merge: func(p, in string) (string, error) {
+				merges = append(merges, p+"+"+in)
+				return p + "+" + in, nil
+			},
+		})
+		g1 := submit(t, d, "A", "a1", SubmitOptions{Generation: 1})
+		g1b := submit(t, d, "A", "b1", SubmitOptions{Generation: 1})
+		g2 := submit(t, d, "A", "a2", SubmitOptions{Generation: 2})
+		_, err := d.Submit(bg, "A", "c1", SubmitOptions{Generation: 1})
+		assert.ErrorIs(t, err, ErrStale)
+		g2b := submit(t, d, "A", "b2", SubmitOptions{Generation: 2})
+		assert.Equal(t, []string{"a1+b1", "a2+b2"}, merges, "merged across generations")
+		release()
+		assert.Equal(t, []string{"a2+b2"}, f.calls("A"))
+		assert.Equal(t, map[State]int{StateStale: 2, StateSucceeded: 2}, tally(t, g1, g1b, g2, g2b))
+		closeD(t, d)
+	})
+}
+
+// TestGenerationForgotten: generations are remembered only while the key is
+// tracked, so memory stays bounded; once the key is released, any
+// generation is accepted again.
+func TestGenerationForgotten(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
+		tk := submit(t, d, "A", 1, SubmitOptions{Generation: 5})
+		_, err := tk.Wait(bg)
+		require.NoError(t, err)
+		synctest.Wait()
+		require.False(t, d.Busy("A"))
+		tk = submit(t, d, "A", 2, SubmitOptions{Generation: 1})
+		_, err = tk.Wait(bg)
+		require.NoError(t, err)
+		closeD(t, d)
+	})
+}

@@ -1,0 +1,345 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCloseDrainsByPriority: Close stops admission at once but runs what is
+// queued — successors included — by priority, and returns nil when all of
+// it has drained.
+func TestCloseDrainsByPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{})
+		var tks []*Ticket[string, int]
+		tks = append(tks, submit(t, d, holdKey, 2, prio(0))) // successor
+		tks = append(tks, submit(t, d, "A", 0, prio(1)))
+		tks = append(tks, submit(t, d, "B", 0, prio(5)))
+		tks = append(tks, submit(t, d, "C", 0, prio(3)))
+		tks = append(tks, submit(t, d, "D", 0, prio(3)))
+		require.NoError(t, d.Post("E", 0, prio(4)))
+
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(bg) }()
+		synctest.Wait()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned %v before the queue drained", err)
+		default:
+		}
+		for _, key := range []string{"A", "X"} {
+			tk, err := d.Submit(bg, key, 0, prio(9))
+			assert.ErrorIs(t, err, ErrClosed, key)
+			assert.Nil(t, tk)
+			assert.ErrorIs(t, d.Post(key, 0, prio(9)), ErrClosed, key)
+		}
+		release()
+		require.NoError(t, <-closed)
+		assert.Equal(t, []string{"B", "E", "C", "D", "A", holdKey}, f.keys())
+		assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(4), s.Rejected)
+	})
+}
+
+// TestCloseEndsRest: when Close's context ends before the queue drains,
+// what is left ends Closed — queued calls are removed, the in-flight call's
+// context is cancelled (its execution then reported Stale) — and Close
+// returns the context's error.
+func TestCloseEndsRest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hooks := &hookLog[string, int]{}
+		var (
+			mu     sync.Mutex
+			ran    []string
+			causes = map[string]error{}
+		)
+		d := newD(t, func(ctx context.Context, key string, _ int) error {
+			mu.Lock()
+			ran = append(ran, key)
+			mu.Unlock()
+			select {
+			case <-ctx.Done():
+				mu.Lock()
+				causes[key] = context.Cause(ctx)
+				mu.Unlock()
+				return ctx.Err()
+			case <-time.After(time.Second):
+				return nil
+			}
+		}, Config[string, int]{Workers: 1, OnDone: hooks.add})
+		a := submit(t, d, "A", 0, prio(3))
+		b := submit(t, d, "B", 0, prio(2))
+		c := submit(t, d, "C", 0, prio(1))
+		require.NoError(t, d.Post("C", 0, prio(1)))
+		synctest.Wait()
+		a2 := submit(t, d, "A", 0, prio(0)) // A's successor
+
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(bg, 1500*time.Millisecond)
+		defer cancel()
+		err := d.Close(ctx)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, 1500*time.Millisecond, time.Since(start), "Close returns when its context ends")
+
+		assert.Equal(t, StateSucceeded, outcome(t, a).State)
+		assert.Equal(t, StateClosed, outcome(t, b).State, "in flight when Close gave up")
+		assert.Equal(t, StateClosed, outcome(t, c).State, "never ran")
+		assert.Equal(t, StateClosed, outcome(t, a2).State, "successor never ran")
+		mu.Lock()
+		assert.Equal(t, []string{"A", "B"}, ran)
+		assert.ErrorIs(t, causes["B"], ErrClosed)
+		mu.Unlock()
+		assert.Equal(t, []State{StateSucceeded, StateClosed}, hooks.states("A"))
+		assert.Equal(t, []State{StateStale}, hooks.states("B"), "an execution ended by Close is reported Stale")
+		assert.Equal(t, []State{StateClosed}, hooks.states("C"))
+
+		s := checkConservation(t, d)
+		assert.Zero(t, s.Live)
+		assert.Zero(t, s.Keys)
+		assert.Zero(t, s.InFlight)
+		assert.Equal(t, uint64(1), s.StaleExecutions)
+		assert.Equal(t, map[State]int{StateSucceeded: 1, StateClosed: 4}, counts(s.Outcomes))
+
+		// Idempotent: nothing left, nothing changes.
+		require.NoError(t, d.Close(bg))
+		assert.Equal(t, s, d.Stats())
+	})
+}
+
+// TestCloseIdempotentConcurrent: many concurrent Close calls, while work is
+// in flight, all return once everything drained; later ones return at
+// once; submissions after Close are refused with ErrClosed and counted.
+func TestCloseIdempotentConcurrent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, func(context.Context, string, int) error {
+			time.Sleep(time.Second)
+			return nil
+		}, Config[string, int]{Workers: 2})
+		var tks []*Ticket[string, int]
+		for _, k := range []string{"a", "b", "c", "d"} {
+			tks = append(tks, submit(t, d, k, 0, prio(0)))
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Go(func() { errs[i] = d.Close(bg) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			assert.NoError(t, err)
+		}
+		assert.Equal(t, 2*time.Second, time.Since(start))
+		assert.Equal(t, map[State]int{StateSucceeded: 4}, tally(t, tks...))
+		for range 3 {
+			require.NoError(t, d.Close(bg))
+		}
+		_, err := d.Submit(bg, "a", 0, prio(0))
+		assert.ErrorIs(t, err, ErrClosed)
+		assert.ErrorIs(t, d.Post("a", 0, prio(0)), ErrClosed)
+		s := closeD(t, d)
+		assert.Equal(t, uint64(2), s.Rejected)
+		assert.Equal(t, uint64(6), s.Submitted)
+	})
+}
+
+// TestCloseConcurrentContexts: while one Close gives up (its context ends)
+// another Close without a deadline is waiting; both return once everything
+// is ended, and the one whose context never ended reports no error.
+func TestCloseConcurrentContexts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, func(ctx context.Context, _ string, _ int) error {
+			select {
+			case <-ctx.Done():
+				time.Sleep(time.Second) // takes a while to notice
+				return ctx.Err()
+			case <-time.After(time.Hour):
+				return nil
+			}
+		}, Config[string, int]{Workers: 1})
+		a := submit(t, d, "A", 0, prio(0))
+		b := submit(t, d, "B", 0, prio(0))
+		synctest.Wait()
+		start := time.Now()
+		patient := make(chan error, 1)
+		go func() { patient <- d.Close(bg) }()
+		ctx, cancel := context.WithTimeout(bg, time.Minute)
+		defer cancel()
+		assert.ErrorIs(t, d.Close(ctx), context.DeadlineExceeded)
+		assert.Equal(t, time.Minute+time.Second, time.Since(start), "Close waits for the cancelled execution to return")
+		require.NoError(t, <-patient)
+		assert.Equal(t, map[State]int{StateClosed: 2}, tally(t, a, b))
+		closeD(t, d)
+	})
+}
+
+// TestCloseDoneContext: Close with a context that is already done ends
+// everything at once and returns the context's error — unless nothing was
+// left, in which case it returns nil.
+func TestCloseDoneContext(t *testing.T) {
+	t.Run("work left", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			f.block("A")
+			hooks := &hookLog[string, int]{}
+			d := newD(t, f.exec, Config[string, int]{Workers: 1, OnDone: hooks.add})
+			a := submit(t, d, "A", 0, prio(0))
+			synctest.Wait()
+			b := submit(t, d, "B", 0, prio(0))
+			ctx, cancel := context.WithCancel(bg)
+			cancel()
+			assert.ErrorIs(t, d.Close(ctx), context.Canceled)
+			assert.Equal(t, map[State]int{StateClosed: 2}, tally(t, a, b))
+			assert.Equal(t, []string{"A"}, f.keys())
+			assert.Equal(t, []State{StateStale}, hooks.states("A"))
+			assert.Equal(t, []State{StateClosed}, hooks.states("B"))
+			closeD(t, d)
+		})
+	})
+	t.Run("nothing left", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			d := newD(t, f.exec, Config[string, int]{Workers: 1})
+			_, err := submit(t, d, "A", 0, prio(0)).Wait(bg)
+			require.NoError(t, err)
+			synctest.Wait()
+			ctx, cancel := context.WithCancel(bg)
+			cancel()
+			assert.NoError(t, d.Close(ctx))
+			closeD(t, d)
+		})
+	})
+}
+
+// TestCloseUnused: a Dispatcher that never ran anything closes at once, and
+// refuses submissions afterwards.
+func TestCloseUnused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d := newD(t, f.exec, Config[string, int]{})
+		require.NoError(t, d.Close(bg))
+		tk, err := d.Submit(bg, "k", 0, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrClosed)
+		assert.Nil(t, tk)
+		assert.ErrorIs(t, d.Post("k", 0, SubmitOptions{}), ErrClosed)
+		assert.False(t, d.Cancel("k", nil))
+		assert.False(t, d.Busy("k"))
+		s := closeD(t, d)
+		assert.Equal(t, uint64(2), s.Rejected)
+		synctest.Wait()
+		assert.Empty(t, f.keys())
+	})
+}
+
+// TestCloseUnderLoad closes a busy dispatcher — submissions still arriving,
+// waiters cancelling and expiring, executions that ignore their context —
+// with a context that ends before the queue drains. Every accepted
+// submission ends exactly once, later ones are refused with ErrClosed,
+// nothing is left, and the hook fired once per call.
+func TestCloseUnderLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const keys, submitters, perSub = 10, 16, 100
+		var hooks atomic.Uint64
+		d := newD(t, func(ctx context.Context, _ int, call int) error {
+			if call%2 == 0 {
+				time.Sleep(time.Duration(call%7) * time.Millisecond) // ignores ctx
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Duration(call%5) * time.Millisecond):
+				return nil
+			}
+		}, Config[int, int]{
+			Workers: 4,
+			OnDone:  func(Result[int, int]) { hooks.Add(1) },
+		})
+
+		var (
+			mu         sync.Mutex
+			all        []*Ticket[int, int]
+			unexpected []error
+			closedSeen atomic.Int32
+		)
+		var wg sync.WaitGroup
+		for s := range submitters {
+			wg.Go(func() {
+				var mine []*Ticket[int, int]
+				var errs []error
+				for i := range perSub {
+					key, call := (s*7+i)%keys, s*perSub+i
+					var err error
+					switch i % 4 {
+					case 0:
+						err = d.Post(key, call, SubmitOptions{Priority: i % 3})
+					case 1:
+						ctx, cancel := context.WithTimeout(bg, time.Duration(i%6)*time.Millisecond+time.Microsecond)
+						var tk *Ticket[int, int]
+						tk, err = d.Submit(ctx, key, call, SubmitOptions{Priority: i % 3})
+						if err == nil {
+							mine = append(mine, tk)
+						}
+						defer cancel()
+					default:
+						var tk *Ticket[int, int]
+						tk, err = d.Submit(bg, key, call, SubmitOptions{Priority: i % 3})
+						if err == nil {
+							mine = append(mine, tk)
+							if i%8 == 2 {
+								tk.Cancel()
+							}
+						}
+					}
+					switch {
+					case err == nil:
+					case errors.Is(err, ErrClosed):
+						closedSeen.Add(1)
+					default:
+						errs = append(errs, err)
+					}
+					time.Sleep(time.Millisecond)
+				}
+				mu.Lock()
+				all = append(all, mine...)
+				unexpected = append(unexpected, errs...)
+				mu.Unlock()
+			})
+		}
+		time.Sleep(50 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
+		defer cancel()
+		err := d.Close(ctx)
+		closedAt := time.Now()
+		wg.Wait()
+		require.Empty(t, unexpected)
+		assert.NotZero(t, closedSeen.Load(), "no submission after Close")
+
+		s := checkConservation(t, d)
+		if err != nil {
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.NotZero(t, s.Outcomes[StateClosed])
+		}
+		assert.LessOrEqual(t, time.Since(closedAt), time.Duration(perSub)*time.Millisecond)
+		told := tally(t, all...)
+		assert.Zero(t, s.Live)
+		assert.Zero(t, s.Keys)
+		assert.Zero(t, s.InFlight)
+		assert.Equal(t, hooks.Load(), total(s.Calls))
+		for st, n := range told {
+			assert.LessOrEqual(t, uint64(n), s.Outcomes[st], "tickets with state %v", st)
+		}
+		t.Logf("Close: %v; outcomes %v; calls %v; rejected %d", err, counts(s.Outcomes), counts(s.Calls), s.Rejected)
+		closeD(t, d)
+	})
+}

@@ -1,0 +1,259 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+)
+
+// tryLimiter is shaped like client-go's flowcontrol.RateLimiter: TryAccept,
+// QPS and Wait, here over a rate.Limiter.
+type tryLimiter struct{ l *rate.Limiter }
+
+func (t tryLimiter) TryAccept() bool                { return t.l.Allow() }
+func (t tryLimiter) QPS() float32                   { return float32(t.l.Limit()) }
+func (t tryLimiter) Wait(ctx context.Context) error { return t.l.Wait(ctx) }
+
+// waitLimiter offers only Wait: the dispatcher's fetcher goroutine waits on
+// it.
+type waitLimiter struct{ l *rate.Limiter }
+
+func (w waitLimiter) Wait(ctx context.Context) error { return w.l.Wait(ctx) }
+
+// TestTokenFirst: with a rate limit, a worker takes its token before it
+// chooses the call, so a high-priority call that arrives while a backlog of
+// low-priority calls waits for tokens runs on the very next token — however
+// many workers there are — and no worker sits on a call waiting for a
+// token. Each shape of limiter is handled.
+func TestTokenFirst(t *testing.T) {
+	limiters := map[string]func() RateLimiter{
+		"rate.Limiter":       func() RateLimiter { return rate.NewLimiter(10, 1) },
+		"TryAccept (client)": func() RateLimiter { return tryLimiter{rate.NewLimiter(10, 1)} },
+		"Wait only":          func() RateLimiter { return waitLimiter{rate.NewLimiter(10, 1)} },
+	}
+	for name, limiter := range limiters {
+		for _, workers := range []int{2, 16} {
+			t.Run(fmt.Sprintf("%s/workers=%d", name, workers), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					log := newStartLog()
+					d := newD(t, log.exec(time.Millisecond), Config[string, int]{
+						Workers:   workers,
+						RateLimit: limiter(),
+					})
+					for i := range 20 {
+						require.NoError(t, d.Post(fmt.Sprint("low", i), 1, SubmitOptions{}))
+					}
+					time.Sleep(250 * time.Millisecond) // a few tokens spent
+					synctest.Wait()
+					s := d.Stats()
+					assert.LessOrEqual(t, s.InFlight, 1, "no worker holds a call waiting for a token")
+					submitted := time.Now()
+					bind := submit(t, d, "bind", 1, prio(10))
+					<-bind.Done()
+					start, ok := log.startOf("bind")
+					require.True(t, ok)
+					assert.LessOrEqual(t, start.Sub(submitted), 100*time.Millisecond, "the next token (10/s) goes to the bind")
+					for i := range 20 {
+						if st, ok := log.startOf(fmt.Sprint("low", i)); ok && st.After(submitted) {
+							assert.False(t, st.Before(start), "low%d took a token before the bind", i)
+						}
+					}
+					closeD(t, d)
+				})
+			})
+		}
+	}
+}
+
+// TestRateLimiterRefusals: a limiter that can never
+// grant a token is an error from New; a slow token rate does not fail calls
+// under AttemptTimeout (meant for one execution), nor spend the retry
+// budget; and with the retry budget off, nothing retries without limit.
+func TestRateLimiterRefusals(t *testing.T) {
+	for _, l := range []RateLimiter{rate.NewLimiter(0, 0), rate.NewLimiter(5, 0)} {
+		_, err := New(nopExec, Config[string, int]{RateLimit: l})
+		assert.ErrorContains(t, err, "Config.RateLimit", "%T", l)
+	}
+	_, err := New(nopExec, Config[string, int]{RateLimit: rate.NewLimiter(rate.Inf, 0)})
+	assert.NoError(t, err, "an infinite rate needs no burst")
+
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var runs atomic.Int32 // sync-mode execs run on the submitting goroutines
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
+					Rollout:   RolloutPolicy{Mode: mode},
+					Workers:   2,
+					RateLimit: rate.NewLimiter(2, 1), // a token every 500ms
+					Retry:     RetryPolicy{AttemptTimeout: 10 * time.Millisecond, BudgetRatio: inf},
+				})
+				var tks []*Ticket[string, int]
+				var mu sync.Mutex
+				var wg sync.WaitGroup
+				for i := range 6 {
+					wg.Go(func() {
+						tk := submit(t, d, fmt.Sprint(i), 1, prio(0))
+						mu.Lock()
+						tks = append(tks, tk)
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+				waitAll(tks...)
+				assert.Equal(t, map[State]int{StateSucceeded: 6}, tally(t, tks...))
+				assert.Equal(t, int32(6), runs.Load())
+				s := closeD(t, d)
+				assert.Zero(t, s.Retries)
+			})
+		})
+	}
+}
+
+// TestLimiterValidation: New refuses exactly
+// the limiters that are not a rate or can grant no token at all, and takes
+// every other — among them one that grants its burst and then stops, and a
+// nil *rate.Limiter, which means no limit.
+func TestLimiterValidation(t *testing.T) {
+	var unset *rate.Limiter
+	for name, c := range map[string]struct {
+		l     RateLimiter
+		error string // "" if accepted
+	}{
+		"NaN rate":              {rate.NewLimiter(rate.Limit(math.NaN()), 1), "is not a rate"},
+		"negative rate":         {rate.NewLimiter(-1, 1), "is not a rate"},
+		"burst 0":               {rate.NewLimiter(5, 0), "can never grant a token"},
+		"rate 0, burst 0":       {rate.NewLimiter(0, 0), "can never grant a token"},
+		"NaN QPS (client)":      {tryLimiter{rate.NewLimiter(rate.Limit(math.NaN()), 1)}, "is not a rate"},
+		"negative QPS (client)": {tryLimiter{rate.NewLimiter(-2, 1)}, "is not a rate"},
+		"rate 0, burst 5":       {rate.NewLimiter(0, 5), ""},
+		"QPS 0 (client)":        {tryLimiter{rate.NewLimiter(0, 1)}, ""},
+		"infinite, burst 0":     {rate.NewLimiter(rate.Inf, 0), ""},
+		"nil *rate.Limiter":     {unset, ""},
+	} {
+		_, err := New(nopExec, Config[string, int]{RateLimit: c.l})
+		if c.error == "" {
+			assert.NoError(t, err, name)
+			continue
+		}
+		assert.ErrorContains(t, err, "Config.RateLimit", name)
+		assert.ErrorContains(t, err, c.error, name)
+	}
+
+	t.Run("nil *rate.Limiter limits nothing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			log := newStartLog()
+			d := newD(t, log.exec(time.Second), Config[string, int]{Workers: 20, RateLimit: unset})
+			for i := range 20 {
+				require.NoError(t, d.Post(fmt.Sprint(i), 1, SubmitOptions{}))
+			}
+			synctest.Wait()
+			assert.Equal(t, 20, d.Stats().InFlight)
+			closeD(t, d)
+		})
+	})
+	t.Run("rate 0 grants its burst, then holds", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lim := rate.NewLimiter(0, 5)
+			d := newD(t, nopExec, Config[string, int]{Workers: 4, RateLimit: lim})
+			for i := range 8 {
+				require.NoError(t, d.Post(fmt.Sprint(i), 1, SubmitOptions{}))
+			}
+			time.Sleep(10 * time.Second)
+			synctest.Wait()
+			assert.Equal(t, uint64(5), d.Stats().Executions, "the burst, and no more")
+			lim.SetLimit(100)
+			time.Sleep(2 * time.Second)
+			synctest.Wait()
+			assert.Equal(t, uint64(8), d.Stats().Executions, "the rest, once the limiter grants again")
+			closeD(t, d)
+		})
+	})
+}
+
+// TestLimiterPausedAtRunTime: a *rate.Limiter paused
+// while calls wait — SetLimit(0), a limit so small that its next token is
+// centuries away, SetBurst(0), a NaN limit — holds every execution (it used
+// to lift the limit: now + InfDuration overflowed), and once it grants
+// again the calls run at its rate within about a second.
+func TestLimiterPausedAtRunTime(t *testing.T) {
+	for name, pause := range map[string]func(*rate.Limiter){
+		"SetLimit(0)":      func(l *rate.Limiter) { l.SetLimit(0) },
+		"SetLimit(1e-300)": func(l *rate.Limiter) { l.SetLimit(1e-300) },
+		"SetBurst(0)":      func(l *rate.Limiter) { l.SetBurst(0) },
+		"SetLimit(NaN)":    func(l *rate.Limiter) { l.SetLimit(rate.Limit(math.NaN())) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := rate.NewLimiter(10, 1)
+				d := newD(t, nopExec, Config[string, int]{Workers: 20, RateLimit: lim})
+				for i := range 20 {
+					require.NoError(t, d.Post(fmt.Sprint(i), 1, SubmitOptions{}))
+				}
+				time.Sleep(150 * time.Millisecond) // two tokens at 10/s
+				synctest.Wait()
+				before := d.Stats().Executions
+				pause(lim)
+				time.Sleep(30 * time.Second)
+				synctest.Wait()
+				paused := d.Stats().Executions - before
+				assert.LessOrEqual(t, paused, uint64(1), "ran while paused") // a reservation already due may be spent
+				lim.SetLimit(10)
+				lim.SetBurst(1)
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				assert.Equal(t, uint64(20), d.Stats().Executions, "drained once resumed")
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// failingLimiter's Wait fails at once, as a limiter with burst 0 does; it
+// counts its calls, and after a million of them blocks until ctx ends, so
+// that a dispatcher that spins on it is caught rather than hangs.
+type failingLimiter struct{ waits atomic.Int64 }
+
+func (f *failingLimiter) Wait(ctx context.Context) error {
+	if f.waits.Add(1) > 1e6 {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return errors.New("limiter: refused")
+}
+
+// TestFailingWaitLimiter: a Wait-only limiter whose
+// Wait fails is asked again after a back-off, by the fetcher and by an
+// inline (Sync) caller alike: a few dozen Waits in ten seconds, not
+// millions; nothing runs without a token, and an inline call ends at its
+// deadline.
+func TestFailingWaitLimiter(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := &failingLimiter{}
+				var runs atomic.Int32
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
+					Config[string, int]{Workers: 2, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode}})
+				tk, err := d.Submit(bg, "k", 1, SubmitOptions{Deadline: time.Now().Add(10 * time.Second)})
+				require.NoError(t, err)
+				<-tk.Done()
+				waits := lim.waits.Load()
+				assert.Less(t, waits, int64(100), "Wait asked %d times in 10s", waits)
+				assert.Zero(t, runs.Load(), "ran without a token")
+				r := outcome(t, tk)
+				assert.ErrorIs(t, r.Err, ErrExpired)
+				closeD(t, d)
+			})
+		})
+	}
+}
