@@ -21,9 +21,6 @@ import (
 // does not name them (see there).
 var defaultPriorities = map[CallType]int{PodBinding: 20, PodDeletion: 10, PodStatusPatch: 0}
 
-// minQPS is the slowest positive Options.QPS: one call a minute.
-const minQPS = 1.0 / 60
-
 // Options configures NewDispatcher. The zero value gives the defaults.
 //
 // It holds what a user of the preset may set: the preset's own settings,
@@ -188,8 +185,8 @@ func (o Options) check(prio map[CallType]int) error {
 	switch {
 	case math.IsNaN(o.QPS) || math.IsInf(o.QPS, 1):
 		return optErr("QPS", fmt.Sprintf("%v is not a rate", o.QPS))
-	case o.QPS > 0 && o.QPS < minQPS:
-		return optErr("QPS", fmt.Sprintf("%.3g is below one call a minute (%.3g)", o.QPS, minQPS))
+	case o.QPS > 0 && o.QPS < preset.MinQPS:
+		return optErr("QPS", fmt.Sprintf("%.3g is below one call a minute (%.3g)", o.QPS, preset.MinQPS))
 	case o.Burst < 0:
 		return optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))
 	case o.RateLimit != nil && (o.QPS != 0 || o.Burst != 0):

@@ -165,7 +165,6 @@ const (
 	defaultCapacity    = 10000 // the dispatcher's
 	defaultMaxAttempts = 10
 	defaultBudgetRatio = 1
-	minQPS             = 1.0 / 60
 )
 
 // check reports a bad setting of the writer's own, naming its field; the
@@ -182,7 +181,7 @@ func (o *Options[O]) check() error {
 		return optErr("ApplyResourceVersion", "is for ModeApply only")
 	case math.IsNaN(o.QPS) || math.IsInf(o.QPS, 0):
 		return optErr("QPS", fmt.Sprintf("%v is not a rate", o.QPS))
-	case o.QPS > 0 && o.QPS < minQPS:
+	case o.QPS > 0 && o.QPS < preset.MinQPS:
 		return optErr("QPS", fmt.Sprintf("%.3g is below one request a minute", o.QPS))
 	case o.Burst < 0:
 		return optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))

@@ -19,6 +19,10 @@ const (
 	// --kube-api-burst).
 	QPS   = 50
 	Burst = 100
+	// MinQPS is the slowest positive QPS a preset accepts, one call a
+	// minute: a slower limiter would hold calls past any deadline a
+	// scheduler or controller sets.
+	MinQPS = 1.0 / 60
 )
 
 // Start returns p with the preset's zeros filled in, for a dispatcher of
