@@ -7,8 +7,10 @@ go 1.26.0
 
 require (
 	github.com/coalescer/dispatch v0.1.0
+	github.com/coalescer/dispatch/kube/scheduler v0.1.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/time v0.16.0
+	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
 	k8s.io/klog/v2 v2.140.0
@@ -18,6 +20,7 @@ require (
 )
 
 require (
+	github.com/coalescer/dispatch/kube v0.1.0 // indirect
 	cel.dev/expr v0.25.1 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -75,7 +78,6 @@ require (
 	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/api v0.37.2 // indirect
 	k8s.io/apiextensions-apiserver v0.37.0 // indirect
 	k8s.io/apiserver v0.37.2 // indirect
 	k8s.io/component-base v0.37.2 // indirect
