@@ -8,20 +8,17 @@ import (
 // This file is Close: the end of a dispatcher.
 
 // Close shuts the dispatcher down. It stops admission at once (submissions
-// get ErrClosed), keeps running what is queued, by priority, until nothing is
-// left or ctx ends, then ends whatever remains with Closed: queued calls are
-// removed and running ones have their context cancelled. It returns after
+// get ErrClosed), runs what is queued, by priority, until nothing is left
+// or ctx ends, then ends whatever remains with Closed: queued calls are
+// removed, running ones have their context cancelled. It returns after
 // every goroutine the dispatcher started has exited and every execution —
-// on a worker or inline in a Sync-mode caller — has returned; an exec that
-// ignores its context's cancellation holds Close up. It returns nil if
-// everything drained, or ctx's error if something had to be ended. Close is
-// idempotent and safe to call concurrently.
-//
-// Called from a callback on a goroutine Close would wait for (exec on a
-// worker, a completion hook, an observer method), Close cannot wait for
-// itself: it ends whatever remains with Closed at once, without a drain,
-// and returns ErrReentrant; the dispatcher's goroutines exit as their
-// callbacks return.
+// on a worker or inline in a Sync-mode caller — has returned (an exec that
+// ignores its context holds Close up): nil if everything drained, else
+// ctx's error. Close is idempotent and safe to call concurrently. Called
+// from a callback on a goroutine Close would wait for (exec on a worker, a
+// completion hook, an observer method), it ends whatever remains with
+// Closed at once and returns ErrReentrant; the dispatcher's goroutines exit
+// as their callbacks return.
 func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 	if d.reentrant() {
 		d.stop()

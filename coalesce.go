@@ -114,26 +114,16 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 	d.q.reprioritize(c)
 }
 
-// Amend rewrites the pending call of key: the one that has not started —
-// queued, waiting out a retry's backoff, or waiting behind the key's
-// running call. It answers "what will this key look like once its pending
-// write lands?" and lets the caller refresh that write against newer state
-// (kube-scheduler's SyncObject does both).
-//
-// f gets the pending call and returns it rewritten, or an error to leave it
-// as it was (Amend then returns that error). f runs under the dispatcher's
-// lock, like Config.Merge: it must be fast, and must not block or call the
-// Dispatcher; a panic in f leaves the call as it was and is returned as a
-// *PanicError. If Config.NoOp then reports that the rewritten call would
-// change nothing, the call ends Skipped for every waiter, and the
-// completion hook fires — unless a call for key is in flight, which may
-// change what the test judged against: the call's own test before it
-// starts then decides. The no-op test runs outside the lock; if the call
-// changed meanwhile (a submission coalesced into it, or it started), it is
-// left to run.
-//
-// Amend reports whether key had a pending call. A running call is never
-// rewritten: it may be taking effect already.
+// Amend rewrites the pending call of key (queued, out a backoff, or behind
+// the key's running call; a running call, maybe taking effect, is never
+// rewritten) and reports whether there was one: "what will this key look
+// like once its pending write lands?" (kube-scheduler's SyncObject). f
+// returns the call rewritten, or an error, which leaves it as it was and
+// which Amend returns. f runs under the dispatcher's lock, like
+// Config.Merge; a panic in f is returned as a *PanicError. If Config.NoOp
+// finds the rewritten call changes nothing, it ends Skipped — unless key
+// has a call in flight: the call's own test then decides before it
+// starts. The test runs outside the lock; a call changed meanwhile runs.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
 	return d.amend(key, false, func(v T, _ bool) (T, error) { return f(v) })
 }

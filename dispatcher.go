@@ -17,12 +17,9 @@ import (
 // when the call loses every waiter, is superseded by a newer generation, or
 // the dispatcher is closed, and carries the latest deadline of the call's
 // waiters; exec must honour it. The call value is as merged from every
-// submission that coalesced into it. exec may call the Dispatcher; a panic,
-// or runtime.Goexit, ends the call Failed with a *PanicError, never retried
-// (package documentation, "Callbacks").
-//
-// ctx belongs to this one execution and is cancelled by the dispatcher:
-// context.Cause reports why — ErrCanceled with Cancel's cause, ErrStale,
+// submission that coalesced into it. exec is user code (package
+// documentation, "Callbacks"). ctx belongs to this one execution, and
+// context.Cause reports why the dispatcher cancelled it — ErrCanceled with Cancel's cause, ErrStale,
 // ErrClosed, ErrExpired (then Err is context.DeadlineExceeded) — and, once
 // exec has returned, ErrAttemptEnded if nothing ended it earlier. A context
 // exec hands to work that outlives it stays done with that cause, like an
@@ -152,9 +149,7 @@ func (d *Dispatcher[K, T]) init() {
 // on for its other waiters — if it has none left, a pending call is removed
 // and a running one has its context cancelled. Use
 // context.WithoutCancel(ctx), or Post, for a submission that must outlive
-// the caller.
-//
-// Submit returns an error and enqueues nothing if the dispatcher is closed
+// the caller. Submit returns an error and enqueues nothing if the dispatcher is closed
 // (ErrClosed), ctx is done or the deadline has passed (ErrCanceled,
 // ErrExpired), the generation is stale (ErrStale), the merge is refused
 // (ErrMergeRejected) or the dispatcher is full (ErrBackpressure).
@@ -246,16 +241,13 @@ func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ti
 }
 
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
-// allocation when it coalesces into a pending call (nor, in the steady state,
-// for a new key: it reuses a released key's lane). The submission counts
-// as a waiter that never leaves: only its deadline (o.Deadline), Cancel, a
-// newer generation or Close end it. Its outcome reaches only the completion
-// hook and Stats. Fire-and-forget submissions merged into one call share one
-// deadline, the latest of theirs, and one outcome.
-//
-// Post returns why a submission was refused, in Async and Sync mode alike,
-// and never the call's outcome: in Sync mode it runs the call before
-// returning, but a failed execution still returns nil.
+// allocation when it coalesces into a pending call (nor, in the steady
+// state, for a new key). The submission is a waiter that never leaves: only
+// its deadline (o.Deadline), Cancel, a newer generation or Close end it.
+// Its outcome reaches only the completion hook and Stats; posts merged into
+// one call share the latest of their deadlines, and one outcome. Post
+// returns only why a submission was refused, in either mode: in Sync mode
+// it runs the call first, but a failed execution still returns nil.
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.clk.at(o.Deadline)
 	label := d.cfg.labelOf(key, call, &d.tell)

@@ -25,10 +25,10 @@
 //
 // Dispatcher runs the calls; a Ticket is one submission's handle; Result
 // and Outcome say how it ended, in exactly one State, told once, outside
-// every lock. Config sets it up, each zero field meaning its default;
-// RetryPolicy, BreakerPolicy, TenantConfig, StartPolicy (reserved workers,
-// AdaptivePolicy, the deadline check) and RolloutPolicy (the mode,
-// FallbackPolicy) group the tuning. Each rule is stated where it applies:
+// every lock. Config sets it up, each zero field meaning its default; its
+// policies (StartPolicy: reserved workers, adaptive concurrency, the
+// deadline check; RolloutPolicy: the mode and the fallback) group the
+// tuning. Each rule is stated where it applies:
 // ordering at Config.AgingBand and TenantConfig.Weight, coalescing at
 // Config.Merge, waiters and deadlines at Dispatcher.Submit and
 // SubmitOptions, the execution context at ExecFunc, errors at the sentinels

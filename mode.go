@@ -15,17 +15,15 @@ const (
 	// ModeAsync runs calls on the dispatcher's workers: Submit and Post return
 	// at once. It is the default.
 	ModeAsync Mode = iota
-	// ModeSync runs each call inline, in the goroutine that submits it, through
-	// the same coalescing, retry, breaker, hook and outcome machinery:
-	// Submit and Post return when the call has ended (Post holds a ticket
-	// meanwhile, counted by Config.MaxWaiters, and still returns only
-	// refusals). It is the feature gate's "off" position and the
-	// fallback path. The caller sleeps out a retry's backoff itself. Per key,
-	// calls stay serialized: a submission for a key whose call is running
-	// waits for it, then runs; a call still queued from Async (being
-	// drained) may be run by a worker, and the caller then just waits for
-	// its outcome. Tenant in-flight caps do not apply: the callers are the
-	// concurrency.
+	// ModeSync runs each call inline, in the goroutine that submits it,
+	// through the same coalescing, retry, breaker, hook and outcome
+	// machinery: Submit and Post return when the call has ended (a Post
+	// holds a ticket meanwhile, counted by Config.MaxWaiters). It is the
+	// feature gate's "off" position and the fallback path; the caller
+	// sleeps out a retry's backoff itself. Per key calls stay serialized:
+	// a submission waits for its key's running call, then runs, or for a
+	// call still queued from Async that a worker runs. Tenant in-flight
+	// caps do not apply: the callers are the concurrency.
 	ModeSync
 )
 
@@ -46,17 +44,15 @@ func (m Mode) String() string {
 const reasonManual = "manual"
 
 // SetMode switches the dispatcher between ModeAsync and ModeSync at run
-// time — the feature gate's lever, and the manual rollback. Switching to
-// ModeSync stops async admission at once: from then on each submission
-// runs inline in its caller. What was queued is ended Canceled with
-// ErrFallback at once if Config.Rollout.CancelQueued is set; otherwise the
-// workers drain it, and SetMode waits until that is done or ctx ends, then
-// cancels the rest the same way and returns ctx's error. Calls in flight always run to their end.
-// Switching back to Async resumes the workers. Every submission sees one
-// mode or the other, so a switch never loses a call or runs one twice.
-// Called from a callback on one of the dispatcher's goroutines, SetMode
-// switches but does not wait for the drain, which may need that very
-// goroutine: it returns ErrReentrant.
+// time — the feature gate's lever, and the manual rollback. In ModeSync
+// each submission runs inline in its caller. What was queued is ended
+// Canceled with ErrFallback at once if Config.Rollout.CancelQueued is set;
+// otherwise the workers drain it while SetMode waits, until ctx ends: then
+// it cancels the rest the same way and returns ctx's error. Calls in
+// flight run to their end. Every submission sees one mode or the other, so
+// a switch never loses a call or runs one twice. Called from a callback on
+// one of the dispatcher's goroutines, SetMode switches without waiting for
+// the drain (which may need that goroutine) and returns ErrReentrant.
 func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if m > ModeSync {
 		return fmt.Errorf("dispatch: SetMode(%d): unknown mode", m)

@@ -23,7 +23,6 @@ type Observer interface {
 	OnModeChange(from, to Mode, reason string)
 	OnCircuitChange(from, to Circuit)
 	OnLimitChange(from, to int) // the adaptive concurrency limit
-
 }
 
 // NopObserver implements every Observer method as a no-op, for embedding.

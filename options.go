@@ -30,25 +30,20 @@ type Config[K comparable, T any] struct {
 	// lock, and returns the call to run: a combination, or either one (an
 	// update: attempts and backoff are kept); or SkipIncoming,
 	// ReplacePending, or another error, which refuses the submission
-	// (ErrMergeRejected). A submission made while its key's call runs is
-	// merged into its retry, or else runs after it. nil: the incoming wins.
-	// A submission that replaces a call of another tenant may still be
-	// refused after Merge ran, if its own tenant has no room for the call
-	// (TenantConfig.MaxQueued): the pending call is then left as it was.
+	// (ErrMergeRejected). nil: the incoming wins. A submission made while
+	// its key's call runs is merged into its retry, or else runs after it.
+	// One whose tenant has no room for the merged call
+	// (TenantConfig.MaxQueued) is refused, leaving the pending call as it was.
 	Merge func(pending, incoming T) (T, error)
-	// Follow, if set, decides a submission made while its key's call is in
-	// flight — started and not yet ended, nor cancelled, superseded or
-	// expired — under the lock, in the step that admits it, where that is
-	// known for certain: running is that call; pending
-	// reports whether a call also waits behind it, into which Merge then
-	// merges Follow's result. It returns the call to go on with (incoming,
-	// or incoming updated from running), SkipIncoming to end the
-	// submission Skipped at once (the call in flight makes it moot), or
-	// another error to refuse it (ErrMergeRejected). Not asked for a
-	// submission of a newer generation. Like Merge it must be fast and
-	// must not call the Dispatcher, and its result is dropped if the
-	// submission is then refused for a bound. nil: every such submission
-	// goes on as it is.
+	// Follow, if set, decides under the lock a submission made while its
+	// key's call is in flight (started, and not ended, cancelled,
+	// superseded or expired): running is that call; pending, whether a call
+	// waits behind it, into which Merge then merges Follow's result. It
+	// returns the call to go on with, SkipIncoming to end the submission
+	// Skipped (the call in flight makes it moot), or another error to
+	// refuse it (ErrMergeRejected); a result a bound then refuses is
+	// dropped. Not asked for a newer generation. Fast, and never calling
+	// the Dispatcher, like Merge. nil: such submissions go on as they are.
 	Follow func(running, incoming T, pending bool) (T, error)
 	// NoOp reports a call that would change nothing: it ends Skipped
 	// without executing. It runs before each execution, and in Amend.
@@ -69,18 +64,13 @@ type Config[K comparable, T any] struct {
 	Aging      time.Duration // a wait of Aging raises a call one level (0 means 1s)
 	// AgingBand groups priorities into bands of this many levels (0 means
 	// 10; 1 is strict priority). A call never runs before a ready call of
-	// a higher band, however long it has waited: give call types that must
-	// never overtake one another different bands (a binding at 10, a
-	// status patch at 0). Within a band a call's level is its offset plus
-	// floor(wait / Aging), so a call of priority p runs before any of
-	// priority q > p arriving more than (q−p) × Aging after it, and behind
-	// an endless stream at q that the workers keep up with within about
-	// (q−p+1) × Aging; under overload it waits for every call at q queued
-	// before it or arriving within (q−p) × Aging after it, which takes
-	// longer (2.5 s instead of 2 s at 1.5× the service rate,
-	// TestStarvationUnderOverload). At equal levels,
-	// tenants take turns by TenantConfig.Weight, then arrival decides. A
-	// band spans at most 2⁶² ns of aging.
+	// a higher band, however long it waited: put call types that must never
+	// overtake one another in different bands (a binding at 10, a status
+	// patch at 0). Within a band a call's level is its offset plus
+	// floor(wait / Aging): priority p runs before any q > p arriving over
+	// (q−p) × Aging after it, and behind an endless stream at q within
+	// about (q−p+1) × Aging while workers keep up. At equal levels tenants
+	// take turns by TenantConfig.Weight, then arrival decides.
 	AgingBand int
 	// Label names a call's kind for the Observer and Stats.Labels, from a
 	// small fixed set; it runs once per submission, outside the lock. A call
@@ -105,11 +95,10 @@ type Config[K comparable, T any] struct {
 // keeps no workers, fixes concurrency at Config.Workers and checks
 // deadlines.
 type StartPolicy struct {
-	// ReservedWorkers (less than Config.Workers) are kept for urgent
-	// calls: those whose priority (of their live waiters, never raised by
-	// aging) is in UrgentPriority's band (Config.AgingBand) or above —
-	// give it the most urgent calls' own priority. Other calls may hold
-	// the rest, at least one; Sync-mode executions are their callers'.
+	// ReservedWorkers (less than Config.Workers) are kept for calls whose
+	// priority (never raised by aging) is in UrgentPriority's band or
+	// above: set it to the most urgent calls' own priority. Other calls
+	// may hold the rest, at least one; Sync-mode executions are their callers'.
 	ReservedWorkers int
 	UrgentPriority  int
 	Adaptive        *AdaptivePolicy // if set, adapts concurrency to the server

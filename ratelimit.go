@@ -11,33 +11,24 @@ import (
 // satisfies it, and so does client-go's flowcontrol.RateLimiter.
 //
 // A worker takes its token before it chooses a call, so the call that runs
-// is the best one at the moment the token is granted: a bind that arrives
-// while status patches wait for tokens runs on the next token, not after
-// every patch that already holds a worker. No worker sleeps while it waits:
-//
-//   - A *rate.Limiter (anything with ReserveN(time.Time, int)
-//     *rate.Reservation) is asked for a reservation, and the dispatcher's
-//     one timer fires when it is due.
-//   - Anything with TryAccept() bool and QPS() float32 — client-go's
-//     flowcontrol.RateLimiter — is tried again on the timer, once per token
-//     interval.
-//   - Any other limiter is waited on by one goroutine of the dispatcher,
-//     which hands each token it gets to the best ready call.
-//
-// A call running inline (Sync mode) waits for its token in its caller,
-// under the call's own context.
+// is the best one when the token is granted: a bind that arrives while
+// status patches wait for tokens runs on the next token. No worker sleeps
+// while it waits: a *rate.Limiter (anything with ReserveN) is asked for a
+// reservation, due on the dispatcher's one timer; anything with
+// TryAccept() bool and QPS() float32 is tried again on that timer once per
+// token interval; any other limiter is waited on by one goroutine of the
+// dispatcher, which hands each token to the best ready call. A Sync-mode
+// call waits for its token in its caller, under the call's own context.
 //
 // No call runs without a token. A limiter that grants nothing for now —
-// paused at run time (SetLimit(0), SetBurst(0), a NaN or negative limit,
-// which counts as a pause), slowed to almost nothing, or whose Wait fails —
-// holds every execution until it grants again; the dispatcher asks it again
-// at least once a second (a failing Wait after a back-off), so a change
-// takes effect within a second and nothing spins.
+// paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to
+// almost nothing, or whose Wait fails — holds every execution until it
+// grants again; the dispatcher asks again at least once a second, so a
+// change takes effect within a second and nothing spins.
 //
 // With a Kubernetes client, let the dispatcher enforce the QPS and open up
-// the clientset's own bucket (rest.Config QPS −1): a bucket behind the
-// workers hands tokens out in the order workers happen to ask, so a bind
-// waits behind every status patch that already holds a worker.
+// the clientset's bucket (rest.Config QPS −1): a bucket behind the workers
+// makes a bind wait behind every status patch holding a worker.
 type RateLimiter interface {
 	// Wait blocks until a token is available or ctx ends.
 	Wait(ctx context.Context) error
