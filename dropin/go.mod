@@ -8,7 +8,6 @@ module github.com/coalescer/dispatch/dropin
 go 1.26.0
 
 require (
-	github.com/coalescer/dispatch v0.1.0
 	github.com/coalescer/dispatch/kube/scheduler v0.1.0
 	github.com/coalescer/dispatch/test/integration v0.1.0
 	github.com/stretchr/testify v1.12.1
@@ -34,6 +33,7 @@ require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coalescer/dispatch v0.1.0 // indirect
 	github.com/coalescer/dispatch/kube v0.1.0 // indirect
 	github.com/coreos/go-oidc v2.5.0+incompatible // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
