@@ -58,26 +58,7 @@ type config struct {
 const sampleEvery = 5 * time.Millisecond
 
 func main() {
-	var c config
-	flag.IntVar(&c.pods, "pods", 200, "unschedulable pods whose status the loop keeps patching")
-	flag.IntVar(&c.burst, "burst", 20, "status patches the loop posts per millisecond")
-	flag.DurationVar(&c.bindEvery, "bind-every", 20*time.Millisecond, "how often the loop binds a pod (high priority)")
-	flag.DurationVar(&c.bindTimeout, "bind-timeout", 2*time.Second, "deadline of each bind")
-	flag.DurationVar(&c.deleteEvery, "delete-every", 100*time.Millisecond, "how often a patched pod is deleted (Cancel); 0: never")
-	flag.DurationVar(&c.latency, "latency", 20*time.Millisecond, "mean latency of one fake API call")
-	flag.Float64Var(&c.errRate, "errors", 0.02, "fraction of fake API calls that fail with a retryable 503")
-	flag.IntVar(&c.workers, "workers", 4, "dispatcher workers (concurrent API calls)")
-	flag.DurationVar(&c.duration, "duration", time.Second, "how long the hot loop runs")
-	flag.DurationVar(&c.drain, "drain", 5*time.Second, "how long Close may drain the backlog before ending the rest as Closed")
-	flag.BoolVar(&c.compare, "compare", true, "also run the same workload with every call at priority 0 (FIFO)")
-	flag.StringVar(&c.svg, "svg", "", "also write an SVG picture of bind latency and queue depth over time to `FILE`")
-	flag.Parse()
-	if err := c.check(); err != nil {
-		fmt.Fprintln(os.Stderr, "quickstart:", err)
-		flag.Usage()
-		os.Exit(2)
-	}
-
+	c := parseFlags()
 	fmt.Printf("dispatch quickstart: %d unschedulable pods, %d status patches/ms, a bind every %v (deadline %v),\n",
 		c.pods, c.burst, c.bindEvery, c.bindTimeout)
 	fmt.Printf("fake API %v ±50%% per call with %.0f%% 503s, %d workers, hot loop for %v\n\n",
@@ -101,6 +82,31 @@ func main() {
 			os.Exit(1)
 		}
 	}
+}
+
+// parseFlags reads the command line; a bad value ends the program with
+// its usage.
+func parseFlags() config {
+	var c config
+	flag.IntVar(&c.pods, "pods", 200, "unschedulable pods whose status the loop keeps patching")
+	flag.IntVar(&c.burst, "burst", 20, "status patches the loop posts per millisecond")
+	flag.DurationVar(&c.bindEvery, "bind-every", 20*time.Millisecond, "how often the loop binds a pod (high priority)")
+	flag.DurationVar(&c.bindTimeout, "bind-timeout", 2*time.Second, "deadline of each bind")
+	flag.DurationVar(&c.deleteEvery, "delete-every", 100*time.Millisecond, "how often a patched pod is deleted (Cancel); 0: never")
+	flag.DurationVar(&c.latency, "latency", 20*time.Millisecond, "mean latency of one fake API call")
+	flag.Float64Var(&c.errRate, "errors", 0.02, "fraction of fake API calls that fail with a retryable 503")
+	flag.IntVar(&c.workers, "workers", 4, "dispatcher workers (concurrent API calls)")
+	flag.DurationVar(&c.duration, "duration", time.Second, "how long the hot loop runs")
+	flag.DurationVar(&c.drain, "drain", 5*time.Second, "how long Close may drain the backlog before ending the rest as Closed")
+	flag.BoolVar(&c.compare, "compare", true, "also run the same workload with every call at priority 0 (FIFO)")
+	flag.StringVar(&c.svg, "svg", "", "also write an SVG picture of bind latency and queue depth over time to `FILE`")
+	flag.Parse()
+	if err := c.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		flag.Usage()
+		os.Exit(2)
+	}
+	return c
 }
 
 func (c config) check() error {
@@ -207,6 +213,8 @@ type report struct {
 	broken              string // a violated invariant, if any
 }
 
+// run runs the workload once, with priorities or (fifo) with every call at
+// priority 0, and reports what it measured.
 func run(c config, fifo bool) *report {
 	r := &report{name: "priority", bindStates: map[dispatch.State]int{}}
 	bindPriority := 10
@@ -214,6 +222,21 @@ func run(c config, fifo bool) *report {
 		r.name, bindPriority = "FIFO", 0
 	}
 	api := &fakeAPI{latency: c.latency, errRate: c.errRate}
+	d := r.newDispatcher(c, api, fifo, bindPriority)
+	stopSampling := r.hotLoop(c, d, bindPriority)
+	r.shutdown(d, c.drain)
+	stopSampling()
+
+	r.stats = d.Stats()
+	r.apiCalls = [2]int64{api.calls[statusPatch].Load(), api.calls[bind].Load()}
+	r.updates = api.updates.Load()
+	r.check()
+	return r
+}
+
+// newDispatcher makes the run's dispatcher, calling api, with its
+// completion hook recording into r.
+func (r *report) newDispatcher(c config, api *fakeAPI, fifo bool, bindPriority int) *dispatch.Dispatcher[string, call] {
 	// With priorities, one worker is kept for binds: however the storm
 	// fills the others, a bind finds a free worker at once. (Upstream's
 	// FIFO dispatcher has nothing of the kind.)
@@ -221,7 +244,6 @@ func run(c config, fifo bool) *report {
 	if !fifo && c.workers > 1 {
 		policy = dispatch.StartPolicy{ReservedWorkers: 1, UrgentPriority: bindPriority}
 	}
-
 	d, err := dispatch.New(api.exec,
 		dispatch.Config[string, call]{
 			Workers: c.workers,
@@ -246,42 +268,46 @@ func run(c config, fifo bool) *report {
 	if err != nil {
 		panic(err) // the options above are valid
 	}
+	return d
+}
 
-	pods := make([]string, c.pods)
-	for i := range pods {
-		pods[i] = fmt.Sprintf("pending-%04d", i)
+// podSet is the loop's unschedulable pods; a deleted one is replaced by a
+// new one.
+type podSet struct {
+	names   []string
+	attempt int // scheduling attempts so far
+	next    int // the number of the next pod made
+}
+
+func newPodSet(n int) *podSet {
+	ps := &podSet{names: make([]string, n), next: n}
+	for i := range ps.names {
+		ps.names[i] = fmt.Sprintf("pending-%04d", i)
 	}
-	nextPod := len(pods)
-	errPodDeleted := errors.New("pod deleted")
+	return ps
+}
 
+// hotLoop runs the scheduler-like loop for c.duration: every millisecond a
+// burst of status patches, and now and then a bind and a pod deletion. It
+// returns once every binding cycle it started has heard its outcome, with
+// the function that stops the queue-depth sampling (-svg).
+func (r *report) hotLoop(c config, d *dispatch.Dispatcher[string, call], bindPriority int) (stopSampling func()) {
+	pods := newPodSet(c.pods)
 	var binders sync.WaitGroup
 	tick := time.NewTicker(time.Millisecond)
 	start := time.Now()
 	r.start = start
-	stopSampling := func() {}
+	stopSampling = func() {}
 	if c.svg != "" {
 		stopSampling = r.sampleDepth(d)
 	}
 	lastBind, lastDelete := start, start
-	attempt, nbind := 0, 0
+	nbind := 0
 	for now := range tick.C {
 		if now.Sub(start) >= c.duration {
 			break
 		}
-		// The storm: a scheduling attempt failed for these pods, so each
-		// gets a status patch. Fire-and-forget, droppable, priority 0.
-		for range c.burst {
-			pod := pods[attempt%len(pods)]
-			attempt++
-			t0 := time.Now()
-			err := d.Post(pod, call{kind: statusPatch, attempt: attempt, updates: 1},
-				dispatch.SubmitOptions{Priority: 0, Droppable: true})
-			r.loopCall(t0)
-			r.patches++
-			if err != nil {
-				r.rejected++
-			}
-		}
+		r.storm(d, pods, c.burst)
 		// A pod fits a node: bind it at high priority.
 		if now.Sub(lastBind) >= c.bindEvery {
 			lastBind = now
@@ -289,34 +315,53 @@ func run(c config, fifo bool) *report {
 			r.bind(d, &binders, fmt.Sprintf("bound-%04d", nbind), fmt.Sprintf("node-%d", nbind%50),
 				bindPriority, c.bindTimeout)
 		}
-		// A pod is deleted: whatever is queued or in flight for it is
-		// cancelled, and the pod is replaced by a new one.
 		if c.deleteEvery > 0 && now.Sub(lastDelete) >= c.deleteEvery {
 			lastDelete = now
-			i := rand.IntN(len(pods))
-			d.Cancel(pods[i], errPodDeleted)
-			r.deleted++
-			pods[i] = fmt.Sprintf("pending-%04d", nextPod)
-			nextPod++
+			r.deletePod(d, pods)
 		}
 	}
 	tick.Stop()
 	binders.Wait()
+	return stopSampling
+}
 
-	// Shut down: drain the backlog by priority for a while, then end the
-	// rest as Closed. Close returns once every worker has exited.
+// storm posts burst status patches: a scheduling attempt failed for these
+// pods, so each gets one. Fire-and-forget, droppable, priority 0.
+func (r *report) storm(d *dispatch.Dispatcher[string, call], pods *podSet, burst int) {
+	for range burst {
+		pod := pods.names[pods.attempt%len(pods.names)]
+		pods.attempt++
+		t0 := time.Now()
+		err := d.Post(pod, call{kind: statusPatch, attempt: pods.attempt, updates: 1},
+			dispatch.SubmitOptions{Priority: 0, Droppable: true})
+		r.loopCall(t0)
+		r.patches++
+		if err != nil {
+			r.rejected++
+		}
+	}
+}
+
+var errPodDeleted = errors.New("pod deleted")
+
+// deletePod deletes a pod: whatever is queued or in flight for it is
+// cancelled, and a new pod takes its place.
+func (r *report) deletePod(d *dispatch.Dispatcher[string, call], pods *podSet) {
+	i := rand.IntN(len(pods.names))
+	d.Cancel(pods.names[i], errPodDeleted)
+	r.deleted++
+	pods.names[i] = fmt.Sprintf("pending-%04d", pods.next)
+	pods.next++
+}
+
+// shutdown drains the backlog by priority for up to drain, then ends the
+// rest as Closed. Close returns once every worker has exited.
+func (r *report) shutdown(d *dispatch.Dispatcher[string, call], drain time.Duration) {
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), c.drain)
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	r.closeErr = d.Close(ctx)
 	cancel()
 	r.closeTook = time.Since(t0)
-	stopSampling()
-
-	r.stats = d.Stats()
-	r.apiCalls = [2]int64{api.calls[statusPatch].Load(), api.calls[bind].Load()}
-	r.updates = api.updates.Load()
-	r.check()
-	return r
 }
 
 // bind submits a bind at priority prio with a deadline, and starts its
@@ -413,85 +458,115 @@ func (r *report) check() {
 	}
 }
 
+// printReports prints what the runs measured side by side, and how the
+// binds' p99 compares.
 func printReports(rs []*report, lat time.Duration) {
-	row := func(label string, cell func(r *report) string) {
-		fmt.Printf("  %-36s", label)
-		for _, r := range rs {
-			fmt.Printf("%16s", cell(r))
-		}
-		fmt.Println()
-	}
-	section := func(title string) { fmt.Println(title) }
-	num := func(n int64) string { return group(n) }
-
-	fmt.Printf("%-38s", "")
-	for _, r := range rs {
-		fmt.Printf("%16s", r.name)
-	}
-	fmt.Println()
-	section("hot loop")
-	row("status patches posted", func(r *report) string { return num(int64(r.patches)) })
-	row("binds submitted", func(r *report) string { return num(int64(r.binds)) })
-	row("pods deleted (Cancel)", func(r *report) string { return num(int64(r.deleted)) })
-	row("refused (backpressure, ...)", func(r *report) string { return num(int64(r.rejected)) })
-	row("mean Post/Submit", func(r *report) string { return dur(r.loopTime / time.Duration(max(r.patches+r.binds, 1))) })
-	row("slowest Post/Submit", func(r *report) string { return dur(r.loopMax) })
-	section("fake API")
-	row("status patch calls", func(r *report) string { return num(r.apiCalls[statusPatch]) })
-	row("bind calls", func(r *report) string { return num(r.apiCalls[bind]) })
-	row("submissions per API call", func(r *report) string {
-		return fmt.Sprintf("%.1f", float64(r.patches+r.binds)/float64(max(r.apiCalls[0]+r.apiCalls[1], 1)))
-	})
-	row("retries (503 with Retry-After)", func(r *report) string { return num(int64(r.stats.Retries)) })
-	row("status updates delivered", func(r *report) string { return num(r.updates) })
-	section("bind latency (Submit → outcome)")
-	for _, q := range []float64{0.50, 0.99, 1} {
-		row(qname(q), func(r *report) string { return dur(quantile(r.bindLatency, q)) })
-	}
-	section("queue wait (enqueue → first run)")
-	for _, q := range []float64{0.50, 0.99} {
-		row("bind "+qname(q), func(r *report) string { return dur(quantile(r.bindWait, q)) })
-	}
-	for _, q := range []float64{0.50, 0.99} {
-		row("status patch "+qname(q), func(r *report) string { return dur(quantile(r.patchWait, q)) })
-	}
-	section("bind outcomes")
-	for _, st := range states(rs, func(r *report, st dispatch.State) uint64 { return uint64(r.bindStates[st]) }) {
-		row(st.String(), func(r *report) string { return num(int64(r.bindStates[st])) })
-	}
-	section("Stats(): submissions by outcome")
-	for _, st := range states(rs, func(r *report, st dispatch.State) uint64 { return r.stats.Outcomes[st] }) {
-		row(st.String(), func(r *report) string { return num(int64(r.stats.Outcomes[st])) })
-	}
-	row("coalesced", func(r *report) string { return num(int64(r.stats.Coalesced)) })
-	row("rejected", func(r *report) string { return num(int64(r.stats.Rejected)) })
-	section("Stats(): API calls by outcome")
-	for _, st := range states(rs, func(r *report, st dispatch.State) uint64 { return r.stats.Calls[st] }) {
-		row(st.String(), func(r *report) string { return num(int64(r.stats.Calls[st])) })
-	}
-	row("executions", func(r *report) string { return num(int64(r.stats.Executions)) })
-	row("stale executions", func(r *report) string { return num(int64(r.stats.StaleExecutions)) })
-	section("Close")
-	row("took", func(r *report) string { return dur(r.closeTook) })
-	row("backlog", func(r *report) string {
-		if r.closeErr == nil {
-			return "drained"
-		}
-		return "rest Closed"
-	})
-	row("submitted = rejected + Σ outcomes", func(r *report) string {
-		if r.broken != "" {
-			return "BROKEN"
-		}
-		return "exact"
-	})
-
+	t := table(rs)
+	t.header()
+	t.loopAndAPI()
+	t.latencies()
+	t.outcomes()
+	t.closing()
 	if len(rs) == 2 {
 		p, f := quantile(rs[0].bindLatency, 0.99), quantile(rs[1].bindLatency, 0.99)
 		fmt.Printf("\nOne API call takes about %v. With priority, p99 bind latency is %v;\n", dur(lat), dur(p))
 		fmt.Printf("in FIFO order it is %v (%.1f×): a FIFO bind waits behind every queued patch.\n",
 			dur(f), float64(f)/float64(max(p, 1)))
 	}
+}
+
+// table prints reports side by side, one column each.
+type table []*report
+
+// row prints label and a cell for each report.
+func (t table) row(label string, cell func(r *report) string) {
+	fmt.Printf("  %-36s", label)
+	for _, r := range t {
+		fmt.Printf("%16s", cell(r))
+	}
+	fmt.Println()
+}
+
+// count prints a row of a count.
+func (t table) count(label string, n func(r *report) int64) {
+	t.row(label, func(r *report) string { return group(n(r)) })
+}
+
+// byState prints a row for each state that any report counts.
+func (t table) byState(n func(*report, dispatch.State) uint64) {
+	for _, st := range states(t, n) {
+		t.count(st.String(), func(r *report) int64 { return int64(n(r, st)) })
+	}
+}
+
+func (t table) header() {
+	fmt.Printf("%-38s", "")
+	for _, r := range t {
+		fmt.Printf("%16s", r.name)
+	}
+	fmt.Println()
+}
+
+func (t table) loopAndAPI() {
+	fmt.Println("hot loop")
+	t.count("status patches posted", func(r *report) int64 { return int64(r.patches) })
+	t.count("binds submitted", func(r *report) int64 { return int64(r.binds) })
+	t.count("pods deleted (Cancel)", func(r *report) int64 { return int64(r.deleted) })
+	t.count("refused (backpressure, ...)", func(r *report) int64 { return int64(r.rejected) })
+	t.row("mean Post/Submit", func(r *report) string { return dur(r.loopTime / time.Duration(max(r.patches+r.binds, 1))) })
+	t.row("slowest Post/Submit", func(r *report) string { return dur(r.loopMax) })
+	fmt.Println("fake API")
+	t.count("status patch calls", func(r *report) int64 { return r.apiCalls[statusPatch] })
+	t.count("bind calls", func(r *report) int64 { return r.apiCalls[bind] })
+	t.row("submissions per API call", func(r *report) string {
+		return fmt.Sprintf("%.1f", float64(r.patches+r.binds)/float64(max(r.apiCalls[0]+r.apiCalls[1], 1)))
+	})
+	t.count("retries (503 with Retry-After)", func(r *report) int64 { return int64(r.stats.Retries) })
+	t.count("status updates delivered", func(r *report) int64 { return r.updates })
+}
+
+func (t table) latencies() {
+	fmt.Println("bind latency (Submit → outcome)")
+	for _, q := range []float64{0.50, 0.99, 1} {
+		t.row(qname(q), func(r *report) string { return dur(quantile(r.bindLatency, q)) })
+	}
+	fmt.Println("queue wait (enqueue → first run)")
+	for _, q := range []float64{0.50, 0.99} {
+		t.row("bind "+qname(q), func(r *report) string { return dur(quantile(r.bindWait, q)) })
+	}
+	for _, q := range []float64{0.50, 0.99} {
+		t.row("status patch "+qname(q), func(r *report) string { return dur(quantile(r.patchWait, q)) })
+	}
+}
+
+func (t table) outcomes() {
+	fmt.Println("bind outcomes")
+	t.byState(func(r *report, st dispatch.State) uint64 { return uint64(r.bindStates[st]) })
+	fmt.Println("Stats(): submissions by outcome")
+	t.byState(func(r *report, st dispatch.State) uint64 { return r.stats.Outcomes[st] })
+	t.count("coalesced", func(r *report) int64 { return int64(r.stats.Coalesced) })
+	t.count("rejected", func(r *report) int64 { return int64(r.stats.Rejected) })
+	fmt.Println("Stats(): API calls by outcome")
+	t.byState(func(r *report, st dispatch.State) uint64 { return r.stats.Calls[st] })
+	t.count("executions", func(r *report) int64 { return int64(r.stats.Executions) })
+	t.count("stale executions", func(r *report) int64 { return int64(r.stats.StaleExecutions) })
+}
+
+func (t table) closing() {
+	fmt.Println("Close")
+	t.row("took", func(r *report) string { return dur(r.closeTook) })
+	t.row("backlog", func(r *report) string {
+		if r.closeErr == nil {
+			return "drained"
+		}
+		return "rest Closed"
+	})
+	t.row("submitted = rejected + Σ outcomes", func(r *report) string {
+		if r.broken != "" {
+			return "BROKEN"
+		}
+		return "exact"
+	})
 }
 
 // states lists the states that any report counts.

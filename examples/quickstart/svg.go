@@ -52,10 +52,40 @@ var seriesColors = []string{"#1f77b4", "#d95f02", "#7570b3", "#1b9e77"}
 // apiLatency, if positive, is drawn as a reference line among the bind
 // latencies: one API round trip.
 func writeSVG(w io.Writer, rs []*report, loop, apiLatency time.Duration) error {
-	bw := bufio.NewWriter(w)
-	p := func(format string, args ...any) { fmt.Fprintf(bw, format, args...) }
+	c := newCanvas(w, rs, loop, apiLatency)
+	c.p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif" font-size="12">`+"\n",
+		svgWidth, svgHeight, svgWidth, svgHeight)
+	c.p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
+	c.p(`<text x="%d" y="20" font-size="15" font-weight="bold">dispatch quickstart: bind latency and queue depth over time</text>`+"\n", plotLeft)
+	c.legend(rs)
+	c.panel(latTop, latBottom, "bind latency, ms (log)", c.latTicks,
+		func(v float64) float64 { return c.yLat(time.Duration(v * float64(time.Millisecond))) })
+	c.panel(depTop, depBottom, "queue depth", c.depTicks,
+		func(v float64) float64 { return c.yDep(int(v)) })
+	c.p(`<text x="%d" y="%d" text-anchor="middle">time since the hot loop started, ms (a bind is drawn at its Submit)</text>`+"\n",
+		(plotLeft+plotRight)/2, svgHeight-16)
+	c.marks(loop, apiLatency)
+	// The data: depth lines first, so that no line hides a bind.
+	c.depthLines(rs)
+	c.binds(rs)
+	c.p(`</svg>` + "\n")
+	return c.w.Flush()
+}
 
-	// The scales, shared by both runs so that they compare at a glance.
+// canvas is the picture being written, with the scales both runs share so
+// that they compare at a glance.
+type canvas struct {
+	w        *bufio.Writer
+	xTicks   []float64 // ms
+	xMax     float64
+	latTicks []float64 // ms, logarithmic
+	lo, hi   float64   // log10 of the latency axis' ends
+	depTicks []float64
+	depMax   float64
+}
+
+// newCanvas sizes the axes to fit rs, the hot loop's end and apiLatency.
+func newCanvas(w io.Writer, rs []*report, loop, apiLatency time.Duration) *canvas {
 	end := loop
 	minLat, maxLat := time.Duration(math.MaxInt64), time.Duration(0)
 	maxDepth := 1
@@ -75,102 +105,107 @@ func writeSVG(w io.Writer, rs []*report, loop, apiLatency time.Duration) error {
 	if apiLatency > 0 {
 		minLat, maxLat = min(minLat, apiLatency), max(maxLat, apiLatency)
 	}
-	xTicks := linearTicks(float64(end.Milliseconds()))
-	xMax := xTicks[len(xTicks)-1]
-	x := func(d time.Duration) float64 {
-		return plotLeft + (plotRight-plotLeft)*float64(d)/float64(time.Millisecond)/xMax
-	}
-	latTicks := logTicks(msf(minLat), msf(maxLat))
-	lo, hi := math.Log10(latTicks[0]), math.Log10(latTicks[len(latTicks)-1])
-	yLat := func(d time.Duration) float64 {
-		v := math.Log10(max(msf(d), latTicks[0]))
-		return latBottom - (latBottom-latTop)*(v-lo)/(hi-lo)
-	}
-	depTicks := linearTicks(float64(maxDepth))
-	depMax := depTicks[len(depTicks)-1]
-	yDep := func(n int) float64 { return depBottom - (depBottom-depTop)*float64(n)/depMax }
+	c := &canvas{w: bufio.NewWriter(w)}
+	c.xTicks = linearTicks(float64(end.Milliseconds()))
+	c.xMax = c.xTicks[len(c.xTicks)-1]
+	c.latTicks = logTicks(msf(minLat), msf(maxLat))
+	c.lo, c.hi = math.Log10(c.latTicks[0]), math.Log10(c.latTicks[len(c.latTicks)-1])
+	c.depTicks = linearTicks(float64(maxDepth))
+	c.depMax = c.depTicks[len(c.depTicks)-1]
+	return c
+}
 
-	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif" font-size="12">`+"\n",
-		svgWidth, svgHeight, svgWidth, svgHeight)
-	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	p(`<text x="%d" y="20" font-size="15" font-weight="bold">dispatch quickstart: bind latency and queue depth over time</text>`+"\n", plotLeft)
+func (c *canvas) p(format string, args ...any) { fmt.Fprintf(c.w, format, args...) }
 
-	// Legend: one entry per run, then the bind markers.
+func (c *canvas) x(d time.Duration) float64 {
+	return plotLeft + (plotRight-plotLeft)*float64(d)/float64(time.Millisecond)/c.xMax
+}
+
+func (c *canvas) yLat(d time.Duration) float64 {
+	v := math.Log10(max(msf(d), c.latTicks[0]))
+	return latBottom - (latBottom-latTop)*(v-c.lo)/(c.hi-c.lo)
+}
+
+func (c *canvas) yDep(n int) float64 { return depBottom - (depBottom-depTop)*float64(n)/c.depMax }
+
+// legend draws one entry per run, then the bind markers.
+func (c *canvas) legend(rs []*report) {
 	lx := float64(plotLeft)
 	for i, r := range rs {
-		c := seriesColors[i%len(seriesColors)]
-		p(`<line x1="%.1f" y1="38" x2="%.1f" y2="38" stroke="%s" stroke-width="2"/>`, lx, lx+18, c)
-		p(`<circle cx="%.1f" cy="38" r="3.5" fill="%s"/>`, lx+9, c)
+		col := seriesColors[i%len(seriesColors)]
+		c.p(`<line x1="%.1f" y1="38" x2="%.1f" y2="38" stroke="%s" stroke-width="2"/>`, lx, lx+18, col)
+		c.p(`<circle cx="%.1f" cy="38" r="3.5" fill="%s"/>`, lx+9, col)
 		label := r.name + " run"
-		p(`<text x="%.1f" y="42">%s</text>`+"\n", lx+24, esc(label))
+		c.p(`<text x="%.1f" y="42">%s</text>`+"\n", lx+24, esc(label))
 		lx += 24 + 7.5*float64(len(label)) + 24
 	}
-	p(`<text x="%.1f" y="42" fill="#444">● bind succeeded   × bind failed or expired</text>`+"\n", lx)
+	c.p(`<text x="%.1f" y="42" fill="#444">● bind succeeded   × bind failed or expired</text>`+"\n", lx)
+}
 
-	// Panels: frame, grid, tick labels, axis titles.
-	panel := func(top, bottom float64, title string, ticks []float64, y func(float64) float64, label func(float64) string) {
-		p(`<g>` + "\n")
-		for _, t := range xTicks {
-			xx := plotLeft + (plotRight-plotLeft)*t/xMax
-			p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#e5e5e5"/>`+"\n", xx, top, xx, bottom)
-			p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#444">%s</text>`+"\n", xx, bottom+14, fmtTick(t))
-		}
-		for _, t := range ticks {
-			yy := y(t)
-			p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e5e5e5"/>`+"\n", plotLeft, yy, plotRight, yy)
-			p(`<text x="%d" y="%.1f" text-anchor="end" fill="#444">%s</text>`+"\n", plotLeft-6, yy+4, label(t))
-		}
-		p(`<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="none" stroke="#888"/>`+"\n", plotLeft, top, plotRight-plotLeft, bottom-top)
-		p(`<text transform="translate(16 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", (top+bottom)/2, esc(title))
-		p(`</g>` + "\n")
+// panel draws a panel's frame, grid, tick labels and axis title.
+func (c *canvas) panel(top, bottom float64, title string, ticks []float64, y func(float64) float64) {
+	c.p(`<g>` + "\n")
+	for _, t := range c.xTicks {
+		xx := plotLeft + (plotRight-plotLeft)*t/c.xMax
+		c.p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#e5e5e5"/>`+"\n", xx, top, xx, bottom)
+		c.p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#444">%s</text>`+"\n", xx, bottom+14, fmtTick(t))
 	}
-	panel(latTop, latBottom, "bind latency, ms (log)", latTicks,
-		func(v float64) float64 { return yLat(time.Duration(v * float64(time.Millisecond))) }, fmtTick)
-	panel(depTop, depBottom, "queue depth", depTicks,
-		func(v float64) float64 { return yDep(int(v)) }, fmtTick)
-	p(`<text x="%d" y="%d" text-anchor="middle">time since the hot loop started, ms (a bind is drawn at its Submit)</text>`+"\n",
-		(plotLeft+plotRight)/2, svgHeight-16)
+	for _, t := range ticks {
+		yy := y(t)
+		c.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e5e5e5"/>`+"\n", plotLeft, yy, plotRight, yy)
+		c.p(`<text x="%d" y="%.1f" text-anchor="end" fill="#444">%s</text>`+"\n", plotLeft-6, yy+4, fmtTick(t))
+	}
+	c.p(`<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="none" stroke="#888"/>`+"\n", plotLeft, top, plotRight-plotLeft, bottom-top)
+	c.p(`<text transform="translate(16 %.1f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", (top+bottom)/2, esc(title))
+	c.p(`</g>` + "\n")
+}
 
-	// The end of the hot loop: from here on Close drains the backlog.
-	lxEnd := x(loop)
+// marks draws the end of the hot loop (from there on Close drains the
+// backlog) and, if positive, the API's mean latency.
+func (c *canvas) marks(loop, apiLatency time.Duration) {
+	lxEnd := c.x(loop)
 	for _, span := range [][2]float64{{latTop, latBottom}, {depTop, depBottom}} {
-		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="4 3"/>`+"\n", lxEnd, span[0], lxEnd, span[1])
+		c.p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="4 3"/>`+"\n", lxEnd, span[0], lxEnd, span[1])
 	}
-	p(`<text x="%.1f" y="%d" fill="#555">hot loop ends; the backlog drains</text>`+"\n", lxEnd+4, depTop+12)
+	c.p(`<text x="%.1f" y="%d" fill="#555">hot loop ends; the backlog drains</text>`+"\n", lxEnd+4, depTop+12)
 	if apiLatency > 0 {
-		y := yLat(apiLatency)
-		p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#555" stroke-dasharray="2 3"/>`+"\n", plotLeft, y, plotRight, y)
-		p(`<text x="%d" y="%.1f" text-anchor="end" fill="#555">mean API call (%v)</text>`+"\n", plotRight-4, y-4, apiLatency)
+		y := c.yLat(apiLatency)
+		c.p(`<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#555" stroke-dasharray="2 3"/>`+"\n", plotLeft, y, plotRight, y)
+		c.p(`<text x="%d" y="%.1f" text-anchor="end" fill="#555">mean API call (%v)</text>`+"\n", plotRight-4, y-4, apiLatency)
 	}
+}
 
-	// The data: depth lines first, so that no line hides a bind.
+// depthLines draws each run's queue depth over time.
+func (c *canvas) depthLines(rs []*report) {
 	for i, r := range rs {
 		if len(r.depthSamples) == 0 {
 			continue
 		}
-		c := seriesColors[i%len(seriesColors)]
+		col := seriesColors[i%len(seriesColors)]
 		var pts strings.Builder
 		for _, s := range r.depthSamples {
-			fmt.Fprintf(&pts, "%.1f,%.1f ", x(s.at), yDep(s.depth))
+			fmt.Fprintf(&pts, "%.1f,%.1f ", c.x(s.at), c.yDep(s.depth))
 		}
-		p(`<polyline fill="none" stroke="%s" stroke-width="1.5" stroke-linejoin="round" points="%s"/>`+"\n",
-			c, strings.TrimSpace(pts.String()))
+		c.p(`<polyline fill="none" stroke="%s" stroke-width="1.5" stroke-linejoin="round" points="%s"/>`+"\n",
+			col, strings.TrimSpace(pts.String()))
 	}
+}
+
+// binds draws each run's binds: a dot for a success, a cross otherwise.
+func (c *canvas) binds(rs []*report) {
 	for i, r := range rs {
-		c := seriesColors[i%len(seriesColors)]
-		p(`<g fill="%s" stroke="%s" fill-opacity="0.75">`+"\n", c, c)
+		col := seriesColors[i%len(seriesColors)]
+		c.p(`<g fill="%s" stroke="%s" fill-opacity="0.75">`+"\n", col, col)
 		for _, b := range r.bindPoints {
-			bx, by := x(b.at), yLat(b.latency)
+			bx, by := c.x(b.at), c.yLat(b.latency)
 			if b.ok {
-				p(`<circle cx="%.1f" cy="%.1f" r="3"/>`+"\n", bx, by)
+				c.p(`<circle cx="%.1f" cy="%.1f" r="3"/>`+"\n", bx, by)
 				continue
 			}
-			p(`<path d="M%.1f %.1fl7 7m0 -7l-7 7" stroke-width="1.5"/>`+"\n", bx-3.5, by-3.5)
+			c.p(`<path d="M%.1f %.1fl7 7m0 -7l-7 7" stroke-width="1.5"/>`+"\n", bx-3.5, by-3.5)
 		}
-		p(`</g>` + "\n")
+		c.p(`</g>` + "\n")
 	}
-	p(`</svg>` + "\n")
-	return bw.Flush()
 }
 
 // linearTicks returns evenly spaced round ticks from 0 to at least max: 1, 2

@@ -61,47 +61,72 @@ func run() error {
 	var pubNames, pubDoc int
 	var details []string
 	for _, m := range mods {
-		pkgs, err := packages(m.Dir)
+		sh, err := measure(root, m)
 		if err != nil {
 			return err
 		}
-		var names, doc, defaults int
-		var long, params []string
-		for _, p := range pkgs {
-			files, fset, err := parse(p, false)
-			if err != nil {
-				return err
-			}
-			rel, _ := filepath.Rel(root, p)
-			l, pa := funcShape(fset, files, rel)
-			long, params = append(long, l...), append(params, pa...)
-			if !m.published || isInternal(m.Dir, p) || isMain(files) {
-				continue
-			}
-			n, d := exported(files)
-			names += n
-			defaults += d
-			out, err := exec.Command("go", "doc", "-all", p).Output()
-			if err != nil {
-				return fmt.Errorf("go doc -all %s: %w", p, err)
-			}
-			doc += bytes.Count(out, []byte("\n"))
-		}
 		if m.published {
-			pubNames += names
-			pubDoc += doc
+			pubNames += sh.names
+			pubDoc += sh.doc
 		}
 		rel, _ := filepath.Rel(root, m.Dir)
 		pub := map[bool]string{true: "yes", false: "no"}[m.published]
-		fmt.Printf("| %s | %s | %d | %d | %d | %d | %d |\n", "./"+strings.TrimPrefix(rel, "."), pub, names, doc, len(long), len(params), defaults)
-		if len(long) > 0 || len(params) > 0 {
-			details = append(details, fmt.Sprintf("%s: over %d lines %v; over %d params %v", "./"+rel, longLines, long, maxParams, params))
+		fmt.Printf("| %s | %s | %d | %d | %d | %d | %d |\n", "./"+strings.TrimPrefix(rel, "."), pub, sh.names, sh.doc, len(sh.long), len(sh.params), sh.defaults)
+		if len(sh.long) > 0 || len(sh.params) > 0 {
+			details = append(details, fmt.Sprintf("%s: over %d lines %v; over %d params %v", "./"+rel, longLines, sh.long, maxParams, sh.params))
 		}
 	}
 	fmt.Printf("\npublished modules together: %d exported names, %d go doc lines\n", pubNames, pubDoc)
 	for _, d := range details {
 		fmt.Println("  " + d)
 	}
+	if err := printCore(root); err != nil {
+		return err
+	}
+	return printTrackers(root)
+}
+
+// shape is what apisize measures of one module.
+type shape struct {
+	names, doc, defaults int      // exported names, go doc -all lines, Default* exports
+	long, params         []string // functions too long, or with too many parameters
+}
+
+// measure measures module m: every package's functions, and, if m is
+// published, its packages' exported names and go doc lines (internal and
+// main packages excepted).
+func measure(root string, m module) (shape, error) {
+	var sh shape
+	pkgs, err := packages(m.Dir)
+	if err != nil {
+		return sh, err
+	}
+	for _, p := range pkgs {
+		files, fset, err := parse(p, false)
+		if err != nil {
+			return sh, err
+		}
+		rel, _ := filepath.Rel(root, p)
+		l, pa := funcShape(fset, files, rel)
+		sh.long, sh.params = append(sh.long, l...), append(sh.params, pa...)
+		if !m.published || isInternal(m.Dir, p) || isMain(files) {
+			continue
+		}
+		n, d := exported(files)
+		sh.names += n
+		sh.defaults += d
+		out, err := exec.Command("go", "doc", "-all", p).Output()
+		if err != nil {
+			return sh, fmt.Errorf("go doc -all %s: %w", p, err)
+		}
+		sh.doc += bytes.Count(out, []byte("\n"))
+	}
+	return sh, nil
+}
+
+// printCore prints the core's methods on *Dispatcher and its file pairs
+// that call each other both ways.
+func printCore(root string) error {
 	pairs, methods, err := coreCalls(root)
 	if err != nil {
 		return err
@@ -111,6 +136,12 @@ func run() error {
 	for _, p := range pairs {
 		fmt.Println("  " + p)
 	}
+	return nil
+}
+
+// printTrackers prints the internal tracker numbers in Markdown and
+// comments.
+func printTrackers(root string) error {
 	hits, err := trackerNumbers(root)
 	if err != nil {
 		return err
