@@ -8,12 +8,6 @@
 // skipping, SyncObject — plus the priority, in-flight caps, rate limiting,
 // deadlines, retries and rollback it lacks.
 //
-// The package is named kube, after its directory, as Go packages are: the
-// import path already says dispatch, so call sites read kube.Bind,
-// kube.Classify, kube.NewDispatcher, and the name clashes with no package a
-// scheduler plugin imports (clientset, kubernetes, v1, metav1, framework).
-// Rename the import if it clashes with yours.
-//
 // # Mental model
 //
 // A Call is one write on one pod, built from the pod as you last saw it:
@@ -81,22 +75,11 @@
 // hands each token to the best call waiting when it is granted — give the
 // clientset no limit of its own (RESTConfig).
 //
-// Options holds what may be set: the preset's own settings (rate,
-// priorities by call type, status-patch cap, logger) and the dispatch
-// settings that make sense for pod writes, under their dispatch.Config
-// names and types (workers, capacity, the start policy with its
-// reservation and adaptive concurrency, retry policy, circuit breaker,
-// tenants, rollout and fallback, observer, completion hook), the preset
-// filling in the zeros whose default is its own. The merge, no-op, label
-// and before-retry rules are the preset's and cannot be replaced.
-// SubmitOptions.Priority is a pointer, nil meaning the call type's, so
-// new(0) is priority 0. ModeOf and SetEnabled map a feature gate to the
-// dispatcher's mode: off is Sync, each write made inline by its caller
-// through the same machinery.
-//
-// The Dispatcher offers the core's methods typed for pods: a call is
-// always queued under its own pod's UID (Submit, Post), SyncObject is the
-// core's Amend for pods, and Cancel and Busy take a pod's UID.
+// Options holds the preset's own settings and the dispatch settings that
+// make sense for pod writes, under their dispatch.Config names and types;
+// the merge, no-op, label and before-retry rules are the preset's. ModeOf
+// and SetEnabled map a feature gate to the dispatcher's mode: off is Sync,
+// each write made inline by its caller through the same machinery.
 //
 // # Logging
 //

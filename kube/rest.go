@@ -8,16 +8,11 @@ import "k8s.io/client-go/rest"
 // dispatcher limits the rate itself (Options.QPS), after it has ordered
 // calls by priority.
 //
-// Why not leave client-go's bucket in place: it sits behind the workers.
-// A worker has already taken its call when it waits for the bucket, so a
-// binding submitted during a storm of status patches queues in the bucket
-// behind the patch of every worker that holds one — the priority order is
-// lost where the scarce resource is handed out (kubernetes#135900). Two
-// limits in series also make the rate the lower of the two, and the
-// bucket's waits are invisible to the dispatcher's figures. The dispatcher
-// takes its token before it chooses the call, so the best call at the
-// moment a token is granted runs: a binding waits for one token, not for
-// the storm. Only a limit of its own can do that.
+// client-go's bucket would sit behind the workers: a worker has already
+// taken its call when it waits there, so a binding submitted during a storm
+// of status patches would queue behind the patch of every worker that holds
+// one (kubernetes#135900). The dispatcher takes its token before it chooses
+// the call, so a binding waits for one token, not for the storm.
 //
 // Build the clientset for the dispatcher alone, so that the rest of the
 // program (informers, events) keeps its own limit:

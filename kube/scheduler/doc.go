@@ -10,9 +10,10 @@
 // switch to the synchronous path.
 //
 // It is the third of dispatch's layers (core, kube, this adapter, the
-// drop-in). A custom scheduler binary constructs it; the drop-in package in
-// this module's upstream/ directory wraps it in upstream's exact API so that
-// an unmodified kube-scheduler builds with it (see the module's README).
+// drop-in). A custom scheduler binary constructs it; the drop-in, in the
+// repository's dropin/ directory (not published: it needs
+// k8s.io/kubernetes), wraps it in upstream's exact API so that an
+// unmodified kube-scheduler builds with it (see the module's README).
 //
 // # Upstream's semantics
 //
