@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -300,5 +301,127 @@ func TestDoneAgreesWithResult(t *testing.T) {
 		close(gates[round]) // the running call, if one started, and what waits behind it
 		watchers.Wait()
 	}
+	closeD(t, d)
+}
+
+// TestTicket exercises the Ticket API: Done and Result before and after
+// the outcome, Wait with a context that ends first (the submission stays
+// live), and Cancel after the outcome (a no-op).
+func TestTicket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("k")
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
+		tk := submit(t, d, "k", 7, prio(0))
+		synctest.Wait()
+
+		select {
+		case <-tk.Done():
+			t.Fatal("Done closed before the outcome")
+		default:
+		}
+		r, ok := tk.Result()
+		assert.False(t, ok)
+		assert.Zero(t, r)
+
+		ctx, cancel := context.WithTimeout(bg, time.Second)
+		start := time.Now()
+		r, err := tk.Wait(ctx)
+		cancel()
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Zero(t, r)
+		assert.Equal(t, time.Second, time.Since(start))
+
+		done, cancelDone := context.WithCancel(bg)
+		cancelDone()
+		_, err = tk.Wait(done)
+		assert.ErrorIs(t, err, context.Canceled)
+
+		// Still live: Wait's context is not the submission's.
+		s := checkConservation(t, d)
+		assert.Equal(t, 1, s.Live)
+		assert.Equal(t, 1, s.Tickets)
+		assert.True(t, d.Busy("k"))
+
+		g.open()
+		r, err = tk.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, Result[string, int]{Key: "k", Call: 7, Outcome: Outcome{
+			State: StateSucceeded, Attempts: 1, Waiters: 1, QueueWait: 0, RunTime: time.Second,
+		}}, r)
+		before := checkConservation(t, d)
+		tk.Cancel()
+		tk.Cancel()
+		after := checkConservation(t, d)
+		assert.Equal(t, before, after, "Cancel after the outcome changed the dispatcher")
+		assert.Equal(t, r, outcome(t, tk))
+		closeD(t, d)
+	})
+}
+
+// TestTicketDoneLazy: a ticket's Done channel is made when first asked for,
+// is the same channel on every call, and is closed when the outcome is
+// told; asked for only after the outcome, it is already closed. Callers
+// racing Done, Wait and Result against the delivery all see the outcome.
+func TestTicketDoneLazy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d, early, release := holdWorker(t, f.exec, Config[string, int]{}) // early: the held call's ticket
+		ch := early.Done()
+		assert.Equal(t, ch, early.Done(), "Done made a second channel")
+		select {
+		case <-ch:
+			t.Fatal("Done closed before the outcome")
+		default:
+		}
+
+		late := submit(t, d, "b", 2, prio(0)) // runs after the held call; nobody asks for Done before it ends
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				<-early.Done()
+				r, ok := early.Result()
+				assert.True(t, ok)
+				assert.Equal(t, StateSucceeded, r.State)
+			})
+		}
+		release()
+		wg.Wait()
+		<-ch
+
+		r, ok := late.Result()
+		require.True(t, ok, "outcome told without anyone asking for Done")
+		assert.Equal(t, StateSucceeded, r.State)
+		select {
+		case <-late.Done():
+		default:
+			t.Fatal("Done asked for after the outcome is not closed")
+		}
+		closeD(t, d)
+	})
+}
+
+// TestTicketDoneConcurrent races the first Done calls of many tickets
+// against their delivery by several workers, under -race: every caller's
+// channel closes and every Result is there once it has.
+func TestTicketDoneConcurrent(t *testing.T) {
+	d := newD(t, nopExec, Config[string, int]{Workers: 4})
+	const n = 2000
+	tks := make([]*Ticket[string, int], n)
+	for i := range tks {
+		tks[i] = submit(t, d, fmt.Sprint(i), i, prio(0))
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < n; i += 4 {
+				<-tks[i].Done()
+				_, ok := tks[i].Result()
+				assert.True(t, ok)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, map[State]int{StateSucceeded: n}, tally(t, tks...))
 	closeD(t, d)
 }

@@ -1,0 +1,201 @@
+package dispatch
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestFallbackTriggers drives each FallbackPolicy threshold to exactly its
+// value and just past it: at the threshold the dispatcher stays Async; past
+// it, it switches to Sync, records the measured values in
+// Stats.FallbackReason and tells the observer the threshold's string.
+func TestFallbackTriggers(t *testing.T) {
+	type env struct {
+		d       *Dispatcher[string, int]
+		release chan struct{}
+	}
+	cases := []struct {
+		name   string
+		policy FallbackPolicy
+		brk    *BreakerPolicy
+		// load drives the dispatcher to exactly the threshold (below=true)
+		// or just past it.
+		load func(t *testing.T, e env, below bool)
+		want string // Stats.FallbackReason
+		code string // the observer's reason
+		// window is the policy's window (default a minute); settle is how
+		// long to let the checks run after the load (default two checks).
+		window, settle time.Duration
+	}{
+		{
+			name:   "backlog",
+			policy: FallbackPolicy{MaxBacklog: 10},
+			load: func(t *testing.T, e env, below bool) {
+				n := 11 // one in flight, ten queued
+				if !below {
+					n++
+				}
+				for i := range n {
+					require.NoError(t, e.d.Post(fmt.Sprint("k", i), 0, SubmitOptions{}))
+				}
+			},
+			want: "backlog 11 > 10", code: "backlog",
+		},
+		{
+			name:   "failure ratio",
+			policy: FallbackPolicy{MaxFailureRatio: 0.5, MinSamples: 10},
+			load: func(t *testing.T, e env, below bool) {
+				close(e.release)
+				fails := 5
+				if !below {
+					fails = 6
+				}
+				for i := range 10 {
+					v := 0
+					if i < fails {
+						v = 1 // exec fails it
+					}
+					tk, err := e.d.Submit(t.Context(), fmt.Sprint("k", i), v, SubmitOptions{})
+					require.NoError(t, err)
+					<-tk.Done()
+				}
+			},
+			want: "failure ratio 0.600 > 0.500", code: "failure_ratio",
+		},
+		{
+			name:   "queue wait p99",
+			policy: FallbackPolicy{MaxQueueWaitP99: time.Second, MinSamples: 100},
+			load: func(t *testing.T, e env, below bool) {
+				close(e.release)
+				// 100 calls at once on one worker taking 10ms each: waits
+				// of 0..990ms, none over a second; the 101st and later wait
+				// over a second.
+				n := 100
+				if !below {
+					n = 103
+				}
+				var tks []*Ticket[string, int]
+				for i := range n {
+					tk, err := e.d.Submit(t.Context(), fmt.Sprint("k", i), 2, SubmitOptions{})
+					require.NoError(t, err)
+					tks = append(tks, tk)
+				}
+				waitAll(tks...)
+			},
+			want: "queue wait p99 > 1s (2 of 103 waits)", code: "queue_wait",
+		},
+		{
+			name:   "breaker open",
+			policy: FallbackPolicy{MaxCircuitOpen: 30 * time.Second},
+			brk:    &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Minute},
+			load: func(t *testing.T, e env, below bool) {
+				close(e.release)
+				tk, err := e.d.Submit(t.Context(), "k", 3, SubmitOptions{})
+				require.NoError(t, err)
+				<-tk.Done()
+				// Checks run every second (a tenth of the window).
+				if below {
+					time.Sleep(30*time.Second + 500*time.Millisecond)
+				} else {
+					time.Sleep(31*time.Second + 500*time.Millisecond)
+				}
+			},
+			want:   "circuit open for 31s > 30s",
+			code:   "circuit_open",
+			window: 10 * time.Second,
+			settle: time.Nanosecond,
+		},
+	}
+	for _, tc := range cases {
+		for _, below := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/below=%v", tc.name, below), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					release := make(chan struct{})
+					var modes []string
+					var mu sync.Mutex
+					obs := &modeLog{f: func(from, to Mode, reason string) {
+						mu.Lock()
+						modes = append(modes, fmt.Sprint(from, ">", to, ": ", reason))
+						mu.Unlock()
+					}}
+					p := tc.policy
+					p.Window = cmp.Or(tc.window, time.Minute)
+					d := newD(t, func(ctx context.Context, k string, v int) error {
+						switch v {
+						case 0:
+							<-release
+						case 1:
+							return errors.New("400")
+						case 2:
+							time.Sleep(10 * time.Millisecond)
+						case 3:
+							return syscall.ECONNRESET
+						}
+						return nil
+					}, Config[string, int]{
+						Workers:  1,
+						Capacity: 1000,
+						Retry:    RetryPolicy{MaxAttempts: 1},
+						Breaker:  tc.brk,
+						Rollout:  RolloutPolicy{Fallback: &p},
+						Observer: obs,
+					})
+					tc.load(t, env{d, release}, below)
+					time.Sleep(cmp.Or(tc.settle, p.Window/5)) // two checks
+					st := d.Stats()
+					if below {
+						assert.Equal(t, ModeAsync, st.Mode, "at the threshold, not past it")
+						assert.Empty(t, st.FallbackReason)
+					} else {
+						assert.Equal(t, ModeSync, st.Mode)
+						assert.Equal(t, tc.want, st.FallbackReason)
+						mu.Lock()
+						assert.Equal(t, []string{"async>sync: " + string(tc.code)}, modes)
+						mu.Unlock()
+					}
+					select {
+					case <-release:
+					default:
+						close(release)
+					}
+					closeD(t, d)
+				})
+			})
+		}
+	}
+}
+
+// TestFallbackReturnsAfterCooldown: with FallbackPolicy.ReturnAfter, an
+// automatic fallback to Sync returns to Async by itself after that long.
+func TestFallbackReturnsAfterCooldown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		d := newD(t, func(ctx context.Context, k string, _ int) error { <-release; return nil }, Config[string, int]{
+			Workers: 1,
+			Rollout: RolloutPolicy{Fallback: &FallbackPolicy{
+				MaxBacklog:  1,
+				Window:      10 * time.Second,
+				ReturnAfter: time.Minute,
+			}},
+		})
+		for i := range 3 {
+			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
+		}
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, ModeSync, d.Mode())
+		close(release)
+		time.Sleep(time.Minute)
+		assert.Equal(t, ModeAsync, d.Mode(), "back to Async after the cool-down")
+		closeD(t, d)
+	})
+}
