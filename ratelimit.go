@@ -14,11 +14,12 @@ import (
 // is the best one when the token is granted: a bind that arrives while
 // status patches wait for tokens runs on the next token. No worker sleeps
 // while it waits: a *rate.Limiter (anything with ReserveN) is asked for a
-// reservation, due on the dispatcher's one timer; anything with
-// TryAccept() bool and QPS() float32 is tried again on that timer once per
-// token interval; any other limiter is waited on by one goroutine of the
-// dispatcher, which hands each token to the best ready call. A Sync-mode
-// call waits for its token in its caller, under the call's own context.
+// reservation, and the dispatcher's clock wakes a worker when it is due;
+// anything with TryAccept() bool and QPS() float32 is tried again by the
+// clock once per token interval; any other limiter is waited on by one
+// goroutine of the dispatcher, which hands each token to the best ready
+// call. A Sync-mode call waits for its token in its caller, under the
+// call's own context.
 //
 // No call runs without a token. A limiter that grants nothing for now —
 // paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to
