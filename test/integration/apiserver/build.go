@@ -17,39 +17,74 @@ import (
 	"time"
 )
 
-// etcdModule is the module, required by testdata/etcd/go.mod, whose
-// version names the etcd that [buildEtcd] builds.
-const etcdModule = "go.etcd.io/etcd/server/v3"
+// pinnedBuild is a server binary the tests build with the go command from
+// a module of this package's test data, testdata/NAME, whose go.mod pins
+// the release: etcd ([etcdBuild]) and kube-apiserver ([kubeAPIServerBuild]).
+// Each is built once per machine (see [pinnedBuild.build]) and once per test
+// binary at most ([pinnedBuild.binary]).
+type pinnedBuild struct {
+	// name is the binary's, its test data module's directory's and, with
+	// a dispatch- prefix, its cache directory's.
+	name string
+	// module is the module, required by the test data module's go.mod,
+	// whose version names the build.
+	module string
+	// pkg is the main package to build, in the test data module: "." for
+	// a main.go of its own, or the package of a tool directive.
+	pkg string
+	// files are the test data module's files the build depends on,
+	// hashed into the cache directory's name.
+	files []string
+	// coldBuild says how long a build takes on a cold Go build cache.
+	coldBuild string
 
-// etcdBuild memoizes [buildEtcd] for the test binary: its first caller
-// builds (or finds) etcd, the others get the same path or error.
-var etcdBuild struct {
 	mu   sync.Mutex
 	done bool
 	path string
 	err  error
 }
 
-// builtEtcd returns the path of the etcd that [buildEtcd] builds, building
-// it at most once per test binary.
-func builtEtcd(t testing.TB) (string, error) {
-	t.Helper()
-	etcdBuild.mu.Lock()
-	defer etcdBuild.mu.Unlock()
-	if !etcdBuild.done {
-		etcdBuild.path, etcdBuild.err = buildEtcd(t)
-		etcdBuild.done = true
-	}
-	return etcdBuild.path, etcdBuild.err
+// etcdBuild is etcd's own main package (testdata/etcd/main.go) at the
+// server release of the 3.7 line that Kubernetes 1.37 is tested with.
+var etcdBuild = &pinnedBuild{
+	name:      "etcd",
+	module:    "go.etcd.io/etcd/server/v3",
+	pkg:       ".",
+	files:     []string{"go.mod", "go.sum", "main.go"},
+	coldBuild: "about a minute on two cores",
 }
 
-// buildEtcd builds the module in testdata/etcd — etcd's own main package
-// at the release its go.mod pins — with the go command, outside the
-// workspace (GOWORK=off), into the user's cache directory:
-// dispatch-etcd/VERSION-HASH/etcd under [os.UserCacheDir], where HASH
-// covers the module's go.mod, go.sum and main.go. A binary already there is
-// reused, so a machine builds each pinned etcd once (under a minute on two
-// cores with empty Go build and module caches: 55 s measured).
+// kubeAPIServerBuild is upstream's cmd/kube-apiserver at the release the
+// test data module's go.mod pins (a tool directive), without the race
+// detector: the race detector is for this repository's code, which runs in
+// the test binaries, not in kube-apiserver.
+var kubeAPIServerBuild = &pinnedBuild{
+	name:      "kube-apiserver",
+	module:    "k8s.io/kubernetes",
+	pkg:       "k8s.io/kubernetes/cmd/kube-apiserver",
+	files:     []string{"go.mod", "go.sum"},
+	coldBuild: "several minutes on two cores",
+}
+
+// binary returns the path of the binary [pinnedBuild.build] builds,
+// building it at most once per test binary: its first caller builds (or
+// finds) it, the others get the same path or error.
+func (b *pinnedBuild) binary(t testing.TB) (string, error) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.done {
+		b.path, b.err = b.build(t)
+		b.done = true
+	}
+	return b.path, b.err
+}
+
+// build builds the main package of the module in testdata/NAME with the
+// go command, outside the workspace (GOWORK=off), into the user's cache
+// directory: dispatch-NAME/VERSION-HASH/NAME under [os.UserCacheDir], where
+// HASH covers the module's files. A binary already there is reused, so a
+// machine builds each pinned release once.
 //
 // Test binaries run in parallel (go test runs packages at once), so the
 // build holds a file lock in that directory where the system has flock(2),
@@ -58,31 +93,24 @@ func builtEtcd(t testing.TB) (string, error) {
 //
 // The module's source is found next to this file's, through
 // runtime.Caller: the tests run from a source checkout.
-func buildEtcd(t testing.TB) (string, error) {
+func (b *pinnedBuild) build(t testing.TB) (string, error) {
 	t.Helper()
 	_, self, _, ok := runtime.Caller(0)
 	if !ok {
-		return "", errors.New("cannot locate the etcd build module: runtime.Caller failed")
+		return "", fmt.Errorf("cannot locate the %s build module: runtime.Caller failed", b.name)
 	}
-	src := filepath.Join(filepath.Dir(self), "testdata", "etcd")
-	version, hash, err := etcdSourceKey(src)
+	src := filepath.Join(filepath.Dir(self), "testdata", b.name)
+	version, hash, err := b.sourceKey(src)
 	if err != nil {
 		return "", err
 	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "dispatch-etcd", version+"-"+hash)
-	bin := filepath.Join(dir, "etcd")
-	if runtime.GOOS == "windows" {
-		bin += ".exe"
-	}
+	bin := b.cachePath(version, hash)
 	if isFile(bin) {
-		t.Logf("etcd: no etcd in $%s or $PATH: using %s, built earlier from %s", EtcdBinaryEnv, bin, src)
+		t.Logf("%s: using %s, built earlier from %s", b.name, bin, src)
 		return bin, nil
 	}
 
+	dir := filepath.Dir(bin)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -92,7 +120,7 @@ func buildEtcd(t testing.TB) (string, error) {
 	}
 	defer unlock()
 	if isFile(bin) { // another test binary built it while this one waited
-		t.Logf("etcd: no etcd in $%s or $PATH: using %s, built by another test binary", EtcdBinaryEnv, bin)
+		t.Logf("%s: using %s, built by another test binary", b.name, bin)
 		return bin, nil
 	}
 
@@ -107,17 +135,16 @@ func buildEtcd(t testing.TB) (string, error) {
 	defer os.RemoveAll(tmp)
 	out := filepath.Join(tmp, filepath.Base(bin))
 
-	t.Logf("etcd: no etcd in $%s or $PATH: building etcd %s from %s into %s "+
-		"(once per machine; about a minute or more on a cold Go build cache)",
-		EtcdBinaryEnv, version, src, bin)
+	t.Logf("%s: building %s from %s into %s (once per machine; %s with a cold Go build cache)",
+		b.name, version, src, bin, b.coldBuild)
 	start := time.Now()
-	cmd := exec.Command(goBin, "build", "-o", out, ".")
+	cmd := exec.Command(goBin, "build", "-o", out, b.pkg)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	output, err := cmd.CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("GOWORK=off %s build -o %s . in %s: %w\n%s",
-			goBin, out, src, err, tail(output, 4<<10))
+		return "", fmt.Errorf("GOWORK=off %s build -o %s %s in %s: %w\n%s",
+			goBin, out, b.pkg, src, err, tail(output, 4<<10))
 	}
 	if err := os.Rename(out, bin); err != nil {
 		// Where rename cannot replace a file (Windows, no lock), another
@@ -126,27 +153,41 @@ func buildEtcd(t testing.TB) (string, error) {
 			return "", err
 		}
 	}
-	t.Logf("etcd: built %s in %v", bin, time.Since(start).Round(time.Millisecond))
+	t.Logf("%s: built %s in %v", b.name, bin, time.Since(start).Round(time.Millisecond))
 	return bin, nil
 }
 
-// etcdSourceKey returns the etcd version the module in src pins and a hash
-// of the files the build depends on, so that a change of either builds anew.
-func etcdSourceKey(src string) (version, hash string, err error) {
+// cachePath returns where the build of version with source hash goes.
+func (b *pinnedBuild) cachePath(version, hash string) string {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	bin := filepath.Join(cache, "dispatch-"+b.name, version+"-"+hash, b.name)
+	if runtime.GOOS == "windows" {
+		bin += ".exe"
+	}
+	return bin
+}
+
+// sourceKey returns the version of b.module the module in src pins and a
+// hash of the files the build depends on, so that a change of either
+// builds anew.
+func (b *pinnedBuild) sourceKey(src string) (version, hash string, err error) {
 	h := sha256.New()
-	for _, name := range []string{"go.mod", "go.sum", "main.go"} {
-		b, err := os.ReadFile(filepath.Join(src, name))
+	for _, name := range b.files {
+		data, err := os.ReadFile(filepath.Join(src, name))
 		if err != nil {
-			return "", "", fmt.Errorf("testdata/etcd module (its source is needed to build etcd): %w", err)
+			return "", "", fmt.Errorf("testdata/%s module (its source is needed to build %s): %w", b.name, b.name, err)
 		}
-		fmt.Fprintf(h, "%s %d\n", name, len(b))
-		h.Write(b)
+		fmt.Fprintf(h, "%s %d\n", name, len(data))
+		h.Write(data)
 		if name == "go.mod" {
-			version = requiredVersion(b, etcdModule)
+			version = requiredVersion(data, b.module)
 		}
 	}
 	if version == "" {
-		return "", "", fmt.Errorf("%s requires no %s", filepath.Join(src, "go.mod"), etcdModule)
+		return "", "", fmt.Errorf("%s requires no %s", filepath.Join(src, "go.mod"), b.module)
 	}
 	return version, hex.EncodeToString(h.Sum(nil))[:12], nil
 }
@@ -182,7 +223,7 @@ func goCommand() (string, error) {
 	}
 	p, err := exec.LookPath("go")
 	if err != nil {
-		return "", fmt.Errorf("no go command to build etcd with: %w", err)
+		return "", errors.New("no go command to build the test servers with: " + err.Error())
 	}
 	return p, nil
 }

@@ -10,11 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -42,14 +39,12 @@ type Etcd struct {
 	// "etcd Version: 3.4.23".
 	Version string
 
-	cmd    *exec.Cmd
-	done   chan struct{} // closed once the process has exited
-	output *syncBuffer   // the process's stdout and stderr
+	proc *child
 }
 
 // EtcdBinary returns the path of the etcd binary: $ETCD_BIN when set, else
 // "etcd" found in $PATH, else etcd built from this package's test data,
-// the module testdata/etcd (see [buildEtcd]): built once per machine into
+// the module testdata/etcd (see [pinnedBuild.build]): built once per machine into
 // the user's cache directory, so that the tests need nothing but Go.
 // The error tells how to provide one.
 func EtcdBinary(t testing.TB) (string, error) {
@@ -63,7 +58,7 @@ func EtcdBinary(t testing.TB) (string, error) {
 	if p, err := exec.LookPath("etcd"); err == nil {
 		return p, nil
 	}
-	p, err := builtEtcd(t)
+	p, err := etcdBuild.binary(t)
 	if err != nil {
 		return "", fmt.Errorf("no etcd binary: $%s is unset, there is no etcd in $PATH, "+
 			"and building one with Go failed (set $%s or put etcd in $PATH instead; "+
@@ -120,13 +115,8 @@ func startEtcdOnce(t testing.TB, bin, dataDir string) (*Etcd, error) {
 	}
 	clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	e := &Etcd{
-		URL:     clientURL,
-		DataDir: dataDir,
-		done:    make(chan struct{}),
-		output:  &syncBuffer{},
-	}
-	e.cmd = exec.Command(bin,
+	e := &Etcd{URL: clientURL, DataDir: dataDir}
+	e.proc, err = startChild(bin,
 		"--name=dispatch-test",
 		"--data-dir="+dataDir,
 		"--listen-client-urls="+clientURL,
@@ -138,38 +128,18 @@ func startEtcdOnce(t testing.TB, bin, dataDir string) (*Etcd, error) {
 		"--logger=zap",
 		"--log-level=warn",
 	)
-	e.cmd.Stdout = e.output
-	e.cmd.Stderr = e.output
-	// etcd is reaped on Linux when the test binary dies (a timeout panic, a
-	// kill): see setDeathSignal.
-	setDeathSignal(e.cmd)
-
-	// The parent-death signal belongs to the thread that forked, so start
-	// and wait from one goroutine that holds its thread until etcd exits.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := e.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = e.cmd.Wait() // the exit status is in ProcessState
-		close(e.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+	if err != nil {
+		return nil, err
 	}
 
 	if err := e.waitHealthy(etcdStartTimeout); err != nil {
-		e.stop()
-		return nil, fmt.Errorf("%w\netcd output:\n%s", err, e.output.String())
+		e.proc.stop(etcdStopTimeout)
+		return nil, fmt.Errorf("%w\netcd output:\n%s", err, e.Output())
 	}
 	t.Cleanup(func() {
-		e.stop()
+		e.proc.stop(etcdStopTimeout)
 		if t.Failed() {
-			t.Logf("etcd output:\n%s", e.output.String())
+			t.Logf("etcd output:\n%s", e.Output())
 		}
 	})
 	return e, nil
@@ -200,8 +170,8 @@ func (e *Etcd) waitHealthy(timeout time.Duration) error {
 		}
 		last = err
 		select {
-		case <-e.done:
-			return fmt.Errorf("etcd exited at start: %v", e.cmd.ProcessState)
+		case <-e.proc.done:
+			return fmt.Errorf("etcd exited at start: %v", e.proc.cmd.ProcessState)
 		case <-ctx.Done():
 			return fmt.Errorf("etcd not healthy after %v: %v", timeout, last)
 		case <-tick.C:
@@ -209,27 +179,8 @@ func (e *Etcd) waitHealthy(timeout time.Duration) error {
 	}
 }
 
-// stop ends etcd: SIGTERM, then SIGKILL if it has not exited in time. It
-// returns once the process has exited.
-func (e *Etcd) stop() {
-	select {
-	case <-e.done:
-		return
-	default:
-	}
-	_ = e.cmd.Process.Signal(syscall.SIGTERM)
-	timer := time.NewTimer(etcdStopTimeout)
-	defer timer.Stop()
-	select {
-	case <-e.done:
-	case <-timer.C:
-		_ = e.cmd.Process.Kill()
-		<-e.done
-	}
-}
-
 // Output returns what etcd has printed so far.
-func (e *Etcd) Output() string { return e.output.String() }
+func (e *Etcd) Output() string { return e.proc.output.String() }
 
 // etcdVersion returns the first line `etcd --version` prints, or the error.
 func etcdVersion(bin string) string {
@@ -259,28 +210,4 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use, capped so that a
-// chatty process cannot fill memory: past the cap, output is dropped.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-const syncBufferCap = 1 << 20
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := syncBufferCap - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

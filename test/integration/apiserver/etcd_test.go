@@ -40,19 +40,19 @@ func TestStartEtcd(t *testing.T) {
 // TestEtcdSourceKey: the testdata/etcd module pins an etcd server release, which
 // names the directory its build is cached in.
 func TestEtcdSourceKey(t *testing.T) {
-	version, hash, err := etcdSourceKey("testdata/etcd")
+	version, hash, err := etcdBuild.sourceKey("testdata/etcd")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(version, "v3.") || len(hash) != 12 {
-		t.Fatalf("etcdSourceKey = %q, %q, want v3.x and 12 hex digits", version, hash)
+		t.Fatalf("sourceKey = %q, %q, want v3.x and 12 hex digits", version, hash)
 	}
 	for _, tc := range []struct{ gomod, want string }{
-		{"module m\n\nrequire " + etcdModule + " v3.7.3\n", "v3.7.3"},
-		{"module m\n\nrequire (\n\t" + etcdModule + " v3.6.16 // indirect\n)\n", "v3.6.16"},
-		{"module m\n\nrequire " + etcdModule + "/x v1.0.0\n", ""},
+		{"module m\n\nrequire " + etcdBuild.module + " v3.7.3\n", "v3.7.3"},
+		{"module m\n\nrequire (\n\t" + etcdBuild.module + " v3.6.16 // indirect\n)\n", "v3.6.16"},
+		{"module m\n\nrequire " + etcdBuild.module + "/x v1.0.0\n", ""},
 	} {
-		if got := requiredVersion([]byte(tc.gomod), etcdModule); got != tc.want {
+		if got := requiredVersion([]byte(tc.gomod), etcdBuild.module); got != tc.want {
 			t.Errorf("requiredVersion(%q) = %q, want %q", tc.gomod, got, tc.want)
 		}
 	}

@@ -6,8 +6,8 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the package if a goroutine outlives its tests. The tests
-// here start no apiserver, so nothing is exempt.
+// TestMain fails the package if a goroutine outlives its tests. The
+// servers run in processes of their own, so nothing is exempt.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }

@@ -6,13 +6,16 @@ import (
 	"time"
 )
 
-// Settle waits until the goroutines that stopped servers leave running
-// have ended, or timeout has passed, and reports whether they ended. Call
-// it after the tests and before a goroutine-leak check (goleak), so that
-// the check fails on goroutines that never end, not on the server's that
-// end a moment later.
+// Settle waits until the goroutines that stopped in-process servers leave
+// running have ended, or timeout has passed, and reports whether they
+// ended. Call it after the tests and before a goroutine-leak check
+// (goleak), so that the check fails on goroutines that never end, not on
+// the server's that end a moment later.
 //
-// A server's teardown returns once kube-apiserver has stopped, not once
+// [Start]'s servers run in processes of their own and leave no goroutine
+// in the test binary: after them Settle returns at once. It is for a test
+// binary that runs kube-apiserver in-process (upstream's test server, as
+// scheduler_perf does), where an in-process server's teardown returns once kube-apiserver has stopped, not once
 // every goroutine it started has: its watch cache starts a goroutine for
 // each read it must serve fresh (a consistent list, which the apiserver's
 // own informers make again as their watches close during shutdown), and
