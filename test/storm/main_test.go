@@ -19,20 +19,15 @@ import (
 // keeps the output readable and fails the package if a goroutine outlives
 // the tests.
 //
-// The kube-apiservers the tests start in this process log through klog's
-// global logger: hundreds of lines a run, which go to
-// <-storm.out>/apiserver.log when -storm.out is given, and nowhere
-// otherwise. (What they log through the test's own logger stays in the
-// test's output.) The scheduler processes' logs are shown when a run
-// fails, and kept in -storm.out too.
+// What logs through klog's global logger in this process (client-go, under
+// the test's informers) goes to <-storm.out>/apiserver.log when
+// -storm.out is given, and nowhere otherwise; the kube-apiservers and the
+// schedulers run in processes of their own, whose logs are shown when a
+// run fails (and the schedulers' kept in -storm.out too).
 //
-// goleak ignores the one goroutine kube-apiserver forces (see
-// test/integration's TestMain): its klog health check, started on the
-// first /healthz as a wait.Forever loop nothing can stop. And it waits a
-// few seconds for the others to end: the apiserver's watch cache leaves a
-// goroutine behind each read that waited for a fresh resourceVersion, which
-// ends by itself after its 3 s block timeout (k8s.io/apiserver's
-// watchCache.waitUntilFreshLocked).
+// goleak exempts nothing: no server runs in this process. It waits a few
+// seconds for goroutines to end on their own timers after the servers
+// stop.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	closeLog, err := redirectKlog(*outFlag)
@@ -71,12 +66,12 @@ func TestMain(m *testing.M) {
 // prebuiltDir holds the schedulers TestMain built; it removes it at the end.
 var prebuiltDir string
 
-// noLeaks returns goleak's finding if goroutines other than the ignored one
-// are still running after wait.
+// noLeaks returns goleak's finding if goroutines are still running after
+// wait.
 func noLeaks(wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		err := goleak.Find(goleak.IgnoreAnyFunction("k8s.io/apimachinery/pkg/util/wait.Forever"))
+		err := goleak.Find()
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
