@@ -21,10 +21,12 @@ const randomPods = 3
 
 // maxBusy bounds the pods with a hold armed or a request held at once. By
 // design (kube/scheduler README, "In kube-scheduler: the drop-in"), the
-// drop-in runs at most two status patches at once: with two held, a third
-// pod's patch would wait in the queue, pending, where upstream's runs; and
-// an object's pending call and its call in flight follow different rules.
-// With at most one held, a patch always finds a free place.
+// drop-in may hold status patches back: it paces them (with a client it
+// can unwrap, one in flight until one has ended; this server's fake
+// clientset is not such a client), and a patch held back waits in the
+// queue, pending, where upstream's runs; an object's pending call and its
+// call in flight follow different rules. With at most one held, a patch
+// always finds a free place.
 const maxBusy = 1
 
 // randomScript returns a generator of one random script: a few pods, and
