@@ -39,10 +39,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coalescer/dispatch/test/integration/apiserver"
-	"github.com/coalescer/dispatch/test/integration/testrun"
 	"github.com/coalescer/dispatch/dropin"
 	"github.com/coalescer/dispatch/dropin/internal/gotest"
+	"github.com/coalescer/dispatch/test/integration/apiserver"
+	"github.com/coalescer/dispatch/test/integration/testrun"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"

@@ -30,9 +30,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coalescer/dispatch/test/integration/apiserver"
 	"github.com/coalescer/dispatch/dropin"
 	"github.com/coalescer/dispatch/dropin/internal/gotest"
+	"github.com/coalescer/dispatch/test/integration/apiserver"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )

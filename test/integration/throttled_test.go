@@ -51,10 +51,10 @@ func testThrottled(t *testing.T, s *apiserver.Server) {
 	)
 	options := func(a *dispatch.AdaptivePolicy, budgetMin int) kube.Options {
 		return kube.Options{
-			QPS:      -1,
-			Workers:  workers,
-			Start:    dispatch.StartPolicy{Adaptive: a},
-			Retry:    dispatch.RetryPolicy{BudgetMin: budgetMin},
+			QPS:     -1,
+			Workers: workers,
+			Start:   dispatch.StartPolicy{Adaptive: a},
+			Retry:   dispatch.RetryPolicy{BudgetMin: budgetMin},
 		}
 	}
 

@@ -23,7 +23,7 @@ import (
 //	go test -run TestStorm -v -timeout 60m . -storm.size=full -storm.out=results
 var (
 	sizeFlag = flag.String("storm.size", "ci",
-		`workload size: "ci" (reduced: what CI runs) or "full" (issue 23's: 100 nodes, 2000 unschedulable pods, 200 schedulable)`)
+		`workload size: "ci" (reduced: what CI runs) or "full" (the full storm: 100 nodes, 2000 unschedulable pods, 200 schedulable)`)
 	nodesFlag         = flag.Int("storm.nodes", 0, "nodes to create (0: the size's)")
 	unschedulableFlag = flag.Int("storm.unschedulable", 0, "pods no node fits, all created before the scheduler starts: the storm (0: the size's)")
 	schedulableFlag   = flag.Int("storm.schedulable", 0, "schedulable pods, one every -storm.every once the storm is under way (0: the size's)")

@@ -63,7 +63,7 @@ func Tags(build string) []string {
 
 // ErrNoDropIn is returned for a [Dispatch] build when this tree holds no
 // drop-in to materialise.
-var ErrNoDropIn = errors.New("variant: this tree has no drop-in api_dispatcher to build with (kube/scheduler, issue 22)")
+var ErrNoDropIn = errors.New("variant: this tree has no drop-in api_dispatcher to build with (dropin/apidispatcher)")
 
 // Root returns the storm module's directory, found from this file's: the
 // builds run from a source checkout.
