@@ -77,8 +77,8 @@ var scriptCases = []scriptCase{{
 		5  #2 finished: ok
 		6  server: p0 {}`,
 }, {
-	// Item 3 of the review: upstream syncs the newest call only and never
-	// drops a call while its object has one in flight. The pending patch
+	// Upstream syncs the newest call only and never drops a call while
+	// its object has one in flight. The pending patch
 	// repeats the one in flight; the one in flight fails with a 403; the
 	// pending one then lands PodScheduled=False.
 	name: "a status patch repeating the one in flight survives SyncObject and lands when that one fails",
@@ -100,9 +100,9 @@ var scriptCases = []scriptCase{{
 		5  #3 finished: ok
 		6  server: p0 {PodScheduled=False/Unschedulable}`,
 }, {
-	// Item 3, the no-op rule: the pending call is a no-op for the object
-	// given, and is kept all the same while the object's call is in
-	// flight. (Its Execute then finds nothing to send.)
+	// The no-op rule after SyncObject: the pending call is a no-op for
+	// the object given, and is kept all the same while the object's call
+	// is in flight. (Its Execute then finds nothing to send.)
 	name: "a pending call that is a no-op after SyncObject is kept while another is in flight",
 	script: script{
 		run(),
@@ -121,8 +121,8 @@ var scriptCases = []scriptCase{{
 		5  #3 finished: ok
 		6  server: p0 {a=1}`,
 }, {
-	// Item 4 of the review: a call that is a no-op once merged with the
-	// pending call is kept while the object's call is in flight
+	// A call that is a no-op once merged with the pending call is kept
+	// while the object's call is in flight
 	// (noOp && !inFlight), and the pending call is overwritten. A later
 	// SyncObject refreshes it from the pod as the server has it, and when
 	// the call in flight fails, it lands.
@@ -148,8 +148,8 @@ var scriptCases = []scriptCase{{
 		6  #4 finished: ok
 		7  server: p0 {PodScheduled=False/Unschedulable}`,
 }, {
-	// Item 4 with a plugin's call, whose Execute always sends: the third
-	// call runs.
+	// The case before, with a plugin's call, whose Execute always sends:
+	// the third call runs.
 	name: "a label call that is a no-op once merged is kept while another is in flight, and runs",
 	script: script{
 		run(),
@@ -170,8 +170,8 @@ var scriptCases = []scriptCase{{
 		5  #4 finished: ok
 		6  server: p0 {a=1}`,
 }, {
-	// Item 5 of the review: with a status patch in flight and a binding
-	// pending, SyncObject syncs the binding only, whose Sync returns the
+	// With a status patch in flight and a binding pending, SyncObject
+	// syncs the binding only, whose Sync returns the
 	// object as given.
 	name: "SyncObject with a status patch in flight and a binding pending returns the object as given",
 	script: script{

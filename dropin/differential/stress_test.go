@@ -19,16 +19,17 @@ import (
 
 var stressPods = flag.Int("differential.pods", 200, "pods of TestStatusPatchAsBindingStarts")
 
-// TestStatusPatchAsBindingStarts is item 2 of the review, at full speed:
-// for each pod, a binding is added, and status patches setting
-// PodScheduled=False are added, one after another, until the binding's
-// request reaches the server (where it is held until they stop). Upstream
-// skips every one of them — the binding is the pod's newest call, pending
-// and then in flight, and more relevant — so no status patch is ever sent
-// after a binding. The drop-in must do the same; one that takes a call as
-// in flight only once its Execute runs accepts a patch added in between,
-// and sends it after the binding (a stale PodScheduled=False on a bound
-// pod).
+// TestStatusPatchAsBindingStarts checks, at full speed, that neither
+// upstream's dispatcher nor the drop-in sends a status patch added while
+// a pod's binding starts after that binding: for each pod, a binding is
+// added, and status patches setting PodScheduled=False are added, one
+// after another, until the binding's request reaches the server (where
+// it is held until they stop). Upstream skips every one of them — the
+// binding is the pod's newest call, pending and then in flight, and more
+// relevant — so no status patch is ever sent after a binding. The drop-in
+// must do the same; one that takes a call as in flight only once its
+// Execute runs accepts a patch added in between, and sends it after the
+// binding (a stale PodScheduled=False on a bound pod).
 //
 // It runs in real time (no bubble): the window is a race.
 func TestStatusPatchAsBindingStarts(t *testing.T) {
