@@ -82,8 +82,21 @@ func run(ctx context.Context, w io.Writer, c config) error {
 	for i := range c.nodes {
 		s.free[nodeName(i)] = c.perNode
 	}
-
 	start := time.Now()
+	s.schedule(ctx, api, c)
+	if err := d.Close(ctx); err != nil { // drains the status patches
+		return err
+	}
+	s.summary(w, api, c, time.Since(start))
+	return nil
+}
+
+// schedule is the serial scheduling loop. Every write to a pod — its
+// binding, its PodScheduled=False — is a kube.Call keyed by the pod's UID,
+// so a pod's writes run in order on one lane while other pods' run beside
+// them. The loop waits for none of them: a binding's outcome is the
+// binding cycle's, on a goroutine of its own.
+func (s *scheduler) schedule(ctx context.Context, api *api, c config) {
 	var bindings sync.WaitGroup
 	for i := range c.pods {
 		pod := api.pod(podName(i))
@@ -94,7 +107,7 @@ func run(ctx context.Context, w io.Writer, c config) error {
 		}
 		// The scheduling cycle ends here; the binding cycle goes on
 		// beside it.
-		t, err := d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: 1})
+		t, err := s.d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: 1})
 		if err != nil {
 			s.unreserve(pod, node, err)
 			continue
@@ -102,12 +115,13 @@ func run(ctx context.Context, w io.Writer, c config) error {
 		bindings.Go(func() { s.bindingCycle(ctx, pod, node, t) })
 	}
 	bindings.Wait()
-	if err := d.Close(ctx); err != nil { // drains the status patches
-		return err
-	}
-	st := d.Stats()
+}
 
-	fmt.Fprintf(w, "scheduled %d pods on %d nodes in %v\n", c.pods, c.nodes, time.Since(start).Round(time.Millisecond))
+// summary prints the outcomes, the requests the API served and the
+// dispatcher's own figures.
+func (s *scheduler) summary(w io.Writer, api *api, c config, took time.Duration) {
+	st := s.d.Stats()
+	fmt.Fprintf(w, "scheduled %d pods on %d nodes in %v\n", c.pods, c.nodes, took.Round(time.Millisecond))
 	fmt.Fprintf(w, "  bound:          %d\n", s.bound)
 	fmt.Fprintf(w, "  unschedulable:  %d (PodScheduled=False reported)\n", s.unschedulable)
 	fmt.Fprintf(w, "  bind failed:    %d\n", s.failed)
@@ -118,7 +132,6 @@ func run(ctx context.Context, w io.Writer, c config) error {
 		api.count("create"), api.count("patch"), api.count("get"))
 	fmt.Fprintf(w, "  dispatcher:     %d retries, %d found done by reading back, %d calls failed\n",
 		st.Retries, st.AlreadyDone, st.Calls[dispatch.StateFailed])
-	return nil
 }
 
 // pick reserves a place on the node with the most room, or returns "".
@@ -179,15 +192,16 @@ func nodeName(i int) string { return fmt.Sprintf("node-%02d", i) }
 // api is the fake clientset with kube-apiserver's binding semantics,
 // latency and faults.
 type api struct {
-	cs *fake.Clientset
-	mu sync.Mutex
-	n  map[string]int // requests by verb
+	cs      *fake.Clientset
+	latency time.Duration
+	mu      sync.Mutex
+	n       map[string]int // requests by verb
 }
 
 var podsGVR = v1.SchemeGroupVersion.WithResource("pods")
 
 func newAPI(c config) *api {
-	a := &api{cs: fake.NewClientset(), n: map[string]int{}}
+	a := &api{cs: fake.NewClientset(), latency: c.latency, n: map[string]int{}}
 	for i := range c.pods {
 		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: podName(i), UID: types.UID(fmt.Sprintf("uid-%d", i)), ResourceVersion: "1"}}
 		if i == 7 {
@@ -197,40 +211,50 @@ func newAPI(c config) *api {
 			panic(err)
 		}
 	}
-	a.cs.PrependReactor("*", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
-		// The fake serves one request at a time: latency here is per
-		// request, not concurrent as a real server's would be.
-		time.Sleep(c.latency)
-		a.mu.Lock()
-		a.n[action.GetVerb()]++
-		n := a.n[action.GetVerb()]
-		a.mu.Unlock()
-		create, ok := action.(clienttesting.CreateActionImpl)
-		if !ok {
-			return false, nil, nil // the fake's own handling
-		}
-		b := create.GetObject().(*v1.Binding)
-		obj, err := a.cs.Tracker().Get(podsGVR, b.Namespace, b.Name)
-		if err != nil {
-			return true, nil, err
-		}
-		pod := obj.(*v1.Pod).DeepCopy()
-		if pod.Spec.NodeName != "" {
-			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("pod %s is already assigned to node %q", b.Name, pod.Spec.NodeName))
-		}
-		if n%50 == 10 { // now and then the server is unavailable
-			return true, nil, apierrors.NewServiceUnavailable("etcd leader changed")
-		}
-		pod.Spec.NodeName = b.Target.Name
-		if err := a.cs.Tracker().Update(podsGVR, pod, b.Namespace); err != nil {
-			return true, nil, err
-		}
-		if n%50 == 30 { // the binding landed, its response did not
-			return true, nil, apierrors.NewTimeoutError("response lost", 0)
-		}
-		return true, nil, nil
-	})
+	a.cs.PrependReactor("*", "pods", a.react)
 	return a
+}
+
+// react serves every request on pods: it counts it, and serves a binding
+// itself (bind); the fake serves the rest.
+func (a *api) react(action clienttesting.Action) (bool, runtime.Object, error) {
+	// The fake serves one request at a time: latency here is per
+	// request, not concurrent as a real server's would be.
+	time.Sleep(a.latency)
+	a.mu.Lock()
+	a.n[action.GetVerb()]++
+	n := a.n[action.GetVerb()]
+	a.mu.Unlock()
+	create, ok := action.(clienttesting.CreateActionImpl)
+	if !ok {
+		return false, nil, nil // the fake's own handling
+	}
+	return true, nil, a.bind(create.GetObject().(*v1.Binding), n)
+}
+
+// bind is pods/binding as kube-apiserver serves it — a pod already on a
+// node is a 409 — with faults on the nth binding: now and then a 503, and
+// now and then a binding that lands but whose response is lost.
+func (a *api) bind(b *v1.Binding, n int) error {
+	obj, err := a.cs.Tracker().Get(podsGVR, b.Namespace, b.Name)
+	if err != nil {
+		return err
+	}
+	pod := obj.(*v1.Pod).DeepCopy()
+	if pod.Spec.NodeName != "" {
+		return apierrors.NewConflict(podsGVR.GroupResource(), b.Name, fmt.Errorf("pod %s is already assigned to node %q", b.Name, pod.Spec.NodeName))
+	}
+	if n%50 == 10 { // now and then the server is unavailable
+		return apierrors.NewServiceUnavailable("etcd leader changed")
+	}
+	pod.Spec.NodeName = b.Target.Name
+	if err := a.cs.Tracker().Update(podsGVR, pod, b.Namespace); err != nil {
+		return err
+	}
+	if n%50 == 30 { // the binding landed, its response did not
+		return apierrors.NewTimeoutError("response lost", 0)
+	}
+	return nil
 }
 
 func (a *api) pod(name string) *v1.Pod {
