@@ -21,9 +21,10 @@ func ExampleWriter() {
 	// A fake clientset standing in for the API server. In a program:
 	// cs, err := kubernetes.NewForConfig(writer.RESTConfig(restConfig))
 	cs := fake.NewSimpleClientset()
-	if _, err := fakeapi.Install(&cs.Fake, cs.Tracker(), &appsv1.Deployment{
+	api, err := fakeapi.Install(&cs.Fake, cs.Tracker(), &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", Finalizers: []string{"example.com/cleanup"}},
-	}); err != nil {
+	})
+	if err != nil {
 		panic(err)
 	}
 	w, err := writer.New(writer.Typed(func(ns string) writer.TypedClient[*appsv1.Deployment] {
@@ -38,6 +39,11 @@ func ExampleWriter() {
 	defer w.Close(ctx)
 
 	web, _ := cs.AppsV1().Deployments("default").Get(ctx, "web", metav1.GetOptions{}) // as an informer would give it
+
+	// A server slower than the loop: it answers once the loop below has
+	// given its desires, while the first write is in flight.
+	given := make(chan struct{})
+	api.Before(func(fakeapi.Request) { <-given })
 	for n := range int32(10) {
 		// From Reconcile: returns at once.
 		_ = w.Set(web, writer.Desire[*appsv1.Deployment]{Status: func(d *appsv1.Deployment) error {
@@ -60,6 +66,7 @@ func ExampleWriter() {
 	if err != nil {
 		panic(err)
 	}
+	close(given)
 	res, err := t.Wait(ctx)
 	fmt.Println("state:", res.State, err)
 	fmt.Println("replicas:", res.Object.Status.Replicas, "ready:", res.Object.Status.Conditions[0].Status, "finalizers:", res.Object.Finalizers)

@@ -2,6 +2,7 @@ package writer_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -32,8 +33,9 @@ const (
 )
 
 // testChurn: every object ends with its last desire; the status writes the
-// server receives are close to the distinct final states (at most 1.1×),
-// not one per desire; and no desire equal to the live status is sent.
+// server receives are close to the distinct final states (at most 1.1× when
+// the desires come within a second), not one per desire; and no desire
+// equal to the live status is sent.
 //
 // One object in ten is given, ten times, a desire equal to its live status
 // (no status at all): nothing may reach the server for it. The others are
@@ -119,8 +121,20 @@ func testChurn(t *testing.T, st *stack) {
 		assert.Equal(t, perObject[name], ev.count(name),
 			"%s: status writes accepted against watch events: a write that changed nothing was sent", name)
 	}
-	assert.LessOrEqual(t, float64(len(writes)), 1.1*float64(distinct),
-		"status writes against distinct final states")
+	// A write carries the newest desire when it starts, and a desire that
+	// comes while its object's write is in flight makes one more write. So
+	// the writes beyond one per final state are at most those the client's
+	// tokens let start while the desires still came: the burst plus the
+	// QPS times that time. Within the scenario's second that is at most
+	// 220 of 4 500, under the 1.1× target; a loaded machine under -race
+	// takes longer to give the 50 000 desires, and the bound follows.
+	extra := churnBurst + int(math.Ceil(churnQPS*spread.Seconds()))
+	assert.LessOrEqual(t, len(writes), distinct+extra,
+		"status writes against distinct final states, given the desires over %v", spread)
+	if spread <= time.Second {
+		assert.LessOrEqual(t, float64(len(writes)), 1.1*float64(distinct),
+			"status writes against distinct final states, the desires given within a second")
+	}
 	// Every object was given as created, with its resourceVersion. The
 	// writer reads one only when that is older than its own last write to
 	// it — a desire after the object's lane ended — never before its first.
