@@ -95,11 +95,10 @@ func (b *pinnedBuild) binary(t testing.TB) (string, error) {
 // runtime.Caller: the tests run from a source checkout.
 func (b *pinnedBuild) build(t testing.TB) (string, error) {
 	t.Helper()
-	_, self, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("cannot locate the %s build module: runtime.Caller failed", b.name)
+	src, err := b.sourceDir()
+	if err != nil {
+		return "", err
 	}
-	src := filepath.Join(filepath.Dir(self), "testdata", b.name)
 	version, hash, err := b.sourceKey(src)
 	if err != nil {
 		return "", err
@@ -123,14 +122,35 @@ func (b *pinnedBuild) build(t testing.TB) (string, error) {
 		t.Logf("%s: using %s, built by another test binary", b.name, bin)
 		return bin, nil
 	}
-
-	goBin, err := goCommand()
-	if err != nil {
+	if err := b.compile(t, src, version, bin); err != nil {
 		return "", err
 	}
-	tmp, err := os.MkdirTemp(dir, "build-")
+	return bin, nil
+}
+
+// sourceDir returns the directory of the module in testdata/NAME, found
+// next to this file's.
+func (b *pinnedBuild) sourceDir() (string, error) {
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", fmt.Errorf("cannot locate the %s build module: runtime.Caller failed", b.name)
+	}
+	return filepath.Join(filepath.Dir(self), "testdata", b.name), nil
+}
+
+// compile builds the binary bin of the module in src, which pins version,
+// with the go command: into a temporary directory beside bin, then renamed
+// to bin, so that a binary at bin is always complete. The caller holds
+// the lock of bin's directory, where the system has one.
+func (b *pinnedBuild) compile(t testing.TB, src, version, bin string) error {
+	t.Helper()
+	goBin, err := goCommand()
 	if err != nil {
-		return "", err
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(bin), "build-")
+	if err != nil {
+		return err
 	}
 	defer os.RemoveAll(tmp)
 	out := filepath.Join(tmp, filepath.Base(bin))
@@ -143,18 +163,18 @@ func (b *pinnedBuild) build(t testing.TB) (string, error) {
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	output, err := cmd.CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("GOWORK=off %s build -o %s %s in %s: %w\n%s",
+		return fmt.Errorf("GOWORK=off %s build -o %s %s in %s: %w\n%s",
 			goBin, out, b.pkg, src, err, tail(output, 4<<10))
 	}
 	if err := os.Rename(out, bin); err != nil {
 		// Where rename cannot replace a file (Windows, no lock), another
 		// test binary may have put one there first: use it.
 		if !isFile(bin) {
-			return "", err
+			return err
 		}
 	}
 	t.Logf("%s: built %s in %v", b.name, bin, time.Since(start).Round(time.Millisecond))
-	return bin, nil
+	return nil
 }
 
 // cachePath returns where the build of version with source hash goes.

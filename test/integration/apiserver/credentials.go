@@ -58,12 +58,59 @@ func newCredentials(dir string) (*credentials, error) {
 		adminToken:            randomHex(16),
 		testToken:             randomHex(16),
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	ca, err := newAuthority(now)
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	caTemplate := &x509.Certificate{
+	c.caPEM = ca.certPEM()
+	servingCertPEM, servingKeyPEM, err := ca.issueServing(now)
+	if err != nil {
+		return nil, err
+	}
+	saKeyPEM, err := newKeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{
+		{c.certFile, servingCertPEM},
+		{c.keyFile, servingKeyPEM},
+		{c.serviceAccountKeyFile, saKeyPEM},
+		{c.tokenFile, c.tokens()},
+	} {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// tokens returns the static token file's content, a line
+// token,user,uid,"group1,group2" for each of the admin and [TestUser].
+func (c *credentials) tokens() []byte {
+	return fmt.Appendf(nil, "%s,%s,%s-uid,%q\n%s,%s,%s-uid,%q\n",
+		c.adminToken, adminUser, adminUser, adminGroup,
+		c.testToken, TestUser, TestUser, TestGroup)
+}
+
+// authority is the certificate authority of one run's credentials: it
+// signs the serving certificate, and the clients trust it alone.
+type authority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// newAuthority generates a key and a self-signed CA certificate for it,
+// valid from a minute before now for [certValidity].
+func newAuthority(now time.Time) (*authority, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	template := &x509.Certificate{
 		SerialNumber:          randomSerial(),
 		Subject:               pkix.Name{CommonName: "dispatch-test-ca"},
 		NotBefore:             now.Add(-time.Minute),
@@ -72,21 +119,31 @@ func newCredentials(dir string) (*credentials, error) {
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, template, template, &key.PublicKey, key)
 	if err != nil {
 		return nil, err
 	}
-	ca, err := x509.ParseCertificate(caDER)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		return nil, err
 	}
-	c.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return &authority{cert: cert, key: key}, nil
+}
 
-	servingKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// certPEM returns a's certificate, PEM-encoded.
+func (a *authority) certPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.cert.Raw})
+}
+
+// issueServing generates a key and a serving certificate for it, for
+// 127.0.0.1 and localhost, signed by a and valid from a minute before now
+// for [certValidity]. It returns both PEM-encoded.
+func (a *authority) issueServing(now time.Time) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	servingDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
 		SerialNumber: randomSerial(),
 		Subject:      pkix.Name{CommonName: "kube-apiserver"},
 		NotBefore:    now.Add(-time.Minute),
@@ -95,41 +152,14 @@ func newCredentials(dir string) (*credentials, error) {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		DNSNames:     []string{"localhost"},
-	}, ca, &servingKey.PublicKey, caKey)
+	}, a.cert, &key.PublicKey, a.key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	servingKeyPEM, err := ecKeyPEM(servingKey)
-	if err != nil {
-		return nil, err
+	if keyPEM, err = ecKeyPEM(key); err != nil {
+		return nil, nil, err
 	}
-	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	saKeyPEM, err := ecKeyPEM(saKey)
-	if err != nil {
-		return nil, err
-	}
-
-	// A static token file: token,user,uid,"group1,group2".
-	tokens := fmt.Sprintf("%s,%s,%s-uid,%q\n%s,%s,%s-uid,%q\n",
-		c.adminToken, adminUser, adminUser, adminGroup,
-		c.testToken, TestUser, TestUser, TestGroup)
-	for _, f := range []struct {
-		path string
-		data []byte
-	}{
-		{c.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: servingDER})},
-		{c.keyFile, servingKeyPEM},
-		{c.serviceAccountKeyFile, saKeyPEM},
-		{c.tokenFile, []byte(tokens)},
-	} {
-		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
-			return nil, err
-		}
-	}
-	return c, nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM, nil
 }
 
 // flags are the kube-apiserver flags that make it use c.
@@ -148,6 +178,16 @@ func (c *credentials) flags() []string {
 // server signs, and so their audience by default.
 const serviceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
 
+// newKeyPEM generates an ECDSA P-256 key and returns it PEM-encoded.
+func newKeyPEM() ([]byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return ecKeyPEM(key)
+}
+
+// ecKeyPEM returns k PEM-encoded, as an EC PRIVATE KEY block.
 func ecKeyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
 	der, err := x509.MarshalECPrivateKey(k)
 	if err != nil {

@@ -311,17 +311,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	}
 	var mode DropMode
-	p.mu.Lock()
-	for i, d := range p.drops {
-		if d.match(st.rec) {
-			st.drop, mode = true, d.mode
-			if d.left--; d.left == 0 {
-				p.drops = append(p.drops[:i], p.drops[i+1:]...)
-			}
-			break
-		}
-	}
-	p.mu.Unlock()
+	st.drop, mode = p.takeDrop(st.rec)
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 
 	if !st.drop {
@@ -337,6 +327,23 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	panic(http.ErrAbortHandler) // net/http ends the exchange without a response
+}
+
+// takeDrop tells whether the first drop rule that matches rec withholds
+// its response, and how; it counts the drop against the rule, which is
+// disarmed when it has none left.
+func (p *Proxy) takeDrop(rec Request) (drop bool, mode DropMode) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, d := range p.drops {
+		if d.match(rec) {
+			if d.left--; d.left == 0 {
+				p.drops = append(p.drops[:i], p.drops[i+1:]...)
+			}
+			return true, d.mode
+		}
+	}
+	return false, 0
 }
 
 // describe parses what the apiserver will see of r.

@@ -185,26 +185,41 @@ func Start(t testing.TB, opts ...Option) *Server {
 	if err != nil {
 		t.Fatalf("apiserver: credentials: %v", err)
 	}
+	host := s.startOnFreePort(t, bin, dir, creds, o.flags)
+	s.connect(t, host, creds, o)
+	return s
+}
 
-	// The port is free when picked but closed again before kube-apiserver
-	// binds it, so another process may take it in between: retry a few
-	// times when that is why it exited.
+// startOnFreePort starts kube-apiserver (see [Server.start]), each time
+// under an etcd prefix of its own, and returns its URL. It fails the test
+// if the server does not start.
+//
+// The port is free when picked but closed again before kube-apiserver
+// binds it, so another process may take it in between: it retries a few
+// times when that is why the server exited.
+func (s *Server) startOnFreePort(t testing.TB, bin, dir string, creds *credentials, flags []string) string {
+	t.Helper()
 	const attempts = 5
-	var host, prefix string
 	for i := 1; ; i++ {
-		prefix = path.Join("/dispatch-"+randomHex(8), "registry")
-		host, err = s.start(t, bin, dir, creds, prefix, o.flags)
+		prefix := path.Join("/dispatch-"+randomHex(8), "registry")
+		host, err := s.start(t, bin, dir, creds, prefix, flags)
 		if err == nil {
-			break
+			t.Logf("apiserver: ready at %s after %v (etcd %s at %s, %s)",
+				host, s.StartupTime.Round(time.Millisecond), s.Etcd.Version, s.Etcd.URL, prefix)
+			return host
 		}
 		if i == attempts || !errors.Is(err, errPortTaken) {
 			t.Fatalf("apiserver: %v", err)
 		}
 		t.Logf("apiserver: attempt %d: %v; retrying on another port", i, err)
 	}
-	t.Logf("apiserver: ready at %s after %v (etcd %s at %s, %s)",
-		host, s.StartupTime.Round(time.Millisecond), s.Etcd.Version, s.Etcd.URL, prefix)
+}
 
+// connect sets s's configs, proxy and clients for the server at host: the
+// admin's straight to it, the test user's through a new [Proxy] at the
+// client-side rate that o sets.
+func (s *Server) connect(t testing.TB, host string, creds *credentials, o options) {
+	t.Helper()
 	tlsConfig := rest.TLSClientConfig{CAData: creds.caPEM}
 	s.AdminConfig = &rest.Config{
 		Host:            host,
@@ -220,13 +235,13 @@ func Start(t testing.TB, opts ...Option) *Server {
 		Burst:       o.burst,
 		UserAgent:   "dispatch-integration-test",
 	})
+	var err error
 	if s.Client, err = kubernetes.NewForConfig(s.Config); err != nil {
 		t.Fatalf("apiserver: client: %v", err)
 	}
 	if s.AdminClient, err = kubernetes.NewForConfig(s.AdminConfig); err != nil {
 		t.Fatalf("apiserver: admin client: %v", err)
 	}
-	return s
 }
 
 // errPortTaken: kube-apiserver exited at start because its port was taken.

@@ -168,7 +168,7 @@ func Command(verb, modfile string) (args, env []string, err error) {
 // such as ./cmd/scheduler) with modfile into the binary out, with the race
 // detector if race, and the build tags given ([Tags]).
 func Build(ctx context.Context, modfile, pkg, out string, race bool, tags ...string) error {
-	return compile(ctx, "build", modfile, pkg, out, race, tags...)
+	return compilation{verb: "build", modfile: modfile, pkg: pkg, out: out, race: race, tags: tags}.run(ctx)
 }
 
 // TestBinary compiles the tests of pkg (a path relative to the module,
@@ -177,7 +177,7 @@ func Build(ctx context.Context, modfile, pkg, out string, race bool, tags ...str
 // selects upstream's APIDispatcher in the copy, and [PerfClientTag]
 // scheduler_perf's scheduler client at its configuration's rate).
 func TestBinary(ctx context.Context, modfile, pkg, out string, race bool, tags ...string) error {
-	return compile(ctx, "test", modfile, pkg, out, race, tags...)
+	return compilation{verb: "test", modfile: modfile, pkg: pkg, out: out, race: race, tags: tags}.run(ctx)
 }
 
 // Build tags of the drop-in's copy of k8s.io/kubernetes, as its
@@ -194,8 +194,22 @@ const (
 	PerfClientTag = "dispatch_perf_client"
 )
 
-// compile runs go build, or go test -c when verb is "test", in the module.
-func compile(ctx context.Context, verb, modfile, pkg, out string, race bool, tags ...string) error {
+// compilation is one binary that [Build] or [TestBinary] compiles.
+type compilation struct {
+	// verb is "build" for go build, "test" for go test -c.
+	verb string
+	// modfile is the go.mod to compile with, from [Modfile].
+	modfile string
+	// pkg is the package, relative to the module; out is the binary.
+	pkg, out string
+	// race builds with the race detector.
+	race bool
+	// tags are the build tags.
+	tags []string
+}
+
+// run runs the go command that compiles c, in the module.
+func (c compilation) run(ctx context.Context) error {
 	root, err := Root()
 	if err != nil {
 		return err
@@ -204,20 +218,20 @@ func compile(ctx context.Context, verb, modfile, pkg, out string, race bool, tag
 	if err != nil {
 		return err
 	}
-	args, env, err := Command(verb, modfile)
+	args, env, err := Command(c.verb, c.modfile)
 	if err != nil {
 		return err
 	}
-	if verb == "test" {
+	if c.verb == "test" {
 		args = append(args, "-c")
 	}
-	if race {
+	if c.race {
 		args = append(args, "-race")
 	}
-	if len(tags) > 0 {
-		args = append(args, "-tags", strings.Join(tags, ","))
+	if len(c.tags) > 0 {
+		args = append(args, "-tags", strings.Join(c.tags, ","))
 	}
-	args = append(args, "-o", out, pkg)
+	args = append(args, "-o", c.out, c.pkg)
 	cmd := exec.CommandContext(ctx, goBin, args...)
 	cmd.Dir = root
 	cmd.Env = env
