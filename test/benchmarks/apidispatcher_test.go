@@ -3,6 +3,7 @@ package benchmarks
 import (
 	"context"
 
+	"github.com/coalescer/dispatch/test/queuebench"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clientset "k8s.io/client-go/kubernetes"
@@ -25,14 +26,14 @@ const benchCallType fwk.APICallType = "bench"
 
 // kubeCall is one add: an API call whose execution is the workload's no-op.
 type kubeCall struct {
-	s   *runState
+	r   *queuebench.Run
 	key string
 }
 
 func (c *kubeCall) CallType() fwk.APICallType { return benchCallType }
 func (c *kubeCall) UID() types.UID            { return types.UID(c.key) }
 func (c *kubeCall) Execute(context.Context, clientset.Interface) error {
-	c.s.started(c.key, -1)
+	c.r.Started(c.key, -1)
 	return nil
 }
 
@@ -48,20 +49,20 @@ func (c *kubeCall) IsNoOp() bool                                  { return false
 // once, and the call that overwrote it only when it has run, so when every
 // add has heard, every call has run. (A call overwritten while it runs
 // hears twice; the buffer of one keeps the first.)
-func newE2EAPIDispatcher(s *runState) e2e {
+func newE2EAPIDispatcher(r *queuebench.Run) queuebench.E2E {
 	schedmetrics.Register() // its metrics exist once registered, as the scheduler does at start (once)
-	ad := apidispatcher.New(nil, runWorkers, fwk.APICallRelevances{benchCallType: 0})
+	ad := apidispatcher.New(nil, queuebench.Workers, fwk.APICallRelevances{benchCallType: 0})
 	ad.Run(klog.Background())
-	fin := make([]chan error, len(s.w.keys))
-	return e2e{
-		add: func(key string, i, _ int) {
+	fin := make([]chan error, r.Adds())
+	return queuebench.E2E{
+		Add: func(key string, i, _ int) {
 			ch := make(chan error, 1)
 			fin[i] = ch
-			if err := ad.Add(&kubeCall{s: s, key: key}, fwk.APICallOptions{OnFinish: ch}); err != nil {
+			if err := ad.Add(&kubeCall{r: r, key: key}, fwk.APICallOptions{OnFinish: ch}); err != nil {
 				panic(err)
 			}
 		},
-		drain: func() {
+		Drain: func() {
 			for _, ch := range fin {
 				<-ch
 			}

@@ -1,6 +1,7 @@
-// Unpublished: benchmarks against client-go's workqueue, controller-runtime's
-// priorityqueue and kube-scheduler's APIDispatcher, which need
-// k8s.io/kubernetes and so pin its staging modules with replace below.
+// Unpublished: benchmarks against client-go's workqueue and kube-scheduler's
+// APIDispatcher, which need k8s.io/kubernetes and so pin its staging modules
+// with replace below. The priorityqueue's side of the same benchmarks is in
+// test/crqueue, a module of its own, never beside k8s.io/kubernetes.
 module github.com/coalescer/dispatch/test/benchmarks
 
 go 1.26.0
@@ -8,6 +9,7 @@ go 1.26.0
 require (
 	github.com/coalescer/dispatch v0.1.0
 	github.com/coalescer/dispatch/kube/scheduler v0.1.0
+	github.com/coalescer/dispatch/test/queuebench v0.1.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/time v0.16.0
 	k8s.io/api v0.37.2
@@ -16,7 +18,6 @@ require (
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kube-scheduler v0.37.2
 	k8s.io/kubernetes v1.37.2
-	sigs.k8s.io/controller-runtime v0.25.2
 )
 
 require (

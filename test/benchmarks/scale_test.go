@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"testing"
 
+	"github.com/coalescer/dispatch/test/queuebench"
 	"k8s.io/client-go/util/workqueue"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkScale(b *testing.B) {
 			for b.Loop() {
 				q.Add(n + i)
 				i++
-				if i-lo == batchOf(n) {
+				if i-lo == queuebench.BatchOf(n) {
 					b.StopTimer()
 					for ; lo < i; lo++ {
 						k, _ := q.Get()

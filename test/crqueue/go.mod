@@ -1,11 +1,13 @@
 // Unpublished: controller-runtime's priorityqueue beside the core's and
-// client-go's workqueue's BenchmarkScale. controller-runtime lives in a
-// module of its own, apart from k8s.io/kubernetes.
+// client-go's workqueue's BenchmarkScale, and beside test/benchmarks'
+// queues in BenchmarkCompare and BenchmarkEndToEnd. controller-runtime
+// lives in a module of its own, apart from k8s.io/kubernetes.
 module github.com/coalescer/dispatch/test/crqueue
 
 go 1.26.0
 
 require (
+	github.com/coalescer/dispatch/test/queuebench v0.1.0
 	go.uber.org/goleak v1.3.0
 	sigs.k8s.io/controller-runtime v0.25.3
 )
