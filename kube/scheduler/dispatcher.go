@@ -62,6 +62,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	d.pending.init(d.core, set.metrics)
+	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.pending.waiting
 	if set.pace && d.wire.metered {
 		d.pace = newPacer(float64(d.wire.gate.l.QPS()), set.workers, set.reserved, func(n int) error {
 			return d.core.SetTenantMaxInFlight(string(podStatusPatch), n)
@@ -101,6 +102,7 @@ func (d *Dispatcher) Start(logger klog.Logger) {
 // upstream's Close does. It is idempotent.
 func (d *Dispatcher) Close(ctx context.Context) error {
 	err := d.core.Close(ctx)
+	d.wire.gate.close()
 	d.pending.stop()
 	return err
 }
@@ -171,6 +173,8 @@ func (d *Dispatcher) add(e *entry) error {
 	case e.merged.Load() && e.noop.Load():
 		d.dropNoOp(uid, e)
 		return errNoEffect
+	case !e.merged.Load():
+		d.wire.gate.added() // a call more waits to run
 	}
 	return nil
 }

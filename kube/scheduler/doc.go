@@ -73,22 +73,26 @@
 // credentials, user agent) that has no bucket of its own; a transport wrapper
 // charges that bucket for every further request of the execution (upstream's
 // calls retry inside Execute). No request pays twice, nor goes unpaid: the
-// server sees no more than the rate the scheduler was configured with. The
+// server sees no more requests than the bucket grants (see below). The
 // derived clientset keeps the given one's settings — content type
 // (protobuf, if the scheduler asked for it), accepted types, user agent,
 // timeout — except its limiter and a per-client warning handler.
 //
-// The adapter waits for one token at a time, so among other users of the
-// bucket that wait on it continuously it has one waiter's share, however
-// many calls it has queued: client-go's bucket grants tokens in the order
-// they are asked for, and the adapter asks for its next one only when the
-// last is granted.
-// Upstream's dispatcher, which waits on a goroutine per call, has a share
-// per call. kube-scheduler gives its event broadcaster a clientset of its
-// own; one that shares the dispatcher's clientset while both are busy —
-// scheduler_perf's StartSchedulerWithDone makes it so — takes every other
-// token from the dispatcher. Give the dispatcher a clientset that nothing
-// else waits on continuously.
+// client-go's bucket grants tokens in the order they are asked for, so a
+// user's share of it, among others that wait on it continuously, is the
+// number of waits it keeps outstanding. kube-scheduler's own calls share
+// the dispatcher's clientset: preemption deletes its victims on it, from a
+// goroutine per victim. Upstream's dispatcher, which waits on a goroutine
+// per call, has a share per call; so has the adapter: it keeps a wait on
+// the bucket for each call waiting to run (up to 1 024), and banks each
+// token granted until a call is chosen for it — the best one ready then —
+// or an execution's further request takes it. With one wait at a time, a
+// dozen goroutines deleting victims would leave the bindings a thirteenth
+// of the bucket (TestShareOfTheBucket). The server never sees more
+// requests than the bucket has granted; but tokens granted while every
+// worker is busy (the server slow) wait in the bank, and go out as workers
+// free up, faster than the bucket's rate — at most as many as the waits
+// that were outstanding.
 //
 // # Paced status patches
 //

@@ -56,19 +56,17 @@ type pendingGauge struct {
 
 func (g *pendingGauge) init(core *dispatch.Dispatcher[types.UID, *entry], m Metrics) {
 	g.core, g.m = core, m
+	g.types.Store(&map[fwk.APICallType]struct{}{})
 	if m != nil {
 		g.kc = make(chan struct{}, 1)
 		g.quit = make(chan struct{})
 		g.reported = make(map[fwk.APICallType]int)
-		g.types.Store(&map[fwk.APICallType]struct{}{})
 	}
 }
 
-// see records that calls of type t are added, for the goroutine to read.
+// see records that calls of type t are added, for the goroutine (and
+// waiting) to read.
 func (g *pendingGauge) see(t fwk.APICallType) {
-	if g.kc == nil {
-		return
-	}
 	if _, ok := (*g.types.Load())[t]; ok {
 		return
 	}
@@ -140,6 +138,16 @@ func (g *pendingGauge) loop() {
 			g.report()
 		}
 	}
+}
+
+// waiting returns the calls waiting to run, of every type: the core's
+// counters, one read under its lock per type.
+func (g *pendingGauge) waiting() int {
+	n := 0
+	for t := range *g.types.Load() {
+		n += g.core.Queued(string(t))
+	}
+	return n
 }
 
 func (g *pendingGauge) report() {

@@ -98,7 +98,7 @@ func newWire(client kubernetes.Interface) wire {
 		next = http.DefaultTransport
 	}
 	derived := *hc
-	derived.Transport = &meter{next: next, limiter: limiter}
+	derived.Transport = &meter{next: next, limiter: limiter, gate: w.gate}
 	// QPS -1: client-go makes no bucket; the meter charges the given one.
 	cs, err := kubernetes.NewForConfigAndClient(&rest.Config{Host: host, ContentConfig: content, QPS: -1}, &derived)
 	if err != nil {
@@ -158,17 +158,78 @@ func contentOf(rc *rest.RESTClient) (content rest.ContentConfig, ok bool) {
 // moment: a binding added while the storm waits for tokens gets the next
 // one. Waiting, rather than trying the bucket on a timer, keeps the
 // dispatcher's place among the bucket's other users (the informers, the
-// scheduler's own direct calls), which reserve their tokens in turn: a
-// poller would be starved by any of them that waits continuously.
+// scheduler's own direct calls — preemption deletes its victims on the same
+// clientset), which reserve their tokens in turn: a poller would be starved
+// by any of them that waits continuously.
+//
+// client-go's bucket serves its waiters in the order they ask, so a user's
+// share of it is the number of waits it keeps outstanding. One wait at a
+// time would be one waiter's share, however many calls are queued: beside
+// a dozen goroutines deleting preemption victims, a thirteenth of the
+// bucket, where upstream's dispatcher, a goroutine per call, has a share
+// per call. So the gate keeps a wait outstanding for each call waiting to
+// run (demand, counted when the core asks for a token, and one more for
+// each call added while it waits), up to maxShares, and banks each token
+// granted until the core takes it for the best call ready then, or an
+// execution's further request does (meter). A token is granted by the
+// bucket before it is spent, never after, so the server sees no more
+// requests than the bucket has granted; but tokens granted while every
+// worker is busy (the server slow) are banked, and go out as workers free
+// up, faster than the bucket's rate, at most as many as the waits that
+// were outstanding. The waits end at Close.
 type gate struct {
 	opened chan struct{}
 	once   sync.Once
 	l      flowcontrol.RateLimiter // nil: no bucket to take from
+
+	// shares is the most waits on l outstanding at once; 1 or less: one,
+	// in the caller of Wait. demand returns the calls waiting to run. Set
+	// both before open.
+	shares int
+	demand func() int
+
+	bank   chan error // each wait's result: nil, a token; capacity shares
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	waits  int // waits on l outstanding
+	asking int // callers blocked in Wait
+	closed bool
 }
+
+// maxShares bounds the waits the gate keeps on the client's bucket: a
+// goroutine each, blocked in the bucket's Wait.
+const maxShares = 1024
 
 func newGate() *gate { return &gate{opened: make(chan struct{})} }
 
-func (g *gate) open() { g.once.Do(func() { close(g.opened) }) }
+// open lets tokens through, keeping waits on the bucket.
+func (g *gate) open() {
+	g.once.Do(func() {
+		g.mu.Lock()
+		if g.l != nil && g.shares > 1 && !g.closed {
+			g.bank = make(chan error, g.shares)
+			g.ctx, g.cancel = context.WithCancel(context.Background())
+		}
+		g.mu.Unlock()
+		close(g.opened)
+	})
+}
+
+// close ends the waits outstanding and waits for them to return. Tokens
+// they were granted are not handed out.
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed = true
+	cancel := g.cancel
+	g.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	g.wg.Wait()
+}
 
 // Wait blocks until the gate is open and a token is granted, or ctx ends.
 func (g *gate) Wait(ctx context.Context) error {
@@ -180,7 +241,70 @@ func (g *gate) Wait(ctx context.Context) error {
 	if g.l == nil {
 		return nil
 	}
-	return g.l.Wait(ctx)
+	if g.bank == nil {
+		return g.l.Wait(ctx)
+	}
+	select {
+	case err := <-g.bank:
+		return err
+	default:
+	}
+	want := 1
+	if g.demand != nil {
+		want = g.demand()
+	}
+	g.mu.Lock()
+	g.asking++
+	g.topUp(max(want, g.asking))
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.asking--
+		g.mu.Unlock()
+	}()
+	select {
+	case err := <-g.bank:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// added says a call was added that waits to run: while the core waits for
+// a token, it gets a wait of its own at once, as upstream's goroutine per
+// call does, rather than at the next token.
+func (g *gate) added() {
+	g.mu.Lock()
+	if g.bank != nil && g.asking > 0 {
+		g.topUp(g.waits + len(g.bank) + 1)
+	}
+	g.mu.Unlock()
+}
+
+// topUp starts waits on the bucket until want are outstanding or banked,
+// up to shares. It is called with mu held.
+func (g *gate) topUp(want int) {
+	want = min(max(want, 1), g.shares)
+	for !g.closed && g.waits+len(g.bank) < want {
+		g.waits++
+		g.wg.Add(1)
+		go g.wait()
+	}
+}
+
+// wait is one wait on the bucket; its token, or its error, goes to the
+// bank. The bank has room: waits + banked never exceed shares, its
+// capacity, and both change under mu.
+func (g *gate) wait() {
+	defer g.wg.Done()
+	err := g.l.Wait(g.ctx)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.waits--
+	if g.ctx.Err() != nil {
+		return // closing: nobody takes it
+	}
+	g.bank <- err
 }
 
 // attempt is one execution's account with the meter, carried in the
@@ -202,15 +326,26 @@ type attemptKey struct{}
 // and resent up to ten times inside the execution; the meter takes the
 // header off (client-go retries only when it is there) and hands the delay
 // to the dispatcher, which waits it out in its queue.
+//
+// A further request of an execution takes its token through the gate, as
+// the core does: a token the gate has banked, or the next one its waits on
+// the bucket are granted. Waiting on the bucket itself would put it behind
+// every wait the gate keeps there, its worker held meanwhile, while the
+// tokens granted to the gate piled up in its bank.
 type meter struct {
 	next    http.RoundTripper
 	limiter flowcontrol.RateLimiter // nil: nothing to charge
+	gate    *gate
 }
 
 func (m *meter) RoundTrip(req *http.Request) (*http.Response, error) {
 	a, _ := req.Context().Value(attemptKey{}).(*attempt)
 	if m.limiter != nil && (a == nil || !a.prepaid.CompareAndSwap(true, false)) {
-		if err := m.limiter.Wait(req.Context()); err != nil {
+		var l interface{ Wait(context.Context) error } = m.limiter
+		if a != nil {
+			l = m.gate // the dispatcher's own request: its tokens come through the gate
+		}
+		if err := l.Wait(req.Context()); err != nil {
 			if req.Body != nil {
 				req.Body.Close()
 			}
