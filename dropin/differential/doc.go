@@ -25,7 +25,10 @@
 // TestStatusPatchAsBindingStarts, in real time, which counts status
 // patches sent after a pod's binding when they are added as it starts
 // (-differential.pods). TestKnownDifferences (-differential.known) shows
-// what the comparisons excuse.
+// what the comparisons excuse. TestBindingsBesidePreemption runs upstream's
+// PodBindingCalls through each dispatcher on a real clientset, whose token
+// bucket a dozen other goroutines wait on too (async preemption deleting
+// victims), and compares how fast the bindings drain.
 //
 //	go test -race ./dropin/differential
 //	go test -race ./dropin/differential -run Random -differential.n 5000 -differential.seed 0
