@@ -60,9 +60,12 @@ func (d *Dispatcher[K, T]) stop() {
 	if !d.stopped {
 		d.stopped = true
 		now := d.clk.now()
-		for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
-			d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
-		}
+		lanes := slices.AppendSeq(make([]*lane[K, T], 0, d.lanes.Len()), d.lanes.all()) // endLane releases lanes
+		d.waiters.sweep(func() {
+			for _, l := range lanes {
+				d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
+			}
+		})
 		d.baseCancel(ErrClosed)
 		close(d.stopCh)
 		d.wake.workers()

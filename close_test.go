@@ -1,8 +1,12 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"math"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 // TestCloseDrainsByPriority: Close stops admission at once but runs what is
@@ -342,4 +348,133 @@ func TestCloseUnderLoad(t *testing.T) {
 		t.Logf("Close: %v; outcomes %v; calls %v; rejected %d", err, counts(s.Outcomes), counts(s.Calls), s.Rejected)
 		closeD(t, d)
 	})
+}
+
+// TestCloseEndsDeadlines: Close ending at once a backlog whose waiters have
+// deadlines — tickets with their own and with their context's, posts with
+// and without, coalesced on shared keys, and the running call's ticket and
+// its successor's — gives every submission one outcome, Closed, fires the
+// completion hook once per call, and leaves nothing to expire later.
+func TestCloseEndsDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hooks := &hookLog[string, int]{}
+		d, hold, _ := holdWorker(t, nopExec, Config[string, int]{OnDone: hooks.add})
+		now := time.Now()
+		tks := []*Ticket[string, int]{hold, submit(t, d, holdKey, 1, SubmitOptions{Deadline: now.Add(time.Minute)})}
+		posts := 0
+		for i := range 60 {
+			key := strconv.Itoa(i % 25)
+			dl := now.Add(time.Duration(60-i) * time.Second)
+			switch i % 5 {
+			case 0:
+				tks = append(tks, submit(t, d, key, i, SubmitOptions{Priority: i % 3, Deadline: dl}))
+			case 1:
+				ctx, cancel := context.WithDeadline(bg, dl)
+				defer cancel()
+				tk, err := d.Submit(ctx, key, i, SubmitOptions{Priority: i % 4})
+				require.NoError(t, err)
+				tks = append(tks, tk)
+			case 2:
+				require.NoError(t, d.Post(key, i, SubmitOptions{Priority: i % 3, Deadline: dl}))
+				posts++
+			case 3:
+				require.NoError(t, d.Post(key, i, SubmitOptions{Priority: i % 2}))
+				posts++
+			default:
+				tks = append(tks, submit(t, d, key, i, prio(i%3)))
+			}
+		}
+		before := d.Stats()
+		require.Equal(t, len(tks)+posts, before.Live)
+
+		ctx, cancel := context.WithCancel(bg)
+		cancel()
+		assert.ErrorIs(t, d.Close(ctx), context.Canceled)
+		assert.Equal(t, map[State]int{StateClosed: len(tks)}, tally(t, tks...))
+		s := checkConservation(t, d)
+		assert.Zero(t, s.Live)
+		assert.Zero(t, s.Tickets)
+		assert.Zero(t, s.Keys)
+		assert.Equal(t, map[State]int{StateClosed: len(tks) + posts}, counts(s.Outcomes))
+		perKey := map[string]int{}
+		for _, r := range hooks.all() {
+			perKey[r.Key]++
+		}
+		assert.Len(t, perKey, 26, "a completion for every key")
+		assert.Equal(t, 2, perKey[holdKey], "the running call and its successor")
+		for key, n := range perKey {
+			if key != holdKey {
+				assert.Equal(t, 1, n, "completions of key %s", key)
+			}
+		}
+
+		time.Sleep(2 * time.Minute) // past every deadline
+		later := checkConservation(t, d)
+		assert.Equal(t, s.Outcomes, later.Outcomes, "nothing expires after Close")
+		assert.Equal(t, s.Submitted, later.Submitted)
+	})
+}
+
+// TestDeadlineSweep (internal): a sweep takes the waiters its function
+// removed out of the deadline index in one step — emptying it if that was
+// every waiter — and leaves the others, and those added meanwhile, in
+// deadline order, and the index works as before afterwards.
+func TestDeadlineSweep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keep func(i int) bool
+	}{
+		{"every waiter removed", func(int) bool { return false }},
+		{"some kept", func(i int) bool { return i%3 == 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dl := due.New(func(int64) bool { return false })
+			w := newWaiters[int, int](&dl)
+			ws := make([]*waiter[int, int], 300)
+			for i := range ws {
+				ws[i] = &waiter[int, int]{}
+				w.addDeadline(ws[i], int64(1000-i%50)) // many share a deadline
+			}
+			var want []*waiter[int, int]
+			w.sweep(func() {
+				for i, wt := range ws {
+					if !tc.keep(i) {
+						w.removeDeadline(wt)
+					}
+				}
+				w.removeDeadline(ws[1]) // again: nothing to do
+				gone := &waiter[int, int]{}
+				w.addDeadline(gone, 400)
+				w.removeDeadline(gone)
+				if tc.keep(0) {
+					added := &waiter[int, int]{}
+					w.addDeadline(added, 500)
+					w.addDeadline(ws[2], 600) // marked out, and back in
+					want = append(want, added, ws[2])
+				}
+			})
+			for i, wt := range ws {
+				switch {
+				case i == 2 && tc.keep(0):
+				case tc.keep(i):
+					want = append(want, wt)
+				default:
+					assert.Zero(t, wt.at, "waiter %d marked out", i)
+				}
+			}
+			slices.SortFunc(want, func(a, b *waiter[int, int]) int {
+				return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.dseq, b.dseq))
+			})
+			require.Equal(t, len(want), w.deadlines.Len())
+			late := &waiter[int, int]{}
+			w.addDeadline(late, 2000)
+			want = append(want, late)
+			var got []*waiter[int, int]
+			for wt := w.popDeadline(math.MaxInt64); wt != nil; wt = w.popDeadline(math.MaxInt64) {
+				got = append(got, wt)
+			}
+			assert.Equal(t, want, got)
+			assert.Zero(t, w.deadlines.Len())
+		})
+	}
 }
