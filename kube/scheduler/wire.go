@@ -188,7 +188,8 @@ type gate struct {
 	shares int
 	demand func() int
 
-	bank   chan error // each wait's result: nil, a token; capacity shares
+	bank   chan error  // each wait's result: nil, a token; capacity shares
+	active atomic.Bool // bank is made: Add's hook has something to do
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -212,6 +213,7 @@ func (g *gate) open() {
 		if g.l != nil && g.shares > 1 && !g.closed {
 			g.bank = make(chan error, g.shares)
 			g.ctx, g.cancel = context.WithCancel(context.Background())
+			g.active.Store(true)
 		}
 		g.mu.Unlock()
 		close(g.opened)
@@ -274,8 +276,11 @@ func (g *gate) Wait(ctx context.Context) error {
 // a token, it gets a wait of its own at once, as upstream's goroutine per
 // call does, rather than at the next token.
 func (g *gate) added() {
+	if !g.active.Load() {
+		return // no bucket, one wait at a time, or not started
+	}
 	g.mu.Lock()
-	if g.bank != nil && g.asking > 0 {
+	if g.asking > 0 {
 		g.topUp(g.waits + len(g.bank) + 1)
 	}
 	g.mu.Unlock()
