@@ -145,8 +145,9 @@ func (b *heldBucket) Wait(ctx context.Context) error {
 // waiting, and one more for each call added while the core waits, never
 // more than its shares, at least one for each caller of Wait; hands each
 // wait's error to a caller; banks the tokens granted while nobody asks,
-// for the next callers; and Close ends the waits it left outstanding (goleak would see one
-// left behind).
+// for the next callers; makes its waits through goroutines it keeps, parked
+// between waits; and Close ends the waits it left outstanding and its
+// goroutines (goleak would see one left behind).
 func TestGateShares(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &heldBucket{RateLimiter: flowcontrol.NewFakeAlwaysRateLimiter(), grant: make(chan error)}
@@ -201,6 +202,10 @@ func TestGateShares(t *testing.T) {
 
 		wait() // a caller with no call counted still gets a wait of its own
 		assert.EqualValues(t, 1, b.now.Load())
+		g.mu.Lock()
+		waiters := g.waiters
+		g.mu.Unlock()
+		assert.Equal(t, 4, waiters, "the waits were made by the waiters parked since, no goroutine per wait")
 		g.close()
 		assert.EqualValues(t, 0, b.now.Load(), "Close ended the waits")
 		select {

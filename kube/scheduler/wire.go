@@ -188,20 +188,25 @@ type gate struct {
 	shares int
 	demand func() int
 
-	bank   chan error  // each wait's result: nil, a token; capacity shares
-	active atomic.Bool // bank is made: Add's hook has something to do
+	bank   chan error    // each wait's result: nil, a token; capacity shares
+	ask    chan struct{} // a wait to make, for a parked waiter; capacity shares
+	active atomic.Bool   // bank is made: Add's hook has something to do
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	waits  int // waits on l outstanding
-	asking int // callers blocked in Wait
-	closed bool
+	mu      sync.Mutex
+	waits   int // waits on l asked for and not yet ended
+	waiters int // goroutines that make them (waiter), parked when idle
+	asking  int // callers blocked in Wait
+	closed  bool
 }
 
 // maxShares bounds the waits the gate keeps on the client's bucket: a
-// goroutine each, blocked in the bucket's Wait.
+// goroutine each, blocked in the bucket's Wait. The goroutines are kept,
+// parked, once the waits they made end: a call added waits on the bucket
+// through one of them, and a goroutine starts only when more waits are
+// outstanding than ever before.
 const maxShares = 1024
 
 func newGate() *gate { return &gate{opened: make(chan struct{})} }
@@ -212,6 +217,7 @@ func (g *gate) open() {
 		g.mu.Lock()
 		if g.l != nil && g.shares > 1 && !g.closed {
 			g.bank = make(chan error, g.shares)
+			g.ask = make(chan struct{}, g.shares)
 			g.ctx, g.cancel = context.WithCancel(context.Background())
 			g.active.Store(true)
 		}
@@ -286,30 +292,43 @@ func (g *gate) added() {
 	g.mu.Unlock()
 }
 
-// topUp starts waits on the bucket until want are outstanding or banked,
-// up to shares. It is called with mu held.
+// topUp asks for waits on the bucket until want are outstanding or banked,
+// up to shares, starting a waiter only when every one is busy. It is called
+// with mu held. ask has room: the waits asked for never exceed shares.
 func (g *gate) topUp(want int) {
 	want = min(max(want, 1), g.shares)
 	for !g.closed && g.waits+len(g.bank) < want {
 		g.waits++
-		g.wg.Add(1)
-		go g.wait()
+		g.ask <- struct{}{}
+		if g.waiters < g.waits {
+			g.waiters++
+			g.wg.Add(1)
+			go g.waiter()
+		}
 	}
 }
 
-// wait is one wait on the bucket; its token, or its error, goes to the
-// bank. The bank has room: waits + banked never exceed shares, its
-// capacity, and both change under mu.
-func (g *gate) wait() {
+// waiter makes the waits asked for, one at a time, until Close; each one's
+// token, or its error, goes to the bank. The bank has room: waits + banked
+// never exceed shares, its capacity, and both change under mu.
+func (g *gate) waiter() {
 	defer g.wg.Done()
-	err := g.l.Wait(g.ctx)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.waits--
-	if g.ctx.Err() != nil {
-		return // closing: nobody takes it
+	for {
+		select {
+		case <-g.ask:
+		case <-g.ctx.Done():
+			return
+		}
+		err := g.l.Wait(g.ctx)
+		g.mu.Lock()
+		g.waits--
+		if g.ctx.Err() != nil {
+			g.mu.Unlock()
+			return // closing: nobody takes it
+		}
+		g.bank <- err
+		g.mu.Unlock()
 	}
-	g.bank <- err
 }
 
 // attempt is one execution's account with the meter, carried in the
