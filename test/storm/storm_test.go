@@ -59,12 +59,13 @@ var sizes = map[string]Workload{
 	// The full storm: the storm alone takes 40 s at kube-scheduler's 50
 	// requests per second.
 	"full": {Nodes: 100, Unschedulable: 2000, Schedulable: 200, Every: 50 * time.Millisecond, HighPriority: 1000},
-	// CI's: a storm of about 8 s at 50 requests a second once the
+	// CI's: a storm of about 10 s at 50 requests a second once the
 	// client's burst of 100 is spent. The race-instrumented scheduler takes
-	// seconds to attempt 500 pods on two cores, so the backlog the bug
-	// needs builds while the schedulable pods arrive, over 3 s; at 300
-	// pods, a third of them in the burst, it did not always.
-	"ci": {Nodes: 10, Unschedulable: 500, Schedulable: 30, Every: 100 * time.Millisecond, HighPriority: 1000},
+	// seconds to attempt 600 pods on two cores, so the backlog the bug
+	// needs builds while the schedulable pods arrive, over 4.5 s; at 300
+	// pods and one every 50 ms, a third of the storm in the burst, it did
+	// not always.
+	"ci": {Nodes: 10, Unschedulable: 600, Schedulable: 30, Every: 150 * time.Millisecond, HighPriority: 1000},
 }
 
 // sizeVariants are the schedulers each size runs unless -storm.variants
