@@ -25,6 +25,7 @@ type Dispatcher struct {
 	set        settings
 	wire       wire
 	logger     atomic.Pointer[klog.Logger]
+	logs       atomic.Pointer[context.Context] // holds only logger, for execCtx
 	started    atomic.Bool
 
 	pending pendingGauge
@@ -82,6 +83,8 @@ func (d *Dispatcher) Start(logger klog.Logger) {
 		return
 	}
 	d.logger.Store(&logger)
+	logs := klog.NewContext(context.Background(), logger)
+	d.logs.Store(&logs)
 	d.pending.start()
 	d.wire.gate.open()
 	s := d.core.Stats()
@@ -234,11 +237,10 @@ func (d *Dispatcher) SetMode(ctx context.Context, m dispatch.Mode) error {
 func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	d.tellDisplaced(e) // a retry may have absorbed e's predecessor
 	d.pending.kick()
-	a := &attempt{}
+	a := &execCtx{Context: ctx, logs: d.logsCtx()}
 	a.prepaid.Store(d.wire.metered)
-	ctx = context.WithValue(klog.NewContext(ctx, d.log()), attemptKey{}, a)
 	start := time.Now()
-	err := e.call.Execute(ctx, d.wire.client)
+	err := e.call.Execute(a, d.wire.client)
 	elapsed := time.Since(start)
 	if m := d.set.metrics; m != nil {
 		m.Executed(e.typ, err, elapsed)
@@ -298,6 +300,34 @@ func (d *Dispatcher) tellDisplaced(e *entry) {
 	for p := e.displaced.Swap(nil); p != nil; p = p.displaced.Swap(nil) {
 		p.tell(errOverwritten, dispatch.Outcome{})
 	}
+}
+
+// logsCtx returns a context that holds only the logger Start was given,
+// or klog's before Start.
+func (d *Dispatcher) logsCtx() context.Context {
+	if c := d.logs.Load(); c != nil {
+		return *c
+	}
+	return klog.NewContext(context.Background(), klog.Background())
+}
+
+// execCtx is the context an execution's Execute gets, made in one
+// allocation: the core's context, with the logger (klog.FromContext) and
+// the meter's account (attemptKey) in front of its values.
+type execCtx struct {
+	context.Context                 // the core's: deadline, cancellation, its values
+	logs            context.Context // holds only the logger
+	attempt
+}
+
+func (c *execCtx) Value(key any) any {
+	if key == (attemptKey{}) {
+		return &c.attempt
+	}
+	if v := c.logs.Value(key); v != nil {
+		return v
+	}
+	return c.Context.Value(key)
 }
 
 // log returns the logger Start was given, or klog's before Start.
