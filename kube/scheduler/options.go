@@ -281,8 +281,8 @@ func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 // knows of (kube-scheduler's two, the relevance table's, and those Options
 // name) with its Options.Tenants entry, or none. Named, a call type's
 // tenant is kept while it has no call. The core forgets an unnamed tenant
-// when its last call ends and makes it again for the next one, so that a
-// call finding its type idle makes 17 allocations instead of 8
+// when its last call ends and makes it again for the next one, at the
+// cost of allocations on every call that finds its type idle
 // (TestCallTypeTenantAllocs). A plugin's type that none of these names
 // still works, as an unnamed tenant.
 func (d *Dispatcher) tenants(o Options) map[string]dispatch.TenantConfig {

@@ -196,9 +196,9 @@ type gate struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	waits   int // waits on l asked for and not yet ended
-	waiters int // goroutines that make them (waiter), parked when idle
-	asking  int // callers blocked in Wait
+	waits   int          // waits on l asked for and not yet ended
+	waiters int          // goroutines that make them (waiter), parked when idle
+	asking  atomic.Int32 // callers blocked in Wait; changed under mu, read without it by added
 	closed  bool
 }
 
@@ -262,12 +262,12 @@ func (g *gate) Wait(ctx context.Context) error {
 		want = g.demand()
 	}
 	g.mu.Lock()
-	g.asking++
-	g.topUp(max(want, g.asking))
+	asking := g.asking.Add(1)
+	g.topUp(max(want, int(asking)))
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
-		g.asking--
+		g.asking.Add(-1)
 		g.mu.Unlock()
 	}()
 	select {
@@ -282,11 +282,11 @@ func (g *gate) Wait(ctx context.Context) error {
 // a token, it gets a wait of its own at once, as upstream's goroutine per
 // call does, rather than at the next token.
 func (g *gate) added() {
-	if !g.active.Load() {
-		return // no bucket, one wait at a time, or not started
+	if !g.active.Load() || g.asking.Load() == 0 {
+		return // no bucket, one wait at a time, not started, or nobody waits for a token
 	}
 	g.mu.Lock()
-	if g.asking > 0 {
+	if g.asking.Load() > 0 {
 		g.topUp(g.waits + len(g.bank) + 1)
 	}
 	g.mu.Unlock()
