@@ -69,8 +69,10 @@ type Config[K comparable, T any] struct {
 	// patch at 0). Within a band a call's level is its offset plus
 	// floor(wait / Aging): priority p runs before any q > p arriving over
 	// (q−p) × Aging after it, and behind an endless stream at q within
-	// about (q−p+1) × Aging while workers keep up. At equal levels tenants
-	// take turns by TenantConfig.Weight, then arrival decides.
+	// about (q−p+1) × Aging while workers keep up; under overload, behind
+	// every call at q queued before it or within (q−p) × Aging after it.
+	// At equal levels tenants take turns by TenantConfig.Weight, then
+	// arrival decides. A band spans at most 2⁶² ns of aging.
 	AgingBand int
 	// Label names a call's kind for the Observer and Stats.Labels, from a
 	// small fixed set; it runs once per submission, outside the lock. A call
