@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/btree"
+	"golang.org/x/time/rate"
 )
 
 // The benchmarks measure what the caller's hot loop pays. Names are
@@ -748,3 +749,47 @@ func BenchmarkTenants(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRateLimit is BenchmarkThroughput's Post with 16 workers and a
+// rate limiter that always has a token, in each shape the dispatcher knows
+// (see RateLimiter): none; a *rate.Limiter of rate.Inf, which takes
+// reservations; and one that can only be waited on, whose tokens one
+// goroutine of the dispatcher fetches and hands to the workers. What it
+// times is what each shape costs per execution beyond the others.
+func BenchmarkRateLimit(b *testing.B) {
+	const window = 256
+	nop := func(context.Context, int, int) error { return nil }
+	for _, shape := range []struct {
+		name string
+		l    RateLimiter
+	}{{"none", nil}, {"reserve", rate.NewLimiter(rate.Inf, 0)}, {"wait", openLimiter{}}} {
+		b.Run("limiter="+shape.name, func(b *testing.B) {
+			sem := make(chan struct{}, window)
+			d, err := New(nop, Config[int, int]{
+				Workers:   16,
+				Capacity:  2 * window,
+				RateLimit: shape.l,
+				OnDone:    func(Result[int, int]) { <-sem },
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close(context.Background())
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				sem <- struct{}{}
+				if err := d.Post(i, i, SubmitOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range window { // every outstanding call has finished
+				sem <- struct{}{}
+			}
+		})
+	}
+}
+
+// openLimiter can only be waited on, and never makes anyone wait.
+type openLimiter struct{}
+
+func (openLimiter) Wait(context.Context) error { return nil }

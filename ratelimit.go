@@ -36,7 +36,9 @@ type RateLimiter interface {
 }
 
 // fetcher waits on a limiter that can only be waited on, and hands each
-// token to the workers. A Wait that fails (other than by Close) is tried
+// token to the workers. Asked by a worker that found none, it fetches
+// tokens until the free workers have one for each ready call, waking a
+// worker with each. A Wait that fails (other than by Close) is tried
 // again after a back-off (tokens.FailureBackoff), so that a
 // limiter that refuses at once cannot make it spin. It takes the lock
 // itself.
@@ -45,7 +47,7 @@ func (d *Dispatcher[K, T]) fetcher() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for !d.stopped {
-		if !d.gate.tokens.WantFetch() {
+		if !d.gate.tokens.WantFetch(min(d.q.nready, d.gate.limit()-d.gate.running)) {
 			d.fetchCond.Wait()
 			continue
 		}

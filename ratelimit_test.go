@@ -257,3 +257,47 @@ func TestFailingWaitLimiter(t *testing.T) {
 		})
 	}
 }
+
+// countingLimiter can only be waited on; it grants every Wait at once and
+// counts them.
+type countingLimiter struct{ waits atomic.Int64 }
+
+func (c *countingLimiter) Wait(context.Context) error {
+	c.waits.Add(1)
+	return nil
+}
+
+// TestFetcherFetchesForFreeWorkers: the fetcher of a Wait-only limiter
+// fetches tokens for the free workers' ready calls, and none that no free
+// worker could spend: with every worker busy and calls waiting, it asks
+// the limiter for nothing; as one worker frees up, for one token; in all,
+// one token per execution.
+func TestFetcherFetchesForFreeWorkers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const workers, queued = 4, 10
+		lim := &countingLimiter{}
+		release := make(chan struct{})
+		d := newD(t, func(context.Context, int, int) error { <-release; return nil },
+			Config[int, int]{Workers: workers, RateLimit: lim})
+		for k := range workers {
+			require.NoError(t, d.Post(k, k, SubmitOptions{}))
+		}
+		synctest.Wait()
+		require.Equal(t, workers, d.Stats().InFlight)
+		assert.Equal(t, int64(workers), lim.waits.Load(), "one token per call started")
+		for k := workers; k < workers+queued; k++ {
+			require.NoError(t, d.Post(k, k, SubmitOptions{}))
+		}
+		synctest.Wait()
+		assert.Equal(t, int64(workers), lim.waits.Load(), "every worker busy: no token fetched for the queued calls")
+
+		release <- struct{}{} // one call ends; its worker starts the next
+		synctest.Wait()
+		assert.Equal(t, workers, d.Stats().InFlight)
+		assert.Equal(t, int64(workers+1), lim.waits.Load(), "one worker free: one token")
+
+		close(release)
+		closeD(t, d)
+		assert.Equal(t, int64(workers+queued), lim.waits.Load(), "one token per execution, none left over")
+	})
+}

@@ -159,14 +159,21 @@ func (t *Tokens) Spend() {
 }
 
 // WantFetch reports whether the fetching goroutine should wait for a
-// token: a worker asked for one and none is held.
-func (t *Tokens) WantFetch() bool { return t.fetch && t.held == 0 }
+// token: a worker asked for one, and fewer than ahead are held (at least
+// one). ahead is how many the owner could start at once: the ready calls
+// it has free workers for. So the goroutine goes on fetching while those
+// workers have calls to start, without a worker asking, and sleeping,
+// between one token and the next; it never holds tokens no free worker
+// can spend. Once enough are held, the ask is answered.
+func (t *Tokens) WantFetch(ahead int) bool {
+	if t.fetch && t.held >= max(ahead, 1) {
+		t.fetch = false
+	}
+	return t.fetch
+}
 
 // Fetched hands over a token the fetching goroutine got.
-func (t *Tokens) Fetched() {
-	t.held++
-	t.fetch = false
-}
+func (t *Tokens) Fetched() { t.held++ }
 
 // Limiter returns the limiter, for the fetching goroutine to wait on.
 func (t *Tokens) Limiter() Limiter { return t.l }

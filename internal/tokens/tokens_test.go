@@ -83,15 +83,34 @@ func (w waitOnly) Wait(context.Context) error { return w.err }
 func TestFetched(t *testing.T) {
 	tk := New(waitOnly{}, epoch)
 	require.True(t, tk.NeedsFetcher())
-	assert.False(t, tk.WantFetch())
+	assert.False(t, tk.WantFetch(3), "nobody asked")
 	ok, at := tk.Ready(sec)
 	assert.False(t, ok)
 	assert.Equal(t, int64(WhenFetched), at)
-	assert.True(t, tk.WantFetch())
+	assert.True(t, tk.WantFetch(0), "asked: one at least")
 	tk.Fetched()
-	assert.False(t, tk.WantFetch())
+	assert.False(t, tk.WantFetch(0), "one held")
 	ok, _ = tk.Ready(sec)
 	assert.True(t, ok)
+	tk.Spend()
+
+	// Three free workers with calls to start: fetched until three are
+	// held, then the ask is answered.
+	_, _ = tk.Ready(sec)
+	for range 3 {
+		assert.True(t, tk.WantFetch(3))
+		tk.Fetched()
+	}
+	assert.False(t, tk.WantFetch(3))
+	assert.False(t, tk.WantFetch(5), "answered: no more fetched until a worker asks again")
+	for range 3 {
+		ok, _ = tk.Ready(sec)
+		assert.True(t, ok)
+		tk.Spend()
+	}
+	ok, _ = tk.Ready(sec)
+	assert.False(t, ok)
+	assert.True(t, tk.WantFetch(1))
 }
 
 func TestCheck(t *testing.T) {
