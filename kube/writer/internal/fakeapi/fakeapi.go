@@ -10,6 +10,11 @@
 // stored metadata, metadata.uid included). The fake clientset runs its
 // reactors under one lock: a Before hook or a fault's Delay holds every
 // request, not just its own.
+//
+// The server also serves watches (watch.go): an event for every change it
+// makes, held for each watcher until it is taken, where the tracker's own
+// watch panics once a watcher falls 100 events behind. A change made on
+// the tracker directly is not seen by a watch.
 package fakeapi
 
 import (
@@ -31,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -38,13 +44,14 @@ import (
 type Server struct {
 	tracker k8stesting.ObjectTracker
 
-	mu     sync.Mutex
-	rv     int64
-	uids   int
-	calls  map[string]int
-	faults []*Fault
-	before func(Request)
-	bodies []Request
+	mu       sync.Mutex
+	rv       int64
+	watchers []*watcher
+	uids     int
+	calls    map[string]int
+	faults   []*Fault
+	before   func(Request)
+	bodies   []Request
 }
 
 // Request is one request the server handled, as a test sees it.
@@ -90,6 +97,7 @@ func Install(f *k8stesting.Fake, tracker k8stesting.ObjectTracker, objs ...runti
 		}
 	}
 	f.PrependReactor("*", "*", s.react)
+	f.PrependWatchReactor("*", s.watch)
 	return s, nil
 }
 
@@ -97,6 +105,10 @@ func Install(f *k8stesting.Fake, tracker k8stesting.ObjectTracker, objs ...runti
 func (s *Server) stamp(m metav1.Object) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.stampLocked(m)
+}
+
+func (s *Server) stampLocked(m metav1.Object) {
 	if m.GetUID() == "" {
 		s.uids++
 		m.SetUID(types.UID(fmt.Sprintf("uid-%d", s.uids)))
@@ -149,18 +161,42 @@ func (s *Server) react(action k8stesting.Action) (bool, runtime.Object, error) {
 		o, err := s.tracker.Get(gvr, r.Namespace, r.Name)
 		return true, o, err
 	case "create":
-		o := r.Object.DeepCopyObject()
-		m, _ := meta.Accessor(o)
-		s.stamp(m)
-		if err := s.tracker.Create(gvr, o, r.Namespace); err != nil {
-			return true, nil, err
-		}
-		return true, o.DeepCopyObject(), nil
+		o, err := s.create(gvr, r)
+		return true, o, err
 	case "delete":
-		return true, nil, s.tracker.Delete(gvr, r.Namespace, r.Name)
+		return true, nil, s.delete(gvr, r)
 	}
 	o, err := s.write(gvr, r)
 	return true, o, err
+}
+
+// create serves a create under the server's lock.
+func (s *Server) create(gvr schema.GroupVersionResource, r Request) (runtime.Object, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := r.Object.DeepCopyObject()
+	m, _ := meta.Accessor(o)
+	s.stampLocked(m)
+	if err := s.tracker.Create(gvr, o, r.Namespace); err != nil {
+		return nil, err
+	}
+	s.notify(gvr, r.Namespace, watch.Added, o)
+	return o.DeepCopyObject(), nil
+}
+
+// delete serves a delete under the server's lock.
+func (s *Server) delete(gvr schema.GroupVersionResource, r Request) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, err := s.tracker.Get(gvr, r.Namespace, r.Name)
+	if err != nil {
+		return err
+	}
+	if err := s.tracker.Delete(gvr, r.Namespace, r.Name); err != nil {
+		return err
+	}
+	s.notify(gvr, r.Namespace, watch.Deleted, o)
+	return nil
 }
 
 // enter counts r, runs the Before hook, and applies the first fault
@@ -249,6 +285,7 @@ func (s *Server) write(gvr schema.GroupVersionResource, r Request) (runtime.Obje
 	if err := s.tracker.Update(gvr, next, r.Namespace); err != nil {
 		return nil, err
 	}
+	s.notify(gvr, r.Namespace, watch.Modified, next)
 	return next.DeepCopyObject(), nil
 }
 
