@@ -38,7 +38,11 @@ type RateLimiter interface {
 // fetcher waits on a limiter that can only be waited on, and hands each
 // token to the workers. Asked by a worker that found none, it fetches
 // tokens until the free workers have one for each ready call, waking a
-// worker with each. A Wait that fails (other than by Close) is tried
+// worker with each, so that a worker that ends its call finds the next
+// token held rather than asking and sleeping until it comes. A token
+// fetched for a call that cannot start yet (its tenant at its cap, the
+// free workers reserved for urgent calls) stays held for the next call
+// that can: at most as many as the workers free when it was fetched. A Wait that fails (other than by Close) is tried
 // again after a back-off (tokens.FailureBackoff), so that a
 // limiter that refuses at once cannot make it spin. It takes the lock
 // itself.
