@@ -42,10 +42,10 @@ type RateLimiter interface {
 // token held rather than asking and sleeping until it comes. A token
 // fetched for a call that cannot start yet (its tenant at its cap, the
 // free workers reserved for urgent calls) stays held for the next call
-// that can: at most as many as the workers free when it was fetched. A Wait that fails (other than by Close) is tried
-// again after a back-off (tokens.FailureBackoff), so that a
-// limiter that refuses at once cannot make it spin. It takes the lock
-// itself.
+// that can: at most as many as the workers free when it was fetched. A
+// Wait that fails (other than by Close) is tried again after a back-off
+// (tokens.FailureBackoff), so that a limiter that refuses at once cannot
+// make it spin. It takes the lock itself.
 func (d *Dispatcher[K, T]) fetcher() {
 	failures := 0
 	d.mu.Lock()

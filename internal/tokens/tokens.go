@@ -163,8 +163,8 @@ func (t *Tokens) Spend() {
 // one). ahead is how many the owner could start at once: the ready calls
 // it has free workers for. So the goroutine goes on fetching while those
 // workers have calls to start, without a worker asking, and sleeping,
-// between one token and the next; it never holds tokens no free worker
-// can spend. Once enough are held, the ask is answered.
+// between one token and the next; it holds no more tokens than there were
+// free workers. Once enough are held, the ask is answered.
 func (t *Tokens) WantFetch(ahead int) bool {
 	if t.fetch && t.held >= max(ahead, 1) {
 		t.fetch = false
