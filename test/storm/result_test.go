@@ -372,19 +372,54 @@ func checkRun(t *testing.T, r *Result) {
 // checkOrdering asserts the order of the bindings against the storm, from
 // the order the informer saw the server commit them: with dispatch inside,
 // every schedulable pod is bound before the last of the storm's conditions
-// lands; with upstream's dispatcher, the median schedulable pod is bound
-// only after more than a third of the storm's conditions landed, which is
-// the bug (and shows the storm was queued when the pods arrived).
+// lands; with upstream's dispatcher and the storm's priority, the median
+// schedulable pod is bound only after more than a third of the storm's
+// conditions landed, which is the bug (and shows the storm was queued
+// when the pods arrived). The high-priority pods' share of the bug is
+// checked against dispatch's run (checkOvertaking).
 func checkOrdering(t *testing.T, r *Result) {
 	t.Helper()
-	switch r.Scheduler {
-	case "dispatch":
+	switch {
+	case r.Scheduler == "dispatch":
 		assert.Equal(t, r.Workload.Schedulable, r.BoundBeforeDrain,
 			"schedulable pods bound before the patch backlog drained (the storm's last condition)")
-	case "upstream":
+	case r.Scheduler == "upstream" && r.Priority == "same":
 		assert.Greater(t, r.ConditionsBefore, r.Workload.Unschedulable/3,
 			"kubernetes#135900 reproduced: the median schedulable pod bound only behind a large part of the storm's conditions")
 	}
+}
+
+// checkOvertaking asserts, for the high-priority runs, that upstream's
+// bindings waited behind more of the storm than dispatch's: its median
+// schedulable pod was overtaken by more status patches between its
+// creation and its binding. With upstream's dispatcher a high-priority
+// pod is scheduled at once, and its binding waits behind every patch
+// queued before it; how many are queued then depends on how fast the
+// scheduler fails the storm's pods, which a race-instrumented scheduler
+// on a loaded machine does slowly (at CI's size, its median pod was bound
+// behind 166 to 473 of the 600 conditions in runs here; in the run of 166,
+// overtaken by 22 patches, against dispatch's 4). So the comparison is
+// with dispatch's run, not with a fixed share of the storm. At the full
+// size, on a quiet machine: 1 536 to 1 558 against 1 to 5.
+func checkOvertaking(t *testing.T, results []*Result) {
+	t.Helper()
+	var up, dp *Result
+	for _, r := range results {
+		if r.Priority != "high" {
+			continue
+		}
+		switch r.Scheduler {
+		case "upstream":
+			up = r
+		case "dispatch":
+			dp = r
+		}
+	}
+	if up == nil || dp == nil {
+		return
+	}
+	assert.Greater(t, up.OvertakingMedian, dp.OvertakingMedian,
+		"high priority: upstream's median binding overtaken by more status patches than dispatch's (kubernetes#135900 at high priority)")
 }
 
 // table formats the results as aligned text, one run a line.
