@@ -64,6 +64,7 @@ type chaosParams struct {
 	closeGrace    time.Duration // ...with a context of at most this
 	rate          rate.Limit
 	burst         int
+	waitOnly      bool // the limiter can only be waited on: the fetcher hands out its tokens
 	cooldown      time.Duration
 	// The fallback policy: Sync when more than maxBacklog calls are queued,
 	// checked every fbWindow/10, back to Async after returnAfter (0: never).
@@ -88,7 +89,8 @@ type chaosParams struct {
 // pending call (ReplacePending); Config.Follow judges each submission made
 // while its key's call is in flight against that call: moot, refused, or
 // rewritten; a no-op test, a before-retry hook (rebuild, already done,
-// failure), a rate limiter, retries with jitter, a circuit breaker, a
+// failure), a rate limiter (in real time one that can only be waited on,
+// whose tokens the dispatcher's fetcher hands out), retries with jitter, a circuit breaker, a
 // tenant capped at one execution, two with queue quotas (MaxQueued: one
 // configured, one by DefaultTenant, which is forgotten when idle) whose
 // submissions often outrank — and so take over — other tenants' pending
@@ -195,7 +197,7 @@ func TestChaosSoak(t *testing.T) {
 		capacity: 150, maxWaiters: 300,
 		step: 200 * time.Microsecond, execMax: 300 * time.Microsecond, deadlineMax: 5 * time.Millisecond,
 		closeAfter: time.Second, closeGrace: 5 * time.Millisecond,
-		rate: 50000, burst: 50, cooldown: time.Millisecond,
+		rate: 50000, burst: 50, waitOnly: true, cooldown: time.Millisecond,
 		maxBacklog: 100, fbWindow: 10 * time.Millisecond, returnAfter: 20 * time.Millisecond, flap: true,
 	}
 	fallback := chaosParams{
@@ -499,9 +501,13 @@ func (c *chaos) run() {
 		}
 	}
 	defer func() { onTransition = nil }()
+	var limiter RateLimiter = rate.NewLimiter(p.rate, p.burst)
+	if p.waitOnly {
+		limiter = waitLimiter{rate.NewLimiter(p.rate, p.burst)}
+	}
 	d, err := New(c.exec, Config[int, []uint64]{
 		Workers:    p.workers,
-		RateLimit:  rate.NewLimiter(p.rate, p.burst),
+		RateLimit:  limiter,
 		Capacity:   p.capacity,
 		MaxWaiters: p.maxWaiters,
 		Aging:      time.Millisecond,
