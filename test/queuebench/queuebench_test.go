@@ -127,9 +127,9 @@ func TestCheckTargetsCatchesLoss(t *testing.T) {
 }
 
 // TestCheckEndToEndCatchesLoss checks, on every workload CheckEndToEnd
-// runs, an implementation that never executes every tenth add, and one
-// whose workers start before a gated workload's producer is done: the
-// check must fail for each.
+// runs but the paced one, an implementation that never executes every
+// tenth add: the check must fail on each (TestCheckEndToEndCatchesEarlyStart
+// checks the gate).
 func TestCheckEndToEndCatchesLoss(t *testing.T) {
 	lossy := E2EImpl{Name: "lossy", New: func(r *Run) E2E {
 		e := fifoE2E.New(r)
