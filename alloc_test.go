@@ -149,6 +149,19 @@ func testWorkerPathAllocs(t *testing.T) {
 	})
 	assert.Equal(t, 2.0, watched, "an exec that watches ctx.Done(): its context and channel")
 	closeD(t, d)
+
+	// An Observer hears of the submission, the start and the end of every
+	// call, and costs no allocation of its own.
+	watch = false
+	d = newD(t, exec, Config[int, int]{Workers: 1, Capacity: 10 * runs, Observer: NopObserver{}})
+	settle()
+	observed := testing.AllocsPerRun(runs, func() {
+		_ = d.Post(k, 0, SubmitOptions{Priority: 3})
+		k++
+		<-ran
+	})
+	assert.Equal(t, 1.0, observed, "Post of a new key, and its execution, with an Observer: its context")
+	closeD(t, d)
 }
 
 // TestTicketSize pins the sizes the Ticket documentation states: a

@@ -84,6 +84,6 @@ func (p *BreakerPolicy) policy() breaker.Policy {
 func noteCircuit(obs Observer, ch breaker.Change, ob *notes) {
 	if obs != nil && ch.Changed() {
 		from, to := Circuit(ch.From), Circuit(ch.To)
-		*ob = append(*ob, func() { obs.OnCircuitChange(from, to) })
+		ob.add(func() { obs.OnCircuitChange(from, to) })
 	}
 }

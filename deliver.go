@@ -5,6 +5,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // This file is telling — outcomes reach waiters, the completion hook and
@@ -60,8 +61,53 @@ func (ob *outbox[K, T]) newResult(res Result[K, T]) *Result[K, T] {
 	return r
 }
 
-// notes are observer events to run once the lock is released.
-type notes []func()
+// notes are observer events to tell once the lock is released.
+type notes []note
+
+// note is one observer event. The events of every call (its end) and the
+// frequent ones (a retry, a drop, a submission run inline) are values, so
+// that an observer costs no allocation per call; the rare ones (a change of
+// mode, circuit or limit) are a closure.
+type note struct {
+	kind      noteKind
+	coalesced bool // noteSubmit
+	b         Bound
+	e         Event
+	o         Outcome       // noteFinish
+	n         int           // noteRetry: the attempt that failed
+	delay     time.Duration // noteRetry
+	err       error         // noteRetry
+	f         func()        // noteFunc
+}
+
+type noteKind uint8
+
+const (
+	noteFunc noteKind = iota
+	noteFinish
+	noteRetry
+	noteDrop
+	noteSubmit
+)
+
+// add queues the observer event f.
+func (ns *notes) add(f func()) { *ns = append(*ns, note{kind: noteFunc, f: f}) }
+
+// tell tells obs of the event.
+func (n *note) tell(obs Observer) {
+	switch n.kind {
+	case noteFinish:
+		obs.OnFinish(n.e, n.o)
+	case noteRetry:
+		obs.OnRetry(n.e, n.n, n.delay, n.err)
+	case noteDrop:
+		obs.OnDrop(n.e, n.b)
+	case noteSubmit:
+		obs.OnSubmit(n.e, n.coalesced)
+	default:
+		n.f()
+	}
+}
 
 // empty reports whether ob has nothing to tell.
 func (ob *outbox[K, T]) empty() bool {
@@ -113,10 +159,10 @@ func (tl *teller[K, T]) deliver(ob *outbox[K, T]) {
 	}
 	ob.hooks, ob.nh = ob.hooks[:0], 0
 	for ob.nn < len(ob.notes) {
-		f := ob.notes[ob.nn]
-		ob.notes[ob.nn] = nil
+		n := ob.notes[ob.nn]
+		ob.notes[ob.nn] = note{}
 		ob.nn++
-		pe, _ := guard(callbackObserver, func() error { f(); return nil }, rest)
+		pe, _ := guard(callbackObserver, func() error { n.tell(tl.obs); return nil }, rest)
 		tl.contain(pe)
 	}
 	ob.notes, ob.nn = ob.notes[:0], 0

@@ -102,9 +102,8 @@ func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64,
 	if d.cfg.OnDone != nil {
 		ob.hooks = append(ob.hooks, r)
 	}
-	if obs := d.cfg.Observer; obs != nil {
-		e, o := c.event(), r.Outcome
-		ob.notes = append(ob.notes, func() { obs.OnFinish(e, o) })
+	if d.cfg.Observer != nil {
+		ob.notes = append(ob.notes, note{kind: noteFinish, e: c.event(), o: r.Outcome})
 	}
 }
 
@@ -139,9 +138,8 @@ func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K,
 	}
 	d.totals.shed[b.index()]++
 	c.ten.st.Dropped++
-	if obs := d.cfg.Observer; obs != nil {
-		e := c.event()
-		ob.notes = append(ob.notes, func() { obs.OnDrop(e, b) })
+	if d.cfg.Observer != nil {
+		ob.notes = append(ob.notes, note{kind: noteDrop, e: c.event(), b: b})
 	}
 	d.waiters.settleAll(c, StateDropped, err, now, onTime, ob)
 	d.finish(c, StateDropped, err, now, ob)

@@ -16,10 +16,10 @@ import (
 // event e, was accepted. It is called with the lock held and returns
 // without it, once t has its outcome.
 func (d *Dispatcher[K, T]) runSyncUnlock(t *Ticket[K, T], e Event, coalesced bool, ob *outbox[K, T]) {
-	if obs := d.cfg.Observer; obs != nil {
+	if d.cfg.Observer != nil {
 		// Told by deliver, which contains it: not through observe, whose
 		// own containment would count a Goexit twice.
-		ob.notes = append(ob.notes, func() { obs.OnSubmit(e, coalesced) })
+		ob.notes = append(ob.notes, note{kind: noteSubmit, e: e, coalesced: coalesced})
 	}
 	d.runInlineUnlock(t, ob) // releases the lock
 	d.tell.deliver(ob)

@@ -136,7 +136,7 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	}
 	d.wake.kick()
 	if obs := d.cfg.Observer; obs != nil {
-		ob.notes = append(ob.notes, func() { obs.OnModeChange(from, m, reason) })
+		ob.notes.add(func() { obs.OnModeChange(from, m, reason) })
 	}
 }
 

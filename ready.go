@@ -18,7 +18,7 @@ import "github.com/google/btree"
 // A call taken out of a run anywhere but its head leaves a hole (an entry
 // without its call) that the head skips when it gets there. When holes
 // outnumber the calls — a call that waits long at the head while the ones
-// behind it come and go — the run is compacted, so that its memory stays
+// behind it come and go — the run is squeezed, so that its memory stays
 // proportional to its calls.
 
 // maxRuns bounds a tenant's FIFO runs: one per priority, for the first
@@ -36,14 +36,32 @@ type readyIndex[K comparable, T any] struct {
 	bestOK bool
 }
 
-// fifoRun is the ready calls of one priority that arrived in order.
+// fifoRun is the ready calls of one priority that arrived in order, in
+// chunks of at most runChunk entries. Every entry has a position, which
+// grows by one per append and is never reused within the run, so a call
+// finds its entry (c.runPos) while the chunks before it are freed. Chunks
+// instead of one growing slice make a backlog cost its entries and little
+// more: nothing is copied as it grows, and the chunks it drains are freed
+// as it drains. A run that empties keeps its first chunk.
 type fifoRun[K comparable, T any] struct {
-	prio  int
-	items []entry[K, T] // items[head:], in ready order; holes have c == nil
-	head  int
-	base  int // the position of items[0]: positions survive compaction
-	live  int
-	holes int // in items[head:]
+	prio   int
+	chunks [][]entry[K, T] // every one full but the last; chunks[0][0] is at position base
+	spare  []entry[K, T]   // a drained chunk, kept for the next while the run is not empty
+	base   int
+	head   int // the first position not yet consumed
+	tail   int // one past the last position appended
+	live   int
+	holes  int // in [head, tail)
+}
+
+// runChunk is how many entries a chunk of a FIFO run holds: 128 entries of
+// 32 bytes fill 4 KiB. A run's first chunk starts smaller and grows to it.
+const runChunk = 128
+
+// at returns the entry at position p, which the run holds.
+func (f *fifoRun[K, T]) at(p int) *entry[K, T] {
+	i := p - f.base
+	return &f.chunks[i/runChunk][i%runChunk]
 }
 
 func newReadyIndex[K comparable, T any]() readyIndex[K, T] {
@@ -61,7 +79,7 @@ func (r *readyIndex[K, T]) insert(c *call[K, T]) {
 	var free *fifoRun[K, T]
 	for _, f := range r.runs {
 		if f.prio == c.prio {
-			if f.live == 0 || readyLess(f.items[len(f.items)-1], e) {
+			if f.live == 0 || readyLess(*f.at(f.tail - 1), e) {
 				f.append(c, e)
 				return
 			}
@@ -108,7 +126,7 @@ func (r *readyIndex[K, T]) min() entry[K, T] {
 			if f.live == 0 {
 				continue
 			}
-			if h := f.items[f.head]; b.c == nil || readyLess(h, b) {
+			if h := *f.at(f.head); b.c == nil || readyLess(h, b) {
 				b, r.best = h, i
 			}
 		}
@@ -120,7 +138,7 @@ func (r *readyIndex[K, T]) min() entry[K, T] {
 		return e
 	}
 	f := r.runs[r.best]
-	return f.items[f.head]
+	return *f.at(f.head)
 }
 
 // popMin removes and returns the best call; the index must not be empty.
@@ -137,36 +155,56 @@ func (r *readyIndex[K, T]) popMin() *call[K, T] {
 }
 
 func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
-	if f.live == 0 && f.head > 0 {
-		// Empty: start over at the front, keeping the memory.
-		f.base += len(f.items)
-		f.items, f.head, f.holes = f.items[:0], 0, 0
+	n := len(f.chunks)
+	if n == 0 || len(f.chunks[n-1]) == runChunk {
+		var ch []entry[K, T]
+		switch {
+		case f.spare != nil:
+			ch, f.spare = f.spare[:0], nil
+		case n == 0:
+			ch = make([]entry[K, T], 0, 8)
+		default:
+			ch = make([]entry[K, T], 0, runChunk)
+		}
+		f.chunks = append(f.chunks, ch)
+		n++
 	}
-	c.run, c.runPos = f, f.base+len(f.items)
-	f.items = append(f.items, e)
+	c.run, c.runPos = f, f.tail
+	f.chunks[n-1] = append(f.chunks[n-1], e)
+	f.tail++
 	f.live++
 }
 
-// squeeze moves the run's calls to the front of items, in order, dropping
-// the holes; their positions change, so each call is told its new one.
+// squeeze moves the run's calls to the front, in order, dropping the holes;
+// their positions change, so each call is told its new one. The chunks left
+// empty behind the last call are freed.
 func (f *fifoRun[K, T]) squeeze() {
-	n := 0
-	for _, e := range f.items[f.head:] {
-		if e.c != nil {
-			f.items[n] = e
-			e.c.runPos = f.base + n
-			n++
+	w := f.head
+	for p := f.head; p < f.tail; p++ {
+		if e := f.at(p); e.c != nil {
+			*f.at(w) = *e
+			e.c.runPos = w
+			w++
 		}
 	}
-	clear(f.items[n:])
-	f.items, f.head, f.holes = f.items[:n], 0, 0
+	for p := w; p < f.tail; p++ {
+		*f.at(p) = entry[K, T]{}
+	}
+	f.tail, f.holes = w, 0
+	keep := (f.tail - f.base + runChunk - 1) / runChunk // ≥ 1: the head is a call
+	for i := keep; i < len(f.chunks); i++ {
+		f.free(f.chunks[i])
+		f.chunks[i] = nil
+	}
+	f.chunks = f.chunks[:keep]
+	f.chunks[keep-1] = f.chunks[keep-1][:f.tail-f.base-(keep-1)*runChunk]
 }
 
-// remove takes c out of the run: at the head, the head moves past it and
-// any holes after it; elsewhere, it leaves a hole.
+// drop takes c out of the run: at the head, the head moves past it and any
+// holes after it, freeing the chunks it leaves; elsewhere, it leaves a hole.
 func (f *fifoRun[K, T]) drop(c *call[K, T]) {
-	i := c.runPos - f.base
-	f.items[i].c = nil
+	i := c.runPos
+	f.at(i).c = nil
 	c.run = nil
 	f.live--
 	if i != f.head {
@@ -175,24 +213,34 @@ func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 		}
 		return
 	}
-	for f.head < len(f.items) && f.items[f.head].c == nil {
+	if f.live == 0 {
+		// Empty (every entry left is a hole): start over at the next
+		// position in the first chunk.
+		clear(f.chunks[1:])
+		f.chunks = f.chunks[:1]
+		f.chunks[0] = f.chunks[0][:0]
+		f.spare = nil
+		f.head, f.base, f.holes = f.tail, f.tail, 0
+		return
+	}
+	f.head++
+	for f.at(f.head).c == nil {
 		f.head++
 		f.holes--
 	}
-	f.holes++ // the loop counted the removed call's own entry too
-	switch {
-	case f.live == 0:
-		f.base += len(f.items)
-		f.items, f.head, f.holes = f.items[:0], 0, 0
-		if cap(f.items) > 4096 {
-			f.items = nil // a burst's backlog is not kept
-		}
-	case f.head >= 1024 && f.head*2 >= len(f.items):
-		// Compact: the consumed front is half the slice.
-		n := copy(f.items, f.items[f.head:])
-		clear(f.items[n:])
-		f.items = f.items[:n]
-		f.base += f.head
-		f.head = 0
+	for f.head-f.base >= runChunk {
+		// The front chunk is consumed: none of its entries holds a call.
+		f.free(f.chunks[0])
+		f.chunks[0] = nil
+		f.chunks = f.chunks[1:]
+		f.base += runChunk
+	}
+}
+
+// free keeps ch, a chunk none of whose entries holds a call, as the run's
+// spare if it has none.
+func (f *fifoRun[K, T]) free(ch []entry[K, T]) {
+	if f.spare == nil && cap(ch) >= runChunk {
+		f.spare = ch
 	}
 }

@@ -88,12 +88,72 @@ func TestReadyIndexHoles(t *testing.T) {
 	}
 	f := head.run
 	require.NotNil(t, f)
-	require.Less(t, len(f.items), 200, "the run holds %d entries for %d calls", len(f.items), f.live)
+	require.LessOrEqual(t, len(f.chunks), 2, "the run holds %d chunks for %d calls", len(f.chunks), f.live)
+	require.Less(t, f.tail-f.head, 200, "the run holds %d entries for %d calls", f.tail-f.head, f.live)
 	require.Same(t, head, ri.popMin())
 	for _, c := range behind {
 		require.Same(t, c, ri.popMin())
 	}
 	require.Zero(t, ri.Len())
+}
+
+// TestReadyIndexChunks drives long runs — thousands of calls of two
+// priorities in bursts, taken from the head, from the middle and all at
+// once — so that chunks fill, are freed from the front, are squeezed and
+// start over empty, checking the order against a sorted slice and each
+// run's bookkeeping as it goes. A drained backlog leaves one chunk behind.
+func TestReadyIndexChunks(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	ri := newReadyIndex[int, int]()
+	var ref []*call[int, int]
+	var seq uint64
+	less := func(a, b *call[int, int]) int {
+		switch {
+		case readyLess(a.entry(), b.entry()):
+			return -1
+		case readyLess(b.entry(), a.entry()):
+			return 1
+		}
+		return 0
+	}
+	for round := range 40 {
+		for range r.IntN(3 * runChunk * 4) { // a burst, in order within its priority
+			seq++
+			prio := r.IntN(2)
+			c := &call[int, int]{prio: prio, enq: int64(seq), seq: seq, order: orderKeyOf(int64(seq), int64(prio), 1, 0)}
+			ri.insert(c)
+			ref = append(ref, c)
+		}
+		slices.SortFunc(ref, less)
+		for i := 0; len(ref) > 0 && i < len(ref)/2+1; i++ {
+			switch op := r.IntN(4); {
+			case op < 2:
+				require.Same(t, ref[0], ri.popMin(), "round %d", round)
+				ref = ref[1:]
+			default: // from the middle: a hole, and squeezes
+				j := r.IntN(len(ref))
+				ri.delete(ref[j])
+				ref = slices.Delete(ref, j, j+1)
+			}
+			if i%97 == 0 {
+				checkRuns(t, &ri)
+			}
+		}
+		require.Equal(t, len(ref), ri.Len())
+		checkRuns(t, &ri)
+		if round%5 == 4 { // drain all
+			for len(ref) > 0 {
+				require.Same(t, ref[0], ri.popMin())
+				ref = ref[1:]
+			}
+			checkRuns(t, &ri)
+			for _, f := range ri.runs {
+				require.Zero(t, f.live)
+				require.LessOrEqual(t, len(f.chunks), 1, "an empty run keeps %d chunks", len(f.chunks))
+				require.Nil(t, f.spare, "an empty run keeps a spare chunk")
+			}
+		}
+	}
 }
 
 // checkRuns checks each run's bookkeeping: its head is a call (or the end),
@@ -102,19 +162,32 @@ func checkRuns(t *testing.T, ri *readyIndex[int, int]) {
 	t.Helper()
 	for _, f := range ri.runs {
 		live, holes := 0, 0
-		for j, e := range f.items[f.head:] {
+		n := 0
+		for i, ch := range f.chunks {
+			if i < len(f.chunks)-1 {
+				require.Len(t, ch, runChunk, "chunk %d of %d is not full", i, len(f.chunks))
+			}
+			n += len(ch)
+		}
+		require.Equal(t, f.tail-f.base, n, "the chunks hold every position from base to tail")
+		require.Less(t, f.head-f.base, runChunk, "a consumed chunk is kept")
+		for p := f.base; p < f.head; p++ {
+			require.Nil(t, f.at(p).c, "position %d, before the head, holds a call", p)
+		}
+		for p := f.head; p < f.tail; p++ {
+			e := f.at(p)
 			if e.c == nil {
 				holes++
 				continue
 			}
 			live++
 			require.Same(t, f, e.c.run)
-			require.Equal(t, f.base+f.head+j, e.c.runPos)
+			require.Equal(t, p, e.c.runPos)
 		}
 		require.Equal(t, f.live, live)
 		require.Equal(t, f.holes, holes)
-		if f.head < len(f.items) {
-			require.NotNil(t, f.items[f.head].c, "the head is a call")
+		if f.head < f.tail {
+			require.NotNil(t, f.at(f.head).c, "the head is a call")
 		}
 	}
 }

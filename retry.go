@@ -146,9 +146,8 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 		reason = giveUpBudget
 	}
 	if reason == "" {
-		if obs := d.cfg.Observer; obs != nil {
-			e, n, delay, err := c.event(), c.attempts, time.Duration(notBefore-now), a.err
-			ob.notes = append(ob.notes, func() { obs.OnRetry(e, n, delay, err) })
+		if d.cfg.Observer != nil {
+			ob.notes = append(ob.notes, note{kind: noteRetry, e: c.event(), n: c.attempts, delay: time.Duration(notBefore - now), err: a.err})
 		}
 		d.totals.retries++
 		d.requeue(c, a.err, notBefore, now, ob)

@@ -226,7 +226,7 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 			d.wake.worker()
 		}
 		if obs := d.cfg.Observer; obs != nil && to != from {
-			ob.notes = append(ob.notes, func() { obs.OnLimitChange(from, to) })
+			ob.notes.add(func() { obs.OnLimitChange(from, to) })
 		}
 	}
 }

@@ -274,6 +274,9 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 		err = r.Err
 	}
 	e.tell(err, r.Outcome)
+	if err == nil {
+		return // errors.As's target would cost every call an allocation
+	}
 	var pe *dispatch.PanicError
 	if errors.As(err, &pe) {
 		logErr(d.log(), pe, "API call panicked", "callType", e.typ, "uid", r.Key)
