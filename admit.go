@@ -176,7 +176,7 @@ func (d *Dispatcher[K, T]) supersede(l *lane[K, T], s *submission[K, T], ob *out
 // now Follow's result.
 func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], supersede bool, ob *outbox[K, T]) (skip bool, err error) {
 	r := l.running
-	if r == nil || r.state != csRunning || r.orphan || supersede || d.cfg.Follow == nil {
+	if r == nil || r.state != csRunning || r.orphaned() || supersede || d.cfg.Follow == nil {
 		return false, nil
 	}
 	running, incoming, pending := r.val, s.val, l.pending != nil

@@ -187,7 +187,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	d.recordAttempt(c, a, now, ob)
 	c.enter(csEnded)
 	switch {
-	case c.orphan:
+	case c.orphaned():
 		d.conclude(c, a, c.endState, a.err, now, ob)
 	case a.abandoned:
 		if !d.roomForRetry(c, now, ob) {

@@ -167,21 +167,21 @@ type call[K comparable, T any] struct {
 	// postsForever is set when a fire-and-forget submission had no
 	// deadline: the posts aggregate then never expires.
 	postsForever bool
-	// orphan is set when a running call loses its last waiter; its
-	// execution's result is then reported Stale, never as success.
-	orphan bool
-	probe  bool // admitted by a half-open breaker
+	probe        bool // admitted by a half-open breaker
 	// checkProbe is set when the start check would have refused it and let
 	// it start to learn whether the server sped up (internal/startcheck).
 	checkProbe bool
-	low        bool         // running on a worker below the reservation's priority
-	endState   State        // why it was orphaned
-	prio       int          // effective priority: max over live waiters
-	enq        int64        // effective enqueue time: min over live waiters
-	nForever   int          // tickets without a deadline
-	nPosts     int          // fire-and-forget submissions
-	joined     int          // submissions served, for Result.Waiters
-	posts      waiter[K, T] // every fire-and-forget submission, as one waiter
+	low        bool // running on a worker below the reservation's priority
+	// endState is set (never 0) when a running call loses its last waiter:
+	// how they left. The call is then orphaned: its execution's result is
+	// reported Stale, never as success.
+	endState State
+	prio     int          // effective priority: max over live waiters
+	enq      int64        // effective enqueue time: min over live waiters
+	nForever int          // tickets without a deadline
+	nPosts   int          // fire-and-forget submissions
+	joined   int          // submissions served, for Result.Waiters
+	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
 
 	runner    uint64 // goroutine id of its last execution
 	idem      string
@@ -206,6 +206,9 @@ type call[K comparable, T any] struct {
 	ctx        *execctx.Ctx // its running attempt's context
 	lastErr    error        // set while the call waits to be retried
 }
+
+// orphaned reports whether c, running, lost its last waiter (endState).
+func (c *call[K, T]) orphaned() bool { return c.endState != 0 }
 
 func (c *call[K, T]) live() int { return c.tickets() + c.nPosts }
 

@@ -50,7 +50,8 @@
 // own goroutine returns ErrReentrant.
 //
 // A Dispatcher is safe for concurrent use. What the current implementation
-// costs per call is described in BENCHMARKS.md; a queued call holds about
-// 460 bytes of memory with int keys and values, 475–505 with a deadline of
-// its own, from 10³ to 10⁶ queued (BenchmarkScale's B/queued, 64-bit).
+// costs per call is described in BENCHMARKS.md; a queued call holds
+// 420–455 bytes of memory with int keys and values, 435–475 with a
+// deadline of its own, from 10³ to 10⁶ queued (BenchmarkScale's B/queued,
+// 64-bit).
 package dispatch

@@ -53,8 +53,8 @@ func (d *Dispatcher[K, T]) dismiss(t *Ticket[K, T], st State, err error, now int
 func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	switch c.state {
 	case csRunning:
-		if !c.orphan {
-			c.orphan, c.endState = true, st
+		if !c.orphaned() {
+			c.endState = st
 			c.ctx.Cancel(err, errors.Is(err, ErrExpired))
 		}
 		return
@@ -120,7 +120,7 @@ const (
 func (d *Dispatcher[K, T]) endLane(l *lane[K, T], st State, err error, now int64, sc scope, ob *outbox[K, T]) bool {
 	ended := false
 	for _, c := range [2]*call[K, T]{l.pending, l.running} {
-		if c != nil && !c.orphan && (sc == withRunning || c.state != csRunning) {
+		if c != nil && !c.orphaned() && (sc == withRunning || c.state != csRunning) {
 			ended = true
 			d.waiters.settleAll(c, st, err, now, onTime, ob)
 			d.finish(c, st, err, now, ob)
@@ -152,11 +152,11 @@ func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K,
 // exec ran.
 func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	switch {
-	case !c.orphan && d.waiters.settleAll(c, st, err, now, expireLate, ob):
+	case !c.orphaned() && d.waiters.settleAll(c, st, err, now, expireLate, ob):
 	case a.ran:
 		d.totals.staleExecutions++
 		st, err = StateStale, staleErr(StateStale, err)
-	case c.orphan:
+	case c.orphaned():
 		err = staleErr(st, err)
 	default:
 		st, err = StateExpired, ErrExpired

@@ -1,5 +1,7 @@
 package dispatch
 
+import "unsafe"
+
 // This file is memory pooling: the lanes of released keys and the ticket
 // lists of ended calls are kept for reuse, so that a dispatcher whose keys
 // come and go allocates nothing per key in the steady state. Pools are
@@ -9,23 +11,28 @@ package dispatch
 // maxFreeLanes bounds the free list of released lanes. Reusing a lane
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it). The bound caps what a burst of finished keys leaves
-// behind at 4096 lanes: about 1.5 MB with small keys and values (on a
-// 64-bit platform a lane is 360 bytes with string keys and int values,
+// behind at 4096 lanes: about 1.4 MB with small keys and values (on a
+// 64-bit platform a lane is 352 bytes with string keys and int values,
 // more for a large K or T; TestLaneSizeDoc keeps the figure true). With
-// its key table slot and its ready-index entry, a queued call holds about
-// 460 bytes (the package doc; BenchmarkScale's B/queued).
+// its key table slot and its ready-index entry, a queued call holds
+// 420–455 bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
-// laneSlab is how many lanes one allocation makes when the free list is
-// empty: new keys then cost an eighth of an allocation each. A slab's
-// memory is freed when none of its lanes is in use or on the free list,
-// so a few long-lived keys can hold up to 8× their own lanes' memory.
-const laneSlab = 8
+// A slab is the allocation that makes lanes when the free list is empty:
+// from minSlab to maxSlab of them (slabLanes), so that new keys cost at
+// most an eighth of an allocation each. A slab's memory is freed when none
+// of its lanes is in use or on the free list, so a few long-lived keys can
+// hold up to maxSlab× their own lanes' memory.
+const (
+	minSlab = 8
+	maxSlab = 16
+)
 
 // lanePool holds released lanes, and the rest of the last slab.
 type lanePool[K comparable, T any] struct {
-	free []*lane[K, T] // released lanes, at most maxFreeLanes
-	slab []lane[K, T]  // lanes not yet used, from the last slab
+	free  []*lane[K, T] // released lanes, at most maxFreeLanes
+	slab  []lane[K, T]  // lanes not yet used, from the last slab
+	slabN int           // lanes per slab: slabLanes of the lane's size
 }
 
 // get returns a zeroed lane: a released one if there is one, else one
@@ -35,7 +42,10 @@ func (p *lanePool[K, T]) get() *lane[K, T] {
 		return l
 	}
 	if len(p.slab) == 0 {
-		p.slab = make([]lane[K, T], laneSlab)
+		if p.slabN == 0 {
+			p.slabN = slabLanes(unsafe.Sizeof(lane[K, T]{}))
+		}
+		p.slab = make([]lane[K, T], p.slabN)
 	}
 	l := &p.slab[0]
 	p.slab = p.slab[1:]
@@ -111,3 +121,36 @@ func popFree[E any](free *[]*E) *E {
 	*free = (*free)[:n-1]
 	return e
 }
+
+// slabLanes returns how many lanes of size bytes a slab holds: the count
+// from minSlab to maxSlab that leaves the least of the slab's allocation
+// unused per lane (the fewest lanes among equals). The runtime rounds an
+// allocation up to its size class, after adding a header of 8 bytes to an
+// object of more than 512 bytes that holds pointers, as a slab does: 8
+// lanes of 352 bytes (string keys, int values) would take 3072 bytes for
+// 2816, where 9 take 3200 for 3168 (TestLaneSlab checks the figures
+// against the runtime's own accounting).
+func slabLanes(size uintptr) int {
+	best, bestPer := minSlab, ^uintptr(0)
+	for n := minSlab; n <= maxSlab; n++ {
+		if per := allocSize(uintptr(n)*size+8) / uintptr(n); per < bestPer {
+			best, bestPer = n, per
+		}
+	}
+	return best
+}
+
+// allocSize is what the runtime allocates for an object of size bytes:
+// its size class, or beyond the largest a whole number of 8 KiB pages.
+func allocSize(size uintptr) uintptr {
+	for _, c := range sizeClasses {
+		if size <= c {
+			return c
+		}
+	}
+	return (size + 8191) &^ 8191
+}
+
+// sizeClasses are the runtime's size classes from 2 KiB (a slab's
+// smallest: 8 lanes of at least 256 bytes) to 32 KiB.
+var sizeClasses = [...]uintptr{2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912, 8192, 9472, 9728, 10240, 10880, 12288, 13568, 14336, 16384, 18432, 19072, 20480, 21760, 24576, 27264, 28672, 32768}

@@ -200,7 +200,7 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 	if b := g.breaker; b != nil {
 		v := breaker.Ignored
 		switch {
-		case !said || c.orphan:
+		case !said || c.orphaned():
 		case a.err == nil:
 			v = breaker.Healthy
 		case a.class == ClassRetry:
