@@ -1,6 +1,7 @@
 package storm
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ type recorder struct {
 // observed before.
 type podRecord struct {
 	schedulable bool
+	victim      bool      // in the preempt shape: a low-priority pod a preemptor may evict
 	created     time.Time // first seen
 	createdSeq  int
 	bound       time.Time // first seen with spec.nodeName, if boundSeq > 0
@@ -40,6 +42,12 @@ type podRecord struct {
 	// rebound counts the times spec.nodeName was seen to change once
 	// set: a pod bound twice.
 	rebound int
+	// nominated is when the pod was first seen with
+	// status.nominatedNodeName (preemption's nomination), if nominatedSeq
+	// > 0; deleted when the informer saw it go, if not zero.
+	nominated    time.Time
+	nominatedSeq int
+	deleted      time.Time
 }
 
 func newRecorder(w Workload) *recorder {
@@ -68,8 +76,15 @@ func (r *recorder) observe(p *corev1.Pod) {
 	at := now
 	rec, ok := r.pods[p.Name]
 	if !ok {
-		rec = &podRecord{schedulable: strings.HasPrefix(p.Name, podPrefix), created: at, createdSeq: r.seq}
+		rec = &podRecord{
+			schedulable: strings.HasPrefix(p.Name, podPrefix),
+			victim:      strings.HasPrefix(p.Name, victimPrefix),
+			created:     at, createdSeq: r.seq,
+		}
 		r.pods[p.Name] = rec
+	}
+	if rec.nominatedSeq == 0 && p.Status.NominatedNodeName != "" {
+		rec.nominated, rec.nominatedSeq = at, r.seq
 	}
 	if n := p.Spec.NodeName; n != "" {
 		switch {
@@ -99,6 +114,45 @@ func (r *recorder) observe(p *corev1.Pod) {
 			close(r.complete)
 		}
 	}
+}
+
+// gone records that the informer saw p deleted.
+func (r *recorder) gone(p *corev1.Pod) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seq++
+	if rec, ok := r.pods[p.Name]; ok && rec.deleted.IsZero() {
+		rec.deleted = now
+	}
+}
+
+// stalled returns a channel closed once every unschedulable pod carries
+// its condition and no schedulable pod has been seen bound for quiet, or
+// never if ctx ends first. It polls the recorder every 100 ms.
+func (r *recorder) stalled(ctx context.Context, quiet time.Duration) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		last, since := -1, time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			bound, failed := r.progress()
+			if bound != last {
+				last, since = bound, time.Now()
+			}
+			if failed == r.want.Unschedulable && time.Since(since) >= quiet {
+				close(ch)
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 // progress returns how many schedulable pods were seen bound and how many

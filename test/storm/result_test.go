@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/coalescer/dispatch/test/integration/apiserver"
+	"github.com/coalescer/dispatch/test/storm/internal/schedout"
 )
 
 // Result is one run's measurements. Times come from the server's side:
@@ -92,6 +93,27 @@ type Result struct {
 	// Counters are the scheduler's own (see package schedout).
 	Counters map[string]float64 `json:"counters"`
 
+	// The preempt shape's. Nominated counts the preemptors the informer
+	// saw with status.nominatedNodeName (the nomination's status patch
+	// landed; a dispatcher may drop a nomination still queued when the
+	// pod's binding comes), and NominateP50 and NominateP99 are their
+	// creation → nomination seen, in ms. Victims counts the victims
+	// created and VictimsDeleted those gone when read back;
+	// LastVictimDeleted is when the informer saw the last one go, in
+	// seconds.
+	//
+	// Stuck counts the preemptors the scheduler never scheduled when the
+	// run ended (see preemptStall): left in its unschedulable pool, which
+	// only a cluster event or its five-minute flush would retry. Lost
+	// leaves them out.
+	Stuck             int     `json:"stuck,omitempty"`
+	Nominated         int     `json:"nominated,omitempty"`
+	NominateP50       float64 `json:"nominate_p50_ms,omitempty"`
+	NominateP99       float64 `json:"nominate_p99_ms,omitempty"`
+	Victims           int     `json:"victims,omitempty"`
+	VictimsDeleted    int     `json:"victims_deleted,omitempty"`
+	LastVictimDeleted float64 `json:"last_victim_deleted_s,omitempty"`
+
 	// Pods are the schedulable pods' creation and binding, in ms.
 	Pods []PodTiming `json:"pods"`
 	// Rates are the scheduler's requests per second at the server, by
@@ -112,6 +134,9 @@ type PodTiming struct {
 	Bound           float64 `json:"bound_ms"`
 	BindingReceived float64 `json:"binding_received_ms,omitempty"`
 	BindingAnswered float64 `json:"binding_answered_ms,omitempty"`
+	// Nominated is when a preemptor was first seen with its nominated
+	// node, if it was.
+	Nominated float64 `json:"nominated_ms,omitempty"`
 }
 
 // RateSample is the scheduler's requests per second the server answered
@@ -151,8 +176,14 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 	seen := rec.snapshot()
 
 	// What the server holds at the end.
+	r.Victims = victims(w)
+	r.VictimsDeleted = r.Victims
 	for i := range pods {
 		p := &pods[i]
+		if strings.HasPrefix(p.Name, victimPrefix) {
+			r.VictimsDeleted--
+			continue
+		}
 		if strings.HasPrefix(p.Name, podPrefix) {
 			if p.Spec.NodeName != "" {
 				r.Bound++
@@ -166,7 +197,16 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 			r.StormBound++
 		}
 	}
-	r.Lost = (w.Schedulable - r.Bound) + (w.Unschedulable - r.Conditions)
+	if w.Shape == shapePreempt {
+		// A binding the scheduler counted that the server does not hold
+		// is lost; a preemptor it never scheduled is stuck.
+		scheduled := r.Bound
+		if v, ok := m.counters[schedout.ScheduledKey]; ok {
+			scheduled = max(r.Bound, int(v))
+		}
+		r.Stuck = w.Schedulable - scheduled
+	}
+	r.Lost = (w.Schedulable - r.Bound - r.Stuck) + (w.Unschedulable - r.Conditions)
 
 	// The order the informer saw: the storm's conditions, then each
 	// schedulable pod against them.
@@ -185,7 +225,7 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		lastCondition = conditionSeqs[len(conditionSeqs)-1]
 	}
 	r.StormDrained = drained.Seconds()
-	var latencies []time.Duration
+	var latencies, nominations []time.Duration
 	var before, overtaking []int
 	firstCreated, lastBound := time.Duration(math.MaxInt64), time.Duration(0)
 	lastBoundSeq := 0
@@ -200,6 +240,9 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		if p.rebound > 0 {
 			doubles[name] = true
 		}
+		if p.victim && !p.deleted.IsZero() {
+			r.LastVictimDeleted = max(r.LastVictimDeleted, p.deleted.Sub(t0).Seconds())
+		}
 		if !p.schedulable || p.boundSeq == 0 {
 			continue
 		}
@@ -208,6 +251,10 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		firstCreated, lastBound = min(firstCreated, created), max(lastBound, bound)
 		lastBoundSeq = max(lastBoundSeq, p.boundSeq)
 		pt := PodTiming{Name: name, Created: ms(created), Bound: ms(bound)}
+		if p.nominatedSeq > 0 {
+			nominations = append(nominations, p.nominated.Sub(p.created))
+			pt.Nominated = ms(p.nominated.Sub(t0))
+		}
 		if q, ok := accepted[name]; ok {
 			pt.BindingReceived, pt.BindingAnswered = ms(q.Received.Sub(t0)), ms(q.Answered.Sub(t0))
 		}
@@ -235,6 +282,12 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		r.ConditionsAtLastBound = sort.SearchInts(conditionSeqs, lastBoundSeq)
 		r.OvertakingMedian = percentile(overtaking, 0.5)
 		r.OvertakingMax = overtaking[len(overtaking)-1]
+	}
+	if len(nominations) > 0 {
+		slices.Sort(nominations)
+		r.Nominated = len(nominations)
+		r.NominateP50 = ms(percentile(nominations, 0.50))
+		r.NominateP99 = ms(percentile(nominations, 0.99))
 	}
 
 	// What the scheduler asked of the server.
@@ -356,13 +409,14 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func checkRun(t *testing.T, r *Result) {
 	t.Helper()
 	w := r.Workload
-	assert.Equal(t, w.Schedulable, r.Bound, "schedulable pods bound (read back)")
+	want := w.Schedulable - r.Stuck // the preempt shape's stuck preemptors: see Result.Stuck
+	assert.Equal(t, want, r.Bound, "schedulable pods bound (read back)")
 	assert.Equal(t, w.Unschedulable, r.Conditions, "unschedulable pods with PodScheduled=False (read back)")
 	assert.Zero(t, r.Lost, "lost: schedulable pods not bound plus unschedulable pods without their condition")
 	assert.Zero(t, r.StormBound, "unschedulable pods bound")
 	assert.Zero(t, r.DoubleBound, "pods bound twice")
-	assert.Equal(t, w.Schedulable, r.Bindings, "bindings the server accepted: one per schedulable pod")
-	assert.Len(t, r.Pods, w.Schedulable, "schedulable pods the informer saw bound")
+	assert.Equal(t, want, r.Bindings, "bindings the server accepted: one per schedulable pod")
+	assert.Len(t, r.Pods, want, "schedulable pods the informer saw bound")
 	for _, p := range r.Pods {
 		assert.True(t, p.BindingReceived > 0 && p.BindingAnswered >= p.BindingReceived, "%s: its accepted binding at the proxy, received then answered (%v, %v ms)", p.Name, p.BindingReceived, p.BindingAnswered)
 	}
@@ -455,6 +509,16 @@ func fmtMs(v float64) string {
 	return fmt.Sprintf("%.1fs", v/1000)
 }
 
+// describe says what w is, in a sentence without its full stop.
+func describe(w Workload) string {
+	if w.Shape == shapePreempt {
+		return fmt.Sprintf("%d nodes, each full of %d low-priority victims; %d unschedulable pods at once, then %d preemptors one every %v",
+			w.Nodes, w.VictimsPerNode, w.Unschedulable, w.Schedulable, w.Every)
+	}
+	return fmt.Sprintf("%d nodes; %d unschedulable pods at once, then %d schedulable pods one every %v",
+		w.Nodes, w.Unschedulable, w.Schedulable, w.Every)
+}
+
 // writeResults writes results.json, results.md and storm-PRIORITY.svg
 // into dir.
 func writeResults(dir string, results []*Result) error {
@@ -475,8 +539,12 @@ func writeResults(dir string, results []*Result) error {
 	for _, r := range results {
 		byPriority[r.Priority] = append(byPriority[r.Priority], r)
 	}
+	prefix := "storm-"
+	if results[0].Workload.Shape == shapePreempt {
+		prefix = "preempt-"
+	}
 	for _, prio := range slices.Sorted(maps.Keys(byPriority)) {
-		f, err := os.Create(filepath.Join(dir, "storm-"+prio+".svg"))
+		f, err := os.Create(filepath.Join(dir, prefix+prio+".svg"))
 		if err != nil {
 			return err
 		}
@@ -494,9 +562,7 @@ func writeResults(dir string, results []*Result) error {
 // markdown formats the results as the tables of the README.
 func markdown(results []*Result) string {
 	var b strings.Builder
-	w := results[0].Workload
-	fmt.Fprintf(&b, "%d nodes; %d unschedulable pods at once, then %d schedulable pods one every %v.\n\n",
-		w.Nodes, w.Unschedulable, w.Schedulable, w.Every)
+	fmt.Fprintf(&b, "%s.\n\n", describe(results[0].Workload))
 	b.WriteString("| priority | scheduler | bind p50 | bind p99 | bind max | pods/s | last bound | storm drained | bound before drain | conditions at last bound | patches first (median/max) | requests | conditions | lost | bound twice | 429s |\n")
 	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range results {
@@ -504,6 +570,11 @@ func markdown(results []*Result) string {
 			r.Priority, r.Scheduler, fmtMs(r.BindP50), fmtMs(r.BindP99), fmtMs(r.BindMax), r.Throughput,
 			r.LastBound, r.StormDrained, r.BoundBeforeDrain, r.Workload.Schedulable, r.ConditionsAtLastBound,
 			r.OvertakingMedian, r.OvertakingMax, requests(r), r.Conditions, r.Workload.Unschedulable, r.Lost, r.DoubleBound, r.Status429)
+	}
+	if results[0].Workload.Shape == shapePreempt {
+		b.WriteString("\nThe preemptions (bind is a preemptor's creation → bound; nominated, its creation → first seen with " +
+			"status.nominatedNodeName, over the preemptors seen nominated):\n\n")
+		b.WriteString(preemptMarkdown(results))
 	}
 	b.WriteString("\nWhere the time went. From the scheduler's own histograms, means in ms: a scheduling attempt that bound " +
 		"(its cycle and its binding cycle); the Bind extension point (with the gate on, a binding's Add → its outcome: " +

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,7 +64,7 @@ func runStorm(t *testing.T, etcd *apiserver.Etcd, bin string, v schedVariant, pr
 	// them all at once: its queue holds the whole burst from the start,
 	// however fast this machine creates pods.
 	burstStart := time.Now()
-	require.NoError(t, createMany(ctx, admin, w.Unschedulable, 16, func(i int) *corev1.Pod { return stormPod(i) }))
+	require.NoError(t, createMany(ctx, admin, w.Unschedulable, 16, func(i int) *corev1.Pod { return stormPodOf(w, i, prio) }))
 	t.Logf("created %d unschedulable pods in %v", w.Unschedulable, time.Since(burstStart).Round(time.Millisecond))
 
 	logPath := ""
@@ -86,20 +87,27 @@ func runStorm(t *testing.T, etcd *apiserver.Etcd, bin string, v schedVariant, pr
 		t.Fatalf("no PodScheduled=False condition after %v\nscheduler log (tail):\n%s", timeout, sched.logTail())
 	}
 	arrivals := time.Now()
-	require.NoError(t, arrive(ctx, admin, w, func(i int) *corev1.Pod { return schedulablePod(i, prio) }))
+	require.NoError(t, arrive(ctx, admin, w, func(i int) *corev1.Pod { return schedulablePodOf(w, i, prio) }))
 	t.Logf("created %d schedulable pods in %v", w.Schedulable, time.Since(arrivals).Round(time.Millisecond))
 
+	var stalled <-chan struct{} // nil: the storm shape waits for every pod
+	if w.Shape == shapePreempt {
+		stalled = rec.stalled(ctx, preemptStall)
+	}
 	select {
 	case <-rec.complete:
+	case <-stalled:
+		t.Logf("no preemptor bound for %v after the storm drained: stopping with these unbound%s", preemptStall, unbound(admin))
 	case <-ctx.Done():
 		bound, failed := rec.progress()
 		sched.stop(t)
-		t.Fatalf("after %v: %d of %d schedulable pods bound, %d of %d unschedulable pods with PodScheduled=False\nscheduler log (tail):\n%s",
-			timeout, bound, w.Schedulable, failed, w.Unschedulable, sched.logTail())
+		t.Fatalf("after %v: %d of %d schedulable pods bound, %d of %d unschedulable pods with PodScheduled=False%s\nscheduler log (tail):\n%s",
+			timeout, bound, w.Schedulable, failed, w.Unschedulable, unbound(admin), sched.logTail())
 	}
-	if !sched.settle(w.Schedulable) {
+	bound, _ := rec.progress()
+	if !sched.settle(bound) {
 		t.Logf("the scheduler did not count %d pods scheduled within %v of their bindings; stopping it anyway",
-			w.Schedulable, schedulerSettleTimeout)
+			bound, schedulerSettleTimeout)
 	}
 	counters := sched.stop(t)
 
@@ -116,20 +124,58 @@ func runStorm(t *testing.T, etcd *apiserver.Etcd, bin string, v schedVariant, pr
 	})
 }
 
-// setUp creates the namespace, the PriorityClass and the nodes.
+// unbound describes the schedulable pods the server holds unbound, for a
+// run that timed out: their nominated node and PodScheduled condition.
+func unbound(c kubernetes.Interface) string {
+	pods, err := c.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return fmt.Sprintf("\n(listing the pods: %v)", err)
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		if !strings.HasPrefix(p.Name, podPrefix) || p.Spec.NodeName != "" {
+			continue
+		}
+		fmt.Fprintf(&b, "\n%s unbound: nominated node %q", p.Name, p.Status.NominatedNodeName)
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled {
+				fmt.Fprintf(&b, ", PodScheduled=%s %s: %s", c.Status, c.Reason, c.Message)
+			}
+		}
+	}
+	return b.String()
+}
+
+// setUp creates the namespace, the PriorityClasses and the nodes, and in
+// the preempt shape the victims that fill the nodes.
 func setUp(ctx context.Context, t *testing.T, c kubernetes.Interface, w Workload) {
 	t.Helper()
 	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	_, err = c.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
-		ObjectMeta: metav1.ObjectMeta{Name: highClass},
-		Value:      w.HighPriority,
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	for _, pc := range priorityClasses(w) {
+		_, err = c.SchedulingV1().PriorityClasses().Create(ctx, pc, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
 	require.NoError(t, forEach(ctx, w.Nodes, 8, func(ctx context.Context, i int) error {
 		_, err := c.CoreV1().Nodes().Create(ctx, node(i), metav1.CreateOptions{})
 		return err
 	}))
+	if n := victims(w); n > 0 {
+		require.NoError(t, createMany(ctx, c, n, 16, func(i int) *corev1.Pod { return victimPod(w, i) }))
+	}
+}
+
+// priorityClasses are the PriorityClasses a run of w needs: the high
+// class, and in the preempt shape the victims' too.
+func priorityClasses(w Workload) []*schedulingv1.PriorityClass {
+	high := &schedulingv1.PriorityClass{
+		ObjectMeta: metav1.ObjectMeta{Name: highClass},
+		Value:      w.HighPriority,
+	}
+	if w.Shape != shapePreempt {
+		return []*schedulingv1.PriorityClass{high}
+	}
+	return preemptClasses(w)
 }
 
 // node is the i-th node: ready, room for 110 pods, no taints.
@@ -304,6 +350,14 @@ func watchPods(t *testing.T, c kubernetes.Interface, rec *recorder) {
 		UpdateFunc: func(_, obj any) {
 			if p, ok := obj.(*corev1.Pod); ok {
 				rec.observe(p)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				rec.gone(p)
 			}
 		},
 	})

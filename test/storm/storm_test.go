@@ -51,7 +51,16 @@ type Workload struct {
 	Every       time.Duration `json:"every_ns"`
 	// HighPriority is the schedulable pods' priority in the "high"
 	// variant (through a PriorityClass); every other pod has priority 0.
+	// The preempt shape gives it to its preemptors in both variants
+	// (see preempt_test.go).
 	HighPriority int32 `json:"high_priority"`
+	// Shape is "" for the storm above, or "preempt": the schedulable
+	// pods are preemptors, each fitting a node only once a low-priority
+	// victim is evicted (see preempt_test.go).
+	Shape string `json:"shape,omitempty"`
+	// VictimsPerNode is, in the preempt shape, how many victims fill
+	// each node: enough that every preemptor has one to evict.
+	VictimsPerNode int `json:"victims_per_node,omitempty"`
 }
 
 // sizes are the workloads -storm.size names.
@@ -117,6 +126,13 @@ func workload(t *testing.T) Workload {
 	if *everyFlag > 0 {
 		w.Every = *everyFlag
 	}
+	switch *workloadFlag {
+	case "storm":
+	case shapePreempt:
+		w = preemptShape(w)
+	default:
+		t.Fatalf("-storm.workload=%q: want storm or %s", *workloadFlag, shapePreempt)
+	}
 	return w
 }
 
@@ -154,7 +170,9 @@ var schedVariants = []schedVariant{
 // upstream's dispatcher, at the storm's priority the median binding lands
 // behind more than a third of the storm, and at high priority upstream's
 // bindings are overtaken by more status patches than dispatch's (the bug,
-// reproduced: without it the dispatch check would prove nothing). Wall
+// reproduced: without it the dispatch check would prove nothing). The
+// preempt shape (-storm.workload=preempt) checks that every preemptor
+// took a victim's place (checkPreemption) instead of the ordering. Wall
 // time is measured, logged and written out with -storm.out, never
 // asserted.
 func TestStorm(t *testing.T) {
@@ -171,8 +189,7 @@ func TestStorm(t *testing.T) {
 	for _, v := range variants {
 		names = append(names, v.name)
 	}
-	t.Logf("workload: %d nodes; %d unschedulable pods at once, then %d schedulable pods one every %v; schedulers: %s; priorities: %s",
-		w.Nodes, w.Unschedulable, w.Schedulable, w.Every, strings.Join(names, ","), *prioritiesFlag)
+	t.Logf("workload: %s; schedulers: %s; priorities: %s", describe(w), strings.Join(names, ","), *prioritiesFlag)
 
 	require.NotNil(t, prebuilt, "TestMain built no scheduler")
 	for _, line := range prebuilt.log {
@@ -193,15 +210,24 @@ func TestStorm(t *testing.T) {
 				r := runStorm(t, etcd, bin.path, v, prio, w)
 				results = append(results, r)
 				checkRun(t, r)
-				checkOrdering(t, r)
+				if w.Shape == shapePreempt {
+					checkPreemption(t, r)
+				} else {
+					checkOrdering(t, r)
+				}
 			})
 		}
 	}
 	if len(results) == 0 {
 		return
 	}
-	checkOvertaking(t, results)
+	if w.Shape != shapePreempt {
+		checkOvertaking(t, results)
+	}
 	t.Logf("results, from the server (the test's informer and the proxy):\n%s", table(results))
+	if w.Shape == shapePreempt {
+		t.Logf("the preemptions:\n%s", preemptTable(results))
+	}
 	if *outFlag != "" {
 		require.NoError(t, writeResults(*outFlag, results))
 		t.Logf("wrote results.json, results.md and the pictures into %s", *outFlag)

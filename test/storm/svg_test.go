@@ -70,9 +70,13 @@ func writeSVG(w io.Writer, runs []*Result) error {
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif" font-size="12">`+"\n",
 		width, svgHeight, width, svgHeight)
 	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	p(`<text x="%d" y="20" font-size="15" font-weight="bold">kube-scheduler in a status-patch storm</text>`+"\n", svgLeft)
-	p(`<text x="%d" y="38" fill="#444">%d unschedulable pods, then %d schedulable ones at %s; %d nodes; client 50 qps / burst 100</text>`+"\n",
-		svgLeft, w0.Unschedulable, w0.Schedulable, esc(prio), w0.Nodes)
+	title, arriving := "kube-scheduler in a status-patch storm", "schedulable ones"
+	if w0.Shape == shapePreempt {
+		title, arriving = "kube-scheduler in a storm of preemptions", "preemptors (each evicting a victim)"
+	}
+	p(`<text x="%d" y="20" font-size="15" font-weight="bold">%s</text>`+"\n", svgLeft, esc(title))
+	p(`<text x="%d" y="38" fill="#444">%d unschedulable pods, then %d %s at %s; %d nodes; client 50 qps / burst 100</text>`+"\n",
+		svgLeft, w0.Unschedulable, w0.Schedulable, esc(arriving), esc(prio), w0.Nodes)
 	legend := []struct {
 		color, label string
 		dot          bool
