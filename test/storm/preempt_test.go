@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/coalescer/dispatch/test/integration/apiserver"
 )
 
 // The preempt shape (-storm.workload=preempt): a storm of preemptions.
@@ -174,7 +176,7 @@ func preemptColumns(r *Result) []string {
 	return []string{
 		r.Priority, r.Scheduler, fmtMs(r.BindP50), fmtMs(r.BindP99), fmtMs(r.BindMax),
 		fmt.Sprintf("%d/%d", r.Nominated, r.Workload.Schedulable), fmtMs(r.NominateP50), fmtMs(r.NominateP99),
-		fmt.Sprintf("%d/%d", r.VictimsDeleted, r.Victims), fmt.Sprintf("%.1f s", r.LastVictimDeleted),
+		fmt.Sprintf("%d/%d", r.VictimsDeleted, r.Victims), fmt.Sprintf("%.1f s", r.LastVictimDeleted), fmtWait(r.DeleteWait),
 		fmt.Sprintf("%.1f s", r.StormDrained), fmt.Sprint(r.ConditionsAtLastBound),
 		fmt.Sprint(requests(r)), fmt.Sprint(r.Requests["delete pods"]), fmt.Sprint(r.StatusPatches), fmt.Sprint(r.Bindings),
 		fmt.Sprintf("%d/%d", r.Conditions, r.Workload.Unschedulable), fmt.Sprint(r.Stuck), fmt.Sprint(r.Lost), fmt.Sprint(r.DoubleBound), fmt.Sprint(r.Status429),
@@ -183,8 +185,16 @@ func preemptColumns(r *Result) []string {
 
 var preemptHeader = []string{
 	"priority", "scheduler", "bind p50", "bind p99", "bind max", "nominated", "nominated p50", "nominated p99",
-	"victims deleted", "last victim deleted", "storm drained", "conditions at last bound",
+	"victims deleted", "last victim deleted", "deletion's wait p50/p99", "storm drained", "conditions at last bound",
 	"requests", "deletes", "status patches", "bindings", "conditions", "stuck", "lost", "bound twice", "429s",
+}
+
+// fmtWait formats Result.DeleteWait.
+func fmtWait(w []float64) string {
+	if len(w) != 2 {
+		return "-"
+	}
+	return fmtMs(w[0]) + " / " + fmtMs(w[1])
 }
 
 // preemptTable formats the preempt shape's figures as aligned text.
@@ -307,4 +317,30 @@ func fits(nd *corev1.Node, pods []*corev1.Pod) bool {
 func matches(p *corev1.Pod, nd *corev1.Node) bool {
 	ok, err := nodeaffinity.GetRequiredNodeAffinity(p).Match(nd)
 	return err == nil && ok
+}
+
+// TestDeleteWait pairs each victim's deletion with the status patch
+// answered before it, and leaves out a deletion with no patch of its own
+// before it (a second preemptor's, of a victim already marked).
+func TestDeleteWait(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	patch := func(name string, answered int) apiserver.Request {
+		return apiserver.Request{Verb: "patch", Resource: "pods", Subresource: "status", Name: name, Status: 200,
+			Received: at(answered - 5), Answered: at(answered)}
+	}
+	del := func(name string, received int) apiserver.Request {
+		return apiserver.Request{Verb: "delete", Resource: "pods", Name: name, Status: 200, Received: at(received), Answered: at(received + 5)}
+	}
+	reqs := []apiserver.Request{
+		del(victimPrefix+"1", 1300), // out of order: sorted by receipt
+		patch(victimPrefix+"1", 100),
+		patch(victimPrefix+"2", 200),
+		del(victimPrefix+"2", 220),
+		del(victimPrefix+"2", 400), // no patch of its own
+		patch("storm-00001", 10),
+		del("pod-0001", 20),
+	}
+	assert.Equal(t, []float64{20, 1200}, deleteWait(reqs))
+	assert.Nil(t, deleteWait(reqs[5:]))
 }

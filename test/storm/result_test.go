@@ -113,6 +113,12 @@ type Result struct {
 	Victims           int     `json:"victims,omitempty"`
 	VictimsDeleted    int     `json:"victims_deleted,omitempty"`
 	LastVictimDeleted float64 `json:"last_victim_deleted_s,omitempty"`
+	// DeleteWait is the p50 and p99, in ms, of the time from the
+	// server's answer to a victim's DisruptionTarget patch to the arrival
+	// of the deletion that follows it: preemption sends the two one after
+	// the other on the scheduler's clientset, beside the dispatcher, so
+	// that is the deletion's wait in the client's token bucket.
+	DeleteWait []float64 `json:"victim_delete_wait_p50_p99_ms,omitempty"`
 
 	// Pods are the schedulable pods' creation and binding, in ms.
 	Pods []PodTiming `json:"pods"`
@@ -290,6 +296,8 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 		r.NominateP99 = ms(percentile(nominations, 0.99))
 	}
 
+	r.DeleteWait = deleteWait(reqs)
+
 	// What the scheduler asked of the server.
 	bindings := map[string]int{}
 	atServer := map[string][]time.Duration{}
@@ -379,6 +387,35 @@ func measure(rec *recorder, pods []corev1.Pod, reqs []apiserver.Request, m resul
 	}
 	r.DoubleBound = len(doubles)
 	return r
+}
+
+// deleteWait returns the p50 and p99 of the time between the answer to a
+// victim's status patch and the victim's next deletion's receipt, in ms,
+// or nil if no victim was deleted that way.
+func deleteWait(reqs []apiserver.Request) []float64 {
+	reqs = slices.Clone(reqs)
+	slices.SortFunc(reqs, func(a, b apiserver.Request) int { return a.Received.Compare(b.Received) })
+	patched := map[string]time.Time{} // a victim's last patch answered, not yet followed by a deletion
+	var waits []time.Duration
+	for _, q := range reqs {
+		if !strings.HasPrefix(q.Name, victimPrefix) {
+			continue
+		}
+		switch {
+		case requestKind(q) == "status patch" && q.Status == 200:
+			patched[q.Name] = q.Answered
+		case q.Verb == "delete" && q.Resource == "pods" && q.Subresource == "":
+			if at, ok := patched[q.Name]; ok && !q.Received.Before(at) {
+				waits = append(waits, q.Received.Sub(at))
+			}
+			delete(patched, q.Name)
+		}
+	}
+	if len(waits) == 0 {
+		return nil
+	}
+	slices.Sort(waits)
+	return []float64{ms(percentile(waits, 0.5)), ms(percentile(waits, 0.99))}
 }
 
 // requestKind sorts a request of the scheduler's for the pictures.
