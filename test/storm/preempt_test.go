@@ -1,10 +1,12 @@
 package storm
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"text/tabwriter"
 	"time"
 
@@ -343,4 +345,37 @@ func TestDeleteWait(t *testing.T) {
 	}
 	assert.Equal(t, []float64{20, 1200}, deleteWait(reqs))
 	assert.Nil(t, deleteWait(reqs[5:]))
+}
+
+// TestStalled ends a run of the preempt shape only once the storm has
+// drained and no preemptor has been bound for the quiet period since, the
+// later of the two counting.
+func TestStalled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		rec := newRecorder(Workload{Unschedulable: 1, Schedulable: 2})
+		stalled := rec.stalled(ctx, 30*time.Second)
+		after := func(d time.Duration) bool {
+			time.Sleep(d)
+			synctest.Wait()
+			select {
+			case <-stalled:
+				return true
+			default:
+				return false
+			}
+		}
+
+		require.False(t, after(40*time.Second), "no preemptor bound for 40 s, but the storm not drained")
+		failed := stormPod(0)
+		failed.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+		rec.observe(failed)
+		require.False(t, after(20*time.Second), "20 s after the drain")
+		bound := schedulablePod(0, "high")
+		bound.Spec.NodeName = "node-000"
+		rec.observe(bound)
+		require.False(t, after(20*time.Second), "20 s after a binding")
+		require.True(t, after(11*time.Second), "31 s after the last binding, the storm drained")
+	})
 }

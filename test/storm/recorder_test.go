@@ -127,15 +127,16 @@ func (r *recorder) gone(p *corev1.Pod) {
 	}
 }
 
-// stalled returns a channel closed once every unschedulable pod carries
-// its condition and no schedulable pod has been seen bound for quiet, or
-// never if ctx ends first. It polls the recorder every 100 ms.
+// stalled returns a channel closed once quiet has passed both since every
+// unschedulable pod was seen with its condition and since a schedulable
+// pod was last seen bound, or never if ctx ends first. It polls the
+// recorder every 100 ms.
 func (r *recorder) stalled(ctx context.Context, quiet time.Duration) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
-		last, since := -1, time.Now()
+		last, drained, since := -1, false, time.Now()
 		for {
 			select {
 			case <-ctx.Done():
@@ -143,10 +144,10 @@ func (r *recorder) stalled(ctx context.Context, quiet time.Duration) <-chan stru
 			case <-tick.C:
 			}
 			bound, failed := r.progress()
-			if bound != last {
-				last, since = bound, time.Now()
+			if bound != last || (!drained && failed == r.want.Unschedulable) {
+				last, drained, since = bound, failed == r.want.Unschedulable, time.Now()
 			}
-			if failed == r.want.Unschedulable && time.Since(since) >= quiet {
+			if drained && time.Since(since) >= quiet {
 				close(ch)
 				return
 			}
