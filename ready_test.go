@@ -8,6 +8,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// cmpReady orders calls as the ready index does.
+func cmpReady(a, b *call[int, int]) int {
+	switch {
+	case readyLess(a.entry(), b.entry()):
+		return -1
+	case readyLess(b.entry(), a.entry()):
+		return 1
+	}
+	return 0
+}
+
 // TestReadyIndex checks the ready index — FIFO runs and the B-tree behind
 // them — against a sorted slice: calls inserted in and out of order, more
 // priorities than it has runs, removed from the middle and from the front.
@@ -17,17 +28,7 @@ func TestReadyIndex(t *testing.T) {
 	var ref []*call[int, int]
 	var seq uint64
 	now := int64(0)
-	sorted := func() {
-		slices.SortFunc(ref, func(a, b *call[int, int]) int {
-			switch {
-			case readyLess(a.entry(), b.entry()):
-				return -1
-			case readyLess(b.entry(), a.entry()):
-				return 1
-			}
-			return 0
-		})
-	}
+	sorted := func() { slices.SortFunc(ref, cmpReady) }
 	for i := range 50_000 {
 		switch op := r.IntN(10); {
 		case op < 5 || len(ref) == 0: // insert
@@ -107,15 +108,6 @@ func TestReadyIndexChunks(t *testing.T) {
 	ri := newReadyIndex[int, int]()
 	var ref []*call[int, int]
 	var seq uint64
-	less := func(a, b *call[int, int]) int {
-		switch {
-		case readyLess(a.entry(), b.entry()):
-			return -1
-		case readyLess(b.entry(), a.entry()):
-			return 1
-		}
-		return 0
-	}
 	for round := range 40 {
 		for range r.IntN(3 * runChunk * 4) { // a burst, in order within its priority
 			seq++
@@ -124,7 +116,7 @@ func TestReadyIndexChunks(t *testing.T) {
 			ri.insert(c)
 			ref = append(ref, c)
 		}
-		slices.SortFunc(ref, less)
+		slices.SortFunc(ref, cmpReady)
 		for i := 0; len(ref) > 0 && i < len(ref)/2+1; i++ {
 			switch op := r.IntN(4); {
 			case op < 2:
