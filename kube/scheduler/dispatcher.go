@@ -63,7 +63,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	d.pending.init(d.core, set.metrics)
-	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.pending.waiting
+	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.demand
 	if set.pace && d.wire.metered {
 		d.pace = newPacer(float64(d.wire.gate.l.QPS()), set.workers, set.reserved, func(n int) error {
 			return d.core.SetTenantMaxInFlight(string(podStatusPatch), n)
@@ -176,10 +176,33 @@ func (d *Dispatcher) add(e *entry) error {
 	case e.merged.Load() && e.noop.Load():
 		d.dropNoOp(uid, e)
 		return errNoEffect
-	case !e.merged.Load():
+	case !e.merged.Load() && !d.pacedOut(e.typ):
 		d.wire.gate.added() // a call more waits to run
 	}
 	return nil
+}
+
+// demand is the gate's count of the calls waiting to run that may start
+// soon: every waiting call, except the status patches beyond what the
+// pacer's cap lets run at once. Those start only as earlier ones end, and
+// a wait on the client's bucket kept for each would put their tokens ahead
+// of the bucket's other users — preemption deletes its victims on the same
+// clientset, and a preemptor waits for that deletion.
+func (d *Dispatcher) demand() int {
+	n := d.pending.waiting()
+	if d.pace != nil {
+		if p := d.core.Queued(string(podStatusPatch)); p > 0 {
+			n -= p - min(p, d.pace.current())
+		}
+	}
+	return n
+}
+
+// pacedOut reports whether a call of type typ just added waits behind the
+// pacer's cap, so that it gets no wait on the bucket of its own (demand).
+func (d *Dispatcher) pacedOut(typ fwk.APICallType) bool {
+	return typ == podStatusPatch && d.pace != nil && d.wire.gate.asking.Load() > 0 &&
+		d.core.Queued(string(podStatusPatch)) > d.pace.current()
 }
 
 // dropNoOp drops e, a merged call that changes nothing, if it has not

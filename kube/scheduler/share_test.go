@@ -217,3 +217,48 @@ func TestGateShares(t *testing.T) {
 		assert.ErrorIs(t, <-got, context.Canceled, "a caller left waiting ends with its context")
 	})
 }
+
+// TestPacedPatchesKeepNoWaits: status patches held back by the pacer's cap
+// keep no waits on the client's bucket, so that its other users — the
+// scheduler's own deletions of preemption victims, on the same clientset —
+// wait behind the few patches that may run, not behind every one queued.
+// With 400 patches queued on a bucket of 50 qps, a deletion asked for
+// meanwhile waits a few tokens (a wait each for the patches the cap lets
+// run and for the bindings), where a wait per queued patch put it 8 s (400
+// tokens) behind them.
+func TestPacedPatchesKeepNoWaits(t *testing.T) {
+	const (
+		qps     = 50
+		patches = 400
+	)
+	synctest.Test(t, func(t *testing.T) {
+		bucket := flowcontrol.NewTokenBucketRateLimiter(qps, 1)
+		cs, err := kubernetes.NewForConfig(&rest.Config{Host: "https://apiserver.invalid", Transport: &instantServer{}, RateLimiter: bucket})
+		require.NoError(t, err)
+		d, err := New(cs, fwk.APICallRelevances{podStatusPatch: 1, podBinding: 2}, Options{PaceStatusPatches: true})
+		require.NoError(t, err)
+		require.True(t, d.wire.metered, d.wire.why)
+		require.NotNil(t, d.pace)
+		d.Start(testLogger(t))
+		defer d.Close(canceled())
+		done := make(chan error, patches+1)
+		begin := time.Now()
+		for i := range patches {
+			require.NoError(t, d.Add(&restCall{typ: podStatusPatch, pod: fmt.Sprint("pod", i)}, fwk.APICallOptions{OnFinish: done}))
+		}
+		time.Sleep(time.Second) // the patches are under way, and their waits made
+		start := time.Now()
+		require.NoError(t, bucket.Wait(context.Background())) // a victim's deletion
+		waited := time.Since(start)
+		require.NoError(t, d.Add(&restCall{typ: podBinding, pod: "preemptor"}, fwk.APICallOptions{OnFinish: done}))
+		for range patches + 1 {
+			require.NoError(t, <-done)
+		}
+		drained := time.Since(begin)
+		t.Logf("a deletion asked for behind %d queued patches (pacer's cap %d) waited %v; the patches drained in %v", patches, d.pace.current(), waited, drained)
+		assert.LessOrEqual(t, waited, 10*time.Second/qps, "the deletion waits at most ten tokens")
+		// At the bucket's rate: a token for each patch, the deletion and the
+		// binding, and two of slack.
+		assert.LessOrEqual(t, drained, (patches+4)*time.Second/qps, "the patches keep the bucket's rate")
+	})
+}

@@ -169,7 +169,10 @@ func contentOf(rc *rest.RESTClient) (content rest.ContentConfig, ok bool) {
 // bucket, where upstream's dispatcher, a goroutine per call, has a share
 // per call. So the gate keeps a wait outstanding for each call waiting to
 // run (demand, counted when the core asks for a token, and one more for
-// each call added while it waits), up to maxShares, and banks each token
+// each call added while it waits), up to maxShares — but not for the
+// status patches beyond what the pacer lets run at once, which would only
+// put their tokens ahead of the bucket's other users (Dispatcher.demand) —
+// and banks each token
 // granted until the core takes it for the best call ready then, or an
 // execution's further request does (meter). A token is granted by the
 // bucket before it is spent, never after, so the server sees no more
