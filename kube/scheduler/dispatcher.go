@@ -188,12 +188,15 @@ func (d *Dispatcher) add(e *entry) error {
 // a wait on the client's bucket kept for each would put their tokens ahead
 // of the bucket's other users — preemption deletes its victims on the same
 // clientset, and a preemptor waits for that deletion.
+// It reads the core's counters once per call type seen.
 func (d *Dispatcher) demand() int {
-	n := d.pending.waiting()
-	if d.pace != nil {
-		if p := d.core.Queued(string(podStatusPatch)); p > 0 {
-			n -= p - min(p, d.pace.current())
+	n := 0
+	for t := range *d.pending.types.Load() {
+		q := d.core.Queued(string(t))
+		if t == podStatusPatch && d.pace != nil {
+			q = min(q, d.pace.current())
 		}
+		n += q
 	}
 	return n
 }

@@ -84,7 +84,10 @@
 // the dispatcher's clientset: preemption deletes its victims on it, from a
 // goroutine per victim. Upstream's dispatcher, which waits on a goroutine
 // per call, has a share per call; so has the adapter: it keeps a wait on
-// the bucket for each call waiting to run (up to 1 024), and banks each
+// the bucket for each call waiting to run (up to 1 024) — except the status
+// patches beyond what Options.PaceStatusPatches lets run at once, which
+// would only put their tokens ahead of those deletions
+// (TestPacedPatchesKeepNoWaits) — and banks each
 // token granted until a call is chosen for it — the best one ready then —
 // or an execution's further request takes it. With one wait at a time, a
 // dozen goroutines deleting victims would leave the bindings a thirteenth

@@ -65,7 +65,7 @@ func (g *pendingGauge) init(core *dispatch.Dispatcher[types.UID, *entry], m Metr
 }
 
 // see records that calls of type t are added, for the goroutine (and
-// waiting) to read.
+// Dispatcher.demand) to read.
 func (g *pendingGauge) see(t fwk.APICallType) {
 	if _, ok := (*g.types.Load())[t]; ok {
 		return
@@ -138,16 +138,6 @@ func (g *pendingGauge) loop() {
 			g.report()
 		}
 	}
-}
-
-// waiting returns the calls waiting to run, of every type: the core's
-// counters, one read under its lock per type.
-func (g *pendingGauge) waiting() int {
-	n := 0
-	for t := range *g.types.Load() {
-		n += g.core.Queued(string(t))
-	}
-	return n
 }
 
 func (g *pendingGauge) report() {
