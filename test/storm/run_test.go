@@ -39,8 +39,9 @@ const (
 )
 
 // runStorm runs the workload once with the scheduler binary bin as v, on a
-// fresh apiserver over etcd, and returns what the server saw.
-func runStorm(t *testing.T, etcd *apiserver.Etcd, bin string, v schedVariant, prio string, w Workload) *Result {
+// fresh apiserver over etcd, and returns what the server saw. With out
+// set, the scheduler's log goes into that directory.
+func runStorm(t *testing.T, etcd *apiserver.Etcd, bin string, v schedVariant, prio string, w Workload, out string) *Result {
 	t.Helper()
 	// The storm drains at 50 requests per second; allow three times that
 	// and three minutes for the rest, a bound that only a hung run meets.
@@ -68,9 +69,9 @@ func runStorm(t *testing.T, etcd *apiserver.Etcd, bin string, v schedVariant, pr
 	t.Logf("created %d unschedulable pods in %v", w.Unschedulable, time.Since(burstStart).Round(time.Millisecond))
 
 	logPath := ""
-	if *outFlag != "" {
-		require.NoError(t, os.MkdirAll(*outFlag, 0o755))
-		logPath = filepath.Join(*outFlag, fmt.Sprintf("scheduler-%s-%s.log", prio, v.name))
+	if out != "" {
+		require.NoError(t, os.MkdirAll(out, 0o755))
+		logPath = filepath.Join(out, fmt.Sprintf("scheduler-%s-%s.log", prio, v.name))
 	}
 	// The recorder's clock starts as the scheduler does.
 	rec.start()

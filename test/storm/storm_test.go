@@ -107,8 +107,22 @@ func selectedVariants() ([]schedVariant, error) {
 	return variants, nil
 }
 
-// workload returns the workload the flags describe.
-func workload(t *testing.T) Workload {
+// workloads returns the workloads the flags describe, one per shape.
+func workloads(t *testing.T) []Workload {
+	t.Helper()
+	shapes := *workloadFlag
+	if shapes == "" {
+		shapes = sizeShapes[*sizeFlag]
+	}
+	var ws []Workload
+	for shape := range strings.SplitSeq(shapes, ",") {
+		ws = append(ws, workload(t, shape))
+	}
+	return ws
+}
+
+// workload returns the workload of the given shape the flags describe.
+func workload(t *testing.T, shape string) Workload {
 	t.Helper()
 	w, ok := sizes[*sizeFlag]
 	if !ok {
@@ -126,14 +140,22 @@ func workload(t *testing.T) Workload {
 	if *everyFlag > 0 {
 		w.Every = *everyFlag
 	}
-	switch *workloadFlag {
+	switch shape {
 	case "storm":
 	case shapePreempt:
 		w = preemptShape(w)
 	default:
-		t.Fatalf("-storm.workload=%q: want storm or %s", *workloadFlag, shapePreempt)
+		t.Fatalf("-storm.workload: unknown shape %q: want storm or %s", shape, shapePreempt)
 	}
 	return w
+}
+
+// shapeName is w's shape as -storm.workload names it.
+func shapeName(w Workload) string {
+	if w.Shape == "" {
+		return "storm"
+	}
+	return w.Shape
 }
 
 // schedVariant is one of the schedulers compared: a build of cmd/scheduler
@@ -172,11 +194,13 @@ var schedVariants = []schedVariant{
 // bindings are overtaken by more status patches than dispatch's (the bug,
 // reproduced: without it the dispatch check would prove nothing). The
 // preempt shape (-storm.workload=preempt) checks that every preemptor
-// took a victim's place (checkPreemption) instead of the ordering. Wall
-// time is measured, logged and written out with -storm.out, never
-// asserted.
+// took a victim's place (checkPreemption) and its own ordering
+// (checkPreemptOrdering). CI's size runs both shapes, each a subtest
+// named by its shape; the full size runs the storm unless -storm.workload
+// says otherwise. Wall time is measured, logged and written out with
+// -storm.out, never asserted.
 func TestStorm(t *testing.T) {
-	w := workload(t)
+	ws := workloads(t)
 	variants, err := selectedVariants()
 	require.NoError(t, err)
 	priorities := strings.Split(*prioritiesFlag, ",")
@@ -185,33 +209,57 @@ func TestStorm(t *testing.T) {
 			t.Fatalf("-storm.priorities: unknown variant %q: want high or same", p)
 		}
 	}
-	var names []string
-	for _, v := range variants {
-		names = append(names, v.name)
-	}
-	t.Logf("workload: %s; schedulers: %s; priorities: %s", describe(w), strings.Join(names, ","), *prioritiesFlag)
 
 	require.NotNil(t, prebuilt, "TestMain built no scheduler")
 	for _, line := range prebuilt.log {
 		t.Log(line)
 	}
 	require.NoError(t, prebuilt.err)
-	bins := prebuilt.bins
 	etcd := apiserver.StartEtcd(t)
+
+	if len(ws) == 1 {
+		stormShape(t, etcd, variants, priorities, ws[0], *outFlag)
+		return
+	}
+	// Several shapes: one subtest each, and with -storm.out a directory
+	// each, named by the shape.
+	for _, w := range ws {
+		t.Run(shapeName(w), func(t *testing.T) {
+			out := *outFlag
+			if out != "" {
+				out = filepath.Join(out, shapeName(w))
+			}
+			stormShape(t, etcd, variants, priorities, w, out)
+		})
+	}
+}
+
+// stormShape is TestStorm for one workload: every priority variant and
+// scheduler, one subtest each, and the checks across them; with out set,
+// the results, the pictures and the schedulers' logs go into that
+// directory.
+func stormShape(t *testing.T, etcd *apiserver.Etcd, variants []schedVariant, priorities []string, w Workload, out string) {
+	t.Helper()
+	var names []string
+	for _, v := range variants {
+		names = append(names, v.name)
+	}
+	t.Logf("workload: %s; schedulers: %s; priorities: %s", describe(w), strings.Join(names, ","), strings.Join(priorities, ","))
 
 	var results []*Result
 	for _, prio := range priorities {
 		for _, v := range variants {
 			t.Run(prio+"/"+v.name, func(t *testing.T) {
-				bin := bins[v.build]
+				bin := prebuilt.bins[v.build]
 				if bin.err != nil {
 					t.Skipf("no %s build: %v", v.build, bin.err)
 				}
-				r := runStorm(t, etcd, bin.path, v, prio, w)
+				r := runStorm(t, etcd, bin.path, v, prio, w, out)
 				results = append(results, r)
 				checkRun(t, r)
 				if w.Shape == shapePreempt {
 					checkPreemption(t, r)
+					checkPreemptOrdering(t, r)
 				} else {
 					checkOrdering(t, r)
 				}
@@ -228,9 +276,9 @@ func TestStorm(t *testing.T) {
 	if w.Shape == shapePreempt {
 		t.Logf("the preemptions:\n%s", preemptTable(results))
 	}
-	if *outFlag != "" {
-		require.NoError(t, writeResults(*outFlag, results))
-		t.Logf("wrote results.json, results.md and the pictures into %s", *outFlag)
+	if out != "" {
+		require.NoError(t, writeResults(out, results))
+		t.Logf("wrote results.json, results.md and the pictures into %s", out)
 	}
 }
 
