@@ -370,7 +370,8 @@ func (d *Dispatcher[K, T]) newPending(l *lane[K, T], val T, o *SubmitOptions, te
 	d.seq++
 	ten.queued++
 	c.ten = ten
-	c.val, c.seq, c.idem, c.droppable = val, d.seq, o.IdempotencyKey, o.Droppable
+	c.val, c.seq, c.droppable = val, d.seq, o.Droppable
+	c.setIdem(o.IdempotencyKey)
 	l.pending = c
 	return c
 }

@@ -109,9 +109,9 @@ func (c *call[K, T]) newAttempt(clk *timebase, inline, observed bool, timeout ti
 	if at := c.execDeadline(); at != 0 {
 		dl = clk.wall(at)
 	}
-	ctx := execctx.New(dl, c.idem) // each execution its own: never reused
+	ctx := execctx.New(dl, c.idem()) // each execution its own: never reused
 	c.ctx = ctx
-	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: c.lane.key, val: c.val, lastErr: c.lastErr, inline: inline}
+	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: c.lane.key, val: c.val, lastErr: c.lastErr(), inline: inline}
 	if observed {
 		a.ev, a.n, a.wait = c.event(), c.attempts+1, time.Duration(c.firstStart-c.enq)
 	}
@@ -191,10 +191,10 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		d.conclude(c, a, c.endState, a.err, now, ob)
 	case a.abandoned:
 		if !d.roomForRetry(c, now, ob) {
-			d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: c.lastErr, Reason: giveUpQuota}, now, ob)
+			d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts, Last: c.lastErr(), Reason: giveUpQuota}, now, ob)
 			break
 		}
-		d.requeue(c, c.lastErr, now, now, ob)
+		d.requeue(c, c.lastErr(), now, now, ob)
 		d.wake.kick()
 	default:
 		st, err, final := a.outcome(c.attempts)

@@ -184,7 +184,6 @@ type call[K comparable, T any] struct {
 	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
 
 	runner    uint64 // goroutine id of its last execution
-	idem      string
 	seq       uint64 // arrival order: FIFO among equals
 	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
 	ten       *tenant[K, T]
@@ -204,7 +203,53 @@ type call[K comparable, T any] struct {
 	firstStart int64 // -1 until the first execution
 	runTime    time.Duration
 	ctx        *execctx.Ctx // its running attempt's context
-	lastErr    error        // set while the call waits to be retried
+	// rare holds what few calls have: an idempotency key, and the last
+	// error of a call waiting to be retried. It is made on first use and
+	// dropped with the call, so a call without them is two words smaller.
+	rare *callRare
+}
+
+// callRare is the part of a call that few calls need (call.rare).
+type callRare struct {
+	idem    string
+	lastErr error // set while the call waits to be retried
+}
+
+// idem returns c's idempotency key, or "".
+func (c *call[K, T]) idem() string {
+	if c.rare == nil {
+		return ""
+	}
+	return c.rare.idem
+}
+
+// setIdem sets c's idempotency key; an empty one makes nothing.
+func (c *call[K, T]) setIdem(idem string) {
+	switch {
+	case c.rare != nil:
+		c.rare.idem = idem
+	case idem != "":
+		c.rare = &callRare{idem: idem}
+	}
+}
+
+// lastErr returns the error of c's last attempt while c waits to be
+// retried, or nil.
+func (c *call[K, T]) lastErr() error {
+	if c.rare == nil {
+		return nil
+	}
+	return c.rare.lastErr
+}
+
+// setLastErr sets the error lastErr returns; nil makes nothing.
+func (c *call[K, T]) setLastErr(err error) {
+	switch {
+	case c.rare != nil:
+		c.rare.lastErr = err
+	case err != nil:
+		c.rare = &callRare{lastErr: err}
+	}
 }
 
 // orphaned reports whether c, running, lost its last waiter (endState).

@@ -42,10 +42,13 @@ type callValue[T any] struct {
 }
 
 // value returns c's value, to restore it with setValue.
-func (c *call[K, T]) value() callValue[T] { return callValue[T]{c.val, c.rev, c.idem} }
+func (c *call[K, T]) value() callValue[T] { return callValue[T]{c.val, c.rev, c.idem()} }
 
 // setValue restores a value that value returned.
-func (c *call[K, T]) setValue(v callValue[T]) { c.val, c.rev, c.idem = v.val, v.rev, v.idem }
+func (c *call[K, T]) setValue(v callValue[T]) {
+	c.val, c.rev = v.val, v.rev
+	c.setIdem(v.idem)
+}
 
 // merge merges an incoming submission's call value into the pending call
 // c, by the merge function (Config.Merge; nil: the incoming wins). On error c is untouched; SkipIncoming means the merge function found
@@ -58,7 +61,7 @@ func (c *call[K, T]) setValue(v callValue[T]) { c.val, c.rev, c.idem = v.val, v.
 // the one place where a lock is released other than by the function that
 // took it, since the goroutine never returns to that function.
 func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (T, error), onExit func(*PanicError)) error {
-	if idem != "" && c.idem != "" && idem != c.idem {
+	if idem != "" && c.idem() != "" && idem != c.idem() {
 		return errRejectIdemKey
 	}
 	var replace error
@@ -78,8 +81,8 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 	}
 	c.val = val
 	c.rev++
-	if idem != "" { // without one, c.idem is not even read
-		c.idem = idem // equal to c.idem, or c.idem was empty
+	if idem != "" { // without one, c.rare is not even read
+		c.setIdem(idem) // equal to c's, or c had none
 	}
 	return replace
 }
@@ -89,7 +92,8 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 // time carried over, its queue wait measured anew, and a retry's backoff
 // dropped. It keeps its place in line (its waiters' enqueue times).
 func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
-	c.attempts, c.lastErr, c.runTime, c.firstStart = 0, nil, 0, -1
+	c.attempts, c.runTime, c.firstStart = 0, 0, -1
+	c.setLastErr(nil)
 	if c.state == csDelayed {
 		d.q.remove(c)
 		d.q.push(c)

@@ -60,9 +60,9 @@ func TestLaneSlab(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) != 8 {
 		t.Skip("the figures are a 64-bit platform's")
 	}
-	size := unsafe.Sizeof(lane[string, int]{})
+	size := unsafe.Sizeof(lane[int, int]{})
 	n := slabLanes(size)
-	docSays(t, "slabLanes", fmt.Sprintf("8 lanes of %d bytes (string keys, int values) would take %d bytes for %d, where %d take %d for %d",
+	docSays(t, "slabLanes", fmt.Sprintf("8 lanes of %d bytes (int keys and values) would take %d bytes for %d, where %d take %d for %d",
 		size, allocSize(8*size+8), 8*size, n, allocSize(uintptr(n)*size+8), uintptr(n)*size))
 	t.Run("string-int", func(t *testing.T) { checkSlab[string, int](t) })
 	t.Run("int-int", func(t *testing.T) { checkSlab[int, int](t) })

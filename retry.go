@@ -188,10 +188,10 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
 	l := c.lane
 	c.ten.queued++
-	c.lastErr = lastErr
+	c.setLastErr(lastErr)
 	c.enter(csTaken)
 	if n := l.pending; n != nil {
-		err := c.merge(n.val, n.idem, d.cfg.Merge, func(*PanicError) {
+		err := c.merge(n.val, n.idem(), d.cfg.Merge, func(*PanicError) {
 			// The merge function ended this goroutine: the successor waits
 			// behind the retry, as if the merge had refused.
 			if d.q.schedule(c, notBefore, now) {

@@ -8,6 +8,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // BenchmarkScale is the cost as the work grows: queued calls of distinct
@@ -72,7 +75,7 @@ func heapAlloc() uint64 {
 
 // scaleParked returns a dispatcher of one worker, parked on a call of key
 // -1 until release is closed, and then running exec, holding n queued calls.
-func scaleParked(b *testing.B, n int, s scaleOpts, exec ExecFunc[int, int]) (d *Dispatcher[int, int], release chan struct{}) {
+func scaleParked(b testing.TB, n int, s scaleOpts, exec ExecFunc[int, int]) (d *Dispatcher[int, int], release chan struct{}) {
 	b.Helper()
 	release = make(chan struct{})
 	d, err := New(func(ctx context.Context, k, v int) error {
@@ -99,12 +102,43 @@ func scaleParked(b *testing.B, n int, s scaleOpts, exec ExecFunc[int, int]) (d *
 	return d, release
 }
 
-func scalePost(b *testing.B, n int, deadlines bool) {
-	s := newScaleOpts(n, deadlines)
+// queuedBytes returns the heap that n queued calls hold, per call, as
+// BenchmarkScale's B/queued reports it, and the parked dispatcher that
+// holds them (end it with scaleEnd).
+func queuedBytes(tb testing.TB, n int, s scaleOpts) (float64, *Dispatcher[int, int], chan struct{}) {
 	settle()
 	before := heapAlloc()
-	d, release := scaleParked(b, n, s, func(context.Context, int, int) error { return nil })
-	held := heapAlloc() - before
+	d, release := scaleParked(tb, n, s, func(context.Context, int, int) error { return nil })
+	return float64(heapAlloc()-before) / float64(n), d, release
+}
+
+// TestQueuedBytesDoc keeps the package doc's memory per queued call true
+// at 10³ and 10⁵ queued, with and without deadlines (10⁶, in the same
+// range, is BenchmarkScale's). The figure repeats to the byte from run to
+// run; the doc's range leaves a few bytes each side.
+func TestQueuedBytesDoc(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the figures are a 64-bit platform's")
+	}
+	const lo, hi, dlLo, dlHi = 390, 430, 410, 450
+	docSays(t, "", fmt.Sprintf("a queued call holds %d–%d bytes of memory with int keys and values, %d–%d with a deadline of its own", lo, hi, dlLo, dlHi))
+	for _, n := range []int{1_000, 100_000} {
+		for _, deadlines := range []bool{false, true} {
+			got, d, release := queuedBytes(t, n, newScaleOpts(n, deadlines))
+			scaleEnd(t, d, release, false)
+			t.Logf("%d queued, deadlines %v: %.1f bytes a call", n, deadlines, got)
+			if deadlines {
+				assert.InDelta(t, (dlLo+dlHi)/2.0, got, (dlHi-dlLo)/2.0, "%d queued, with deadlines", n)
+			} else {
+				assert.InDelta(t, (lo+hi)/2.0, got, (hi-lo)/2.0, "%d queued", n)
+			}
+		}
+	}
+}
+
+func scalePost(b *testing.B, n int, deadlines bool) {
+	s := newScaleOpts(n, deadlines)
+	held, d, release := queuedBytes(b, n, s)
 	k0 := n
 	loopBatched(b, benchBatch(n), func(i int) {
 		if err := d.Post(k0+i, i, s.of(k0+i)); err != nil {
@@ -115,7 +149,7 @@ func scalePost(b *testing.B, n int, deadlines bool) {
 			d.Cancel(k0+k, nil)
 		}
 	})
-	b.ReportMetric(float64(held)/float64(n), "B/queued")
+	b.ReportMetric(held, "B/queued")
 	if st := d.Stats(); st.Ready != n {
 		b.Fatalf("backlog drifted: ready=%d, want %d", st.Ready, n)
 	}
@@ -171,7 +205,7 @@ func scaleClose(b *testing.B, n int, deadlines bool, drain bool) {
 
 // scaleEnd closes d, letting it drain the backlog or ending it at once,
 // after releasing its parked worker (if release is not nil).
-func scaleEnd(b *testing.B, d *Dispatcher[int, int], release chan struct{}, drain bool) {
+func scaleEnd(b testing.TB, d *Dispatcher[int, int], release chan struct{}, drain bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	if !drain {
 		cancel()
