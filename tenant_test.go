@@ -377,3 +377,36 @@ func outcomeWait[K comparable, T any](t *testing.T, tk *Ticket[K, T]) Result[K, 
 	_ = err // the Result carries the error too
 	return r
 }
+
+// TestRefusedAdoptionRestoresIdempotencyKey: a replacement (ReplacePending)
+// that brings an idempotency key to a pending call that had none, and is
+// then refused by its tenant's MaxQueued, leaves the pending call with no
+// key, as it was: a later submission with another key coalesces into it,
+// and the execution carries that one.
+func TestRefusedAdoptionRestoresIdempotencyKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		replace := func(pending, incoming int) (int, error) {
+			if incoming < 0 {
+				return -incoming, ReplacePending
+			}
+			return pending + incoming, nil
+		}
+		var keys sync.Map
+		d, _, release := holdWorker(t, func(ctx context.Context, k string, v int) error {
+			keys.Store(k, IdempotencyKey(ctx))
+			return nil
+		}, Config[string, int]{Merge: replace, Tenants: map[string]TenantConfig{"b": {MaxQueued: 1}}})
+		queued := submit(t, d, "b/1", 10, SubmitOptions{Tenant: "b", Priority: -1})
+		pending := submit(t, d, "a/1", 1, SubmitOptions{Tenant: "a"})
+		_, err := d.Submit(t.Context(), "a/1", -7, SubmitOptions{Tenant: "b", IdempotencyKey: "x"})
+		require.ErrorIs(t, err, ErrBackpressure, "tenant b has no room for the replaced call")
+		later := submit(t, d, "a/1", 2, SubmitOptions{Tenant: "a", IdempotencyKey: "y"})
+		release()
+		for _, tk := range []*Ticket[string, int]{queued, pending, later} {
+			assert.Equal(t, StateSucceeded, outcomeWait(t, tk).State)
+		}
+		k, _ := keys.Load("a/1")
+		assert.Equal(t, "y", k, "the execution's idempotency key")
+		closeD(t, d)
+	})
+}
