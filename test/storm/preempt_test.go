@@ -182,22 +182,43 @@ func checkPreemption(t *testing.T, r *Result) {
 }
 
 // checkPreemptOrdering asserts the preempt shape's ordering against the
-// storm: with dispatch inside, every preemptor bound was bound before the
-// storm's last condition landed, its victim's deletion not waiting in the
-// client's token bucket behind the storm's patches; with upstream's
-// dispatcher, whose goroutines per call hold the bucket's waits, the
-// median preemptor was bound only after the storm drained (the check
-// that the storm was in the way at all, without which dispatch's would
-// prove nothing).
+// storm, for dispatch: every preemptor bound was bound before the storm's
+// last condition landed, its victim's deletion not waiting in the
+// client's token bucket behind the storm's patches.
 func checkPreemptOrdering(t *testing.T, r *Result) {
 	t.Helper()
-	switch r.Scheduler {
-	case "dispatch":
+	if r.Scheduler == "dispatch" {
 		assert.Equal(t, r.Bound, r.BoundBeforeDrain,
 			"preemptors bound before the storm's last condition landed, of those bound")
-	case "upstream":
-		assert.Less(t, r.BoundBeforeDrain, (r.Bound+1)/2,
-			"preemptors bound before the storm's last condition landed, of those bound: the median after it")
+	}
+}
+
+// checkPreemptAgainstUpstream asserts, for each priority variant run with
+// both, that upstream's median preemptor was bound later than dispatch's:
+// with upstream's dispatcher the deletions wait in the bucket behind the
+// storm's patches (the check that the storm was in the way, without which
+// checkPreemptOrdering would prove nothing). It compares the two runs, not
+// upstream's with the storm's drain: a race-instrumented scheduler on a
+// loaded machine fails the storm's pods slowly, and the drain then comes
+// late (upstream had bound 23 of 30 preemptors by a drain at 14.4 s in a
+// run here beside another package's tests; at CI's size its median was
+// 8.3–10.9 s against dispatch's 1.6–4.5 s in three runs).
+func checkPreemptAgainstUpstream(t *testing.T, results []*Result) {
+	t.Helper()
+	byPrio := map[string]map[string]*Result{}
+	for _, r := range results {
+		if byPrio[r.Priority] == nil {
+			byPrio[r.Priority] = map[string]*Result{}
+		}
+		byPrio[r.Priority][r.Scheduler] = r
+	}
+	for prio, rs := range byPrio {
+		up, dp := rs["upstream"], rs["dispatch"]
+		if up == nil || dp == nil {
+			continue
+		}
+		assert.Greater(t, up.BindP50, dp.BindP50,
+			"%s: upstream's median preemptor bound later than dispatch's (its victims' deletions behind the storm)", prio)
 	}
 }
 

@@ -195,7 +195,7 @@ var schedVariants = []schedVariant{
 // reproduced: without it the dispatch check would prove nothing). The
 // preempt shape (-storm.workload=preempt) checks that every preemptor
 // took a victim's place (checkPreemption) and its own ordering
-// (checkPreemptOrdering). CI's size runs both shapes, each a subtest
+// (checkPreemptOrdering, checkPreemptAgainstUpstream). CI's size runs both shapes, each a subtest
 // named by its shape; the full size runs the storm unless -storm.workload
 // says otherwise. Wall time is measured, logged and written out with
 // -storm.out, never asserted.
@@ -269,7 +269,9 @@ func stormShape(t *testing.T, etcd *apiserver.Etcd, variants []schedVariant, pri
 	if len(results) == 0 {
 		return
 	}
-	if w.Shape != shapePreempt {
+	if w.Shape == shapePreempt {
+		checkPreemptAgainstUpstream(t, results)
+	} else {
 		checkOvertaking(t, results)
 	}
 	t.Logf("results, from the server (the test's informer and the proxy):\n%s", table(results))
