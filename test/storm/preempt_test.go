@@ -205,15 +205,8 @@ func checkPreemptOrdering(t *testing.T, r *Result) {
 // 8.3–10.9 s against dispatch's 1.6–4.5 s in three runs).
 func checkPreemptAgainstUpstream(t *testing.T, results []*Result) {
 	t.Helper()
-	byPrio := map[string]map[string]*Result{}
-	for _, r := range results {
-		if byPrio[r.Priority] == nil {
-			byPrio[r.Priority] = map[string]*Result{}
-		}
-		byPrio[r.Priority][r.Scheduler] = r
-	}
-	for prio, rs := range byPrio {
-		up, dp := rs["upstream"], rs["dispatch"]
+	for _, prio := range []string{"high", "same"} {
+		up, dp := upstreamAndDispatch(results, prio)
 		if up == nil || dp == nil {
 			continue
 		}

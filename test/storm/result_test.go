@@ -494,9 +494,19 @@ func checkOrdering(t *testing.T, r *Result) {
 // size, on a quiet machine: 1 536 to 1 558 against 1 to 5.
 func checkOvertaking(t *testing.T, results []*Result) {
 	t.Helper()
-	var up, dp *Result
+	up, dp := upstreamAndDispatch(results, "high")
+	if up == nil || dp == nil {
+		return
+	}
+	assert.Greater(t, up.OvertakingMedian, dp.OvertakingMedian,
+		"high priority: upstream's median binding overtaken by more status patches than dispatch's (kubernetes#135900 at high priority)")
+}
+
+// upstreamAndDispatch returns the runs of upstream's dispatcher and of
+// dispatch at priority variant prio, nil for one that did not run.
+func upstreamAndDispatch(results []*Result, prio string) (up, dp *Result) {
 	for _, r := range results {
-		if r.Priority != "high" {
+		if r.Priority != prio {
 			continue
 		}
 		switch r.Scheduler {
@@ -506,11 +516,7 @@ func checkOvertaking(t *testing.T, results []*Result) {
 			dp = r
 		}
 	}
-	if up == nil || dp == nil {
-		return
-	}
-	assert.Greater(t, up.OvertakingMedian, dp.OvertakingMedian,
-		"high priority: upstream's median binding overtaken by more status patches than dispatch's (kubernetes#135900 at high priority)")
+	return up, dp
 }
 
 // table formats the results as aligned text, one run a line.
