@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch/internal/band"
-	"github.com/coalescer/dispatch/internal/execctx"
 )
 
 // This file is a call's own data — the per-key lane, the calls in it,
@@ -149,7 +148,7 @@ func (l *lane[K, T]) freshCall() *call[K, T] {
 	if c == l.running || c == l.pending {
 		c = new(call[K, T])
 	}
-	*c = call[K, T]{lane: l, firstStart: -1}
+	*c = call[K, T]{lane: l}
 	c.posts.c = c
 	return c
 }
@@ -183,7 +182,6 @@ type call[K comparable, T any] struct {
 	joined   int          // submissions served, for Result.Waiters
 	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
 
-	runner    uint64 // goroutine id of its last execution
 	seq       uint64 // arrival order: FIFO among equals
 	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
 	ten       *tenant[K, T]
@@ -199,10 +197,9 @@ type call[K comparable, T any] struct {
 	more  *ticketLists[K, T]
 	share *share[K, T]
 
-	attempts   int
-	firstStart int64 // -1 until the first execution
-	runTime    time.Duration
-	ctx        *execctx.Ctx // its running attempt's context
+	// exec is its running or last execution, nil before the first: what
+	// only a call that has started needs lives there (execution).
+	exec *execution
 	// rare holds what few calls have: an idempotency key, and the last
 	// error of a call waiting to be retried. It is made on first use and
 	// dropped with the call, so a call without them is two words smaller.
@@ -250,6 +247,14 @@ func (c *call[K, T]) setLastErr(err error) {
 	case err != nil:
 		c.rare = &callRare{lastErr: err}
 	}
+}
+
+// attempts is the number of executions c has made.
+func (c *call[K, T]) attempts() int {
+	if c.exec == nil {
+		return 0
+	}
+	return c.exec.attempts
 }
 
 // orphaned reports whether c, running, lost its last waiter (endState).
@@ -309,16 +314,18 @@ func (c *call[K, T]) event() Event {
 // result is what a waiter or the completion hook is told about c.
 func (c *call[K, T]) result(st State, err error, now int64) Result[K, T] {
 	wait := now - c.enq
-	if c.firstStart >= 0 {
-		wait = c.firstStart - c.enq
+	var tl sofar
+	if c.exec != nil {
+		tl = c.exec.sofar
+		wait = tl.firstStart - c.enq
 	}
 	return Result[K, T]{Key: c.lane.key, Call: c.val, Outcome: Outcome{
 		State:     st,
 		Err:       err,
-		Attempts:  c.attempts,
+		Attempts:  tl.attempts,
 		Waiters:   c.joined,
 		QueueWait: time.Duration(max(wait, 0)),
-		RunTime:   c.runTime,
+		RunTime:   tl.runTime,
 	}}
 }
 

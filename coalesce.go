@@ -92,7 +92,7 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 // time carried over, its queue wait measured anew, and a retry's backoff
 // dropped. It keeps its place in line (its waiters' enqueue times).
 func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
-	c.attempts, c.runTime, c.firstStart = 0, 0, -1
+	c.exec = nil // its attempts, run time and first start
 	c.setLastErr(nil)
 	if c.state == csDelayed {
 		d.q.remove(c)

@@ -274,6 +274,24 @@ func TestLaneSizeDoc(t *testing.T) {
 	docSays(t, "maxFreeLanes", fmt.Sprintf("at %d lanes: about %.1f MB", maxFreeLanes, float64(maxFreeLanes*size)/1e6))
 }
 
+// TestExecutionSizeDoc keeps execution's figures true: its size, and the
+// allocation the runtime makes for it (the size classes up to 128 bytes).
+func TestExecutionSizeDoc(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the figure is a 64-bit platform's")
+	}
+	size := unsafe.Sizeof(execution{})
+	class := uintptr(0)
+	for _, c := range []uintptr{8, 16, 24, 32, 48, 64, 80, 96, 112, 128} {
+		if size <= c {
+			class = c
+			break
+		}
+	}
+	require.NotZero(t, class, "an execution of %d bytes is past the classes this test knows", size)
+	docSays(t, "execution", fmt.Sprintf("%d bytes on a 64-bit platform, one allocation of %d", size, class))
+}
+
 // TestDocSaysFindsGoneSentences: docSays fails for a sentence the docs do
 // not contain, and for a name they do not declare.
 func TestDocSaysFindsGoneSentences(t *testing.T) {

@@ -55,7 +55,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 	case csRunning:
 		if !c.orphaned() {
 			c.endState = st
-			c.ctx.Cancel(err, errors.Is(err, ErrExpired))
+			c.exec.ctx.Cancel(err, errors.Is(err, ErrExpired))
 		}
 		return
 	case csEnded: // its attempt has already left the tenant's counts

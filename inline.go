@@ -41,7 +41,7 @@ func (d *Dispatcher[K, T]) runsHere(key K) bool {
 		return false // the usual case, without reading the goroutine id
 	}
 	id := goid.ID()
-	return keyRuns && l.running.runner == id || probes && b.Probing(id)
+	return keyRuns && l.running.exec.runner == id || probes && b.Probing(id)
 }
 
 // runInlineUnlock runs t's call in the caller's goroutine (Sync mode), with the

@@ -11,11 +11,11 @@ import "unsafe"
 // maxFreeLanes bounds the free list of released lanes. Reusing a lane
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it). The bound caps what a burst of finished keys leaves
-// behind at 4096 lanes: about 1.3 MB with small keys and values (on a
-// 64-bit platform a lane is 328 bytes with string keys and int values,
+// behind at 4096 lanes: about 1.2 MB with small keys and values (on a
+// 64-bit platform a lane is 296 bytes with string keys and int values,
 // more for a large K or T; TestLaneSizeDoc keeps the figure true). With
 // its key table slot and its ready-index entry, a queued call holds
-// 390–430 bytes (the package doc; BenchmarkScale's B/queued).
+// 360–400 bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:
@@ -127,8 +127,8 @@ func popFree[E any](free *[]*E) *E {
 // unused per lane (the fewest lanes among equals). The runtime rounds an
 // allocation up to its size class, after adding a header of 8 bytes to an
 // object of more than 512 bytes that holds pointers, as a slab does: 8
-// lanes of 320 bytes (int keys and values) would take 2688 bytes for
-// 2560, where 15 take 4864 for 4800 (TestLaneSlab checks the figures
+// lanes of 288 bytes (int keys and values) would take 2688 bytes for
+// 2304, where 11 take 3200 for 3168 (TestLaneSlab checks the figures
 // against the runtime's own accounting).
 func slabLanes(size uintptr) int {
 	best, bestPer := minSlab, ^uintptr(0)

@@ -134,7 +134,7 @@ func (p *RetryPolicy) retryDelay(a *attemptEnd, attempts int, recompute bool) (t
 // policy's delay — unless its deadline comes first, its tenant has no room
 // for it to wait, or the retry budget is spent: then it fails.
 func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
-	delay, reason := d.cfg.Retry.retryDelay(&a.attemptEnd, c.attempts, d.cfg.BeforeRetry != nil)
+	delay, reason := d.cfg.Retry.retryDelay(&a.attemptEnd, c.attempts(), d.cfg.BeforeRetry != nil)
 	notBefore := sat.Add(now, int64(delay))
 	switch {
 	case reason != "":
@@ -147,7 +147,7 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 	}
 	if reason == "" {
 		if d.cfg.Observer != nil {
-			ob.notes = append(ob.notes, note{kind: noteRetry, e: c.event(), n: c.attempts, delay: time.Duration(notBefore - now), err: a.err})
+			ob.notes = append(ob.notes, note{kind: noteRetry, e: c.event(), n: c.attempts(), delay: time.Duration(notBefore - now), err: a.err})
 		}
 		d.totals.retries++
 		d.requeue(c, a.err, notBefore, now, ob)
@@ -156,7 +156,7 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 	}
 	err := a.err
 	if reason != giveUpPanic {
-		err = &RetryError{Attempts: c.attempts, Last: a.err, Reason: reason}
+		err = &RetryError{Attempts: c.attempts(), Last: a.err, Reason: reason}
 	}
 	d.conclude(c, a, StateFailed, err, now, ob)
 }

@@ -207,7 +207,7 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 			v = breaker.Failed
 		}
 		if c.probe {
-			b.EndProbe(c.runner)
+			b.EndProbe(c.exec.runner)
 			c.probe = false
 		}
 		ch := b.Record(now, v)

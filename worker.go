@@ -134,7 +134,6 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 		d.owned.drop(rn.id)
 		d.wake.kick()
 	}
-	c.ctx = nil
 	if a.end == 0 {
 		a.end = d.clk.now()
 	}
@@ -154,7 +153,12 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		c.low = false      // inline executions are their callers' own
 		d.owned.add(rn.id) // Close waits for this execution
 	}
-	c.runner = rn.id
+	// Each execution its own record, and context: never reused.
+	e := &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
+	if last := c.exec; last != nil {
+		e.sofar = last.sofar
+	}
+	c.exec = e
 	if c.probe {
 		d.gate.breaker.StartProbe(rn.id)
 	}
@@ -164,19 +168,19 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		l.pending = nil
 	}
 	c.enter(csRunning)
-	if c.firstStart < 0 {
+	if e.firstStart < 0 {
 		d.firstStart(c, now)
 	}
 	d.running++
 	c.ten.queued--
 	c.ten.inflight++
-	return c.newAttempt(&d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
+	return c.newAttempt(e, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
 }
 
 // firstStart records the first execution of c, at now: its queue wait,
 // and a first attempt for the retry budget.
 func (d *Dispatcher[K, T]) firstStart(c *call[K, T], now int64) {
-	c.firstStart = now
+	c.exec.firstStart = now
 	wait := time.Duration(max(now-c.enq, 0))
 	d.queueWait.Observe(now, wait)
 	if d.fallback != nil {

@@ -25,11 +25,12 @@ import (
 type IdemKey struct{}
 
 // Ctx is one execution's context. Every execution makes one, so it holds
-// only what each needs — 56 bytes on a 64-bit platform, one allocation
-// of 64 — and what only some use (an idempotency key, AfterFunc
-// registrations, the cause's carrier) is made on first use. Its fields
-// are guarded by mu, except done once made (see Done); deadline is set by
-// New and never changes.
+// only what each needs — 56 bytes on a 64-bit platform — and what only
+// some use (an idempotency key, AfterFunc registrations, the cause's
+// carrier) is made on first use. Its owner may embed it in a record of
+// its own, one allocation per execution for both (Init). Its fields are
+// guarded by mu, except done once made (see Done); deadline is set by
+// New or Init and never changes.
 type Ctx struct {
 	mu       sync.Mutex
 	made     atomic.Uint32 // 1 once done holds the Done channel for good
@@ -74,13 +75,20 @@ var _ context.Context = (*Ctx)(nil)
 // reading only.
 func New(deadline time.Time, idem string) *Ctx {
 	ctx := &Ctx{}
+	ctx.Init(deadline, idem)
+	return ctx
+}
+
+// Init makes ctx, a zero Ctx its owner embeds in a record of its own,
+// what New would return. It is called once, before ctx is shared: a Ctx
+// is never reused.
+func (ctx *Ctx) Init(deadline time.Time, idem string) {
 	if !deadline.IsZero() {
 		ctx.deadline = deadline.UnixNano()
 	}
 	if idem != "" {
 		ctx.x = &extra{idem: idem}
 	}
-	return ctx
 }
 
 // more returns ctx's extra, making it; ctx.mu is held.
@@ -91,7 +99,7 @@ func (ctx *Ctx) more() *extra {
 	return ctx.x
 }
 
-// Deadline returns the deadline New was given, if any.
+// Deadline returns the deadline New or Init was given, if any.
 func (ctx *Ctx) Deadline() (time.Time, bool) {
 	if ctx.deadline == 0 {
 		return time.Time{}, false
