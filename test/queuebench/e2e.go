@@ -1,6 +1,7 @@
 package queuebench
 
 import (
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -12,11 +13,23 @@ import (
 	"time"
 )
 
+// Workers is the number of workers every implementation runs: 4, or what
+// the -queuebench.workers flag says. EndToEnd and CheckEndToEnd set it
+// from the flag before they start; read it only within them.
+var Workers = 4
+
+var workersFlag = flag.Int("queuebench.workers", 0, "workers each implementation runs in EndToEnd and CheckEndToEnd (0: 4)")
+
+// setWorkers sets Workers from -queuebench.workers.
+func setWorkers() {
+	if *workersFlag > 0 {
+		Workers = *workersFlag
+	}
+}
+
 const (
 	// Adds is the number of adds in one run of EndToEnd.
 	Adds = 100_000
-	// Workers is the number of workers every implementation runs.
-	Workers = 4
 	// EndPriority is below every workload priority: a queue with
 	// priorities gives it to RunWorkers' sentinels, so that they run last.
 	EndPriority = -1
@@ -202,7 +215,7 @@ func RunWorkers(r *Run, q Queue, shutdown func()) (drain func()) {
 }
 
 // EndToEnd measures whole runs, end to end: keys are added, Workers
-// workers execute a no-op for each, and the clock stops when the queue is
+// workers (-queuebench.workers) execute a no-op for each, and the clock stops when the queue is
 // drained and its workers have returned. Where Compare times the caller's
 // side of an add, this times what an add costs the process: the caller,
 // the queue's bookkeeping, the workers and the garbage collector.
@@ -233,6 +246,7 @@ func RunWorkers(r *Run, q Queue, shutdown func()) (drain func()) {
 // begins waits until the producer is done, so a queue that hands work out
 // at once and one that does not are measured alike.
 func EndToEnd(b *testing.B, impls ...E2EImpl) {
+	setWorkers()
 	for _, spec := range workloadSpecs {
 		b.Run("workload="+spec.name, func(b *testing.B) {
 			// Built here, so that only one workload's keys are on the heap
@@ -375,6 +389,7 @@ func produce(s *Run, q E2E) {
 // starts before a gated workload's producers are done, and every run
 // drains.
 func CheckEndToEnd(t *testing.T, impls ...E2EImpl) {
+	setWorkers()
 	for _, spec := range workloadSpecs {
 		w := spec.build(testAdds)
 		if w.paced {
@@ -415,7 +430,7 @@ func checkRun(w *workload, impl E2EImpl) error {
 			return fmt.Errorf("key %s was added but never executed", k)
 		}
 	}
-	if w.gated && r.early > Workers {
+	if w.gated && r.early > int64(Workers) {
 		return fmt.Errorf("%d executions started before the gate opened", r.early)
 	}
 	return nil
