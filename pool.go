@@ -14,8 +14,8 @@ import "unsafe"
 // behind at 4096 lanes: about 1.2 MB with small keys and values (on a
 // 64-bit platform a lane is 296 bytes with string keys and int values,
 // more for a large K or T; TestLaneSizeDoc keeps the figure true). With
-// its key table slot and its ready-index entry, a queued call holds
-// 360–400 bytes (the package doc; BenchmarkScale's B/queued).
+// its key table slot and its place in the ready index, a queued call
+// holds 330–370 bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:

@@ -15,8 +15,13 @@ import "github.com/google/btree"
 // first maxRuns a tenant has. The best call is the least of the B-tree's
 // minimum and the runs' heads.
 //
-// A call taken out of a run anywhere but its head leaves a hole (an entry
-// without its call) that the head skips when it gets there. When holes
+// A run holds its calls alone, 8 bytes each: their order is theirs
+// (call.order, call.seq), and within a run it is the order they were
+// appended in. The B-tree's entries carry the order key too, so that its
+// comparisons do not read the calls.
+//
+// A call taken out of a run anywhere but its head leaves a hole (a nil
+// entry) that the head skips when it gets there. When holes
 // outnumber the calls — a call that waits long at the head while the ones
 // behind it come and go — the run is squeezed, so that its memory stays
 // proportional to its calls.
@@ -45,8 +50,9 @@ type readyIndex[K comparable, T any] struct {
 // as it drains. A run that empties keeps its first chunk.
 type fifoRun[K comparable, T any] struct {
 	prio   int
-	chunks [][]entry[K, T] // every one full but the last; chunks[0][0] is at position base
-	spare  []entry[K, T]   // a drained chunk, kept for the next while the run is not empty
+	chunks [][]*call[K, T] // every one full but the last; chunks[0][0] is at position base
+	spare  []*call[K, T]   // a drained chunk, kept for the next while the run is not empty
+	last   entry[K, T]     // the order of the last call appended, without the call, which may have left since
 	base   int
 	head   int // the first position not yet consumed
 	tail   int // one past the last position appended
@@ -54,12 +60,13 @@ type fifoRun[K comparable, T any] struct {
 	holes  int // in [head, tail)
 }
 
-// runChunk is how many entries a chunk of a FIFO run holds: 128 entries of
-// 32 bytes fill 4 KiB. A run's first chunk starts smaller and grows to it.
-const runChunk = 128
+// runChunk is how many entries a chunk of a FIFO run holds: 512 calls of
+// 8 bytes fill 4 KiB. A run's first chunk starts smaller and grows to it.
+const runChunk = 512
 
-// at returns the entry at position p, which the run holds.
-func (f *fifoRun[K, T]) at(p int) *entry[K, T] {
+// at returns the entry at position p, which the run holds: its call, or
+// nil for a hole.
+func (f *fifoRun[K, T]) at(p int) **call[K, T] {
 	i := p - f.base
 	return &f.chunks[i/runChunk][i%runChunk]
 }
@@ -79,7 +86,7 @@ func (r *readyIndex[K, T]) insert(c *call[K, T]) {
 	var free *fifoRun[K, T]
 	for _, f := range r.runs {
 		if f.prio == c.prio {
-			if f.live == 0 || readyLess(*f.at(f.tail - 1), e) {
+			if f.live == 0 || readyLess(f.last, e) {
 				f.append(c, e)
 				return
 			}
@@ -126,7 +133,7 @@ func (r *readyIndex[K, T]) min() entry[K, T] {
 			if f.live == 0 {
 				continue
 			}
-			if h := *f.at(f.head); b.c == nil || readyLess(h, b) {
+			if h := (*f.at(f.head)).entry(); b.c == nil || readyLess(h, b) {
 				b, r.best = h, i
 			}
 		}
@@ -138,7 +145,7 @@ func (r *readyIndex[K, T]) min() entry[K, T] {
 		return e
 	}
 	f := r.runs[r.best]
-	return *f.at(f.head)
+	return (*f.at(f.head)).entry()
 }
 
 // popMin removes and returns the best call; the index must not be empty.
@@ -157,20 +164,22 @@ func (r *readyIndex[K, T]) popMin() *call[K, T] {
 func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
 	n := len(f.chunks)
 	if n == 0 || len(f.chunks[n-1]) == runChunk {
-		var ch []entry[K, T]
+		var ch []*call[K, T]
 		switch {
 		case f.spare != nil:
 			ch, f.spare = f.spare[:0], nil
 		case n == 0:
-			ch = make([]entry[K, T], 0, 8)
+			ch = make([]*call[K, T], 0, 8)
 		default:
-			ch = make([]entry[K, T], 0, runChunk)
+			ch = make([]*call[K, T], 0, runChunk)
 		}
 		f.chunks = append(f.chunks, ch)
 		n++
 	}
 	c.run, c.runPos = f, f.tail
-	f.chunks[n-1] = append(f.chunks[n-1], e)
+	f.chunks[n-1] = append(f.chunks[n-1], c)
+	e.c = nil // nothing to keep alive
+	f.last = e
 	f.tail++
 	f.live++
 }
@@ -181,14 +190,14 @@ func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
 func (f *fifoRun[K, T]) squeeze() {
 	w := f.head
 	for p := f.head; p < f.tail; p++ {
-		if e := f.at(p); e.c != nil {
-			*f.at(w) = *e
-			e.c.runPos = w
+		if c := *f.at(p); c != nil {
+			*f.at(w) = c
+			c.runPos = w
 			w++
 		}
 	}
 	for p := w; p < f.tail; p++ {
-		*f.at(p) = entry[K, T]{}
+		*f.at(p) = nil
 	}
 	f.tail, f.holes = w, 0
 	keep := (f.tail - f.base + runChunk - 1) / runChunk // ≥ 1: the head is a call
@@ -204,7 +213,7 @@ func (f *fifoRun[K, T]) squeeze() {
 // holes after it, freeing the chunks it leaves; elsewhere, it leaves a hole.
 func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 	i := c.runPos
-	f.at(i).c = nil
+	*f.at(i) = nil
 	c.run = nil
 	f.live--
 	if i != f.head {
@@ -224,7 +233,7 @@ func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 		return
 	}
 	f.head++
-	for f.at(f.head).c == nil {
+	for *f.at(f.head) == nil {
 		f.head++
 		f.holes--
 	}
@@ -239,7 +248,7 @@ func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 
 // free keeps ch, a chunk none of whose entries holds a call, as the run's
 // spare if it has none.
-func (f *fifoRun[K, T]) free(ch []entry[K, T]) {
+func (f *fifoRun[K, T]) free(ch []*call[K, T]) {
 	if f.spare == nil && cap(ch) >= runChunk {
 		f.spare = ch
 	}

@@ -109,7 +109,7 @@ func TestReadyIndexChunks(t *testing.T) {
 	var ref []*call[int, int]
 	var seq uint64
 	for round := range 40 {
-		for range r.IntN(3 * runChunk * 4) { // a burst, in order within its priority
+		for range r.IntN(3 * runChunk) { // a burst, in order within its priority
 			seq++
 			prio := r.IntN(2)
 			c := &call[int, int]{prio: prio, enq: int64(seq), seq: seq, order: orderKeyOf(int64(seq), int64(prio), 1, 0)}
@@ -164,22 +164,22 @@ func checkRuns(t *testing.T, ri *readyIndex[int, int]) {
 		require.Equal(t, f.tail-f.base, n, "the chunks hold every position from base to tail")
 		require.Less(t, f.head-f.base, runChunk, "a consumed chunk is kept")
 		for p := f.base; p < f.head; p++ {
-			require.Nil(t, f.at(p).c, "position %d, before the head, holds a call", p)
+			require.Nil(t, *f.at(p), "position %d, before the head, holds a call", p)
 		}
 		for p := f.head; p < f.tail; p++ {
-			e := f.at(p)
-			if e.c == nil {
+			c := *f.at(p)
+			if c == nil {
 				holes++
 				continue
 			}
 			live++
-			require.Same(t, f, e.c.run)
-			require.Equal(t, p, e.c.runPos)
+			require.Same(t, f, c.run)
+			require.Equal(t, p, c.runPos)
 		}
 		require.Equal(t, f.live, live)
 		require.Equal(t, f.holes, holes)
 		if f.head < f.tail {
-			require.NotNil(t, f.at(f.head).c, "the head is a call")
+			require.NotNil(t, *f.at(f.head), "the head is a call")
 		}
 	}
 }
