@@ -215,10 +215,11 @@ func RunWorkers(r *Run, q Queue, shutdown func()) (drain func()) {
 }
 
 // EndToEnd measures whole runs, end to end: keys are added, Workers
-// workers (-queuebench.workers) execute a no-op for each, and the clock stops when the queue is
-// drained and its workers have returned. Where Compare times the caller's
-// side of an add, this times what an add costs the process: the caller,
-// the queue's bookkeeping, the workers and the garbage collector.
+// workers (-queuebench.workers) execute a no-op for each, and the clock
+// stops when the queue is drained and its workers have returned. Where
+// Compare times the caller's side of an add, this times what an add costs
+// the process: the caller, the queue's bookkeeping, the workers and the
+// garbage collector.
 //
 // Sub-benchmarks are named workload=WORKLOAD/impl=NAME. Every
 // implementation gets the same pre-built keys and priorities (Levels
