@@ -143,14 +143,14 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 // s's tenant and label if s is the more urgent or the replacement.
 func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim *call[K, T], replaced bool, ob *outbox[K, T]) {
 	if !s.o.Droppable {
-		c.droppable = false
+		c.mark(fDroppable, false)
 		d.q.unmarkVictim(c)
 	}
 	if victim != nil {
 		d.shed(victim, BoundQuota, s.now, ob)
 		d.tenants.keep(s.ten)
 	}
-	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label) {
+	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label.String()) {
 		d.adopt(c, s.ten, s.label)
 	}
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
@@ -164,7 +164,8 @@ func (d *Dispatcher[K, T]) supersede(l *lane[K, T], s *submission[K, T], ob *out
 	l.gen = s.o.Generation
 	d.endLane(l, StateStale, fmt.Errorf("%w: superseded by generation %d", ErrStale, s.o.Generation), s.now, withRunning, ob)
 	d.tenants.keep(s.ten) // the ended call may have been its last: forgotten
-	if !l.tracked {
+	// Released, if it has no call left (laneTable.release).
+	if l.running == nil && l.pending == nil {
 		l = d.lanes.add(s.key, s.h, s.o.Generation)
 	}
 	return l
@@ -365,12 +366,12 @@ func (g *clockGuess) learn(needed bool) {
 // newCall makes the pending call of l.
 func (d *Dispatcher[K, T]) newPending(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
 	c := l.freshCall()
-	d.calls.add(label)
-	c.label = label
+	c.label = d.calls.add(label)
 	d.seq++
 	ten.queued++
 	c.ten = ten
-	c.val, c.seq, c.droppable = val, d.seq, o.Droppable
+	c.val, c.seq = val, d.seq
+	c.mark(fDroppable, o.Droppable)
 	c.setIdem(o.IdempotencyKey)
 	l.pending = c
 	return c

@@ -135,7 +135,6 @@ type lane[K comparable, T any] struct {
 	key     K
 	gen     uint64 // newest generation seen for the key
 	hash    uint64 // key's hash, for d.lanes
-	tracked bool   // d.lanes maps key to this lane
 	running *call[K, T]
 	pending *call[K, T]
 	first   call[K, T]
@@ -149,7 +148,6 @@ func (l *lane[K, T]) freshCall() *call[K, T] {
 		c = new(call[K, T])
 	}
 	*c = call[K, T]{lane: l}
-	c.posts.c = c
 	return c
 }
 
@@ -160,42 +158,36 @@ type call[K comparable, T any] struct {
 	lane  *lane[K, T]
 	val   T
 	state callState
-	// droppable is set while every submission in the call was droppable.
-	droppable bool
-	isVictim  bool // in the queue's victims index
-	// postsForever is set when a fire-and-forget submission had no
-	// deadline: the posts aggregate then never expires.
-	postsForever bool
-	probe        bool // admitted by a half-open breaker
-	// checkProbe is set when the start check would have refused it and let
-	// it start to learn whether the server sped up (internal/startcheck).
-	checkProbe bool
-	low        bool // running on a worker below the reservation's priority
+	flags callFlags
 	// endState is set (never 0) when a running call loses its last waiter:
 	// how they left. The call is then orphaned: its execution's result is
 	// reported Stale, never as success.
 	endState State
-	prio     int          // effective priority: max over live waiters
-	enq      int64        // effective enqueue time: min over live waiters
-	nForever int          // tickets without a deadline
-	nPosts   int          // fire-and-forget submissions
-	joined   int          // submissions served, for Result.Waiters
-	posts    waiter[K, T] // every fire-and-forget submission, as one waiter
+	// run is the number of the FIFO run holding it, if ready in one: its
+	// tenant's ready index's runs[run-1] (ready.go); 0 if none.
+	run uint8
+	// nForever counts its tickets without a deadline. Each is an object of
+	// its own, so 2³² of them would not fit in memory.
+	nForever uint32
+	prio     int         // effective priority: max over live waiters
+	enq      int64       // effective enqueue time: min over live waiters
+	seq      uint64      // arrival order: FIFO among equals
+	nPosts   int         // fire-and-forget submissions
+	joined   int         // submissions served, for Result.Waiters
+	posts    postsWaiter // every fire-and-forget submission, as one waiter
 
-	seq       uint64 // arrival order: FIFO among equals
-	rev       uint64 // bumped by every merge and Amend, so Amend can tell the value changed
-	ten       *tenant[K, T]
-	label     string         // Config.Label's label, for the observer and Stats.Labels
-	order     orderKey       // its place in the ready order (queue.go)
-	run       *fifoRun[K, T] // the FIFO run holding it, if ready in one (ready.go)
-	runPos    int            // its position in that run
-	notBefore int64          // its place in the delay index
+	rev   uint64 // bumped by every merge and Amend, so Amend can tell the value changed
+	ten   *tenant[K, T]
+	label *liveLabel // Config.Label's label (String), for the observer and Stats.Labels
+	// pos is where it waits, by its state: while csReady in a FIFO run,
+	// its position in the run; while csDelayed, the time before which it
+	// may not run (notBefore), its key in the delay index. No call is in
+	// both, so one word serves both.
+	pos int64
 	// The live tickets: the first in one, or all of them in more once a
-	// second joins (a lone ticket needs no lists). share is the outcome
-	// its riders share, with any absorbed calls' chained after it.
-	one   *Ticket[K, T]
-	more  *ticketLists[K, T]
-	share *share[K, T]
+	// second joins (a lone ticket needs no lists, nor a share).
+	one  *Ticket[K, T]
+	more *ticketLists[K, T]
 
 	// exec is its running or last execution, nil before the first: what
 	// only a call that has started needs lives there (execution).
@@ -204,6 +196,39 @@ type call[K comparable, T any] struct {
 	// error of a call waiting to be retried. It is made on first use and
 	// dropped with the call, so a call without them is two words smaller.
 	rare *callRare
+}
+
+// notBefore is the time before which c, delayed, may not run (call.pos).
+func (c *call[K, T]) notBefore() int64 { return c.pos }
+
+// callFlags are a call's yes-or-no facts, a bit each, so that they share
+// a word with its state and tallies.
+type callFlags uint8
+
+const (
+	// fDroppable is set while every submission in the call was droppable.
+	fDroppable callFlags = 1 << iota
+	fVictim              // in the queue's victims index
+	// fPostsForever is set when a fire-and-forget submission had no
+	// deadline: the posts aggregate then never expires.
+	fPostsForever
+	fProbe // admitted by a half-open breaker
+	// fCheckProbe is set when the start check would have refused it and
+	// let it start to learn whether the server sped up (internal/startcheck).
+	fCheckProbe
+	fLow // running on a worker below the reservation's priority
+)
+
+// is reports whether c has flag f.
+func (c *call[K, T]) is(f callFlags) bool { return c.flags&f != 0 }
+
+// mark sets c's flag f to on.
+func (c *call[K, T]) mark(f callFlags, on bool) {
+	if on {
+		c.flags |= f
+	} else {
+		c.flags &^= f
+	}
 }
 
 // callRare is the part of a call that few calls need (call.rare).
@@ -297,7 +322,7 @@ func (c *call[K, T]) execDeadline() int64 {
 	}
 	var dl int64
 	if c.nPosts > 0 {
-		if c.postsForever {
+		if c.is(fPostsForever) {
 			return 0
 		}
 		dl = c.posts.deadline
@@ -308,7 +333,7 @@ func (c *call[K, T]) execDeadline() int64 {
 
 // event describes c for the observer.
 func (c *call[K, T]) event() Event {
-	return Event{Label: c.label, Tenant: c.ten.name}
+	return Event{Label: c.label.String(), Tenant: c.ten.name}
 }
 
 // result is what a waiter or the completion hook is told about c.
@@ -341,22 +366,31 @@ type ticketLists[K comparable, T any] struct {
 	// made. plain counts the latter.
 	visit []*Ticket[K, T]
 	plain int
+	// share is the outcome the riders share, with any absorbed calls'
+	// chained after it, or nil: only a call with lists has one.
+	share *share[K, T]
 }
 
-// waiter is one Ticket, or the aggregate of a call's fire-and-forget
-// submissions (t == nil).
-type waiter[K comparable, T any] struct {
+// share returns c's share, or nil.
+func (c *call[K, T]) share() *share[K, T] {
+	if c.more == nil {
+		return nil
+	}
+	return c.more.share
+}
+
+// postsWaiter is the aggregate of a call's fire-and-forget submissions,
+// which wait as one waiter: the highest priority, earliest enqueue time
+// and latest deadline among them.
+type postsWaiter struct {
 	prio     int
 	enq      int64
 	deadline int64 // 0: none
-	// at is the waiter's key in the deadline index (0: not indexed). For a
-	// ticket it equals deadline. For the posts aggregate it may lag behind a
-	// deadline that later submissions extended; the clock then re-indexes
-	// instead of expiring, which keeps a coalescing Post free of index work.
-	at   int64
-	dseq uint64
-	c    *call[K, T]   // the posts aggregate's call (a ticket's is t.c)
-	t    *Ticket[K, T] // the ticket, or nil for the posts aggregate
+	// at is its call's key in the deadline index of posts (0: not
+	// indexed). It may lag behind a deadline that later submissions
+	// extended; the clock then re-indexes instead of expiring, which keeps
+	// a coalescing Post free of index work.
+	at int64
 }
 
 // orderKey is a call's place in the ready order: lower runs first. hi is
@@ -404,15 +438,29 @@ type entry[K comparable, T any] struct {
 	c     *call[K, T]
 }
 
-// entry returns c's ready-index entry for its current order.
-func (c *call[K, T]) entry() entry[K, T] { return entry[K, T]{c.order, c.seq, c} }
+// orderer computes ready orders (orderKeyOf): a priority band's width,
+// and the aging in ns per level within it. A call's order is not kept in
+// the call: it is computed from its effective priority and enqueue time,
+// which change only as the call is re-keyed (queue.rekey), so an index
+// finds the entry it holds again.
+type orderer struct{ band, aging int64 }
+
+// of is the order of a call of priority prio enqueued at enq.
+func (o orderer) of(prio int, enq int64) orderKey {
+	return orderKeyOf(enq, int64(prio), o.band, o.aging)
+}
+
+// entryOf returns c's entry in a ready-ordered index.
+func entryOf[K comparable, T any](o orderer, c *call[K, T]) entry[K, T] {
+	return entry[K, T]{o.of(c.prio, c.enq), c.seq, c}
+}
 
 // deadline returns t's deadline on the dispatcher's clock, 0 if none.
 func (t *Ticket[K, T]) deadline() int64 {
 	if t.x == nil {
 		return 0
 	}
-	return t.x.w.deadline
+	return t.x.deadline
 }
 
 // ended reports, under d.mu, whether t's outcome is recorded: settled on

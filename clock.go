@@ -46,8 +46,8 @@ func (d *Dispatcher[K, T]) tick(now int64, ob *outbox[K, T]) {
 	duties := d.due.Take(now)
 	if duties.Has(due.Expire) {
 		d.expireDue(now, ob)
-		if w, ok := d.waiters.deadlines.Min(); ok {
-			d.due.Set(due.Expire, w.at)
+		if at, ok := d.waiters.nextDue(); ok {
+			d.due.Set(due.Expire, at)
 		}
 	}
 	if duties.Has(due.Promote) {
@@ -58,7 +58,7 @@ func (d *Dispatcher[K, T]) tick(now int64, ob *outbox[K, T]) {
 			d.wake.kick()
 		}
 		if c, ok := d.q.delayed.Min(); ok {
-			d.due.Set(due.Promote, c.notBefore)
+			d.due.Set(due.Promote, c.notBefore())
 		}
 	}
 	if duties.Has(due.Check) {
@@ -81,19 +81,18 @@ func (d *Dispatcher[K, T]) tick(now int64, ob *outbox[K, T]) {
 // expireDue ends every waiter whose deadline is at or before now.
 func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
 	for {
-		w := d.waiters.popDeadline(now)
-		if w == nil {
-			return
-		}
-		if w.t != nil {
-			d.dismiss(w.t, StateExpired, ErrExpired, now, ob)
+		c, t := d.waiters.popDue(now)
+		if t != nil {
+			d.dismiss(t, StateExpired, ErrExpired, now, ob)
 			continue
+		}
+		if c == nil {
+			return
 		}
 		// The posts aggregate: later submissions may have pushed its
 		// deadline out since it was indexed.
-		c := w.c
 		if c.posts.deadline > now {
-			d.waiters.addDeadline(w, c.posts.deadline)
+			d.waiters.addPostsDue(c, c.posts.deadline)
 			continue
 		}
 		d.waiters.settlePosts(c, StateExpired)

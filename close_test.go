@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -416,9 +417,12 @@ func TestCloseEndsDeadlines(t *testing.T) {
 }
 
 // TestDeadlineSweep (internal): a sweep takes the waiters its function
-// removed out of the deadline index in one step — emptying it if that was
-// every waiter — and leaves the others, and those added meanwhile, in
-// deadline order, and the index works as before afterwards.
+// removed out of the deadline indexes in one step — emptying an index if
+// that was every waiter in it — and leaves the others, and those added
+// meanwhile, in deadline order, and the indexes work as before afterwards.
+// Half the waiters are tickets and half calls' posts aggregates, so both
+// indexes are swept together, and popped in one order: by time, the posts
+// first among equals.
 func TestDeadlineSweep(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -426,55 +430,163 @@ func TestDeadlineSweep(t *testing.T) {
 	}{
 		{"every waiter removed", func(int) bool { return false }},
 		{"some kept", func(i int) bool { return i%3 == 0 }},
+		{"only tickets kept", func(i int) bool { return i%2 == 1 }},
+		{"every waiter removed, two back in", func(int) bool { return false }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dl := due.New(func(int64) bool { return false })
 			w := newWaiters[int, int](&dl)
-			ws := make([]*waiter[int, int], 300)
-			for i := range ws {
-				ws[i] = &waiter[int, int]{}
-				w.addDeadline(ws[i], int64(1000-i%50)) // many share a deadline
+			var seq uint64
+			mk := func(i int) sweepWaiter {
+				if i%2 == 1 {
+					return sweepWaiter{x: newTicket[int, int](nil, 1, false).x}
+				}
+				seq++
+				return sweepWaiter{c: &call[int, int]{seq: seq}}
 			}
-			var want []*waiter[int, int]
+			ws := make([]sweepWaiter, 300)
+			for i := range ws {
+				ws[i] = mk(i)
+				ws[i].add(&w, int64(1000-i%50)) // many share a deadline
+			}
+			var want []sweepWaiter
 			w.sweep(func() {
 				for i, wt := range ws {
 					if !tc.keep(i) {
-						w.removeDeadline(wt)
+						wt.remove(&w)
 					}
 				}
-				w.removeDeadline(ws[1]) // again: nothing to do
-				gone := &waiter[int, int]{}
-				w.addDeadline(gone, 400)
-				w.removeDeadline(gone)
+				// A ticket and a posts aggregate out, whether kept or not:
+				// taking one out a second time does nothing.
+				ws[1].remove(&w)
+				ws[4].remove(&w)
+				for i := range 2 {
+					gone := mk(i)
+					gone.add(&w, 400)
+					gone.remove(&w)
+				}
+				if strings.HasSuffix(tc.name, "back in") {
+					ws[6].add(&w, 700) // marked out, and back in
+					ws[7].add(&w, 700)
+					want = append(want, ws[6], ws[7])
+				}
 				if tc.keep(0) {
-					added := &waiter[int, int]{}
-					w.addDeadline(added, 500)
-					w.addDeadline(ws[2], 600) // marked out, and back in
-					want = append(want, added, ws[2])
+					for i := range 2 {
+						added := mk(i)
+						added.add(&w, 500)
+						want = append(want, added)
+					}
+					ws[2].add(&w, 600) // marked out, and back in
+					ws[5].add(&w, 600)
+					want = append(want, ws[2], ws[5])
 				}
 			})
 			for i, wt := range ws {
 				switch {
-				case i == 2 && tc.keep(0):
-				case tc.keep(i):
+				case (i == 2 || i == 5) && tc.keep(0):
+				case (i == 6 || i == 7) && strings.HasSuffix(tc.name, "back in"):
+				case tc.keep(i) && i != 1 && i != 4:
 					want = append(want, wt)
 				default:
-					assert.Zero(t, wt.at, "waiter %d marked out", i)
+					assert.Zero(t, wt.at(), "waiter %d marked out", i)
 				}
 			}
-			slices.SortFunc(want, func(a, b *waiter[int, int]) int {
-				return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.dseq, b.dseq))
+			slices.SortFunc(want, func(a, b sweepWaiter) int {
+				return cmp.Or(cmp.Compare(a.at(), b.at()), cmp.Compare(a.kind(), b.kind()), cmp.Compare(a.seq(), b.seq()))
 			})
-			require.Equal(t, len(want), w.deadlines.Len())
-			late := &waiter[int, int]{}
-			w.addDeadline(late, 2000)
-			want = append(want, late)
-			var got []*waiter[int, int]
-			for wt := w.popDeadline(math.MaxInt64); wt != nil; wt = w.popDeadline(math.MaxInt64) {
-				got = append(got, wt)
+			require.Equal(t, len(want), w.postsDue.Len()+w.ticketsDue.Len())
+			for i := range 2 {
+				late := mk(i)
+				late.add(&w, 2000)
+				want = append(want, late)
+			}
+			var got []sweepWaiter
+			for {
+				c, tk := w.popDue(math.MaxInt64)
+				if c == nil && tk == nil {
+					break
+				}
+				if tk != nil {
+					got = append(got, sweepWaiter{x: tk.x})
+				} else {
+					got = append(got, sweepWaiter{c: c})
+				}
 			}
 			assert.Equal(t, want, got)
-			assert.Zero(t, w.deadlines.Len())
+			assert.Zero(t, w.postsDue.Len()+w.ticketsDue.Len())
 		})
 	}
+}
+
+// TestDeadlineSweepBackIn (internal): a waiter that a sweep's function
+// takes out and puts back in stays indexed, even when it was the only one
+// in its index, where putting it back finds its own node and replaces it.
+func TestDeadlineSweepBackIn(t *testing.T) {
+	dl := due.New(func(int64) bool { return false })
+	w := newWaiters[int, int](&dl)
+	c := sweepWaiter{c: &call[int, int]{seq: 1}}
+	x := sweepWaiter{x: newTicket[int, int](nil, 1, false).x}
+	c.add(&w, 100)
+	x.add(&w, 100)
+	w.sweep(func() {
+		c.remove(&w)
+		x.remove(&w)
+		c.add(&w, 200)
+		x.add(&w, 300)
+	})
+	require.Equal(t, 1, w.postsDue.Len())
+	require.Equal(t, 1, w.ticketsDue.Len())
+	at, ok := w.nextDue()
+	require.True(t, ok)
+	require.EqualValues(t, 200, at)
+	pc, _ := w.popDue(250)
+	require.Same(t, c.c, pc)
+	_, tk := w.popDue(300)
+	require.Same(t, x.x.t, tk)
+}
+
+// sweepWaiter is a waiter of TestDeadlineSweep: a call's posts aggregate
+// (c) or a ticket (x).
+type sweepWaiter struct {
+	c *call[int, int]
+	x *ticketWatch[int, int]
+}
+
+func (s sweepWaiter) add(w *waiters[int, int], at int64) {
+	if s.c != nil {
+		w.addPostsDue(s.c, at)
+		return
+	}
+	s.x.deadline = at
+	w.addTicketDue(s.x)
+}
+
+func (s sweepWaiter) remove(w *waiters[int, int]) {
+	if s.c != nil {
+		w.removePostsDue(s.c)
+		return
+	}
+	w.unindex(s.x.t)
+}
+
+func (s sweepWaiter) at() int64 {
+	if s.c != nil {
+		return s.c.posts.at
+	}
+	return s.x.at
+}
+
+// kind orders the posts before the tickets at equal times.
+func (s sweepWaiter) kind() int {
+	if s.c != nil {
+		return 0
+	}
+	return 1
+}
+
+func (s sweepWaiter) seq() uint64 {
+	if s.c != nil {
+		return s.c.seq
+	}
+	return s.x.seq
 }

@@ -13,8 +13,7 @@ import (
 // its most urgent submission — a binding that replaces a pending status
 // patch runs as a binding. The caller then joins the submission.
 func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string) {
-	d.calls.relabel(c.label, label)
-	c.label = label
+	c.label = d.calls.relabel(c.label, label)
 	if ten == c.ten {
 		return
 	}
@@ -28,7 +27,7 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 	case csReady:
 		d.q.push(c)
 	case csDelayed:
-		d.q.delay(c, c.notBefore)
+		d.q.delay(c, c.notBefore())
 	}
 	d.tenants.forgetIdle(old)
 }
@@ -107,10 +106,12 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 // tenant and label, as any merged call does.
 func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 	if (replaced || n.prio > c.prio) && (n.ten != c.ten || n.label != c.label) {
-		d.adopt(c, n.ten, n.label)
+		d.adopt(c, n.ten, n.label.String())
 	}
 	d.waiters.absorb(c, n)
-	c.droppable = c.droppable && n.droppable
+	if !n.is(fDroppable) {
+		c.mark(fDroppable, false)
+	}
 	d.totals.coalesced += uint64(n.joined)
 	n.ten.queued--
 	d.tenants.forgetIdle(n.ten)

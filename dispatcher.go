@@ -124,7 +124,7 @@ func (d *Dispatcher[K, T]) init() {
 	set := &d.cfg
 	d.gate = newStartGate(set, &d.clk, &d.due, &d.fetchCond)
 	if set.Label != nil {
-		d.calls.labels = map[string]int{}
+		d.calls.labels = map[string]*liveLabel{}
 	}
 	if set.Rollout.Fallback != nil {
 		d.fallback = fallback.New(set.Rollout.Fallback.fallbackPolicy())

@@ -70,7 +70,7 @@ func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
 			if probe, ok := d.gate.mayStart(now, false, &ob.notes); ok {
 				d.q.remove(c)
 				c.enter(csTaken)
-				c.probe = probe
+				c.mark(fProbe, probe)
 				d.runRelock(c, now, ob, rn)
 				continue
 			}
@@ -78,7 +78,7 @@ func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
 				wait = time.Duration(d.gate.breaker.OpenUntil() - now)
 			}
 		case csDelayed:
-			wait = time.Duration(c.notBefore - now)
+			wait = time.Duration(c.notBefore() - now)
 		}
 		ch := d.wake.kicked()
 		d.mu.Unlock()

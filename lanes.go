@@ -88,7 +88,7 @@ func (t *laneTable[K, T]) lookup(key K) *lane[K, T] { return t.get(key, t.hash(k
 // tracked under it: a released lane if one is kept (pool.go).
 func (t *laneTable[K, T]) add(key K, h uint64, gen uint64) *lane[K, T] {
 	l := t.pool.get()
-	l.key, l.hash, l.gen, l.tracked = key, h, gen, true
+	l.key, l.hash, l.gen = key, h, gen
 	if (t.n+1)*4 > len(t.slots)*3 {
 		t.grow()
 	}
@@ -100,13 +100,14 @@ func (t *laneTable[K, T]) add(key K, h uint64, gen uint64) *lane[K, T] {
 // release forgets l's key if l has no call left, keeps l for reuse, and
 // reports whether it did. Nothing refers to a released lane or its calls
 // by then: every waiter has been settled, every index has let go of its
-// calls, and no execution runs one.
+// calls, and no execution runs one. A lane is tracked from add until its
+// release: a lane without a call is released at once (finish), so a lane
+// found in the table has one, except under the lock between add and the
+// call it was added for.
 func (t *laneTable[K, T]) release(l *lane[K, T]) bool {
-	if l.running != nil || l.pending != nil || !l.tracked {
+	if l.running != nil || l.pending != nil || !t.del(l) {
 		return false
 	}
-	t.del(l) // no hashing: the lane keeps its key's hash
-	l.tracked = false
 	t.pool.put(l)
 	return true
 }
@@ -131,13 +132,16 @@ func (t *laneTable[K, T]) grow() {
 	}
 }
 
-// del removes l, which is in the table. The entries after it in its probe
-// sequence move back, so that every entry stays reachable from its home
-// slot without passing an empty one.
-func (t *laneTable[K, T]) del(l *lane[K, T]) {
+// del removes l and reports whether the table held it. The entries after
+// it in its probe sequence move back, so that every entry stays reachable
+// from its home slot without passing an empty one.
+func (t *laneTable[K, T]) del(l *lane[K, T]) bool {
 	mask := uint64(len(t.slots) - 1)
 	i := l.hash & mask
 	for t.slots[i].l != l {
+		if t.slots[i].l == nil {
+			return false // not tracked: released already
+		}
 		i = (i + 1) & mask
 	}
 	for j := (i + 1) & mask; ; j = (j + 1) & mask {
@@ -153,6 +157,7 @@ func (t *laneTable[K, T]) del(l *lane[K, T]) {
 	}
 	t.slots[i] = laneSlot[K, T]{}
 	t.n--
+	return true
 }
 
 // all yields every lane. The table must not change during the iteration.

@@ -11,11 +11,11 @@ import "unsafe"
 // maxFreeLanes bounds the free list of released lanes. Reusing a lane
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it). The bound caps what a burst of finished keys leaves
-// behind at 4096 lanes: about 1.2 MB with small keys and values (on a
-// 64-bit platform a lane is 296 bytes with string keys and int values,
+// behind at 4096 lanes: about 0.9 MB with small keys and values (on a
+// 64-bit platform a lane is 208 bytes with string keys and int values,
 // more for a large K or T; TestLaneSizeDoc keeps the figure true). With
 // its key table slot and its place in the ready index, a queued call
-// holds 330–370 bytes (the package doc; BenchmarkScale's B/queued).
+// holds 240–280 bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:
@@ -96,7 +96,7 @@ func (p *listPool[K, T]) keep(c *call[K, T]) {
 	}
 	tl.riders = reuse(tl.riders)
 	tl.visit = reuse(tl.visit)
-	tl.plain = 0
+	tl.plain, tl.share = 0, nil
 	p.free = append(p.free, tl)
 }
 
@@ -127,8 +127,8 @@ func popFree[E any](free *[]*E) *E {
 // unused per lane (the fewest lanes among equals). The runtime rounds an
 // allocation up to its size class, after adding a header of 8 bytes to an
 // object of more than 512 bytes that holds pointers, as a slab does: 8
-// lanes of 288 bytes (int keys and values) would take 2688 bytes for
-// 2304, where 11 take 3200 for 3168 (TestLaneSlab checks the figures
+// lanes of 200 bytes (int keys and values) would take 1792 bytes for
+// 1600, where 10 take 2048 for 2000 (TestLaneSlab checks the figures
 // against the runtime's own accounting).
 func slabLanes(size uintptr) int {
 	best, bestPer := minSlab, ^uintptr(0)
@@ -151,6 +151,6 @@ func allocSize(size uintptr) uintptr {
 	return (size + 8191) &^ 8191
 }
 
-// sizeClasses are the runtime's size classes from 2 KiB (a slab's
-// smallest: 8 lanes of at least 256 bytes) to 32 KiB.
-var sizeClasses = [...]uintptr{2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912, 8192, 9472, 9728, 10240, 10880, 12288, 13568, 14336, 16384, 18432, 19072, 20480, 21760, 24576, 27264, 28672, 32768}
+// sizeClasses are the runtime's size classes from 1 KiB (a slab's
+// smallest: 8 lanes of at least 128 bytes) to 32 KiB.
+var sizeClasses = [...]uintptr{1024, 1152, 1280, 1408, 1536, 1792, 2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912, 8192, 9472, 9728, 10240, 10880, 12288, 13568, 14336, 16384, 18432, 19072, 20480, 21760, 24576, 27264, 28672, 32768}

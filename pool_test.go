@@ -67,6 +67,7 @@ func TestLaneSlab(t *testing.T) {
 	t.Run("string-int", func(t *testing.T) { checkSlab[string, int](t) })
 	t.Run("int-int", func(t *testing.T) { checkSlab[int, int](t) })
 	t.Run("large-value", func(t *testing.T) { checkSlab[string, [100]int](t) })
+	t.Run("empty", func(t *testing.T) { checkSlab[struct{}, struct{}](t) }) // the smallest lane
 }
 
 // checkSlab checks that a slab of lane[K, T] allocates what slabLanes

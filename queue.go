@@ -25,9 +25,8 @@ import (
 // armed for the earliest entry of delayed and of the waiters' deadlines
 // (waiters.go), drives both (see clock.go).
 type queue[K comparable, T any] struct {
-	aging   int64 // ns per priority level within a band
-	band    int64 // the width of a priority band; 1 = strict priority
-	nready  int   // ready calls over all tenants
+	orderer     // the ready order's band width and aging
+	nready  int // ready calls over all tenants
 	active  []*tenant[K, T]
 	vpass   uint64 // pass of the tenant picked last
 	delayed *btree.BTreeG[*call[K, T]]
@@ -49,16 +48,15 @@ const btreeDegree = 32
 
 func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 	return queue[K, T]{
-		aging:   aging,
-		band:    band,
+		orderer: orderer{band: band, aging: aging},
 		delayed: btree.NewG(btreeDegree, delayedLess[K, T]),
 		victims: btree.NewG(btreeDegree, readyLess[K, T]),
 	}
 }
 
 func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
-	if a.notBefore != b.notBefore {
-		return a.notBefore < b.notBefore
+	if a.pos != b.pos {
+		return a.pos < b.pos
 	}
 	return a.seq < b.seq
 }
@@ -69,16 +67,13 @@ func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
 // interval it waits over the calls of its band and never passes a call of
 // a higher band. One static key orders calls of every age: nothing is
 // re-sorted as time passes.
-func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey {
-	return orderKeyOf(enq, int64(prio), q.band, q.aging)
-}
+func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey { return q.of(prio, enq) }
 
 // push makes c ready.
 func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unmarkVictim(c)
-	c.order = q.orderOf(c.prio, c.enq)
 	t := c.ten
-	t.ready.insert(c)
+	t.ready.insert(c, entryOf(q.orderer, c))
 	q.nready++
 	if t.active < 0 {
 		q.activate(t)
@@ -90,8 +85,7 @@ func (q *queue[K, T]) push(c *call[K, T]) {
 // delay makes c wait until notBefore.
 func (q *queue[K, T]) delay(c *call[K, T], notBefore int64) {
 	q.unmarkVictim(c)
-	c.order = q.orderOf(c.prio, c.enq)
-	c.notBefore = notBefore
+	c.pos = notBefore
 	q.delayed.ReplaceOrInsert(c)
 	q.due.Set(due.Promote, notBefore)
 	c.enter(csDelayed)
@@ -115,7 +109,7 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {
 	case csReady:
 		t := c.ten
-		t.ready.delete(c)
+		t.ready.delete(c, q.orderer)
 		q.nready--
 		if t.ready.Len() == 0 {
 			q.deactivate(t)
@@ -128,26 +122,26 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 
 // markVictim puts c in the victims index if it may be shed.
 func (q *queue[K, T]) markVictim(c *call[K, T]) {
-	if c.droppable && !c.isVictim && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
-		e := c.entry()
+	if c.is(fDroppable) && !c.is(fVictim) && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
+		e := entryOf(q.orderer, c)
 		q.victims.ReplaceOrInsert(e)
 		if c.ten.victims != nil {
 			c.ten.victims.ReplaceOrInsert(e)
 		}
-		c.isVictim = true
+		c.mark(fVictim, true)
 	}
 }
 
-// unmarkVictim takes c out of the victims index; call it before c's order changes,
-// or when c stops being evictable.
+// unmarkVictim takes c out of the victims index; call it before c's
+// priority or enqueue time changes, or when c stops being evictable.
 func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
-	if c.isVictim {
-		e := c.entry()
+	if c.is(fVictim) {
+		e := entryOf(q.orderer, c)
 		q.victims.Delete(e)
 		if c.ten.victims != nil {
 			c.ten.victims.Delete(e)
 		}
-		c.isVictim = false
+		c.mark(fVictim, false)
 	}
 }
 
@@ -169,25 +163,24 @@ func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], order orderKey, 
 	return w.c
 }
 
-// rekey sets c's effective priority and enqueue time, moving it in the ready
-// index if it is there and its place changes.
+// rekey sets c's effective priority and enqueue time, moving it in the
+// indexes that hold it by its order (ready, victims). They find their
+// entries by the priority and enqueue time they were made with, so c
+// leaves them first and comes back with its new ones — even if its order
+// stays the same, for a FIFO run holds the calls of one priority.
 func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	if prio == c.prio && enq == c.enq {
 		return
 	}
-	order := q.orderOf(prio, enq)
-	c.prio, c.enq = prio, enq
-	if order == c.order {
-		return
-	}
-	isVictim := c.isVictim
+	isVictim := c.is(fVictim)
 	q.unmarkVictim(c)
-	if c.state == csReady {
-		c.ten.ready.delete(c)
-		c.order = order
-		c.ten.ready.insert(c)
-	} else {
-		c.order = order
+	ready := c.state == csReady
+	if ready {
+		c.ten.ready.delete(c, q.orderer)
+	}
+	c.prio, c.enq = prio, enq
+	if ready {
+		c.ten.ready.insert(c, entryOf(q.orderer, c))
 	}
 	if isVictim {
 		q.markVictim(c)
@@ -222,7 +215,7 @@ func (q *queue[K, T]) promote(now int64) int {
 	n := 0
 	for {
 		c, ok := q.delayed.Min()
-		if !ok || c.notBefore > now {
+		if !ok || c.notBefore() > now {
 			return n
 		}
 		q.delayed.DeleteMin()

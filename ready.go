@@ -15,10 +15,11 @@ import "github.com/google/btree"
 // first maxRuns a tenant has. The best call is the least of the B-tree's
 // minimum and the runs' heads.
 //
-// A run holds its calls alone, 8 bytes each: their order is theirs
-// (call.order, call.seq), and within a run it is the order they were
-// appended in. The B-tree's entries carry the order key too, so that its
-// comparisons do not read the calls.
+// A run holds its calls alone, 8 bytes each: within a run their order is
+// the order they were appended in, and a call's order key is the run's
+// band and shift applied to its enqueue time (fifoRun.entryOf), so a
+// head is compared without computing its band. The B-tree's entries carry
+// the order key, so that its comparisons do not read the calls.
 //
 // A call taken out of a run anywhere but its head leaves a hole (a nil
 // entry) that the head skips when it gets there. When holes
@@ -44,20 +45,26 @@ type readyIndex[K comparable, T any] struct {
 // fifoRun is the ready calls of one priority that arrived in order, in
 // chunks of at most runChunk entries. Every entry has a position, which
 // grows by one per append and is never reused within the run, so a call
-// finds its entry (c.runPos) while the chunks before it are freed. Chunks
+// finds its entry (c.pos) while the chunks before it are freed. Chunks
 // instead of one growing slice make a backlog cost its entries and little
 // more: nothing is copied as it grows, and the chunks it drains are freed
 // as it drains. A run that empties keeps its first chunk.
 type fifoRun[K comparable, T any] struct {
-	prio   int
-	chunks [][]*call[K, T] // every one full but the last; chunks[0][0] is at position base
-	spare  []*call[K, T]   // a drained chunk, kept for the next while the run is not empty
-	last   entry[K, T]     // the order of the last call appended, without the call, which may have left since
-	base   int
-	head   int // the first position not yet consumed
-	tail   int // one past the last position appended
-	live   int
-	holes  int // in [head, tail)
+	num  uint8 // its place in readyIndex.runs, from 1 (call.run)
+	prio int
+	// hi and shift make the order key of a call of priority prio from its
+	// enqueue time: orderKey{hi, enq − shift}, shift being prio's offset
+	// in its band times the aging (orderKeyOf). Set by the run's first
+	// call (holdFor), as the run's priority is.
+	hi, shift int64
+	chunks    [][]*call[K, T] // every one full but the last; chunks[0][0] is at position base
+	spare     []*call[K, T]   // a drained chunk, kept for the next while the run is not empty
+	last      entry[K, T]     // the order of the last call appended, without the call, which may have left since
+	base      int
+	head      int // the first position not yet consumed
+	tail      int // one past the last position appended
+	live      int
+	holes     int // in [head, tail)
 }
 
 // runChunk is how many entries a chunk of a FIFO run holds: 512 calls of
@@ -78,11 +85,10 @@ func newReadyIndex[K comparable, T any]() readyIndex[K, T] {
 // Len returns the number of calls in the index.
 func (r *readyIndex[K, T]) Len() int { return r.n }
 
-// insert adds c, at its current order.
-func (r *readyIndex[K, T]) insert(c *call[K, T]) {
+// insert adds c, whose entry at its current order is e.
+func (r *readyIndex[K, T]) insert(c *call[K, T], e entry[K, T]) {
 	r.n++
 	r.bestOK = false
-	e := c.entry()
 	var free *fifoRun[K, T]
 	for _, f := range r.runs {
 		if f.prio == c.prio {
@@ -99,10 +105,11 @@ func (r *readyIndex[K, T]) insert(c *call[K, T]) {
 	}
 	switch {
 	case free != nil:
-		free.prio = c.prio
+		free.holdFor(c, e)
 		free.append(c, e)
 	case len(r.runs) < maxRuns:
-		f := &fifoRun[K, T]{prio: c.prio}
+		f := &fifoRun[K, T]{num: uint8(len(r.runs) + 1)}
+		f.holdFor(c, e)
 		r.runs = append(r.runs, f)
 		f.append(c, e)
 	default:
@@ -110,15 +117,16 @@ func (r *readyIndex[K, T]) insert(c *call[K, T]) {
 	}
 }
 
-// delete takes c out of the index; c is in it, at its current order.
-func (r *readyIndex[K, T]) delete(c *call[K, T]) {
+// delete takes c out of the index; c is in it, at its current order,
+// which o computes.
+func (r *readyIndex[K, T]) delete(c *call[K, T], o orderer) {
 	r.n--
 	r.bestOK = false
-	if f := c.run; f != nil {
-		f.drop(c)
+	if n := c.run; n != 0 {
+		r.runs[n-1].drop(c)
 		return
 	}
-	r.tree.Delete(c.entry())
+	r.tree.Delete(entryOf(o, c))
 }
 
 // min returns the best call's entry; the index must not be empty.
@@ -133,7 +141,7 @@ func (r *readyIndex[K, T]) min() entry[K, T] {
 			if f.live == 0 {
 				continue
 			}
-			if h := (*f.at(f.head)).entry(); b.c == nil || readyLess(h, b) {
+			if h := f.entryOf(*f.at(f.head)); b.c == nil || readyLess(h, b) {
 				b, r.best = h, i
 			}
 		}
@@ -145,7 +153,7 @@ func (r *readyIndex[K, T]) min() entry[K, T] {
 		return e
 	}
 	f := r.runs[r.best]
-	return (*f.at(f.head)).entry()
+	return f.entryOf(*f.at(f.head))
 }
 
 // popMin removes and returns the best call; the index must not be empty.
@@ -159,6 +167,17 @@ func (r *readyIndex[K, T]) popMin() *call[K, T] {
 		r.runs[r.best].drop(e.c)
 	}
 	return e.c
+}
+
+// holdFor makes the empty run f hold the calls of c's priority; e is c's
+// entry.
+func (f *fifoRun[K, T]) holdFor(c *call[K, T], e entry[K, T]) {
+	f.prio, f.hi, f.shift = c.prio, e.order.hi, c.enq-int64(e.order.lo^1<<63)
+}
+
+// entryOf returns the entry of c, a call in the run.
+func (f *fifoRun[K, T]) entryOf(c *call[K, T]) entry[K, T] {
+	return entry[K, T]{orderKey{f.hi, uint64(c.enq-f.shift) ^ 1<<63}, c.seq, c}
 }
 
 func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
@@ -176,7 +195,7 @@ func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
 		f.chunks = append(f.chunks, ch)
 		n++
 	}
-	c.run, c.runPos = f, f.tail
+	c.run, c.pos = f.num, int64(f.tail)
 	f.chunks[n-1] = append(f.chunks[n-1], c)
 	e.c = nil // nothing to keep alive
 	f.last = e
@@ -192,7 +211,7 @@ func (f *fifoRun[K, T]) squeeze() {
 	for p := f.head; p < f.tail; p++ {
 		if c := *f.at(p); c != nil {
 			*f.at(w) = c
-			c.runPos = w
+			c.pos = int64(w)
 			w++
 		}
 	}
@@ -212,9 +231,9 @@ func (f *fifoRun[K, T]) squeeze() {
 // drop takes c out of the run: at the head, the head moves past it and any
 // holes after it, freeing the chunks it leaves; elsewhere, it leaves a hole.
 func (f *fifoRun[K, T]) drop(c *call[K, T]) {
-	i := c.runPos
+	i := int(c.pos)
 	*f.at(i) = nil
-	c.run = nil
+	c.run = 0
 	f.live--
 	if i != f.head {
 		if f.holes++; f.holes >= 64 && f.holes > f.live {

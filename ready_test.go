@@ -8,15 +8,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// cmpReady orders calls as the ready index does.
-func cmpReady(a, b *call[int, int]) int {
-	switch {
-	case readyLess(a.entry(), b.entry()):
-		return -1
-	case readyLess(b.entry(), a.entry()):
-		return 1
+// cmpReady orders calls as a ready index of o does.
+func cmpReady(o orderer) func(a, b *call[int, int]) int {
+	return func(a, b *call[int, int]) int {
+		switch {
+		case readyLess(entryOf(o, a), entryOf(o, b)):
+			return -1
+		case readyLess(entryOf(o, b), entryOf(o, a)):
+			return 1
+		}
+		return 0
 	}
-	return 0
 }
 
 // TestReadyIndex checks the ready index — FIFO runs and the B-tree behind
@@ -28,7 +30,8 @@ func TestReadyIndex(t *testing.T) {
 	var ref []*call[int, int]
 	var seq uint64
 	now := int64(0)
-	sorted := func() { slices.SortFunc(ref, cmpReady) }
+	o := orderer{band: 10, aging: 10}
+	sorted := func() { slices.SortFunc(ref, cmpReady(o)) }
 	for i := range 50_000 {
 		switch op := r.IntN(10); {
 		case op < 5 || len(ref) == 0: // insert
@@ -39,8 +42,8 @@ func TestReadyIndex(t *testing.T) {
 				enq -= int64(r.IntN(1000)) // a retry or a successor: out of order
 			}
 			seq++
-			c := &call[int, int]{prio: prio, enq: enq, seq: seq, order: orderKeyOf(enq, int64(prio), 10, 10)}
-			ri.insert(c)
+			c := &call[int, int]{prio: prio, enq: enq, seq: seq}
+			ri.insert(c, entryOf(o, c))
 			ref = append(ref, c)
 		case op < 8: // pop the best
 			sorted()
@@ -49,7 +52,7 @@ func TestReadyIndex(t *testing.T) {
 			ref = ref[1:]
 		default: // remove one anywhere
 			j := r.IntN(len(ref))
-			ri.delete(ref[j])
+			ri.delete(ref[j], o)
 			ref = slices.Delete(ref, j, j+1)
 		}
 		require.Equal(t, len(ref), ri.Len())
@@ -69,11 +72,12 @@ func TestReadyIndex(t *testing.T) {
 // them: the holes they leave are squeezed out.
 func TestReadyIndexHoles(t *testing.T) {
 	ri := newReadyIndex[int, int]()
+	o := orderer{band: 10, aging: 10}
 	var seq uint64
 	mk := func(enq int64) *call[int, int] {
 		seq++
-		c := &call[int, int]{prio: 1, enq: enq, seq: seq, order: orderKeyOf(enq, 1, 10, 10)}
-		ri.insert(c)
+		c := &call[int, int]{prio: 1, enq: enq, seq: seq}
+		ri.insert(c, entryOf(o, c))
 		return c
 	}
 	head := mk(0)
@@ -82,13 +86,13 @@ func TestReadyIndexHoles(t *testing.T) {
 		behind = append(behind, mk(int64(i+1)))
 		if len(behind) == 10 {
 			for _, c := range behind {
-				ri.delete(c)
+				ri.delete(c, o)
 			}
 			behind = behind[:0]
 		}
 	}
-	f := head.run
-	require.NotNil(t, f)
+	require.NotZero(t, head.run)
+	f := ri.runs[head.run-1]
 	require.LessOrEqual(t, len(f.chunks), 2, "the run holds %d chunks for %d calls", len(f.chunks), f.live)
 	require.Less(t, f.tail-f.head, 200, "the run holds %d entries for %d calls", f.tail-f.head, f.live)
 	require.Same(t, head, ri.popMin())
@@ -106,17 +110,18 @@ func TestReadyIndexHoles(t *testing.T) {
 func TestReadyIndexChunks(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	ri := newReadyIndex[int, int]()
+	o := orderer{band: 1}
 	var ref []*call[int, int]
 	var seq uint64
 	for round := range 40 {
 		for range r.IntN(3 * runChunk) { // a burst, in order within its priority
 			seq++
 			prio := r.IntN(2)
-			c := &call[int, int]{prio: prio, enq: int64(seq), seq: seq, order: orderKeyOf(int64(seq), int64(prio), 1, 0)}
-			ri.insert(c)
+			c := &call[int, int]{prio: prio, enq: int64(seq), seq: seq}
+			ri.insert(c, entryOf(o, c))
 			ref = append(ref, c)
 		}
-		slices.SortFunc(ref, cmpReady)
+		slices.SortFunc(ref, cmpReady(o))
 		for i := 0; len(ref) > 0 && i < len(ref)/2+1; i++ {
 			switch op := r.IntN(4); {
 			case op < 2:
@@ -124,7 +129,7 @@ func TestReadyIndexChunks(t *testing.T) {
 				ref = ref[1:]
 			default: // from the middle: a hole, and squeezes
 				j := r.IntN(len(ref))
-				ri.delete(ref[j])
+				ri.delete(ref[j], o)
 				ref = slices.Delete(ref, j, j+1)
 			}
 			if i%97 == 0 {
@@ -173,8 +178,8 @@ func checkRuns(t *testing.T, ri *readyIndex[int, int]) {
 				continue
 			}
 			live++
-			require.Same(t, f, c.run)
-			require.Equal(t, p, c.runPos)
+			require.Same(t, f, ri.runs[c.run-1])
+			require.Equal(t, p, int(c.pos))
 		}
 		require.Equal(t, f.live, live)
 		require.Equal(t, f.holes, holes)

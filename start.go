@@ -94,8 +94,10 @@ func (c *call[K, T]) unfinishable(g *startGate, now int64) bool {
 	if g.check == nil {
 		return false
 	}
-	refuse, probe := g.check.Refuse(c.label, c.execDeadline(), now)
-	c.checkProbe = c.checkProbe || probe
+	refuse, probe := g.check.Refuse(c.label.String(), c.execDeadline(), now)
+	if probe {
+		c.mark(fCheckProbe, true)
+	}
 	return refuse
 }
 
@@ -134,7 +136,8 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			return nil
 		}
 		d.q.popFrom(ten)
-		c.probe, c.low = probe, low
+		c.mark(fProbe, probe)
+		c.mark(fLow, low)
 		return c
 	}
 	return nil
@@ -193,8 +196,8 @@ func (g *startGate) lookAgainAt(at int64) {
 func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
 	g := &d.gate
 	if g.check != nil {
-		g.check.Observe(c.label, now, a.runTime, a.ran, c.checkProbe)
-		c.checkProbe = false
+		g.check.Observe(c.label.String(), now, a.runTime, a.ran, c.is(fCheckProbe))
+		c.mark(fCheckProbe, false)
 	}
 	said := a.ran && !a.callDone
 	if b := g.breaker; b != nil {
@@ -206,9 +209,9 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 		case a.class == ClassRetry:
 			v = breaker.Failed
 		}
-		if c.probe {
+		if c.is(fProbe) {
 			b.EndProbe(c.exec.runner)
-			c.probe = false
+			c.mark(fProbe, false)
 		}
 		ch := b.Record(now, v)
 		noteCircuit(d.cfg.Observer, ch, &ob.notes)

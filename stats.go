@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"maps"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/hist"
@@ -54,44 +53,6 @@ func (b Bound) index() int {
 		return 1
 	}
 	return 2
-}
-
-// liveCalls counts the calls not finished (ready, delayed, behind and
-// running), and by label if Config.Label is set. The Dispatcher's lock
-// guards it.
-type liveCalls struct {
-	n      int
-	labels map[string]int // nil without Config.Label
-}
-
-// add counts a new call of label.
-func (lc *liveCalls) add(label string) {
-	lc.n++
-	if lc.labels != nil {
-		lc.labels[label]++
-	}
-}
-
-// remove uncounts a call of label that is gone.
-func (lc *liveCalls) remove(label string) {
-	lc.n--
-	lc.drop(label)
-}
-
-// relabel moves a live call from label from to label to.
-func (lc *liveCalls) relabel(from, to string) {
-	if lc.labels != nil && from != to {
-		lc.drop(from)
-		lc.labels[to]++
-	}
-}
-
-func (lc *liveCalls) drop(label string) {
-	if lc.labels != nil {
-		if lc.labels[label]--; lc.labels[label] == 0 {
-			delete(lc.labels, label)
-		}
-	}
 }
 
 // latencyWindow is the span Stats' latency quantiles cover: the last
@@ -182,7 +143,10 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	}
 	s.CallbackPanics, s.LastCallbackPanic = d.tell.panics.Load(), d.tell.lastPanic.Load()
 	if d.calls.labels != nil {
-		s.Labels = maps.Clone(d.calls.labels)
+		s.Labels = make(map[string]int, len(d.calls.labels))
+		for name, l := range d.calls.labels {
+			s.Labels[name] = l.n
+		}
 	}
 	for name, ten := range d.tenants.byName {
 		ts := ten.st

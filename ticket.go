@@ -46,8 +46,13 @@ type Ticket[K comparable, T any] struct {
 // ticketWatch is the part of a Ticket that only one with a deadline or a
 // context needs. It is allocated with the ticket (watchedTicket).
 type ticketWatch[K comparable, T any] struct {
-	w    waiter[K, T] // its node in the deadline index; w.deadline is 0 if none
-	stop func() bool  // unregisters the context.AfterFunc, if any
+	t        *Ticket[K, T]
+	deadline int64 // 0: none
+	// at and seq are its key in the deadline index of tickets: at is the
+	// deadline while it is indexed, 0 while not; seq breaks ties.
+	at   int64
+	seq  uint64
+	stop func() bool // unregisters the context.AfterFunc, if any
 }
 
 // watchedTicket is a Ticket with its ticketWatch, in one allocation.
@@ -66,7 +71,7 @@ func newTicket[K comparable, T any](d *Dispatcher[K, T], deadline int64, watch b
 	b := &watchedTicket[K, T]{}
 	t := &b.t
 	t.d, t.x = d, &b.x
-	b.x.w.t, b.x.w.deadline = t, deadline
+	b.x.t, b.x.deadline = t, deadline
 	return t
 }
 

@@ -17,28 +17,40 @@ import (
 type waiters[K comparable, T any] struct {
 	tickets int // live tickets
 	posts   int // fire-and-forget submissions without an outcome
-	// deadlines holds the waiters with a deadline, by deadline; the clock
-	// expires them. Each is also a time in the due list.
-	deadlines *btree.BTreeG[*waiter[K, T]]
-	dseq      uint64 // tie-break among equal deadlines
-	// sweeping defers removals from deadlines to the end of a sweep, which
-	// counts them in swept.
-	sweeping bool
-	swept    int
-	due      *due.List
-	lists    listPool[K, T]
-	outcomes stateCounts // per submission, by terminal state
+	// The waiters with a deadline, in two indexes by deadline: calls'
+	// posts aggregates (by posts.at, then arrival), and tickets (by at,
+	// then tseq). The clock expires them, the earliest of both first. Each
+	// is also a time in the due list.
+	postsDue   *btree.BTreeG[*call[K, T]]
+	ticketsDue *btree.BTreeG[*ticketWatch[K, T]]
+	tseq       uint64 // tie-break among tickets' equal deadlines
+	// sweeping defers removals from the deadline indexes to the end of a
+	// sweep, which counts them in swept, and the additions in sweepAdds.
+	sweeping     bool
+	sweptPosts   int
+	sweptTickets int
+	sweepAdds    int
+	due          *due.List
+	lists        listPool[K, T]
+	outcomes     stateCounts // per submission, by terminal state
 }
 
 func newWaiters[K comparable, T any](dl *due.List) waiters[K, T] {
-	return waiters[K, T]{deadlines: btree.NewG(btreeDegree, deadlineLess[K, T]), due: dl}
+	return waiters[K, T]{postsDue: btree.NewG(btreeDegree, postsDueLess[K, T]), ticketsDue: btree.NewG(btreeDegree, ticketDueLess[K, T]), due: dl}
 }
 
-func deadlineLess[K comparable, T any](a, b *waiter[K, T]) bool {
+func postsDueLess[K comparable, T any](a, b *call[K, T]) bool {
+	if a.posts.at != b.posts.at {
+		return a.posts.at < b.posts.at
+	}
+	return a.seq < b.seq
+}
+
+func ticketDueLess[K comparable, T any](a, b *ticketWatch[K, T]) bool {
 	if a.at != b.at {
 		return a.at < b.at
 	}
-	return a.dseq < b.dseq
+	return a.seq < b.seq
 }
 
 // lateness says whether a waiter whose deadline has passed still gets the
@@ -68,8 +80,8 @@ func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], pri
 		}
 		w.tickets++
 		t.state = tsLive
-		if deadline != 0 { // then t.x.w.deadline is deadline (newTicket)
-			w.addDeadline(&t.x.w, deadline)
+		if deadline != 0 { // then t.x.deadline is deadline (newTicket)
+			w.addTicketDue(t.x)
 		}
 	} else {
 		w.addPosts(c, 1, prio, now, deadline, deadline == 0)
@@ -96,12 +108,12 @@ func (w *waiters[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64
 	}
 	c.nPosts += n
 	switch {
-	case c.postsForever:
+	case c.is(fPostsForever):
 	case forever:
-		c.postsForever = true
-		w.removeDeadline(p)
+		c.mark(fPostsForever, true)
+		w.removePostsDue(c)
 	case p.at == 0:
-		w.addDeadline(p, p.deadline)
+		w.addPostsDue(c, p.deadline)
 	}
 }
 
@@ -110,18 +122,18 @@ func (w *waiters[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64
 // plain ticket rides c's share, which the call makes when shareMin-1
 // plain tickets are already waiting to be visited.
 func (w *waiters[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
-	if c.one == nil && c.more == nil && (c.share == nil || t.watched()) {
+	if c.one == nil && c.more == nil {
 		t.idx = -1
 		c.one = t
 		return
 	}
 	tl := w.listsOf(c)
 	if !t.watched() {
-		if c.share == nil && tl.plain >= shareMin-1 {
-			c.share = new(share[K, T])
+		if tl.share == nil && tl.plain >= shareMin-1 {
+			tl.share = new(share[K, T])
 		}
-		if c.share != nil {
-			t.share = c.share // before Submit returns t: see Ticket.share
+		if tl.share != nil {
+			t.share = tl.share // before Submit returns t: see Ticket.share
 			tl.addRider(t)
 			return
 		}
@@ -207,8 +219,8 @@ func (w *waiters[K, T]) absorb(c, n *call[K, T]) {
 		}
 		tl.addVisit(t)
 	})
-	if s := n.share; s != nil {
-		p := &c.share
+	if s := n.share(); s != nil {
+		p := &w.listsOf(c).share // c's, even if no ticket came with it
 		for *p != nil {
 			p = &(*p).next
 		}
@@ -216,12 +228,12 @@ func (w *waiters[K, T]) absorb(c, n *call[K, T]) {
 	}
 	c.nForever += n.nForever
 	if n.nPosts > 0 {
-		w.removeDeadline(&n.posts)
-		w.addPosts(c, n.nPosts, n.posts.prio, n.posts.enq, n.posts.deadline, n.postsForever)
+		w.removePostsDue(n)
+		w.addPosts(c, n.nPosts, n.posts.prio, n.posts.enq, n.posts.deadline, n.is(fPostsForever))
 	}
 	c.joined += n.joined
 	w.lists.keep(n)
-	n.share, n.nForever, n.nPosts = nil, 0, 0
+	n.nForever, n.nPosts = 0, 0
 }
 
 // settle gives ticket t the outcome st and takes it off its call c. The
@@ -275,7 +287,7 @@ func (w *waiters[K, T]) settleAll(c *call[K, T], st State, err error, now int64,
 	c.nForever = 0
 	if c.nPosts > 0 {
 		pst := st
-		if late == expireLate && !c.postsForever && c.posts.deadline <= now {
+		if late == expireLate && !c.is(fPostsForever) && c.posts.deadline <= now {
 			pst = StateExpired
 		} else {
 			oc.served = true
@@ -319,14 +331,16 @@ func (w *waiters[K, T]) visit(t *Ticket[K, T], c *call[K, T], oc *sharedOutcome[
 // first share's copy of it, or nil if c has no share.
 func (c *call[K, T]) tellShares(res Result[K, T], ob *outbox[K, T]) *Result[K, T] {
 	var first *Result[K, T]
-	for s := c.share; s != nil; s = s.next {
+	for s := c.share(); s != nil; s = s.next {
 		s.res, s.ended = res, true
 		ob.shares = append(ob.shares, s)
 		if first == nil {
 			first = &s.res
 		}
 	}
-	c.share = nil
+	if c.more != nil {
+		c.more.share = nil
+	}
 	return first
 }
 
@@ -336,8 +350,9 @@ func (c *call[K, T]) tellShares(res Result[K, T], ob *outbox[K, T]) *Result[K, T
 func (w *waiters[K, T]) settlePosts(c *call[K, T], st State) {
 	w.outcomes[st] += uint64(c.nPosts)
 	w.posts -= c.nPosts
-	c.nPosts, c.postsForever = 0, false
-	w.removeDeadline(&c.posts)
+	c.nPosts = 0
+	c.mark(fPostsForever, false)
+	w.removePostsDue(c)
 }
 
 // skip ends an accepted submission at once as Skipped: the merge function
@@ -355,69 +370,120 @@ func (w *waiters[K, T]) skip(key K, val T, t *Ticket[K, T], ob *outbox[K, T]) {
 
 // unindex takes ticket t out of the deadline index, if it is there.
 func (w *waiters[K, T]) unindex(t *Ticket[K, T]) {
-	if t.x != nil {
-		w.removeDeadline(&t.x.w)
+	if x := t.x; x != nil && x.at != 0 {
+		if w.sweeping {
+			w.sweptTickets++
+		} else {
+			w.ticketsDue.Delete(x)
+		}
+		x.at = 0
 	}
 }
 
-// addDeadline indexes wt at time at (> 0).
-func (w *waiters[K, T]) addDeadline(wt *waiter[K, T], at int64) {
-	w.dseq++
-	wt.at, wt.dseq = at, w.dseq
-	w.deadlines.ReplaceOrInsert(wt)
+// addTicketDue indexes x at its deadline (> 0).
+func (w *waiters[K, T]) addTicketDue(x *ticketWatch[K, T]) {
+	w.tseq++
+	x.at, x.seq = x.deadline, w.tseq
+	if w.sweeping {
+		w.sweepAdds++
+	}
+	w.ticketsDue.ReplaceOrInsert(x)
+	w.due.Set(due.Expire, x.at)
+}
+
+// addPostsDue indexes c's posts aggregate at time at (> 0).
+func (w *waiters[K, T]) addPostsDue(c *call[K, T], at int64) {
+	c.posts.at = at
+	if w.sweeping {
+		w.sweepAdds++
+	}
+	w.postsDue.ReplaceOrInsert(c)
 	w.due.Set(due.Expire, at)
 }
 
-// removeDeadline takes wt out of the deadline index if it is there.
-// During a sweep it only marks wt out.
-func (w *waiters[K, T]) removeDeadline(wt *waiter[K, T]) {
-	if wt.at == 0 {
+// removePostsDue takes c's posts aggregate out of the deadline index if it
+// is there. During a sweep it only marks it out.
+func (w *waiters[K, T]) removePostsDue(c *call[K, T]) {
+	if c.posts.at == 0 {
 		return
 	}
 	if w.sweeping {
-		w.swept++
+		w.sweptPosts++
 	} else {
-		w.deadlines.Delete(wt)
+		w.postsDue.Delete(c)
 	}
-	wt.at = 0
+	c.posts.at = 0
 }
 
-// sweep runs end, which takes waiters out of the deadline index, and then
-// takes them out in one step: end's removals only mark each waiter out,
-// and the index is then emptied at once if end marked every waiter it
+// sweep runs end, which takes waiters out of the deadline indexes, and
+// then takes them out in one step: end's removals only mark each waiter
+// out, and an index is then emptied at once if end marked every waiter it
 // holds, or else rebuilt from those it did not. Close ends every call at
-// once so: a million removals from the index cost seconds, a pointer
-// chase per comparison.
+// once so: a million removals from an index cost seconds, a pointer chase
+// per comparison.
 //
-// While end runs the index's order is broken (marked waiters' keys are
+// While end runs the indexes' order is broken (marked waiters' keys are
 // zeroed in place): end may add and remove deadlines, but must not read
-// the index (Min, popDeadline).
+// the indexes (nextDue, popDue).
 func (w *waiters[K, T]) sweep(end func()) {
-	w.sweeping, w.swept = true, 0
+	w.sweeping, w.sweptPosts, w.sweptTickets, w.sweepAdds = true, 0, 0, 0
 	end()
 	w.sweeping = false
-	if w.swept == w.deadlines.Len() {
-		w.deadlines.Clear(false)
-		return
+	w.postsDue = rebuilt(w.postsDue, w.sweptPosts, w.sweepAdds, postsDueLess[K, T], func(c *call[K, T]) bool { return c.posts.at != 0 })
+	w.ticketsDue = rebuilt(w.ticketsDue, w.sweptTickets, w.sweepAdds, ticketDueLess[K, T], func(x *ticketWatch[K, T]) bool { return x.at != 0 })
+}
+
+// rebuilt returns idx without its swept elements, those not kept: idx as
+// it is if none was swept, emptied if every element was and none added
+// (an element swept and added again may have replaced itself, leaving the
+// count of elements no guide), else a new index of the kept ones.
+func rebuilt[E any](idx *btree.BTreeG[E], swept, adds int, less btree.LessFunc[E], kept func(E) bool) *btree.BTreeG[E] {
+	switch {
+	case swept == 0:
+		return idx
+	case swept == idx.Len() && adds == 0:
+		idx.Clear(false)
+		return idx
 	}
-	left := btree.NewG(btreeDegree, deadlineLess[K, T])
-	w.deadlines.Ascend(func(wt *waiter[K, T]) bool { // walks every node, whatever their keys
-		if wt.at != 0 {
-			left.ReplaceOrInsert(wt)
+	left := btree.NewG(btreeDegree, less)
+	idx.Ascend(func(e E) bool { // walks every node, whatever their keys
+		if kept(e) {
+			left.ReplaceOrInsert(e)
 		}
 		return true
 	})
-	w.deadlines = left
+	return left
 }
 
-// popDeadline removes and returns the earliest waiter whose indexed time is
-// at or before now, or nil.
-func (w *waiters[K, T]) popDeadline(now int64) *waiter[K, T] {
-	wt, ok := w.deadlines.Min()
-	if !ok || wt.at > now {
-		return nil
+// nextDue returns the earliest time in the deadline indexes, if any.
+func (w *waiters[K, T]) nextDue() (int64, bool) {
+	c, okc := w.postsDue.Min()
+	x, okt := w.ticketsDue.Min()
+	switch {
+	case okc && (!okt || c.posts.at <= x.at):
+		return c.posts.at, true
+	case okt:
+		return x.at, true
 	}
-	w.deadlines.DeleteMin()
-	wt.at = 0
-	return wt
+	return 0, false
+}
+
+// popDue removes the earliest waiter in the deadline indexes if its
+// indexed time is at or before now, and returns it: a call's posts
+// aggregate (c), or a ticket (t). Both are nil if none is due. At equal
+// times the posts come first.
+func (w *waiters[K, T]) popDue(now int64) (c *call[K, T], t *Ticket[K, T]) {
+	pc, okc := w.postsDue.Min()
+	x, okt := w.ticketsDue.Min()
+	switch {
+	case okc && pc.posts.at <= now && (!okt || pc.posts.at <= x.at):
+		w.postsDue.DeleteMin()
+		pc.posts.at = 0
+		return pc, nil
+	case okt && x.at <= now:
+		w.ticketsDue.DeleteMin()
+		x.at = 0
+		return nil, x.t
+	}
+	return nil, nil
 }

@@ -126,9 +126,9 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	d.mu.Lock()
 	if rn.onWorker {
 		d.gate.running--
-		if c.low {
+		if c.is(fLow) {
 			d.gate.low--
-			c.low = false
+			c.mark(fLow, false)
 		}
 	} else {
 		d.owned.drop(rn.id)
@@ -146,12 +146,12 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
 	if rn.onWorker {
 		d.gate.running++
-		if c.low {
+		if c.is(fLow) {
 			d.gate.low++
 		}
 	} else {
-		c.low = false      // inline executions are their callers' own
-		d.owned.add(rn.id) // Close waits for this execution
+		c.mark(fLow, false) // inline executions are their callers' own
+		d.owned.add(rn.id)  // Close waits for this execution
 	}
 	// Each execution its own record, and context: never reused.
 	e := &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
@@ -159,7 +159,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		e.sofar = last.sofar
 	}
 	c.exec = e
-	if c.probe {
+	if c.is(fProbe) {
 		d.gate.breaker.StartProbe(rn.id)
 	}
 	l := c.lane
