@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -162,6 +164,41 @@ func testWorkerPathAllocs(t *testing.T) {
 	})
 	assert.Equal(t, 1.0, observed, "Post of a new key, and its execution, with an Observer: its context")
 	closeD(t, d)
+
+	// A labelled call costs nothing for its label, even when the
+	// dispatcher is idle between calls and the label has no live call
+	// left: it is kept for the next.
+	d = newD(t, exec, Config[int, int]{Workers: 1, Capacity: 10 * runs, Label: func(int, int) string { return "patch" }})
+	settle()
+	labelled := testing.AllocsPerRun(runs, func() {
+		_ = d.Post(k, 0, SubmitOptions{Priority: 3})
+		k++
+		<-ran
+		for d.Busy(k - 1) {
+			runtime.Gosched()
+		}
+	})
+	assert.Equal(t, 1.0, labelled, "Post of a new key, and its execution, with a label, one call at a time: its context")
+	closeD(t, d)
+}
+
+// TestIdleLabels: a label without a live call is kept for its next call,
+// and the labels kept so are forgotten once they outnumber both
+// maxIdleLabels and the live ones; Stats.Labels counts only live calls.
+func TestIdleLabels(t *testing.T) {
+	lc := liveCalls{labels: map[string]*liveLabel{}}
+	a := lc.add("a")
+	lc.remove(a)
+	require.Same(t, a, lc.add("a"), "an idle label is kept for its next call")
+	for i := range 10 * maxIdleLabels {
+		lc.remove(lc.add(strconv.Itoa(i)))
+		require.LessOrEqual(t, len(lc.labels), maxIdleLabels+2, "after %d labels", i+1)
+	}
+	require.Equal(t, map[string]int{"a": 1}, lc.counts())
+	require.Equal(t, 1, lc.n)
+	lc.remove(a)
+	require.Empty(t, lc.counts())
+	require.Zero(t, lc.n)
 }
 
 // TestTicketSize pins the sizes the Ticket documentation states: a

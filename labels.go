@@ -6,12 +6,20 @@ package dispatch
 type liveCalls struct {
 	n      int
 	labels map[string]*liveLabel // nil without Config.Label
+	// idle counts the labels in labels that no live call has. They are
+	// kept for their next call, so that a dispatcher whose calls come one
+	// at a time makes no liveLabel per call, and forgotten together once
+	// there are more than maxIdleLabels of them and than live ones.
+	idle int
 }
 
-// liveLabel is a label that live calls have, and how many. Each of them
-// holds it (call.label): one word for the label, and its count found
-// without a lookup when the call ends. Without Config.Label a call holds
-// nil, the label "".
+// maxIdleLabels is how many labels without a live call are always kept.
+const maxIdleLabels = 64
+
+// liveLabel is a label that live calls have, and how many (0 while it is
+// kept idle). Each of them holds it (call.label): one word for the label,
+// and its count found without a lookup when the call ends. Without
+// Config.Label a call holds nil, the label "".
 type liveLabel struct {
 	name string
 	n    int
@@ -52,9 +60,12 @@ func (lc *liveCalls) count(label string) *liveLabel {
 		return nil
 	}
 	l := lc.labels[label]
-	if l == nil {
+	switch {
+	case l == nil:
 		l = &liveLabel{name: label}
 		lc.labels[label] = l
+	case l.n == 0:
+		lc.idle--
 	}
 	l.n++
 	return l
@@ -64,7 +75,27 @@ func (lc *liveCalls) drop(l *liveLabel) {
 	if l == nil {
 		return
 	}
-	if l.n--; l.n == 0 {
-		delete(lc.labels, l.name)
+	if l.n--; l.n > 0 {
+		return
 	}
+	lc.idle++
+	if lc.idle > maxIdleLabels && lc.idle > len(lc.labels)-lc.idle {
+		for name, l := range lc.labels {
+			if l.n == 0 {
+				delete(lc.labels, name)
+			}
+		}
+		lc.idle = 0
+	}
+}
+
+// counts returns the number of live calls of each label that has any.
+func (lc *liveCalls) counts() map[string]int {
+	m := make(map[string]int, len(lc.labels)-lc.idle)
+	for name, l := range lc.labels {
+		if l.n > 0 {
+			m[name] = l.n
+		}
+	}
+	return m
 }

@@ -143,10 +143,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	}
 	s.CallbackPanics, s.LastCallbackPanic = d.tell.panics.Load(), d.tell.lastPanic.Load()
 	if d.calls.labels != nil {
-		s.Labels = make(map[string]int, len(d.calls.labels))
-		for name, l := range d.calls.labels {
-			s.Labels[name] = l.n
-		}
+		s.Labels = d.calls.counts()
 	}
 	for name, ten := range d.tenants.byName {
 		ts := ten.st
