@@ -86,7 +86,7 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 	if !s.ten.overQuota(freed) {
 		return nil, nil
 	}
-	order := d.q.orderOf(s.o.Priority, s.now)
+	order := d.q.of(s.o.Priority, s.now)
 	if v := worst(s.ten.victims, order, d.seq+1, l.pending); v != nil {
 		return v, nil
 	}
@@ -218,7 +218,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 	if !s.ten.overQuota(0) {
 		return nil, nil
 	}
-	order := d.q.orderOf(max(c.prio, s.o.Priority), min(c.enq, s.now))
+	order := d.q.of(max(c.prio, s.o.Priority), min(c.enq, s.now))
 	if v := worst(s.ten.victims, order, c.seq, c); v != nil {
 		return v, nil
 	}
@@ -282,7 +282,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 // worst droppable call of all if the dispatcher is at Capacity. It changes
 // nothing; err is the refusal if nothing can go.
 func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVictim *call[K, T], err error) {
-	order := d.q.orderOf(s.o.Priority, s.now)
+	order := d.q.of(s.o.Priority, s.now)
 	if s.ten.overQuota(0) {
 		if quotaVictim = worst(s.ten.victims, order, d.seq+1, nil); quotaVictim == nil {
 			return nil, nil, d.totals.refuse(BoundQuota, d.lanes.Len())

@@ -396,7 +396,7 @@ type postsWaiter struct {
 // orderKey is a call's place in the ready order: lower runs first. hi is
 // the call's priority band, complemented (^band = −band−1, no overflow) so
 // that a higher band sorts first; lo is its virtual time within the band,
-// enq − offset×aging (see orderOf), as an order-preserving unsigned number.
+// enq − offset×aging (see orderer.of), as an order-preserving unsigned number.
 // Both are exact for every int priority: nothing saturates, and within the
 // dispatcher's clock range (below 2⁶² ns, 146 years after New) and the
 // band's span (settings.band) nothing overflows.
@@ -445,7 +445,12 @@ type entry[K comparable, T any] struct {
 // finds the entry it holds again.
 type orderer struct{ band, aging int64 }
 
-// of is the order of a call of priority prio enqueued at enq.
+// of computes the ready order of a call with effective priority prio and
+// enqueue time enq: its band first, then, within the band, the virtual
+// time enq − offset×aging, so that a call gains one level per aging
+// interval it waits over the calls of its band and never passes a call of
+// a higher band. One static key orders calls of every age: nothing is
+// re-sorted as time passes.
 func (o orderer) of(prio int, enq int64) orderKey {
 	return orderKeyOf(enq, int64(prio), o.band, o.aging)
 }

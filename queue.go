@@ -61,14 +61,6 @@ func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
 	return a.seq < b.seq
 }
 
-// orderOf computes the ready order of a call with effective priority prio
-// and enqueue time enq: its band first, then, within the band, the virtual
-// time enq − offset×aging, so that a call gains one level per aging
-// interval it waits over the calls of its band and never passes a call of
-// a higher band. One static key orders calls of every age: nothing is
-// re-sorted as time passes.
-func (q *queue[K, T]) orderOf(prio int, enq int64) orderKey { return q.of(prio, enq) }
-
 // push makes c ready.
 func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unmarkVictim(c)

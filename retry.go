@@ -168,7 +168,7 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 	if !c.ten.overQuota(0) {
 		return true
 	}
-	v := worst(c.ten.victims, d.q.orderOf(c.prio, c.enq), c.seq, c.lane.pending)
+	v := worst(c.ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending)
 	if v == nil {
 		return false
 	}
