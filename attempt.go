@@ -30,9 +30,11 @@ type attempt[K comparable, T any] struct {
 }
 
 // execution is one execution of a call: its context, and what the call's
-// executions add up to so far. begin makes one for each, never reused
-// (user code may keep the context), and the call keeps its last one
-// between attempts. So a queued call that has not started holds none of
+// executions add up to so far. Each execution has a new one, never
+// reused (user code may keep the context): a worker allocates its next
+// before it takes the lock (runner.stock), so that the allocation is not
+// made under it, and begin takes it. The call keeps its last one between
+// attempts. So a queued call that has not started holds none of
 // it, and an execution makes one allocation, as its context alone would:
 // 88 bytes on a 64-bit platform, one allocation of 96
 // (TestExecutionSizeDoc).

@@ -71,7 +71,7 @@ func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
 				d.q.remove(c)
 				c.enter(csTaken)
 				c.mark(fProbe, probe)
-				d.runRelock(c, now, ob, rn)
+				d.runRelock(c, now, ob, &rn)
 				continue
 			}
 			if d.gate.breaker.State() == breaker.Open {

@@ -81,6 +81,13 @@ func (t *laneTable[K, T]) get(key K, h uint64) *lane[K, T] {
 	}
 }
 
+// line reads the slot where a lane of hash h sits or would sit, and
+// returns its stored hash: warm's load, made only to fetch the slot's
+// cache line.
+func (t *laneTable[K, T]) line(h uint64) uint64 {
+	return t.slots[h&uint64(len(t.slots)-1)].h
+}
+
 // lookup is get for a caller that has not hashed the key.
 func (t *laneTable[K, T]) lookup(key K) *lane[K, T] { return t.get(key, t.hash(key)) }
 

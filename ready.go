@@ -1,6 +1,10 @@
 package dispatch
 
-import "github.com/google/btree"
+import (
+	"unsafe"
+
+	"github.com/google/btree"
+)
 
 // This file is a tenant's ready index: its ready calls in ready order.
 //
@@ -76,6 +80,22 @@ const runChunk = 512
 func (f *fifoRun[K, T]) at(p int) **call[K, T] {
 	i := p - f.base
 	return &f.chunks[i/runChunk][i%runChunk]
+}
+
+// headLines reads a word from each cache line of the head of each of r's
+// runs (warm), and returns them combined. Only the run popped last has a
+// new head; the others' are in the cache already.
+func (r *readyIndex[K, T]) headLines() uint64 {
+	var w uint64
+	for _, f := range r.runs {
+		if f.live == 0 {
+			continue
+		}
+		if c := *f.at(f.head); c != nil {
+			w ^= uint64(c.enq) ^ c.lane.hash ^ uint64(c.pos) ^ uint64(uintptr(unsafe.Pointer(c.exec)))
+		}
+	}
+	return w
 }
 
 func newReadyIndex[K comparable, T any]() readyIndex[K, T] {

@@ -14,6 +14,7 @@ import (
 func (d *Dispatcher[K, T]) worker(id uint64) {
 	rn := runner{id: id, onWorker: true}
 	var ob outbox[K, T]
+	rn.stock()
 	d.mu.Lock()
 	// One clock reading serves an iteration: the end of the execution the
 	// worker just ran, or a new one after it waited or told outcomes.
@@ -38,7 +39,7 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 			continue
 		}
 		d.passOn()
-		now = d.runRelock(c, now, &ob, rn)
+		now = d.runRelock(c, now, &ob, &rn)
 	}
 	d.mu.Unlock()
 	d.tell.deliver(&ob)
@@ -63,6 +64,19 @@ func (d *Dispatcher[K, T]) passOn() {
 type runner struct {
 	id       uint64
 	onWorker bool
+	// spare is a worker's record for its next execution, allocated before
+	// it takes the lock (stock), so that the allocation is not made under
+	// it. It is new, never used: begin takes it, and nothing else holds it.
+	spare *execution
+}
+
+// stock allocates the worker's record for its next execution, unless it
+// has one; without the lock. Inline runners run one call and allocate in
+// begin.
+func (rn *runner) stock() {
+	if rn.onWorker && rn.spare == nil {
+		rn.spare = &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
+	}
 }
 
 // runRelock executes one attempt of c, which the caller has taken from the
@@ -76,7 +90,7 @@ type runner struct {
 // c's; during c's attempt, the attempt ends Failed with a *PanicError.
 //
 // It returns the clock reading its attempt ended at.
-func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn runner) int64 {
+func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {
 	a := d.begin(c, now, rn)
 	d.mu.Unlock()
 	ended := false
@@ -115,15 +129,17 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 // The call's context is cancelled (cause ErrAttemptEnded, unless the call
 // ended before) before AttemptTimeout's is stopped, so that a context exec
 // derived or kept reports the same cause.
-func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn runner) int64 {
+func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob *outbox[K, T], rn *runner) int64 {
 	a.callCtx.Cancel(ErrAttemptEnded, false)
 	if a.stop != nil {
 		a.stop()
 	}
 	if rn.onWorker {
 		ob.stock() // outside the lock: the Result its call's tickets read
+		rn.stock()
 	}
 	d.mu.Lock()
+	d.warm(c.lane)
 	if rn.onWorker {
 		d.gate.running--
 		if c.is(fLow) {
@@ -141,9 +157,24 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	return a.end
 }
 
+// warm loads the memory the rest of a worker's critical section waits
+// for, at once, so that the processor fetches it together rather than one
+// cache miss after another: the key table's slot of l, which the end of
+// its call releases, and the call the worker takes next (its run's head),
+// which it reads in four places. In a long backlog both are cold, and the
+// lock is held across each miss. What it reads is kept in d.warmed, so
+// that the compiler keeps the loads.
+func (d *Dispatcher[K, T]) warm(l *lane[K, T]) {
+	w := d.lanes.line(l.hash)
+	if len(d.q.active) > 0 {
+		w ^= d.q.active[0].ready.headLines()
+	}
+	d.warmed = w
+}
+
 // begin marks c running, counts its execution, and returns its attempt
 // (newAttempt).
-func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K, T] {
+func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K, T] {
 	if rn.onWorker {
 		d.gate.running++
 		if c.is(fLow) {
@@ -154,7 +185,12 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn runner) attempt[K,
 		d.owned.add(rn.id)  // Close waits for this execution
 	}
 	// Each execution its own record, and context: never reused.
-	e := &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
+	e := rn.spare
+	if e == nil {
+		e = &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
+	} else {
+		rn.spare = nil
+	}
 	if last := c.exec; last != nil {
 		e.sofar = last.sofar
 	}
