@@ -139,7 +139,7 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 		rn.stock()
 	}
 	d.mu.Lock()
-	d.warm(c.lane)
+	d.warmed = warm(&d.lanes, &d.q, c.lane)
 	if rn.onWorker {
 		d.gate.running--
 		if c.is(fLow) {
@@ -162,14 +162,14 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 // cache miss after another: the key table's slot of l, which the end of
 // its call releases, and the call the worker takes next (its run's head),
 // which it reads in four places. In a long backlog both are cold, and the
-// lock is held across each miss. What it reads is kept in d.warmed, so
-// that the compiler keeps the loads.
-func (d *Dispatcher[K, T]) warm(l *lane[K, T]) {
-	w := d.lanes.line(l.hash)
-	if len(d.q.active) > 0 {
-		w ^= d.q.active[0].ready.headLines()
+// lock is held across each miss. It returns what it read, which the
+// caller keeps (Dispatcher.warmed), so that the compiler keeps the loads.
+func warm[K comparable, T any](t *laneTable[K, T], q *queue[K, T], l *lane[K, T]) uint64 {
+	w := t.line(l.hash)
+	if len(q.active) > 0 {
+		w ^= q.active[0].ready.headLines()
 	}
-	d.warmed = w
+	return w
 }
 
 // begin marks c running, counts its execution, and returns its attempt
