@@ -61,7 +61,7 @@ type Dispatcher[K comparable, T any] struct {
 	running int   // calls in flight, on workers or inline
 	calls   liveCalls
 	gate    startGate // may the next execution start (start.go)
-	warmed  uint64    // what warm read, kept so that its loads are
+	warmed  uint64    // what warm read last: kept, so that the compiler keeps its loads
 
 	started bool
 	drain   drain // Close's: admission stopped, nothing left
