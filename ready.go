@@ -1,10 +1,6 @@
 package dispatch
 
-import (
-	"unsafe"
-
-	"github.com/google/btree"
-)
+import "github.com/google/btree"
 
 // This file is a tenant's ready index: its ready calls in ready order.
 //
@@ -92,7 +88,10 @@ func (r *readyIndex[K, T]) headLines() uint64 {
 			continue
 		}
 		if c := *f.at(f.head); c != nil {
-			w ^= uint64(c.enq) ^ c.lane.hash ^ uint64(c.pos) ^ uint64(uintptr(unsafe.Pointer(c.exec)))
+			w ^= uint64(c.enq) ^ c.lane.hash ^ uint64(c.pos)
+			if c.exec != nil {
+				w++
+			}
 		}
 	}
 	return w

@@ -455,14 +455,28 @@ func rebuilt[E any](idx *btree.BTreeG[E], swept, adds int, less btree.LessFunc[E
 	return left
 }
 
+// earliest returns the earliest waiter in the deadline indexes: a call's
+// posts aggregate (c) or a ticket's watch (x), the other nil; both nil if
+// the indexes are empty. At equal times the posts come first.
+func (w *waiters[K, T]) earliest() (c *call[K, T], x *ticketWatch[K, T]) {
+	pc, okc := w.postsDue.Min()
+	tx, okt := w.ticketsDue.Min()
+	switch {
+	case okc && (!okt || pc.posts.at <= tx.at):
+		return pc, nil
+	case okt:
+		return nil, tx
+	}
+	return nil, nil
+}
+
 // nextDue returns the earliest time in the deadline indexes, if any.
 func (w *waiters[K, T]) nextDue() (int64, bool) {
-	c, okc := w.postsDue.Min()
-	x, okt := w.ticketsDue.Min()
+	c, x := w.earliest()
 	switch {
-	case okc && (!okt || c.posts.at <= x.at):
+	case c != nil:
 		return c.posts.at, true
-	case okt:
+	case x != nil:
 		return x.at, true
 	}
 	return 0, false
@@ -470,17 +484,15 @@ func (w *waiters[K, T]) nextDue() (int64, bool) {
 
 // popDue removes the earliest waiter in the deadline indexes if its
 // indexed time is at or before now, and returns it: a call's posts
-// aggregate (c), or a ticket (t). Both are nil if none is due. At equal
-// times the posts come first.
+// aggregate (c), or a ticket (t). Both are nil if none is due.
 func (w *waiters[K, T]) popDue(now int64) (c *call[K, T], t *Ticket[K, T]) {
-	pc, okc := w.postsDue.Min()
-	x, okt := w.ticketsDue.Min()
+	c, x := w.earliest()
 	switch {
-	case okc && pc.posts.at <= now && (!okt || pc.posts.at <= x.at):
+	case c != nil && c.posts.at <= now:
 		w.postsDue.DeleteMin()
-		pc.posts.at = 0
-		return pc, nil
-	case okt && x.at <= now:
+		c.posts.at = 0
+		return c, nil
+	case x != nil && x.at <= now:
 		w.ticketsDue.DeleteMin()
 		x.at = 0
 		return nil, x.t

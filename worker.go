@@ -70,11 +70,11 @@ type runner struct {
 	spare *execution
 }
 
-// stock allocates the worker's record for its next execution, unless it
-// has one; without the lock. Inline runners run one call and allocate in
-// begin.
+// stock allocates a worker's record for its next execution, unless it
+// has one; without the lock. Only workers stock: an inline runner runs one
+// call, and begin allocates its record.
 func (rn *runner) stock() {
-	if rn.onWorker && rn.spare == nil {
+	if rn.spare == nil {
 		rn.spare = &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
 	}
 }
