@@ -99,7 +99,7 @@ func (t *laneTable[K, T]) add(key K, h uint64, gen uint64) *lane[K, T] {
 	if (t.n+1)*4 > len(t.slots)*3 {
 		t.grow()
 	}
-	t.insert(l)
+	t.insert(laneSlot[K, T]{h, l})
 	t.n++
 	return l
 }
@@ -119,22 +119,26 @@ func (t *laneTable[K, T]) release(l *lane[K, T]) bool {
 	return true
 }
 
-// insert puts l in its slot: the first free one from its key's home slot.
-func (t *laneTable[K, T]) insert(l *lane[K, T]) {
+// insert puts s in its slot: the first free one from its home slot.
+func (t *laneTable[K, T]) insert(s laneSlot[K, T]) {
 	mask := uint64(len(t.slots) - 1)
-	i := l.hash & mask
+	i := s.h & mask
 	for t.slots[i].l != nil {
 		i = (i + 1) & mask
 	}
-	t.slots[i] = laneSlot[K, T]{l.hash, l}
+	t.slots[i] = s
 }
 
+// grow doubles the table. It moves slots, and reads only slots: a lane is
+// not touched, so that a table of cold lanes grows without a cache miss per
+// lane. With the mask one bit wider, the slots of an old home i go to i or
+// i+len(old), so the writes follow the reads in two runs.
 func (t *laneTable[K, T]) grow() {
 	old := t.slots
 	t.slots = make([]laneSlot[K, T], 2*len(old))
 	for _, s := range old {
 		if s.l != nil {
-			t.insert(s.l)
+			t.insert(s)
 		}
 	}
 }
