@@ -93,6 +93,25 @@ type parked struct {
 // priorities from prios, and room for extra more keys.
 func newParked(b *testing.B, queued, extra int, prios []int, cfg Config[int, int]) *parked {
 	b.Helper()
+	p := startParked(b, queued+extra+1, cfg)
+	d := p.d
+	for i := range queued {
+		if err := d.Post(i, i, SubmitOptions{Priority: prios[i%len(prios)]}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p.next = queued
+	if st := d.Stats(); st.Ready != queued || st.Keys != queued+1 {
+		b.Fatalf("backlog: ready=%d keys=%d, want %d and %d", st.Ready, st.Keys, queued, queued+1)
+	}
+	settle()
+	return p
+}
+
+// startParked starts a parked dispatcher with room for capacity calls,
+// its one worker parked in key -1's call, and nothing else queued.
+func startParked(b *testing.B, capacity int, cfg Config[int, int]) *parked {
+	b.Helper()
 	p := &parked{release: make(chan struct{})}
 	exec := func(ctx context.Context, _, _ int) error {
 		select {
@@ -101,7 +120,7 @@ func newParked(b *testing.B, queued, extra int, prios []int, cfg Config[int, int
 		}
 		return nil
 	}
-	cfg.Workers, cfg.Capacity = 1, queued+extra+1
+	cfg.Workers, cfg.Capacity = 1, capacity
 	d, err := New(exec, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -114,16 +133,6 @@ func newParked(b *testing.B, queued, extra int, prios []int, cfg Config[int, int
 	for d.Stats().InFlight != 1 {
 		time.Sleep(100 * time.Microsecond)
 	}
-	for i := range queued {
-		if err := d.Post(i, i, SubmitOptions{Priority: prios[i%len(prios)]}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	p.next = queued
-	if st := d.Stats(); st.Ready != queued || st.Keys != queued+1 {
-		b.Fatalf("backlog: ready=%d keys=%d, want %d and %d", st.Ready, st.Keys, queued, queued+1)
-	}
-	settle()
 	return p
 }
 
@@ -247,8 +256,9 @@ func benchSubmit(b *testing.B, queued, levels int) {
 // call's own priority: the path that must cost neither an allocation nor
 // index work. queued=1 is one object updated over and over; with 100000
 // pending keys every post is a cache miss on the key's slot. key=new adds a
-// new key to a backlog of 1000. impl=naiveheap is the naive baseline on the
-// same paths.
+// new key to a backlog of 1000, and key=new/fill=100000 100 000 new keys
+// to a fresh dispatcher, over and over. impl=naiveheap is the naive
+// baseline on the paths with a backlog, impl=map on the fill.
 func BenchmarkPost(b *testing.B) {
 	{
 		const queued = 1000
@@ -277,6 +287,48 @@ func BenchmarkPost(b *testing.B) {
 					q.remove(queued + k)
 				}
 			})
+		})
+	}
+
+	// A burst into an empty dispatcher, as a controller's first list of
+	// every object: each op is one new key, and each run of fill keys
+	// starts from a fresh dispatcher, so the key table grows as the keys
+	// arrive. impl=map is the same with a mutex, a Go map and a FIFO slice,
+	// the shape of client-go's workqueue.
+	{
+		const fill = 100_000
+		prios := benchPrios(fill, 10)
+		b.Run("impl=dispatch/key=new/fill=100000", func(b *testing.B) {
+			b.ReportAllocs()
+			var p *parked
+			i := 0
+			for b.Loop() {
+				if i%fill == 0 {
+					b.StopTimer()
+					if p != nil {
+						p.close(b)
+					}
+					p = startParked(b, fill+1, Config[int, int]{})
+					b.StartTimer()
+				}
+				if err := p.d.Post(i%fill, i, SubmitOptions{Priority: prios[i%fill]}); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			p.close(b)
+		})
+		b.Run("impl=map/key=new/fill=100000", func(b *testing.B) {
+			b.ReportAllocs()
+			var q *mapFIFO
+			i := 0
+			for b.Loop() {
+				if i%fill == 0 {
+					q = &mapFIFO{set: map[int]struct{}{}}
+				}
+				q.add(i % fill)
+				i++
+			}
 		})
 	}
 
@@ -311,6 +363,23 @@ func BenchmarkPost(b *testing.B) {
 			}
 		})
 	}
+}
+
+// mapFIFO is a mutex, a set and a FIFO slice: what client-go's workqueue
+// does to add a key, for BenchmarkPost's fill.
+type mapFIFO struct {
+	mu    sync.Mutex
+	set   map[int]struct{}
+	queue []int
+}
+
+func (q *mapFIFO) add(k int) {
+	q.mu.Lock()
+	if _, ok := q.set[k]; !ok {
+		q.set[k] = struct{}{}
+		q.queue = append(q.queue, k)
+	}
+	q.mu.Unlock()
 }
 
 // BenchmarkSubmitCoalesce measures Submit onto a key whose call is already

@@ -227,6 +227,8 @@ func RunWorkers(r *Run, q Queue, shutdown func()) (drain func()) {
 // add, or per run:
 //
 //	ns/add          wall time from the first add until drained, per add
+//	produce-ns/add  wall time from the first add until the producers are
+//	                done, per add: in a gated workload, the adds alone
 //	allocs/add      heap allocations in that time (every goroutine), per add
 //	execs/add       executions per add: below 1 when adds were coalesced
 //	                or deduplicated
@@ -269,13 +271,15 @@ func EndToEnd(b *testing.B, impls ...E2EImpl) {
 // runMetrics sums the runs of one sub-benchmark.
 type runMetrics struct {
 	runs                int
-	ns, allocs, execs   float64
+	ns, produceNs       float64
+	allocs, execs       float64
 	early, p50us, p99us float64
 }
 
 type runResult struct {
 	adds         int
 	elapsed      time.Duration
+	produced     time.Duration // until the producers were done
 	mallocs      uint64
 	execs, early int64
 	p50us, p99us float64
@@ -285,6 +289,7 @@ func (m *runMetrics) add(r runResult) {
 	adds := float64(r.adds)
 	m.runs++
 	m.ns += float64(r.elapsed.Nanoseconds()) / adds
+	m.produceNs += float64(r.produced.Nanoseconds()) / adds
 	m.allocs += float64(r.mallocs) / adds
 	m.execs += float64(r.execs) / adds
 	m.early += float64(r.early) / float64(max(r.execs, 1))
@@ -296,6 +301,7 @@ func (m *runMetrics) report(b *testing.B, paced bool) {
 	n := float64(m.runs)
 	b.ReportMetric(0, "ns/op") // a run's wall time says little; ns/add does
 	b.ReportMetric(m.ns/n, "ns/add")
+	b.ReportMetric(m.produceNs/n, "produce-ns/add")
 	b.ReportMetric(m.allocs/n, "allocs/add")
 	b.ReportMetric(m.execs/n, "execs/add")
 	b.ReportMetric(m.early/n, "started-early")
@@ -328,6 +334,7 @@ func runWith(s *Run, newImpl func(*Run) E2E) runResult {
 	s.epoch = time.Now()
 	s.producing.Store(true)
 	produce(s, q)
+	produced := time.Since(s.epoch)
 	s.producing.Store(false)
 	if s.gate != nil {
 		close(s.gate)
@@ -335,7 +342,7 @@ func runWith(s *Run, newImpl func(*Run) E2E) runResult {
 	q.Drain()
 	elapsed := time.Since(s.epoch)
 	runtime.ReadMemStats(&after)
-	r := runResult{adds: n, elapsed: elapsed, mallocs: after.Mallocs - before.Mallocs,
+	r := runResult{adds: n, elapsed: elapsed, produced: produced, mallocs: after.Mallocs - before.Mallocs,
 		execs: s.execs.Load(), early: s.early.Load()}
 	if w.paced {
 		lat := make([]float64, n)
