@@ -176,6 +176,7 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 	}
 	t, deadline := d.ticketFor(ctx, &o)
 	h := d.lanes.hash(key) // outside the lock, as is the clock
+	d.lanes.prefetch(h)
 	now := d.clk.now()
 	var ob outbox[K, T]
 	d.mu.Lock()
@@ -253,6 +254,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.clk.at(o.Deadline)
 	label := d.cfg.labelOf(key, call, &d.tell)
 	h := d.lanes.hash(key) // outside the lock
+	d.lanes.prefetch(h)
 	// The clock too, when admission will need it: for a deadline, and
 	// when recent Posts needed it (clockGuess). Otherwise now stays 0 and
 	// admit reads the clock only if it needs it; a Post that coalesces

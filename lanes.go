@@ -3,6 +3,10 @@ package dispatch
 import (
 	"hash/maphash"
 	"iter"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/coalescer/dispatch/internal/prefetch"
 )
 
 // laneTable maps keys to their lanes. It is a hash table of its own, not a
@@ -18,6 +22,17 @@ type laneTable[K comparable, T any] struct {
 	slots []laneSlot[K, T] // a power of two of them
 	n     int
 	pool  lanePool[K, T] // released lanes, for the next keys
+	// view is where slots is, for prefetch, which reads it without the
+	// lock; set when the table grows (a table too small to have grown is
+	// in the caches anyway).
+	view atomic.Pointer[slotsView]
+}
+
+// slotsView is the address of a table's first slot and its mask, read
+// together without the lock.
+type slotsView struct {
+	base uintptr
+	mask uint64
 }
 
 // laneSlot is one slot: a lane and its key's hash, kept here too so that a
@@ -88,6 +103,20 @@ func (t *laneTable[K, T]) line(h uint64) uint64 {
 	return t.slots[h&uint64(len(t.slots)-1)].h
 }
 
+// prefetch asks the processor for the slot where a key of hash h sits or
+// would go, without the lock: a submitter asks before it takes the lock,
+// so that the slot's miss overlaps what it does before admission instead
+// of being taken with the lock held. The table may have grown since view
+// was read; then the hint names a slot of the old table, and only the
+// hint is lost. (A worker asking for the slot of the key it releases made
+// the workers quicker to take hot keys, so they coalesced less and ran
+// more: BENCHMARKS.md, "Scale".)
+func (t *laneTable[K, T]) prefetch(h uint64) {
+	if v := t.view.Load(); v != nil {
+		prefetch.Line(v.base + uintptr(h&v.mask)*unsafe.Sizeof(laneSlot[K, T]{}))
+	}
+}
+
 // lookup is get for a caller that has not hashed the key.
 func (t *laneTable[K, T]) lookup(key K) *lane[K, T] { return t.get(key, t.hash(key)) }
 
@@ -141,6 +170,7 @@ func (t *laneTable[K, T]) grow() {
 			t.insert(s)
 		}
 	}
+	t.view.Store(&slotsView{uintptr(unsafe.Pointer(&t.slots[0])), uint64(len(t.slots) - 1)})
 }
 
 // del removes l and reports whether the table held it. The entries after

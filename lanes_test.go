@@ -3,6 +3,7 @@ package dispatch
 import (
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -42,5 +43,36 @@ func TestLaneTable(t *testing.T) {
 			n++
 		}
 		require.Equal(t, len(ref), n)
+	}
+}
+
+// TestLaneTablePrefetchView checks what prefetch reads without the lock:
+// nothing before the table first grows, then the current slots' address
+// and mask after each growth. A hint from a view the table has outgrown
+// is harmless.
+func TestLaneTablePrefetchView(t *testing.T) {
+	tab := newLaneTable[int, int]()
+	require.Nil(t, tab.view.Load())
+	tab.prefetch(tab.hash(1)) // no view yet: nothing asked
+	var old *slotsView
+	for k := range 5_000 {
+		h := tab.hash(k)
+		tab.prefetch(h)
+		tab.add(k, h, 0)
+		if v := tab.view.Load(); v != nil {
+			require.Equal(t, uintptr(unsafe.Pointer(&tab.slots[0])), v.base)
+			require.Equal(t, uint64(len(tab.slots)-1), v.mask)
+			if old != nil && old != v {
+				// The view a submitter read before a growth: a hint into
+				// the old slots, which changes nothing.
+				tab.view.Store(old)
+				tab.prefetch(h)
+				tab.view.Store(v)
+			}
+			old = v
+		}
+	}
+	for k := range 5_000 {
+		require.NotNil(t, tab.get(k, tab.hash(k)))
 	}
 }

@@ -1,0 +1,7 @@
+//go:build !amd64 && !arm64
+
+package prefetch
+
+// Line asks the processor to bring the cache line holding addr into its
+// caches; on this architecture it does nothing.
+func Line(addr uintptr) {}
