@@ -4,6 +4,4 @@ package prefetch
 
 // Line asks the processor to bring the cache line holding addr into its
 // caches.
-//
-//go:noescape
 func Line(addr uintptr)
