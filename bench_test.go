@@ -299,36 +299,22 @@ func BenchmarkPost(b *testing.B) {
 		const fill = 100_000
 		prios := benchPrios(fill, 10)
 		b.Run("impl=dispatch/key=new/fill=100000", func(b *testing.B) {
-			b.ReportAllocs()
 			var p *parked
-			i := 0
-			for b.Loop() {
-				if i%fill == 0 {
-					b.StopTimer()
-					if p != nil {
-						p.close(b)
-					}
-					p = startParked(b, fill+1, Config[int, int]{})
-					b.StartTimer()
+			loopFills(b, fill, func() {
+				if p != nil {
+					p.close(b)
 				}
+				p = startParked(b, fill+1, Config[int, int]{})
+			}, func(i int) {
 				if err := p.d.Post(i%fill, i, SubmitOptions{Priority: prios[i%fill]}); err != nil {
 					b.Fatal(err)
 				}
-				i++
-			}
+			})
 			p.close(b)
 		})
 		b.Run("impl=map/key=new/fill=100000", func(b *testing.B) {
-			b.ReportAllocs()
 			var q *mapFIFO
-			i := 0
-			for b.Loop() {
-				if i%fill == 0 {
-					q = &mapFIFO{set: map[int]struct{}{}}
-				}
-				q.add(i % fill)
-				i++
-			}
+			loopFills(b, fill, func() { q = &mapFIFO{set: map[int]struct{}{}} }, func(i int) { q.add(i % fill) })
 		})
 	}
 
@@ -362,6 +348,20 @@ func BenchmarkPost(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// loopFills runs op(i) for each iteration of b.Loop, and fresh, untimed,
+// before every run of fill of them: each run fills a fresh structure.
+func loopFills(b *testing.B, fill int, fresh func(), op func(i int)) {
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%fill == 0 {
+			b.StopTimer()
+			fresh()
+			b.StartTimer()
+		}
+		op(i)
 	}
 }
 
