@@ -70,9 +70,9 @@ type runner struct {
 	spare *execution
 }
 
-// stock allocates a worker's record for its next execution, unless it
-// has one; without the lock. Only workers stock: an inline runner runs one
-// call, and begin allocates its record.
+// stock allocates the runner's record for its next execution, unless it
+// has one. A worker stocks before it takes the lock; an inline runner runs
+// one call, and begin stocks for it.
 func (rn *runner) stock() {
 	if rn.spare == nil {
 		rn.spare = &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
@@ -185,12 +185,9 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		d.owned.add(rn.id)  // Close waits for this execution
 	}
 	// Each execution its own record, and context: never reused.
+	rn.stock() // a worker's is ready: only an inline runner allocates here
 	e := rn.spare
-	if e == nil {
-		e = &execution{runner: rn.id, sofar: sofar{firstStart: -1}}
-	} else {
-		rn.spare = nil
-	}
+	rn.spare = nil
 	if last := c.exec; last != nil {
 		e.sofar = last.sofar
 	}
