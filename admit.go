@@ -316,7 +316,7 @@ func (d *Dispatcher[K, T]) admitTime(l *lane[K, T], t *Ticket[K, T], o *SubmitOp
 	var standIn int64 // 0: the clock is needed (no time on the clock is 0)
 	if deadline == 0 && l != nil && o.Generation == l.gen {
 		if c := l.pending; c != nil && c.nPosts > 0 {
-			standIn = c.posts.enq
+			_, standIn = c.postsOrder()
 		}
 	}
 	if deadline == 0 {

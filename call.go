@@ -176,7 +176,6 @@ type call[K comparable, T any] struct {
 	joined   int         // submissions served, for Result.Waiters
 	posts    postsWaiter // every fire-and-forget submission, as one waiter
 
-	rev   uint64 // bumped by every merge and Amend, so Amend can tell the value changed
 	ten   *tenant[K, T]
 	label *liveLabel // Config.Label's label (String), for the observer and Stats.Labels
 	// pos is where it waits, by its state: while csReady in a FIFO run,
@@ -184,18 +183,17 @@ type call[K comparable, T any] struct {
 	// may not run (notBefore), its key in the delay index. No call is in
 	// both, so one word serves both.
 	pos int64
-	// The live tickets: the first in one, or all of them in more once a
-	// second joins (a lone ticket needs no lists, nor a share).
-	one  *Ticket[K, T]
-	more *ticketLists[K, T]
+	// one is its lone live ticket. Once a second joins, all of them wait
+	// in ticket lists instead (lists): a lone ticket needs no lists, nor a
+	// share.
+	one *Ticket[K, T]
 
 	// exec is its running or last execution, nil before the first: what
 	// only a call that has started needs lives there (execution).
 	exec *execution
-	// rare holds what few calls have: an idempotency key, and the last
-	// error of a call waiting to be retried. It is made on first use and
-	// dropped with the call, so a call without them is two words smaller.
-	rare *callRare
+	// rare holds what few calls have (callRare). It is made on first use
+	// and dropped with the call.
+	rare *callRare[K, T]
 }
 
 // notBefore is the time before which c, delayed, may not run (call.pos).
@@ -217,6 +215,9 @@ const (
 	// let it start to learn whether the server sped up (internal/startcheck).
 	fCheckProbe
 	fLow // running on a worker below the reservation's priority
+	// fPostsApart is set while the priority and enqueue time of the posts
+	// aggregate are kept in rare, apart from the call's own (postsOrder).
+	fPostsApart
 )
 
 // is reports whether c has flag f.
@@ -231,10 +232,62 @@ func (c *call[K, T]) mark(f callFlags, on bool) {
 	}
 }
 
-// callRare is the part of a call that few calls need (call.rare).
-type callRare struct {
+// callRare is the part of a call that few calls need (call.rare): a call
+// that needs none of it — one that only posts, or only one ticket waits
+// on — is seven words smaller than it would be with these fields inline,
+// and a call that needs one of them pays one allocation for them all.
+type callRare[K comparable, T any] struct {
 	idem    string
 	lastErr error // set while the call waits to be retried
+	// lists holds the live tickets once a second one joins (call.one).
+	lists *ticketLists[K, T]
+	// postsPrio and postsEnq are the posts aggregate's priority and
+	// enqueue time while fPostsApart is set: while the posts wait alone,
+	// the call's own priority and enqueue time are theirs.
+	postsPrio int
+	postsEnq  int64
+	// amends counts the Amends that rewrote the call, so that one can tell
+	// whether another rewrote it while its no-op test ran (amendMark).
+	amends uint64
+}
+
+// rareOf returns c's rare part, making it on first use.
+func (c *call[K, T]) rareOf() *callRare[K, T] {
+	if c.rare == nil {
+		c.rare = new(callRare[K, T])
+	}
+	return c.rare
+}
+
+// lists returns c's ticket lists, or nil while it has at most one ticket.
+func (c *call[K, T]) lists() *ticketLists[K, T] {
+	if c.rare == nil {
+		return nil
+	}
+	return c.rare.lists
+}
+
+// postsOrder returns the priority and enqueue time of c's posts aggregate
+// (meaningful while c.nPosts > 0). While the posts are c's only waiters
+// they are c's own priority and enqueue time, so the aggregate keeps no
+// copy; once a ticket joins them they are kept apart (separatePosts).
+func (c *call[K, T]) postsOrder() (int, int64) {
+	if c.is(fPostsApart) {
+		return c.rare.postsPrio, c.rare.postsEnq
+	}
+	return c.prio, c.enq
+}
+
+// separatePosts keeps the posts aggregate's priority and enqueue time apart
+// from c's own, before a ticket joins posts that waited alone: from then on
+// a waiter's arrival or departure moves c's own, and the aggregate's must
+// stay as they were.
+func (c *call[K, T]) separatePosts() {
+	if c.nPosts > 0 && !c.is(fPostsApart) {
+		r := c.rareOf()
+		r.postsPrio, r.postsEnq = c.prio, c.enq
+		c.mark(fPostsApart, true)
+	}
 }
 
 // idem returns c's idempotency key, or "".
@@ -247,11 +300,8 @@ func (c *call[K, T]) idem() string {
 
 // setIdem sets c's idempotency key; an empty one makes nothing.
 func (c *call[K, T]) setIdem(idem string) {
-	switch {
-	case c.rare != nil:
-		c.rare.idem = idem
-	case idem != "":
-		c.rare = &callRare{idem: idem}
+	if c.rare != nil || idem != "" {
+		c.rareOf().idem = idem
 	}
 }
 
@@ -266,11 +316,8 @@ func (c *call[K, T]) lastErr() error {
 
 // setLastErr sets the error lastErr returns; nil makes nothing.
 func (c *call[K, T]) setLastErr(err error) {
-	switch {
-	case c.rare != nil:
-		c.rare.lastErr = err
-	case err != nil:
-		c.rare = &callRare{lastErr: err}
+	if c.rare != nil || err != nil {
+		c.rareOf().lastErr = err
 	}
 }
 
@@ -293,7 +340,7 @@ func (c *call[K, T]) tickets() int {
 	if c.one != nil {
 		n = 1
 	}
-	if tl := c.more; tl != nil {
+	if tl := c.lists(); tl != nil {
 		n += len(tl.visit) + len(tl.riders)
 	}
 	return n
@@ -304,7 +351,7 @@ func (c *call[K, T]) eachTicket(f func(*Ticket[K, T])) {
 	if c.one != nil {
 		f(c.one)
 	}
-	if tl := c.more; tl != nil {
+	if tl := c.lists(); tl != nil {
 		for _, t := range tl.visit {
 			f(t)
 		}
@@ -373,18 +420,17 @@ type ticketLists[K comparable, T any] struct {
 
 // share returns c's share, or nil.
 func (c *call[K, T]) share() *share[K, T] {
-	if c.more == nil {
-		return nil
+	if tl := c.lists(); tl != nil {
+		return tl.share
 	}
-	return c.more.share
+	return nil
 }
 
 // postsWaiter is the aggregate of a call's fire-and-forget submissions,
 // which wait as one waiter: the highest priority, earliest enqueue time
 // and latest deadline among them.
 type postsWaiter struct {
-	prio     int
-	enq      int64
+	// Its priority and enqueue time are the call's, or apart (postsOrder).
 	deadline int64 // 0: none
 	// at is its call's key in the deadline index of posts (0: not
 	// indexed). It may lag behind a deadline that later submissions

@@ -32,20 +32,19 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 	d.tenants.forgetIdle(old)
 }
 
-// callValue is what a merge changes in a call: its value, the value's
-// revision, its idempotency key.
+// callValue is what a merge changes in a call: its value and its
+// idempotency key.
 type callValue[T any] struct {
 	val  T
-	rev  uint64
 	idem string
 }
 
 // value returns c's value, to restore it with setValue.
-func (c *call[K, T]) value() callValue[T] { return callValue[T]{c.val, c.rev, c.idem()} }
+func (c *call[K, T]) value() callValue[T] { return callValue[T]{c.val, c.idem()} }
 
 // setValue restores a value that value returned.
 func (c *call[K, T]) setValue(v callValue[T]) {
-	c.val, c.rev = v.val, v.rev
+	c.val = v.val
 	c.setIdem(v.idem)
 }
 
@@ -79,7 +78,6 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 		val = v
 	}
 	c.val = val
-	c.rev++
 	if idem != "" { // without one, c.rare is not even read
 		c.setIdem(idem) // equal to c's, or c had none
 	}
@@ -166,20 +164,37 @@ func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error))
 		return true, err
 	}
 	c.val = v
-	c.rev++
-	seq, rev := c.seq, c.rev
+	c.rareOf().amends++
+	mark := c.amendMark()
 	d.mu.Unlock()
 	if d.cfg.NoOp == nil || inFlight {
 		return true, nil
 	}
-	return true, d.skipIfNoOp(key, v, seq, rev)
+	return true, d.skipIfNoOp(key, v, mark)
+}
+
+// amendMark is what tells that a key's pending call is still the one an
+// Amend rewrote, as it left it: the same call (seq), no submission merged
+// into it since (joined counts every merge), no other Amend rewrote it
+// (amends), and it has not started since (exec: a retry waits as the key's
+// pending call again, its value maybe rebuilt by the before-retry hook).
+type amendMark struct {
+	seq    uint64
+	joined int
+	amends uint64
+	exec   *execution
+}
+
+// amendMark returns c's amendMark; c has been amended, so c.rare is set.
+func (c *call[K, T]) amendMark() amendMark {
+	return amendMark{c.seq, c.joined, c.rare.amends, c.exec}
 }
 
 // skipIfNoOp ends key's pending call Skipped if Config.NoOp finds its
 // amended value v would change nothing — unless the call changed since
-// (seq and rev tell: a submission coalesced into it, or it started). It
-// returns the no-op test's panic, if any. It takes the lock itself.
-func (d *Dispatcher[K, T]) skipIfNoOp(key K, v T, seq, rev uint64) error {
+// (mark tells). It returns the no-op test's panic, if any. It takes the
+// lock itself.
+func (d *Dispatcher[K, T]) skipIfNoOp(key K, v T, mark amendMark) error {
 	var noop bool
 	if pe, _ := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
 		if pe != nil {
@@ -189,7 +204,7 @@ func (d *Dispatcher[K, T]) skipIfNoOp(key K, v T, seq, rev uint64) error {
 	}
 	var ob outbox[K, T]
 	d.mu.Lock()
-	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.seq == seq && l.pending.rev == rev {
+	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.rare != nil && l.pending.amendMark() == mark {
 		c := l.pending
 		now := d.clk.now()
 		d.waiters.settleAll(c, StateSkipped, nil, now, onTime, &ob)

@@ -345,6 +345,31 @@ func TestPriorityInheritance(t *testing.T) {
 			time.Sleep(2 * time.Second)
 			return []string{"B", "A"}, map[State]int{StateSucceeded: 2}, []*Ticket[string, int]{a1, b}
 		}},
+		{"posts, then a ticket that leaves", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			require.NoError(t, d.Post("A", 0, prio(0)))
+			b := submit(t, d, "B", 0, prio(5))
+			a := submit(t, d, "A", 0, prio(10))
+			a.Cancel() // A falls back to its posts' priority
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 1, StateCanceled: 1}, []*Ticket[string, int]{b, a}
+		}},
+		{"a ticket, then posts, then the ticket leaves", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			a := submit(t, d, "A", 0, prio(10))
+			b := submit(t, d, "B", 0, prio(5))
+			require.NoError(t, d.Post("A", 0, prio(0)))
+			a.Cancel() // A falls to its posts' priority
+			return []string{"B", "A"}, map[State]int{StateSucceeded: 1, StateCanceled: 1}, []*Ticket[string, int]{b, a}
+		}},
+		{"posts gather under a ticket", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
+			require.NoError(t, d.Post("A", 0, prio(0))) // 0s
+			time.Sleep(time.Second / 2)
+			b := submit(t, d, "B", 0, prio(1)) // 0.5s: B's virtual time is −0.5s
+			time.Sleep(3 * time.Second / 2)
+			a := submit(t, d, "A", 0, prio(3)) // 2s
+			time.Sleep(time.Second)
+			require.NoError(t, d.Post("A", 0, prio(2))) // 3s: the posts now have priority 2, enqueued at 0s
+			a.Cancel()                                  // A is its posts again: virtual time −2s
+			return []string{"A", "B"}, map[State]int{StateSucceeded: 1, StateCanceled: 1}, []*Ticket[string, int]{b, a}
+		}},
 		{"enqueue time follows live waiters", func(t *testing.T, d *Dispatcher[string, int]) ([]string, map[State]int, []*Ticket[string, int]) {
 			// Aging 1s, equal priorities: order is by enqueue time.
 			a1 := submit(t, d, "A", 0, prio(0)) // 0s

@@ -188,7 +188,8 @@ func (q *queue[K, T]) reprioritize(c *call[K, T]) {
 	}
 	prio, enq, seen := 0, int64(0), false
 	if c.nPosts > 0 {
-		prio, enq, seen = c.posts.prio, c.posts.enq, true
+		prio, enq = c.postsOrder()
+		seen = true
 	}
 	c.eachTicket(func(t *Ticket[K, T]) {
 		if !seen {

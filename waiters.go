@@ -96,14 +96,24 @@ func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], pri
 
 // addPosts folds n fire-and-forget submissions — highest priority prio,
 // earliest enqueue enq, latest deadline deadline, forever if any had none —
-// into c's posts aggregate, keeping its place in the deadline index.
+// into c's posts aggregate, keeping its place in the deadline index. The
+// caller then sets c's own priority and enqueue time, which are the
+// aggregate's while the posts wait alone (postsOrder).
 func (w *waiters[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64, forever bool) {
 	p := &c.posts
-	if c.nPosts == 0 {
-		p.prio, p.enq, p.deadline = prio, enq, deadline
-	} else {
-		p.prio = max(p.prio, prio)
-		p.enq = min(p.enq, enq)
+	switch {
+	case c.nPosts == 0:
+		p.deadline = deadline
+		if c.tickets() > 0 {
+			r := c.rareOf()
+			r.postsPrio, r.postsEnq = prio, enq
+			c.mark(fPostsApart, true)
+		}
+	case c.is(fPostsApart):
+		r := c.rare
+		r.postsPrio, r.postsEnq = max(r.postsPrio, prio), min(r.postsEnq, enq)
+		fallthrough
+	default:
 		p.deadline = max(p.deadline, deadline)
 	}
 	c.nPosts += n
@@ -122,7 +132,8 @@ func (w *waiters[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64
 // plain ticket rides c's share, which the call makes when shareMin-1
 // plain tickets are already waiting to be visited.
 func (w *waiters[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
-	if c.one == nil && c.more == nil {
+	c.separatePosts()
+	if c.one == nil && c.lists() == nil {
 		t.idx = -1
 		c.one = t
 		return
@@ -144,11 +155,11 @@ func (w *waiters[K, T]) attach(c *call[K, T], t *Ticket[K, T]) {
 // listsOf returns c's ticket lists, taking them from the pool for c's
 // second ticket; the first moves there from c.one.
 func (w *waiters[K, T]) listsOf(c *call[K, T]) *ticketLists[K, T] {
-	if c.more != nil {
-		return c.more
+	if tl := c.lists(); tl != nil {
+		return tl
 	}
 	tl := w.lists.get()
-	c.more = tl
+	c.rareOf().lists = tl
 	if t := c.one; t != nil {
 		c.one = nil
 		tl.addVisit(t)
@@ -180,11 +191,13 @@ func (w *waiters[K, T]) detach(t *Ticket[K, T]) {
 	case t.idx < 0:
 		c.one = nil
 	case t.share != nil:
-		c.more.riders = removeAt(c.more.riders, t.idx)
+		tl := c.rare.lists
+		tl.riders = removeAt(tl.riders, t.idx)
 	default:
-		c.more.visit = removeAt(c.more.visit, t.idx)
+		tl := c.rare.lists
+		tl.visit = removeAt(tl.visit, t.idx)
 		if !t.watched() {
-			c.more.plain--
+			tl.plain--
 		}
 	}
 	t.c = nil
@@ -208,8 +221,12 @@ func removeAt[K comparable, T any](list []*Ticket[K, T], i int32) []*Ticket[K, T
 
 // absorb moves every waiter of the successor n into c, n's tickets as they
 // are: a rider keeps its share, which c now tells (chained after c's own),
-// and the rest are visited.
+// and the rest are visited. The caller then re-derives c's priority and
+// enqueue time from its waiters (reprioritize), so c's posts aggregate is
+// kept apart from them first: c, a retry, has a live waiter, so after this
+// its posts, if any, are apart.
 func (w *waiters[K, T]) absorb(c, n *call[K, T]) {
+	c.separatePosts()
 	n.eachTicket(func(t *Ticket[K, T]) {
 		t.c = c
 		tl := w.listsOf(c)
@@ -228,8 +245,9 @@ func (w *waiters[K, T]) absorb(c, n *call[K, T]) {
 	}
 	c.nForever += n.nForever
 	if n.nPosts > 0 {
+		prio, enq := n.postsOrder()
 		w.removePostsDue(n)
-		w.addPosts(c, n.nPosts, n.posts.prio, n.posts.enq, n.posts.deadline, n.is(fPostsForever))
+		w.addPosts(c, n.nPosts, prio, enq, n.posts.deadline, n.is(fPostsForever))
 	}
 	c.joined += n.joined
 	w.lists.keep(n)
@@ -273,7 +291,7 @@ func (w *waiters[K, T]) settleAll(c *call[K, T], st State, err error, now int64,
 		w.visit(c.one, c, &oc, ob)
 		c.one = nil
 	}
-	if tl := c.more; tl != nil {
+	if tl := c.lists(); tl != nil {
 		if len(tl.riders) > 0 {
 			oc.served = true
 			w.outcomes[st] += uint64(len(tl.riders))
@@ -338,8 +356,8 @@ func (c *call[K, T]) tellShares(res Result[K, T], ob *outbox[K, T]) *Result[K, T
 			first = &s.res
 		}
 	}
-	if c.more != nil {
-		c.more.share = nil
+	if tl := c.lists(); tl != nil {
+		tl.share = nil
 	}
 	return first
 }
@@ -351,7 +369,7 @@ func (w *waiters[K, T]) settlePosts(c *call[K, T], st State) {
 	w.outcomes[st] += uint64(c.nPosts)
 	w.posts -= c.nPosts
 	c.nPosts = 0
-	c.mark(fPostsForever, false)
+	c.mark(fPostsForever|fPostsApart, false)
 	w.removePostsDue(c)
 }
 
