@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -123,6 +125,97 @@ func TestAmendRaceWithMerge(t *testing.T) {
 		waitAll(a, a2)
 		assert.Equal(t, map[State]int{StateSucceeded: 2}, tally(t, a, a2))
 		assert.Equal(t, []int{5}, f.calls("a"))
+		closeD(t, d)
+	})
+}
+
+// TestAmendRaceWithAmend: another Amend that rewrites the call while the
+// no-op test of the first runs keeps the call alive: the first judged a
+// value the call no longer has.
+func TestAmendRaceWithAmend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		inNoOp, resume := make(chan struct{}), make(chan struct{})
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{
+			NoOp: func(k string, v int) bool {
+				if k == "a" && v == 0 {
+					close(inNoOp)
+					<-resume
+					return true
+				}
+				return false
+			},
+		})
+		a := submit(t, d, "a", 1, prio(0))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
+			assert.True(t, found)
+			assert.NoError(t, err)
+		}()
+		<-inNoOp
+		found, err := d.Amend("a", func(int) (int, error) { return 7, nil })
+		require.True(t, found)
+		require.NoError(t, err)
+		close(resume)
+		<-done
+		release()
+		waitAll(a)
+		assert.Equal(t, StateSucceeded, outcome(t, a).State)
+		assert.Equal(t, []int{7}, f.calls("a"))
+		closeD(t, d)
+	})
+}
+
+// TestAmendRaceWithRetry: a call that started while the no-op test of its
+// Amend ran, failed and waits to be retried is no longer the call Amend
+// judged — its attempt may have changed what it would do — so the retry
+// runs (and is judged by the no-op test before it starts, as any attempt).
+func TestAmendRaceWithRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		inNoOp, resume := make(chan struct{}), make(chan struct{})
+		var noOps atomic.Int32
+		var failed atomic.Bool
+		d, _, release := holdWorker(t, func(ctx context.Context, k string, v int) error {
+			if err := f.exec(ctx, k, v); err != nil {
+				return err
+			}
+			if failed.CompareAndSwap(false, true) {
+				return errors.New("first attempt fails")
+			}
+			return nil
+		}, Config[string, int]{
+			Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
+			Classify: func(error) Class { return ClassRetry },
+			NoOp: func(k string, v int) bool {
+				if noOps.Add(1) == 1 { // Amend's
+					close(inNoOp)
+					<-resume
+					return true
+				}
+				return false // the attempts'
+			},
+		})
+		a := submit(t, d, "a", 1, prio(0))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
+			assert.True(t, found)
+			assert.NoError(t, err)
+		}()
+		<-inNoOp
+		release() // "a" starts, fails, and waits out its backoff as the key's pending call
+		require.Equal(t, []int{0}, f.calls("a"))
+		close(resume)
+		<-done
+		waitAll(a) // the backoff, on the bubble's clock
+		r := outcome(t, a)
+		assert.Equal(t, StateSucceeded, r.State)
+		assert.Equal(t, 2, r.Attempts)
+		assert.Equal(t, []int{0, 0}, f.calls("a"))
 		closeD(t, d)
 	})
 }
