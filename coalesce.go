@@ -126,7 +126,9 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 // Config.Merge; a panic in f is returned as a *PanicError. If Config.NoOp
 // finds the rewritten call changes nothing, it ends Skipped — unless key
 // has a call in flight: the call's own test then decides before it
-// starts. The test runs outside the lock; a call changed meanwhile runs.
+// starts. The test runs outside the lock; a call changed meanwhile — a
+// submission merged into it, another Amend rewrote it, or it started (a
+// retry waits as the key's pending call again) — runs.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
 	return d.amend(key, false, func(v T, _ bool) (T, error) { return f(v) })
 }
