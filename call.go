@@ -284,10 +284,16 @@ func (c *call[K, T]) postsOrder() (int, int64) {
 // stay as they were.
 func (c *call[K, T]) separatePosts() {
 	if c.nPosts > 0 && !c.is(fPostsApart) {
-		r := c.rareOf()
-		r.postsPrio, r.postsEnq = c.prio, c.enq
-		c.mark(fPostsApart, true)
+		c.postsApart(c.prio, c.enq)
 	}
+}
+
+// postsApart keeps prio and enq as the posts aggregate's priority and
+// enqueue time, apart from c's own.
+func (c *call[K, T]) postsApart(prio int, enq int64) {
+	r := c.rareOf()
+	r.postsPrio, r.postsEnq = prio, enq
+	c.mark(fPostsApart, true)
 }
 
 // idem returns c's idempotency key, or "".

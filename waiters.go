@@ -101,20 +101,17 @@ func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], pri
 // aggregate's while the posts wait alone (postsOrder).
 func (w *waiters[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64, forever bool) {
 	p := &c.posts
-	switch {
-	case c.nPosts == 0:
+	if c.nPosts == 0 {
 		p.deadline = deadline
 		if c.tickets() > 0 {
-			r := c.rareOf()
-			r.postsPrio, r.postsEnq = prio, enq
-			c.mark(fPostsApart, true)
+			c.postsApart(prio, enq)
 		}
-	case c.is(fPostsApart):
-		r := c.rare
-		r.postsPrio, r.postsEnq = max(r.postsPrio, prio), min(r.postsEnq, enq)
-		fallthrough
-	default:
+	} else {
 		p.deadline = max(p.deadline, deadline)
+		if c.is(fPostsApart) {
+			r := c.rare
+			r.postsPrio, r.postsEnq = max(r.postsPrio, prio), min(r.postsEnq, enq)
+		}
 	}
 	c.nPosts += n
 	switch {
