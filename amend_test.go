@@ -91,133 +91,109 @@ func TestAmend(t *testing.T) {
 	})
 }
 
-// TestAmendRaceWithMerge: the no-op test runs outside the lock; a
-// submission that coalesces into the call meanwhile keeps it alive, because
-// the call Amend judged is no longer the call that would run.
-func TestAmendRaceWithMerge(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFixture[string, int]()
-		inNoOp, resume := make(chan struct{}), make(chan struct{})
-		d, _, release := holdWorker(t, f.exec, Config[string, int]{
-			Merge: func(p, in int) (int, error) { return p + in, nil },
-			NoOp: func(k string, v int) bool {
-				if k == "a" && v == 0 {
-					close(inNoOp)
-					<-resume
-					return true
-				}
-				return false
+// TestAmendRace: the no-op test of an Amend runs outside the lock, so the
+// call may change before the Amend acts on the test's verdict. A call
+// changed meanwhile is no longer the call the Amend judged, and runs: a
+// submission merged into it, another Amend rewrote it, or it started,
+// failed and waits to be retried as the key's pending call (its attempt
+// may have changed what it would do; the retry is judged by the no-op
+// test before it starts, as any attempt).
+func TestAmendRace(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config[string, int]
+		// failFirst makes "a"'s first attempt fail, retryably.
+		failFirst bool
+		// meanwhile changes the call while the Amend's no-op test runs,
+		// and returns any tickets it submitted.
+		meanwhile func(t *testing.T, d *Dispatcher[string, int], release func()) []*Ticket[string, int]
+		runs      []int // the values "a" ran with
+	}{
+		{
+			name: "merge",
+			cfg:  Config[string, int]{Merge: func(p, in int) (int, error) { return p + in, nil }},
+			meanwhile: func(t *testing.T, d *Dispatcher[string, int], _ func()) []*Ticket[string, int] {
+				return []*Ticket[string, int]{submit(t, d, "a", 5, prio(0))} // the value is now 5
 			},
-		})
-		a := submit(t, d, "a", 1, prio(0))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
-			assert.True(t, found)
-			assert.NoError(t, err)
-		}()
-		<-inNoOp
-		a2 := submit(t, d, "a", 5, prio(0)) // merges: the value is now 5
-		close(resume)
-		<-done
-		release()
-		waitAll(a, a2)
-		assert.Equal(t, map[State]int{StateSucceeded: 2}, tally(t, a, a2))
-		assert.Equal(t, []int{5}, f.calls("a"))
-		closeD(t, d)
-	})
-}
-
-// TestAmendRaceWithAmend: another Amend that rewrites the call while the
-// no-op test of the first runs keeps the call alive: the first judged a
-// value the call no longer has.
-func TestAmendRaceWithAmend(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFixture[string, int]()
-		inNoOp, resume := make(chan struct{}), make(chan struct{})
-		d, _, release := holdWorker(t, f.exec, Config[string, int]{
-			NoOp: func(k string, v int) bool {
-				if k == "a" && v == 0 {
-					close(inNoOp)
-					<-resume
-					return true
-				}
-				return false
+			runs: []int{5},
+		},
+		{
+			name: "amend",
+			meanwhile: func(t *testing.T, d *Dispatcher[string, int], _ func()) []*Ticket[string, int] {
+				found, err := d.Amend("a", func(int) (int, error) { return 7, nil })
+				require.True(t, found)
+				require.NoError(t, err)
+				return nil
 			},
-		})
-		a := submit(t, d, "a", 1, prio(0))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
-			assert.True(t, found)
-			assert.NoError(t, err)
-		}()
-		<-inNoOp
-		found, err := d.Amend("a", func(int) (int, error) { return 7, nil })
-		require.True(t, found)
-		require.NoError(t, err)
-		close(resume)
-		<-done
-		release()
-		waitAll(a)
-		assert.Equal(t, StateSucceeded, outcome(t, a).State)
-		assert.Equal(t, []int{7}, f.calls("a"))
-		closeD(t, d)
-	})
-}
-
-// TestAmendRaceWithRetry: a call that started while the no-op test of its
-// Amend ran, failed and waits to be retried is no longer the call Amend
-// judged — its attempt may have changed what it would do — so the retry
-// runs (and is judged by the no-op test before it starts, as any attempt).
-func TestAmendRaceWithRetry(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFixture[string, int]()
-		inNoOp, resume := make(chan struct{}), make(chan struct{})
-		var noOps atomic.Int32
-		var failed atomic.Bool
-		d, _, release := holdWorker(t, func(ctx context.Context, k string, v int) error {
-			if err := f.exec(ctx, k, v); err != nil {
-				return err
-			}
-			if failed.CompareAndSwap(false, true) {
-				return errors.New("first attempt fails")
-			}
-			return nil
-		}, Config[string, int]{
-			Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
-			Classify: func(error) Class { return ClassRetry },
-			NoOp: func(k string, v int) bool {
-				if noOps.Add(1) == 1 { // Amend's
-					close(inNoOp)
-					<-resume
-					return true
-				}
-				return false // the attempts'
+			runs: []int{7},
+		},
+		{
+			name: "retry",
+			cfg: Config[string, int]{
+				Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone},
+				Classify: func(error) Class { return ClassRetry },
 			},
+			failFirst: true,
+			meanwhile: func(t *testing.T, d *Dispatcher[string, int], release func()) []*Ticket[string, int] {
+				release() // "a" starts, fails, and waits out its backoff as the key's pending call
+				return nil
+			},
+			runs: []int{0, 0},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, int]()
+				inNoOp, resume := make(chan struct{}), make(chan struct{})
+				var noOps atomic.Int32
+				cfg := tc.cfg
+				cfg.NoOp = func(string, int) bool {
+					if noOps.Add(1) == 1 { // the Amend's: the rewritten value changes nothing
+						close(inNoOp)
+						<-resume
+						return true
+					}
+					return false // what runs changes something
+				}
+				var failed atomic.Bool
+				d, _, release := holdWorker(t, func(ctx context.Context, k string, v int) error {
+					if err := f.exec(ctx, k, v); err != nil {
+						return err
+					}
+					if tc.failFirst && failed.CompareAndSwap(false, true) {
+						return errors.New("the first attempt fails")
+					}
+					return nil
+				}, cfg)
+				released := false
+				once := func() {
+					if !released {
+						released = true
+						release()
+					}
+				}
+				a := submit(t, d, "a", 1, prio(0))
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
+					assert.True(t, found)
+					assert.NoError(t, err)
+				}()
+				<-inNoOp
+				tks := append([]*Ticket[string, int]{a}, tc.meanwhile(t, d, once)...)
+				close(resume)
+				<-done
+				once()
+				waitAll(tks...) // a retry's backoff, on the bubble's clock
+				assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
+				assert.Equal(t, tc.runs, f.calls("a"))
+				assert.Equal(t, len(tc.runs), outcome(t, a).Attempts)
+				closeD(t, d)
+			})
 		})
-		a := submit(t, d, "a", 1, prio(0))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			found, err := d.Amend("a", func(int) (int, error) { return 0, nil })
-			assert.True(t, found)
-			assert.NoError(t, err)
-		}()
-		<-inNoOp
-		release() // "a" starts, fails, and waits out its backoff as the key's pending call
-		require.Equal(t, []int{0}, f.calls("a"))
-		close(resume)
-		<-done
-		waitAll(a) // the backoff, on the bubble's clock
-		r := outcome(t, a)
-		assert.Equal(t, StateSucceeded, r.State)
-		assert.Equal(t, 2, r.Attempts)
-		assert.Equal(t, []int{0, 0}, f.calls("a"))
-		closeD(t, d)
-	})
+	}
 }
 
 // TestAmendNewest: AmendNewest shows the pending call, or, when none is
