@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,6 +191,49 @@ func TestAmendRace(t *testing.T) {
 				assert.Equal(t, map[State]int{StateSucceeded: len(tks)}, tally(t, tks...))
 				assert.Equal(t, tc.runs, f.calls("a"))
 				assert.Equal(t, len(tc.runs), outcome(t, a).Attempts)
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+// TestAmendCount: an Amend counts itself in the call's rare part only
+// when a no-op test may ask whether the call changed — then even while
+// the key's call is in flight, so that an Amend testing the pending call
+// sees the rewrite — and without Config.NoOp makes no rare part at all.
+func TestAmendCount(t *testing.T) {
+	for _, noop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noop=%v", noop), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, int]()
+				g := f.block("a")
+				cfg := Config[string, int]{Workers: 1}
+				if noop {
+					cfg.NoOp = func(string, int) bool { return false }
+				}
+				d := newD(t, f.exec, cfg)
+				running := submit(t, d, "a", 1, prio(0))
+				synctest.Wait() // "a" is in flight
+				pending := submit(t, d, "a", 2, prio(0))
+				found, err := d.Amend("a", func(v int) (int, error) { return v + 10, nil })
+				require.NoError(t, err)
+				require.True(t, found)
+				d.mu.Lock()
+				rare := d.lanes.lookup("a").pending.rare
+				var amends uint64
+				if rare != nil {
+					amends = rare.amends
+				}
+				d.mu.Unlock()
+				if noop {
+					assert.NotNil(t, rare)
+					assert.EqualValues(t, 1, amends)
+				} else {
+					assert.Nil(t, rare, "nothing asks whether the call changed")
+				}
+				g.open()
+				waitAll(running, pending)
+				assert.Equal(t, []int{1, 12}, f.calls("a"))
 				closeD(t, d)
 			})
 		})

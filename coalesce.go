@@ -166,10 +166,14 @@ func (d *Dispatcher[K, T]) amend(key K, newest bool, f func(T, bool) (T, error))
 		return true, err
 	}
 	c.val = v
-	c.rareOf().amends++
+	if d.cfg.NoOp == nil { // no no-op test will ask whether c changed
+		d.mu.Unlock()
+		return true, nil
+	}
+	c.rareOf().amends++ // even in flight: an Amend testing c now must see it
 	mark := c.amendMark()
 	d.mu.Unlock()
-	if d.cfg.NoOp == nil || inFlight {
+	if inFlight {
 		return true, nil
 	}
 	return true, d.skipIfNoOp(key, v, mark)
