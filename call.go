@@ -247,7 +247,8 @@ type callRare[K comparable, T any] struct {
 	postsPrio int
 	postsEnq  int64
 	// amends counts the Amends that rewrote the call, so that one can tell
-	// whether another rewrote it while its no-op test ran (amendMark).
+	// whether another rewrote it while its no-op test ran (amendMark);
+	// counted only with Config.NoOp, the one thing that asks.
 	amends uint64
 }
 
