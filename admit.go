@@ -80,7 +80,7 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 		return nil, nil // s coalesces
 	}
 	freed := 0
-	if supersede && l.pending != nil && l.pending.ten == s.ten {
+	if supersede && l.pending != nil && l.pending.tag.ten == s.ten {
 		freed = 1
 	}
 	if !s.ten.overQuota(freed) {
@@ -103,7 +103,7 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 // the merge's result is dropped, as Config.Merge says.
 func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
 	t := s.t // not s, which would then escape to the heap
-	moves := s.ten != c.ten && s.ten.cfg.MaxQueued > 0
+	moves := s.ten != c.tag.ten && s.ten.cfg.MaxQueued > 0
 	var victim *call[K, T]
 	if moves && s.o.Priority > c.prio {
 		if victim, err = d.roomToAdopt(c, s); err != nil {
@@ -150,7 +150,7 @@ func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim
 		d.shed(victim, BoundQuota, s.now, ob)
 		d.tenants.keep(s.ten)
 	}
-	if (replaced || s.o.Priority > c.prio) && (s.ten != c.ten || s.label != c.label.String()) {
+	if (replaced || s.o.Priority > c.prio) && (s.ten != c.tag.ten || s.label != c.tag.label) {
 		d.adopt(c, s.ten, s.label)
 	}
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
@@ -366,10 +366,9 @@ func (g *clockGuess) learn(needed bool) {
 // newCall makes the pending call of l.
 func (d *Dispatcher[K, T]) newPending(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string) *call[K, T] {
 	c := l.freshCall()
-	c.label = d.calls.add(label)
+	c.tag = d.calls.add(ten, label)
 	d.seq++
 	ten.queued++
-	c.ten = ten
 	c.val, c.seq = val, d.seq
 	c.mark(fDroppable, o.Droppable)
 	c.setIdem(o.IdempotencyKey)

@@ -182,23 +182,44 @@ func testWorkerPathAllocs(t *testing.T) {
 	closeD(t, d)
 }
 
-// TestIdleLabels: a label without a live call is kept for its next call,
-// and the labels kept so are forgotten once they outnumber both
-// maxIdleLabels and the live ones; Stats.Labels counts only live calls.
+// TestIdleLabels: a tag (a tenant and a label) without a live call is kept
+// for its next call, and the tags kept so are forgotten once they
+// outnumber both maxIdleLabels and the live ones; Stats.Labels counts only
+// live calls, by label over every tenant. Without Config.Label a call's
+// tag is its tenant's own.
 func TestIdleLabels(t *testing.T) {
-	lc := liveCalls{labels: map[string]*liveLabel{}}
-	a := lc.add("a")
+	x := newTenant[string, int]("x", TenantConfig{})
+	y := newTenant[string, int]("y", TenantConfig{})
+	lc := liveCalls[string, int]{tags: map[tagKey[string, int]]*callTag[string, int]{}}
+	a := lc.add(x, "a")
 	lc.remove(a)
-	require.Same(t, a, lc.add("a"), "an idle label is kept for its next call")
+	require.Same(t, a, lc.add(x, "a"), "an idle tag is kept for its next call")
+	ya := lc.add(y, "a")
+	require.NotSame(t, a, ya, "one tag per tenant and label")
+	require.Same(t, y, ya.ten)
+	require.Same(t, ya, lc.retag(ya, y, "a"), "the same tenant and label keep their tag")
+	yb := lc.retag(ya, y, "b")
+	require.Equal(t, "b", yb.label)
+	require.Equal(t, map[string]int{"a": 1, "b": 1}, lc.counts())
 	for i := range 10 * maxIdleLabels {
-		lc.remove(lc.add(strconv.Itoa(i)))
-		require.LessOrEqual(t, len(lc.labels), maxIdleLabels+2, "after %d labels", i+1)
+		lc.remove(lc.add(x, strconv.Itoa(i)))
+		require.LessOrEqual(t, len(lc.tags), maxIdleLabels+4, "after %d labels", i+1)
 	}
-	require.Equal(t, map[string]int{"a": 1}, lc.counts())
-	require.Equal(t, 1, lc.n)
+	xa := lc.retag(yb, x, "a")
+	require.Same(t, a, xa)
+	require.Equal(t, map[string]int{"a": 2}, lc.counts(), "counted by label, over tenants")
+	require.Equal(t, 2, lc.n)
 	lc.remove(a)
+	lc.remove(xa)
 	require.Empty(t, lc.counts())
 	require.Zero(t, lc.n)
+
+	var bare liveCalls[string, int]
+	g := bare.add(x, "")
+	require.Same(t, &x.tag, g, "without Config.Label, the tenant's own tag")
+	require.Same(t, &y.tag, bare.retag(g, y, ""))
+	bare.remove(g)
+	require.Zero(t, bare.n)
 }
 
 // TestTicketSize pins the sizes the Ticket documentation states: a

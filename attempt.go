@@ -198,7 +198,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 		testHookUnderLock()
 	}
 	d.running--
-	c.ten.inflight--
+	c.tag.ten.inflight--
 	if d.q.nready > 0 {
 		d.wake.worker()
 	}

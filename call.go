@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -169,15 +170,18 @@ type call[K comparable, T any] struct {
 	// nForever counts its tickets without a deadline. Each is an object of
 	// its own, so 2³² of them would not fit in memory.
 	nForever uint32
-	prio     int         // effective priority: max over live waiters
-	enq      int64       // effective enqueue time: min over live waiters
-	seq      uint64      // arrival order: FIFO among equals
-	nPosts   int         // fire-and-forget submissions
-	joined   int         // submissions served, for Result.Waiters
-	posts    postsWaiter // every fire-and-forget submission, as one waiter
+	prio     int    // effective priority: max over live waiters
+	enq      int64  // effective enqueue time: min over live waiters
+	seq      uint64 // arrival order: FIFO among equals
+	// nPosts counts its fire-and-forget submissions and joined the
+	// submissions it served (Result.Waiters), 32 bits each: the rare part
+	// carries what passes 2³²−1 (split32). Neither is 0 while its count
+	// is not.
+	nPosts uint32
+	joined uint32
+	posts  postsWaiter // every fire-and-forget submission, as one waiter
 
-	ten   *tenant[K, T]
-	label *liveLabel // Config.Label's label (String), for the observer and Stats.Labels
+	tag *callTag[K, T] // its tenant and label
 	// pos is where it waits, by its state: while csReady in a FIFO run,
 	// its position in the run; while csDelayed, the time before which it
 	// may not run (notBefore), its key in the delay index. No call is in
@@ -234,8 +238,8 @@ func (c *call[K, T]) mark(f callFlags, on bool) {
 
 // callRare is the part of a call that few calls need (call.rare): a call
 // that needs none of it — one that only posts, or only one ticket waits
-// on — is seven words smaller than it would be with these fields inline,
-// and a call that needs one of them pays one allocation for them all.
+// on — holds one word for it (80 bytes, TestLaneSizeDoc), and a call that
+// needs one of them pays one allocation for them all.
 type callRare[K comparable, T any] struct {
 	idem    string
 	lastErr error // set while the call waits to be retried
@@ -250,6 +254,9 @@ type callRare[K comparable, T any] struct {
 	// whether another rewrote it while its no-op test ran (amendMark);
 	// counted only with Config.NoOp, the one thing that asks.
 	amends uint64
+	// morePosts and moreJoined are the parts of call.nPosts and
+	// call.joined that passed 32 bits (split32).
+	morePosts, moreJoined int
 }
 
 // rareOf returns c's rare part, making it on first use.
@@ -339,7 +346,54 @@ func (c *call[K, T]) attempts() int {
 // orphaned reports whether c, running, lost its last waiter (endState).
 func (c *call[K, T]) orphaned() bool { return c.endState != 0 }
 
-func (c *call[K, T]) live() int { return c.tickets() + c.nPosts }
+// waited reports whether any waiter of c is live.
+func (c *call[K, T]) waited() bool { return c.nPosts > 0 || c.tickets() > 0 }
+
+// split32 adds n ≥ 0 to the count lo kept in 32 bits. Past 2³²−1 it keeps
+// 2³¹ in 32 bits, so that they stay non-zero, and returns the rest to
+// carry into the call's rare part. A count gets there only after 2³¹
+// submissions coalesced into one call, so the hot path pays one compare.
+func split32(lo uint32, n int) (uint32, int) {
+	v := uint64(lo) + uint64(n)
+	if v <= math.MaxUint32 {
+		return uint32(v), 0
+	}
+	return 1 << 31, int(v - 1<<31)
+}
+
+// countPosts adds n fire-and-forget submissions to c's count of them.
+func (c *call[K, T]) countPosts(n int) {
+	var more int
+	if c.nPosts, more = split32(c.nPosts, n); more != 0 {
+		c.rareOf().morePosts += more
+	}
+}
+
+// countJoined adds n submissions to those c served.
+func (c *call[K, T]) countJoined(n int) {
+	var more int
+	if c.joined, more = split32(c.joined, n); more != 0 {
+		c.rareOf().moreJoined += more
+	}
+}
+
+// postCount returns how many fire-and-forget submissions c holds.
+func (c *call[K, T]) postCount() int {
+	n := int(c.nPosts)
+	if r := c.rare; r != nil {
+		n += r.morePosts
+	}
+	return n
+}
+
+// joinedCount returns how many submissions c served.
+func (c *call[K, T]) joinedCount() int {
+	n := int(c.joined)
+	if r := c.rare; r != nil {
+		n += r.moreJoined
+	}
+	return n
+}
 
 // tickets counts c's live tickets.
 func (c *call[K, T]) tickets() int {
@@ -387,7 +441,7 @@ func (c *call[K, T]) execDeadline() int64 {
 
 // event describes c for the observer.
 func (c *call[K, T]) event() Event {
-	return Event{Label: c.label.String(), Tenant: c.ten.name}
+	return Event{Label: c.tag.label, Tenant: c.tag.ten.name}
 }
 
 // result is what a waiter or the completion hook is told about c.
@@ -402,7 +456,7 @@ func (c *call[K, T]) result(st State, err error, now int64) Result[K, T] {
 		State:     st,
 		Err:       err,
 		Attempts:  tl.attempts,
-		Waiters:   c.joined,
+		Waiters:   c.joinedCount(),
 		QueueWait: time.Duration(max(wait, 0)),
 		RunTime:   tl.runTime,
 	}}

@@ -96,7 +96,7 @@ func (d *Dispatcher[K, T]) expireDue(now int64, ob *outbox[K, T]) {
 			continue
 		}
 		d.waiters.settlePosts(c, StateExpired)
-		if c.live() == 0 {
+		if !c.waited() {
 			d.finish(c, StateExpired, ErrExpired, now, ob)
 			continue
 		}

@@ -13,14 +13,14 @@ import (
 // its most urgent submission — a binding that replaces a pending status
 // patch runs as a binding. The caller then joins the submission.
 func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string) {
-	c.label = d.calls.relabel(c.label, label)
-	if ten == c.ten {
+	old, state := c.tag.ten, c.state
+	if ten == old {
+		c.tag = d.calls.retag(c.tag, ten, label)
 		return
 	}
-	old, state := c.ten, c.state
 	d.q.remove(c) // from the old tenant's indexes
 	old.queued--
-	c.ten = ten
+	c.tag = d.calls.retag(c.tag, ten, label)
 	ten.queued++
 	d.tenants.keep(ten)
 	switch state {
@@ -103,17 +103,17 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 // the more urgent, or replaced c's value (ReplacePending), c takes its
 // tenant and label, as any merged call does.
 func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
-	if (replaced || n.prio > c.prio) && (n.ten != c.ten || n.label != c.label) {
-		d.adopt(c, n.ten, n.label.String())
+	if (replaced || n.prio > c.prio) && n.tag != c.tag {
+		d.adopt(c, n.tag.ten, n.tag.label)
 	}
 	d.waiters.absorb(c, n)
 	if !n.is(fDroppable) {
 		c.mark(fDroppable, false)
 	}
-	d.totals.coalesced += uint64(n.joined)
-	n.ten.queued--
-	d.tenants.forgetIdle(n.ten)
-	d.calls.remove(n.label)
+	d.totals.coalesced += uint64(n.joinedCount())
+	n.tag.ten.queued--
+	d.tenants.forgetIdle(n.tag.ten)
+	d.calls.remove(n.tag)
 	d.q.reprioritize(c)
 }
 
@@ -193,7 +193,7 @@ type amendMark struct {
 
 // amendMark returns c's amendMark; c has been amended, so c.rare is set.
 func (c *call[K, T]) amendMark() amendMark {
-	return amendMark{c.seq, c.joined, c.rare.amends, c.exec}
+	return amendMark{c.seq, c.joinedCount(), c.rare.amends, c.exec}
 }
 
 // skipIfNoOp ends key's pending call Skipped if Config.NoOp finds its

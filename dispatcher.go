@@ -59,7 +59,7 @@ type Dispatcher[K comparable, T any] struct {
 	waiters waiters[K, T]
 	wake    wakes // idle workers and state changes
 	running int   // calls in flight, on workers or inline
-	calls   liveCalls
+	calls   liveCalls[K, T]
 	gate    startGate // may the next execution start (start.go)
 	warmed  uint64    // what warm read last: kept, so that the compiler keeps its loads
 
@@ -125,7 +125,7 @@ func (d *Dispatcher[K, T]) init() {
 	set := &d.cfg
 	d.gate = newStartGate(set, &d.clk, &d.due, &d.fetchCond)
 	if set.Label != nil {
-		d.calls.labels = map[string]*liveLabel{}
+		d.calls.tags = map[tagKey[K, T]]*callTag[K, T]{}
 	}
 	if set.Rollout.Fallback != nil {
 		d.fallback = fallback.New(set.Rollout.Fallback.fallbackPolicy())

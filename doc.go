@@ -51,7 +51,7 @@
 //
 // A Dispatcher is safe for concurrent use. What the current implementation
 // costs per call is described in BENCHMARKS.md; a queued call holds
-// 205–250 bytes of memory with int keys and values, 225–270 with a
+// 190–230 bytes of memory with int keys and values, 210–250 with a
 // deadline of its own, from 10³ to 10⁶ queued (BenchmarkScale's B/queued,
 // 64-bit).
 package dispatch

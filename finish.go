@@ -37,7 +37,7 @@ func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
 func (d *Dispatcher[K, T]) dismiss(t *Ticket[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	c := t.c
 	d.waiters.settle(t, c, st, err, now, ob)
-	if c.live() == 0 {
+	if !c.waited() {
 		d.finish(c, st, err, now, ob)
 		return
 	}
@@ -61,14 +61,14 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 	case csEnded: // its attempt has already left the tenant's counts
 	default:
 		d.q.remove(c)
-		c.ten.queued--
+		c.tag.ten.queued--
 	}
 	c.enter(csFinished)
 	// Its ticket lists, if its tickets left one by one, are empty: keep
 	// them for reuse, as settleAll does.
 	d.waiters.lists.keep(c)
 	d.report(c, st, err, now, ob)
-	d.tenants.forgetIdle(c.ten)
+	d.tenants.forgetIdle(c.tag.ten)
 	l := c.lane
 	if l.pending == c {
 		l.pending = nil
@@ -90,7 +90,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 // report counts a finished call and queues its completion hook and
 // observer event.
 func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
-	d.calls.remove(c.label)
+	d.calls.remove(c.tag)
 	d.totals.calls[st]++
 	if d.fallback != nil {
 		d.fallback.Finished(now, st == StateFailed)
@@ -137,7 +137,7 @@ func (d *Dispatcher[K, T]) shed(c *call[K, T], b Bound, now int64, ob *outbox[K,
 		err = errDroppedQuota
 	}
 	d.totals.shed[b.index()]++
-	c.ten.st.Dropped++
+	c.tag.ten.st.Dropped++
 	if d.cfg.Observer != nil {
 		ob.notes = append(ob.notes, note{kind: noteDrop, e: c.event(), b: b})
 	}

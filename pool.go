@@ -12,10 +12,10 @@ import "unsafe"
 // spares a new key its one allocation (and the garbage collector the work
 // of freeing it). The bound caps what a burst of finished keys leaves
 // behind at 4096 lanes: about 0.7 MB with small keys and values (on a
-// 64-bit platform a lane is 176 bytes with string keys and int values,
+// 64-bit platform a lane is 160 bytes with string keys and int values,
 // more for a large K or T; TestLaneSizeDoc keeps the figure true). With
 // its key table slot and its place in the ready index, a queued call
-// holds 205–250 bytes (the package doc; BenchmarkScale's B/queued).
+// holds 190–230 bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:
@@ -127,8 +127,8 @@ func popFree[E any](free *[]*E) *E {
 // unused per lane (the fewest lanes among equals). The runtime rounds an
 // allocation up to its size class, after adding a header of 8 bytes to an
 // object of more than 512 bytes that holds pointers, as a slab does: 8
-// lanes of 168 bytes (int keys and values) would take 1408 bytes for
-// 1344, where 9 take 1536 for 1512 (TestLaneSlab checks the figures
+// lanes of 152 bytes (int keys and values) would take 1280 bytes for
+// 1216, where 10 take 1536 for 1520 (TestLaneSlab checks the figures
 // against the runtime's own accounting).
 func slabLanes(size uintptr) int {
 	best, bestPer := minSlab, ^uintptr(0)

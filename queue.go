@@ -64,7 +64,7 @@ func delayedLess[K comparable, T any](a, b *call[K, T]) bool {
 // push makes c ready.
 func (q *queue[K, T]) push(c *call[K, T]) {
 	q.unmarkVictim(c)
-	t := c.ten
+	t := c.tag.ten
 	t.ready.insert(c, entryOf(q.orderer, c))
 	q.nready++
 	if t.active < 0 {
@@ -100,7 +100,7 @@ func (q *queue[K, T]) schedule(c *call[K, T], notBefore, now int64) bool {
 func (q *queue[K, T]) remove(c *call[K, T]) {
 	switch c.state {
 	case csReady:
-		t := c.ten
+		t := c.tag.ten
 		t.ready.delete(c, q.orderer)
 		q.nready--
 		if t.ready.Len() == 0 {
@@ -117,8 +117,8 @@ func (q *queue[K, T]) markVictim(c *call[K, T]) {
 	if c.is(fDroppable) && !c.is(fVictim) && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
 		e := entryOf(q.orderer, c)
 		q.victims.ReplaceOrInsert(e)
-		if c.ten.victims != nil {
-			c.ten.victims.ReplaceOrInsert(e)
+		if c.tag.ten.victims != nil {
+			c.tag.ten.victims.ReplaceOrInsert(e)
 		}
 		c.mark(fVictim, true)
 	}
@@ -130,8 +130,8 @@ func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
 	if c.is(fVictim) {
 		e := entryOf(q.orderer, c)
 		q.victims.Delete(e)
-		if c.ten.victims != nil {
-			c.ten.victims.Delete(e)
+		if c.tag.ten.victims != nil {
+			c.tag.ten.victims.Delete(e)
 		}
 		c.mark(fVictim, false)
 	}
@@ -168,11 +168,11 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 	q.unmarkVictim(c)
 	ready := c.state == csReady
 	if ready {
-		c.ten.ready.delete(c, q.orderer)
+		c.tag.ten.ready.delete(c, q.orderer)
 	}
 	c.prio, c.enq = prio, enq
 	if ready {
-		c.ten.ready.insert(c, entryOf(q.orderer, c))
+		c.tag.ten.ready.insert(c, entryOf(q.orderer, c))
 	}
 	if isVictim {
 		q.markVictim(c)
@@ -183,7 +183,7 @@ func (q *queue[K, T]) rekey(c *call[K, T], prio int, enq int64) {
 // waiter left: a call's priority falls again when the waiter that raised it
 // goes. It scans the remaining waiters, which is O(waiters of c).
 func (q *queue[K, T]) reprioritize(c *call[K, T]) {
-	if c.live() == 0 {
+	if !c.waited() {
 		return
 	}
 	prio, enq, seen := 0, int64(0), false

@@ -179,7 +179,7 @@ func TestQueueReadyOrder(t *testing.T) {
 			const n = 500
 			calls := make([]*call[int, int], n)
 			for i := range calls {
-				c := &call[int, int]{seq: uint64(i + 1), prio: randPrio(), enq: randEnq(), ten: ten}
+				c := &call[int, int]{seq: uint64(i + 1), prio: randPrio(), enq: randEnq(), tag: &ten.tag}
 				calls[i] = c
 				q.push(c)
 			}

@@ -165,15 +165,15 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 // wait again, evicting the tenant's worst droppable queued call if c would
 // run before it.
 func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, T]) bool {
-	if !c.ten.overQuota(0) {
+	if !c.tag.ten.overQuota(0) {
 		return true
 	}
-	v := worst(c.ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending)
+	v := worst(c.tag.ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending)
 	if v == nil {
 		return false
 	}
 	d.shed(v, BoundQuota, now, ob)
-	d.tenants.keep(c.ten)
+	d.tenants.keep(c.tag.ten)
 	return true
 }
 
@@ -187,7 +187,7 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // and the successor waits behind it, to run next.
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
 	l := c.lane
-	c.ten.queued++
+	c.tag.ten.queued++
 	c.setLastErr(lastErr)
 	c.enter(csTaken)
 	if n := l.pending; n != nil {

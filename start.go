@@ -94,7 +94,7 @@ func (c *call[K, T]) unfinishable(g *startGate, now int64) bool {
 	if g.check == nil {
 		return false
 	}
-	refuse, probe := g.check.Refuse(c.label.String(), c.execDeadline(), now)
+	refuse, probe := g.check.Refuse(c.tag.label, c.execDeadline(), now)
 	if probe {
 		c.mark(fCheckProbe, true)
 	}
@@ -196,7 +196,7 @@ func (g *startGate) lookAgainAt(at int64) {
 func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
 	g := &d.gate
 	if g.check != nil {
-		g.check.Observe(c.label.String(), now, a.runTime, a.ran, c.is(fCheckProbe))
+		g.check.Observe(c.tag.label, now, a.runTime, a.ran, c.is(fCheckProbe))
 		c.mark(fCheckProbe, false)
 	}
 	said := a.ran && !a.callDone

@@ -142,7 +142,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 		s.FallbackReason = d.fallback.Reason()
 	}
 	s.CallbackPanics, s.LastCallbackPanic = d.tell.panics.Load(), d.tell.lastPanic.Load()
-	if d.calls.labels != nil {
+	if d.calls.tags != nil {
 		s.Labels = d.calls.counts()
 	}
 	for name, ten := range d.tenants.byName {

@@ -31,6 +31,7 @@ type tenant[K comparable, T any] struct {
 	pass       uint64 // stride scheduling: lowest pass is picked next among equals
 	active     int    // index in queue.active, or -1
 	st         TenantStats
+	tag        callTag[K, T] // its calls' without Config.Label (liveCalls)
 }
 
 func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T] {
@@ -42,6 +43,7 @@ func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T]
 		ready:  newReadyIndex[K, T](),
 		active: -1,
 	}
+	t.tag.ten = t
 	if cfg.MaxQueued > 0 {
 		t.victims = btree.NewG(btreeDegree, readyLess[K, T])
 	}

@@ -70,8 +70,8 @@ const (
 // is nil. It keeps c's effective priority and enqueue time (the highest and
 // the earliest of its live waiters) and so its place in q's ready order.
 func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
-	first := c.live() == 0
-	c.joined++
+	first := !c.waited()
+	c.countJoined(1)
 	if t != nil {
 		t.c, t.prio, t.enq = c, prio, now
 		w.attach(c, t)
@@ -113,7 +113,7 @@ func (w *waiters[K, T]) addPosts(c *call[K, T], n, prio int, enq, deadline int64
 			r.postsPrio, r.postsEnq = max(r.postsPrio, prio), min(r.postsEnq, enq)
 		}
 	}
-	c.nPosts += n
+	c.countPosts(n)
 	switch {
 	case c.is(fPostsForever):
 	case forever:
@@ -244,11 +244,14 @@ func (w *waiters[K, T]) absorb(c, n *call[K, T]) {
 	if n.nPosts > 0 {
 		prio, enq := n.postsOrder()
 		w.removePostsDue(n)
-		w.addPosts(c, n.nPosts, prio, enq, n.posts.deadline, n.is(fPostsForever))
+		w.addPosts(c, n.postCount(), prio, enq, n.posts.deadline, n.is(fPostsForever))
 	}
-	c.joined += n.joined
+	c.countJoined(n.joinedCount())
 	w.lists.keep(n)
 	n.nForever, n.nPosts = 0, 0
+	if r := n.rare; r != nil {
+		r.morePosts = 0
+	}
 }
 
 // settle gives ticket t the outcome st and takes it off its call c. The
@@ -363,9 +366,13 @@ func (c *call[K, T]) tellShares(res Result[K, T], ob *outbox[K, T]) *Result[K, T
 // Nobody is told: their outcome reaches Stats, and the completion hook when
 // the call finishes.
 func (w *waiters[K, T]) settlePosts(c *call[K, T], st State) {
-	w.outcomes[st] += uint64(c.nPosts)
-	w.posts -= c.nPosts
+	n := c.postCount()
+	w.outcomes[st] += uint64(n)
+	w.posts -= n
 	c.nPosts = 0
+	if r := c.rare; r != nil {
+		r.morePosts = 0
+	}
 	c.mark(fPostsForever|fPostsApart, false)
 	w.removePostsDue(c)
 }

@@ -2,7 +2,9 @@ package dispatch
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -247,5 +249,63 @@ func TestLastWaiterLeaves(t *testing.T) {
 			assert.Equal(t, map[State]int{StateCanceled: 2, StateExpired: 1}, tally(t, a1, a2, a3))
 			closeD(t, d)
 		})
+	})
+}
+
+// TestCountsPast32Bits: a call keeps its counts of posts and of the
+// submissions it served in 32 bits each and carries what passes 2³²−1 into
+// its rare part. Counts past 2³² survive a retry absorbing the call, and
+// reach Result.Waiters and Stats exactly.
+func TestCountsPast32Bits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := newScript(syscall.ECONNRESET)
+		d := newD(t, s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()                                     // in flight
+		require.NoError(t, d.Post("k", 2, SubmitOptions{})) // the successor's first post
+
+		// Stand in for 2³²−2 more posts: the successor's counts, and the
+		// dispatcher's, as if each had been posted.
+		const more = math.MaxUint32 - 2
+		d.mu.Lock()
+		n := d.lanes.lookup("k").pending
+		n.nPosts += more
+		n.joined += more
+		d.waiters.posts += more
+		d.totals.submitted += more
+		d.totals.coalesced += more
+		n.tag.ten.st.Admitted += more
+		d.mu.Unlock()
+
+		for range 3 {
+			require.NoError(t, d.Post("k", 2, SubmitOptions{}))
+		}
+		second := submit(t, d, "k", 2, SubmitOptions{})
+		const posts = 1 + more + 3 // 2³² + 2
+		d.mu.Lock()
+		lo, joined, rare := n.nPosts, n.joined, n.rare
+		count, served := n.postCount(), n.joinedCount()
+		d.mu.Unlock()
+		// The second of the three posts passed 2³²−1: 32 bits kept 2³¹,
+		// and counted on from there.
+		assert.EqualValues(t, 1<<31+1, lo)
+		require.NotNil(t, rare)
+		assert.Equal(t, posts, count)
+		assert.Equal(t, posts+1, served, "the posts and the ticket")
+		assert.EqualValues(t, 1<<31+2, joined)
+		assert.Equal(t, posts, d.Stats().Live-2, "Live counts the posts and both tickets")
+
+		close(release) // the first attempt fails; its retry absorbs the successor
+		r1, err := first.Wait(bg)
+		require.NoError(t, err)
+		r2, err := second.Wait(bg)
+		require.NoError(t, err)
+		assert.Equal(t, []int{1, 2}, s.vals, "one retry served them all")
+		assert.Equal(t, posts+2, r1.Waiters, "every submission the retry served")
+		assert.Equal(t, r1.Waiters, r2.Waiters)
+		st := closeD(t, d)
+		assert.EqualValues(t, posts+2, st.Outcomes[StateSucceeded])
+		assert.Zero(t, st.Live)
 	})
 }

@@ -205,8 +205,8 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		d.firstStart(c, now)
 	}
 	d.running++
-	c.ten.queued--
-	c.ten.inflight++
+	c.tag.ten.queued--
+	c.tag.ten.inflight++
 	return c.newAttempt(e, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
 }
 
