@@ -61,6 +61,15 @@ func (s *script) heldExec(release <-chan struct{}) ExecFunc[string, int] {
 	}
 }
 
+// retryOnce returns a dispatcher with one worker whose first execution
+// waits for release and then fails with a retryable error, so that its
+// retry absorbs what was queued for the key meanwhile, and its script.
+func retryOnce(t *testing.T) (*Dispatcher[string, int], *script, chan struct{}) {
+	release := make(chan struct{})
+	s := newScript(syscall.ECONNRESET)
+	return newD(t, s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)}), s, release
+}
+
 // runOnce runs one call (key "k", value 1, submitted with o) to its end on
 // a fresh dispatcher with one worker, closes the dispatcher, and returns the
 // call's result and the final Stats.
@@ -275,9 +284,7 @@ func TestRetryMergesSubmissionsDuringBackoff(t *testing.T) {
 // one retry serves both and there is no third execution.
 func TestRetrySuccessorAbsorbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		s := newScript(syscall.ECONNRESET)
-		d := newD(t, s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
+		d, s, release := retryOnce(t)
 		first := submit(t, d, "k", 1, SubmitOptions{})
 		synctest.Wait()                                            // in flight
 		second := submit(t, d, "k", 2, SubmitOptions{Priority: 5}) // the successor

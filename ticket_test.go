@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -103,9 +102,7 @@ func TestShareOutcome(t *testing.T) {
 // which is never told.
 func TestShareAbsorbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		s := newScript(syscall.ECONNRESET)
-		d := newD(t, s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
+		d, s, release := retryOnce(t)
 		var first, second []*Ticket[string, int]
 		for i := range shareMin + 1 {
 			first = append(first, submit(t, d, "k", 1+i, SubmitOptions{}))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -258,9 +257,7 @@ func TestLastWaiterLeaves(t *testing.T) {
 // reach Result.Waiters and Stats exactly.
 func TestCountsPast32Bits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		s := newScript(syscall.ECONNRESET)
-		d := newD(t, s.heldExec(release), Config[string, int]{Workers: 1, Retry: noJitter(3)})
+		d, s, release := retryOnce(t)
 		first := submit(t, d, "k", 1, SubmitOptions{})
 		synctest.Wait()                                     // in flight
 		require.NoError(t, d.Post("k", 2, SubmitOptions{})) // the successor's first post
