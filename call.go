@@ -369,6 +369,14 @@ func (c *call[K, T]) countPosts(n int) {
 	}
 }
 
+// uncountPosts sets c's count of fire-and-forget submissions to 0.
+func (c *call[K, T]) uncountPosts() {
+	c.nPosts = 0
+	if r := c.rare; r != nil {
+		r.morePosts = 0
+	}
+}
+
 // countJoined adds n submissions to those c served.
 func (c *call[K, T]) countJoined(n int) {
 	var more int

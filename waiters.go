@@ -248,10 +248,8 @@ func (w *waiters[K, T]) absorb(c, n *call[K, T]) {
 	}
 	c.countJoined(n.joinedCount())
 	w.lists.keep(n)
-	n.nForever, n.nPosts = 0, 0
-	if r := n.rare; r != nil {
-		r.morePosts = 0
-	}
+	n.nForever = 0
+	n.uncountPosts()
 }
 
 // settle gives ticket t the outcome st and takes it off its call c. The
@@ -369,10 +367,7 @@ func (w *waiters[K, T]) settlePosts(c *call[K, T], st State) {
 	n := c.postCount()
 	w.outcomes[st] += uint64(n)
 	w.posts -= n
-	c.nPosts = 0
-	if r := c.rare; r != nil {
-		r.morePosts = 0
-	}
+	c.uncountPosts()
 	c.mark(fPostsForever|fPostsApart, false)
 	w.removePostsDue(c)
 }
