@@ -1,6 +1,12 @@
 package dispatch
 
-import "github.com/google/btree"
+import (
+	"unsafe"
+
+	"github.com/google/btree"
+
+	"github.com/coalescer/dispatch/internal/prefetch"
+)
 
 // This file is a tenant's ready index: its ready calls in ready order.
 //
@@ -183,7 +189,11 @@ func (r *readyIndex[K, T]) popMin() *call[K, T] {
 	if r.best < 0 {
 		r.tree.DeleteMin()
 	} else {
-		r.runs[r.best].drop(e.c)
+		f := r.runs[r.best]
+		f.drop(e.c)
+		if f.live > 0 { // the next worker to take from f reads its new head
+			prefetchCall(*f.at(f.head))
+		}
 	}
 	return e.c
 }
@@ -282,6 +292,27 @@ func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 		f.chunks = f.chunks[1:]
 		f.base += runChunk
 	}
+}
+
+// prefetchCall asks the processor for the cache lines of c, a run's new
+// head, which the next worker to take a call from the run reads: in a
+// backlog it is cold, and that worker would otherwise wait for it with the
+// lock held (warm, begin). The hint costs no wait here.
+func prefetchCall[K comparable, T any](c *call[K, T]) {
+	for _, a := range callLines(c) {
+		prefetch.Line(a)
+	}
+}
+
+// callLines returns an address in each line prefetchCall asks for: the
+// call's first line and the line of its execution, and the line of its
+// lane's hash in case c is its lane's own cell, where the hash sits just
+// before it; if c is not, that address is a neighbour's memory, and only
+// the hint is lost.
+func callLines[K comparable, T any](c *call[K, T]) [3]uintptr {
+	var l lane[K, T]
+	p := uintptr(unsafe.Pointer(c))
+	return [3]uintptr{p - (unsafe.Offsetof(l.first) - unsafe.Offsetof(l.hash)), p, p + unsafe.Offsetof(c.exec)}
 }
 
 // free keeps ch, a chunk none of whose entries holds a call, as the run's

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -186,5 +187,25 @@ func checkRuns(t *testing.T, ri *readyIndex[int, int]) {
 		if f.head < f.tail {
 			require.NotNil(t, *f.at(f.head), "the head is a call")
 		}
+	}
+}
+
+// TestCallLines checks the addresses a run's new head is prefetched at
+// (prefetchCall): for a lane's own call, its lane's hash, its first word
+// and its execution, whatever the key and value types make of the
+// offsets.
+func TestCallLines(t *testing.T) {
+	checkCallLines[string, int](t)
+	checkCallLines[int, int](t)
+	checkCallLines[string, [5]string](t)
+}
+
+func checkCallLines[K comparable, T any](t *testing.T) {
+	t.Helper()
+	l := new(lane[K, T])
+	c := &l.first
+	want := [3]uintptr{uintptr(unsafe.Pointer(&l.hash)), uintptr(unsafe.Pointer(c)), uintptr(unsafe.Pointer(&c.exec))}
+	if got := callLines(c); got != want {
+		t.Errorf("lane[%T, %T]: callLines = %#x, want %#x", *new(K), *new(T), got, want)
 	}
 }

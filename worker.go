@@ -162,8 +162,10 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 // cache miss after another: the key table's slot of l, which the end of
 // its call releases, and the call the worker takes next (its run's head),
 // which it reads in four places. In a long backlog both are cold, and the
-// lock is held across each miss. It returns what it read, which the
-// caller keeps (Dispatcher.warmed), so that the compiler keeps the loads.
+// lock is held across each miss. (The head was asked for when the call
+// before it was taken, prefetchCall, so it is often on its way already.)
+// It returns what it read, which the caller keeps (Dispatcher.warmed), so
+// that the compiler keeps the loads.
 func warm[K comparable, T any](t *laneTable[K, T], q *queue[K, T], l *lane[K, T]) uint64 {
 	w := t.line(l.hash)
 	if len(q.active) > 0 {
