@@ -271,7 +271,7 @@ func TestLaneSizeDoc(t *testing.T) {
 	}
 	size := unsafe.Sizeof(lane[string, int]{})
 	docSays(t, "maxFreeLanes", fmt.Sprintf("a lane is %d bytes with string keys and int values", size))
-	docSays(t, "maxFreeLanes", fmt.Sprintf("at %d lanes: about %.1f MB", maxFreeLanes, float64(maxFreeLanes*size)/1e6))
+	docSays(t, "maxFreeLanes", fmt.Sprintf("keeps up to %d lanes: about %.1f MB", maxFreeLanes, float64(maxFreeLanes*size)/1e6))
 	docSays(t, "callRare", fmt.Sprintf("holds one word for it (%d bytes", unsafe.Sizeof(callRare[string, int]{})))
 }
 

@@ -14,8 +14,14 @@ import (
 // before it takes the lock (hash), and kept in the lane, so that neither
 // the lookup and insertion of a submission nor the deletion of a release
 // hashes a key under the dispatcher's lock. It uses linear probing with
-// backward-shift deletion (no tombstones), at most 3/4 full. Guarded by the
-// dispatcher's lock, except hash, which needs none.
+// backward-shift deletion (no tombstones), at most 3/4 full. It shrinks
+// too, so that a burst of keys that has drained does not keep its table:
+// when fewer than a sixteenth of its slots are taken, a table larger than
+// shrunkSlots is rebuilt at the size it would have grown to for the keys
+// left, but no smaller than shrunkSlots. A size is left only after the key
+// count has moved by a factor of two (growing) or three (shrinking), so
+// the rebuilds cost a constant per key however the count swings. Guarded
+// by the dispatcher's lock, except hash, which needs none.
 type laneTable[K comparable, T any] struct {
 	seed  maphash.Seed
 	salt  uint64           // from seed, for integer keys
@@ -23,8 +29,8 @@ type laneTable[K comparable, T any] struct {
 	n     int
 	pool  lanePool[K, T] // released lanes, for the next keys
 	// view is where slots is, for prefetch, which reads it without the
-	// lock; set when the table grows (a table too small to have grown is
-	// in the caches anyway).
+	// lock; set when the table is rebuilt (a table too small to have grown
+	// is in the caches anyway).
 	view atomic.Pointer[slotsView]
 }
 
@@ -43,6 +49,12 @@ type laneSlot[K comparable, T any] struct {
 }
 
 const minLaneSlots = 16
+
+// shrunkSlots is the fewest slots a table shrinks to (16 KiB of them):
+// below that, what a rebuild frees is worth less than the rebuild, which
+// a dispatcher whose keys swing by hundreds would otherwise do on every
+// swing.
+const shrunkSlots = 1024
 
 func newLaneTable[K comparable, T any]() laneTable[K, T] {
 	seed := maphash.MakeSeed()
@@ -144,6 +156,9 @@ func (t *laneTable[K, T]) release(l *lane[K, T]) bool {
 	if l.running != nil || l.pending != nil || !t.del(l) {
 		return false
 	}
+	if len(t.slots) > shrunkSlots && t.n*16 < len(t.slots) {
+		t.shrink()
+	}
 	t.pool.put(l)
 	return true
 }
@@ -158,13 +173,30 @@ func (t *laneTable[K, T]) insert(s laneSlot[K, T]) {
 	t.slots[i] = s
 }
 
-// grow doubles the table. It moves slots, and reads only slots: a lane is
-// not touched, so that a table of cold lanes grows without a cache miss per
-// lane. With the mask one bit wider, the slots of an old home i go to i or
-// i+len(old), so the writes follow the reads in two runs.
-func (t *laneTable[K, T]) grow() {
+// shrink rebuilds the table at the size it would have grown to for the
+// keys it holds (3/8 full at most), but no smaller than shrunkSlots. The
+// free list keeps its lanes: a dispatcher whose keys swing by thousands,
+// its workers falling behind and catching up, takes them again on the next
+// swing, where lanes let go at each shrink would be allocated anew.
+func (t *laneTable[K, T]) shrink() {
+	size := shrunkSlots
+	for size*3 < t.n*8 {
+		size *= 2
+	}
+	t.resize(size)
+}
+
+// grow doubles the table. With the mask one bit wider, the slots of an
+// old home i go to i or i+len(old), so the writes follow the reads in two
+// runs.
+func (t *laneTable[K, T]) grow() { t.resize(2 * len(t.slots)) }
+
+// resize moves every slot to a new table of size slots, a power of two
+// that holds them. It reads only slots: a lane is not touched, so that a
+// table of cold lanes is rebuilt without a cache miss per lane.
+func (t *laneTable[K, T]) resize(size int) {
 	old := t.slots
-	t.slots = make([]laneSlot[K, T], 2*len(old))
+	t.slots = make([]laneSlot[K, T], size)
 	for _, s := range old {
 		if s.l != nil {
 			t.insert(s)

@@ -22,8 +22,7 @@ func TestLaneTable(t *testing.T) {
 			return tab.hash(k)
 		}
 		ref := map[int]*lane[int, int]{}
-		for range 20_000 {
-			k := r.IntN(600)
+		toggle := func(k int) {
 			h := hash(k)
 			if l := ref[k]; l != nil {
 				require.Same(t, l, tab.get(k, h))
@@ -34,6 +33,35 @@ func TestLaneTable(t *testing.T) {
 				ref[k] = tab.add(k, h, 0)
 			}
 			require.Equal(t, len(ref), tab.Len())
+			// At most 3/4 full, and no sparser than a sixteenth once grown.
+			require.LessOrEqual(t, tab.Len()*4, len(tab.slots)*3)
+			require.True(t, len(tab.slots) <= shrunkSlots || tab.Len()*16 >= len(tab.slots), "%d keys in %d slots", tab.Len(), len(tab.slots))
+			if v := tab.view.Load(); v != nil {
+				require.Equal(t, uintptr(unsafe.Pointer(&tab.slots[0])), v.base)
+				require.Equal(t, uint64(len(tab.slots)-1), v.mask)
+			}
+		}
+		// Keys coming and going at random around a steady count, then
+		// swings: a burst up to 3 000 keys (4 096 slots) and a drain down
+		// to 2, as the table grows and shrinks through its sizes.
+		for range 20_000 {
+			toggle(r.IntN(600))
+		}
+		for range 3 {
+			for len(ref) < 3000 {
+				toggle(r.IntN(8000))
+			}
+			for len(ref) > 2 {
+				released := 0
+				for k := range ref { // two present keys: releases
+					toggle(k)
+					if released++; released == 2 {
+						break
+					}
+				}
+				toggle(r.IntN(8000)) // and one at random: a release or an add
+			}
+			require.Len(t, tab.slots, shrunkSlots, "drained to %d keys", len(ref))
 		}
 		for k, l := range ref {
 			require.Same(t, l, tab.get(k, hash(k)))

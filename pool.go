@@ -10,12 +10,16 @@ import "unsafe"
 
 // maxFreeLanes bounds the free list of released lanes. Reusing a lane
 // spares a new key its one allocation (and the garbage collector the work
-// of freeing it). The bound caps what a burst of finished keys leaves
-// behind at 4096 lanes: about 0.7 MB with small keys and values (on a
-// 64-bit platform a lane is 160 bytes with string keys and int values,
-// more for a large K or T; TestLaneSizeDoc keeps the figure true). With
-// its key table slot and its place in the ready index, a queued call
-// holds 190–230 bytes (the package doc; BenchmarkScale's B/queued).
+// of freeing it). The list keeps up to 4096 lanes: about 0.7 MB with small
+// keys and values (on a 64-bit platform a lane is 160 bytes with string
+// keys and int values, more for a large K or T; TestLaneSizeDoc keeps the
+// figure true), and a kept lane keeps its slab in memory too: after keys
+// have come and gone in a mixed order, up to the slabs of 4096 lanes. That
+// and the key table, which shrinks as the keys leave (laneTable), are what
+// a burst of keys leaves behind once it has drained, however large it was
+// (TestBurstDrainedFreesMemory). With its key table slot and its place in
+// the ready index, a queued call holds 190–230 bytes (the package doc;
+// BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:
@@ -53,10 +57,12 @@ func (p *lanePool[K, T]) get() *lane[K, T] {
 }
 
 // put keeps released lane l for reuse, unless enough are kept already.
-// Nothing may refer to l or its calls any more.
+// Nothing may refer to l or its calls any more. l is cleared either way:
+// a lane not kept stays in memory as long as its slab does, and must not
+// keep its key, its value, its execution or its tenant alive with it.
 func (p *lanePool[K, T]) put(l *lane[K, T]) {
+	*l = lane[K, T]{}
 	if len(p.free) < maxFreeLanes {
-		*l = lane[K, T]{} // let go of the key, the value and the tenant
 		p.free = append(p.free, l)
 	}
 }

@@ -1,8 +1,12 @@
 package dispatch
 
 import (
+	"context"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"unsafe"
@@ -13,14 +17,16 @@ import (
 
 // TestLaneReuse (internal): released lanes are kept for new keys up to
 // maxFreeLanes, hold nothing of the key that left (no key, value or waiter
-// is kept alive), and a key in a reused lane behaves as in a new one. It
-// reads the dispatcher's lane map and free list under its lock.
+// is kept alive), and a key in a reused lane behaves as in a new one; as
+// the keys leave, the key table shrinks and the free list keeps its lanes.
+// It reads the dispatcher's lane table and free list under its lock.
 func TestLaneReuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture[string, *int]()
+		const stay = 600 // keeps the table large: 4 706 keys take 8 192 slots, and 600 are more than a sixteenth
 		d, _, release := holdWorker(t, f.exec, Config[string, *int]{Capacity: 2 * maxFreeLanes})
 		n := maxFreeLanes + 10
-		for i := range n {
+		for i := range n + stay {
 			v := i
 			submit(t, d, fmt.Sprint(i), &v, SubmitOptions{Generation: 5})
 		}
@@ -28,6 +34,7 @@ func TestLaneReuse(t *testing.T) {
 			require.True(t, d.Cancel(fmt.Sprint(i), nil))
 		}
 		d.mu.Lock()
+		require.Len(t, d.lanes.slots, 8192)
 		require.Len(t, d.lanes.pool.free, maxFreeLanes, "free list not bounded")
 		for _, s := range d.lanes.pool.free {
 			require.Equal(t, lane[string, *int]{}, *s, "a released lane keeps state")
@@ -43,6 +50,21 @@ func TestLaneReuse(t *testing.T) {
 		assert.Same(t, reused, d.lanes.lookup("new"))
 		assert.Len(t, d.lanes.pool.free, maxFreeLanes-1)
 		d.mu.Unlock()
+
+		// The rest leave: the table shrinks to shrunkSlots, and the free
+		// list keeps its lanes, cleared.
+		for i := n; i < n+stay; i++ {
+			require.True(t, d.Cancel(fmt.Sprint(i), nil))
+		}
+		d.mu.Lock()
+		assert.Equal(t, 2, d.lanes.Len(), "the held key and the new one")
+		assert.Len(t, d.lanes.slots, shrunkSlots)
+		assert.Len(t, d.lanes.pool.free, maxFreeLanes)
+		for _, s := range d.lanes.pool.free {
+			require.Equal(t, lane[string, *int]{}, *s, "a released lane keeps state")
+		}
+		d.mu.Unlock()
+
 		release()
 		r := outcome(t, tk)
 		assert.Equal(t, StateSucceeded, r.State)
@@ -95,4 +117,123 @@ func checkSlab[K comparable, T any](t *testing.T) {
 	require.Less(t, got, uint64(want)+64, "a slab of %d lanes of %d bytes", n, size)
 	t.Logf("lanes of %d bytes: %d per slab, %d bytes a slab, %.1f a lane", size, n, got, float64(got)/float64(n))
 	runtime.KeepAlive(keep)
+}
+
+// TestBurstDrainedFreesMemory: what a burst of keys leaves behind once it
+// has drained does not grow with the burst: the key table shrinks back to
+// shrunkSlots, and what else stays is the lanes kept for reuse with the
+// slabs that hold them (at most maxFreeLanes slabs), the first chunk of
+// each priority's FIFO run (ten here) and the table (16 KiB), within
+// drainedBytes of what it held before the burst.
+func TestBurstDrainedFreesMemory(t *testing.T) {
+	slab := int64(allocSize(uintptr(slabLanes(unsafe.Sizeof(lane[int, int]{})))*unsafe.Sizeof(lane[int, int]{}) + 8))
+	for _, n := range []int{10_000, 100_000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				d := newD(t, func(_ context.Context, k, _ int) error {
+					if k == -1 {
+						<-release
+					}
+					return nil
+				}, Config[int, int]{Workers: 1, Capacity: n + 1})
+				require.NoError(t, d.Post(-1, 0, SubmitOptions{})) // holds the worker while the burst arrives
+				synctest.Wait()
+				settle()
+				before := heapAlloc()
+				s := newScaleOpts(n, false)
+				for k := range n {
+					require.NoError(t, d.Post(k, k, s.of(k)))
+				}
+				full := heapAlloc()
+				close(release)
+				synctest.Wait()
+				st := d.Stats()
+				require.Zero(t, st.Ready+st.InFlight, "drained")
+				held := int64(heapAlloc()) - int64(before)
+				d.mu.Lock()
+				slabs := int64(len(d.lanes.pool.free)) * slab // at most: each kept lane in a slab of its own
+				assert.Len(t, d.lanes.slots, shrunkSlots)
+				d.mu.Unlock()
+				t.Logf("%d keys: %.1f bytes a queued call; drained, %d bytes held", n, float64(full-before)/float64(n), held)
+				assert.Less(t, held, slabs+drainedBytes, "held after %d keys drained", n)
+				docSays(t, "", "what stays is at most 4096 lanes kept for reuse, with the memory that holds them")
+				if n == 100_000 {
+					mb := fmt.Sprintf("%.1f MB stays after 10⁵ int keys", float64(held)/1e6)
+					docSays(t, "README.md", mb)
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+const drainedBytes = 128 << 10
+
+// TestReleasedValuesCollected: a key that has left keeps nothing alive
+// through the dispatcher, whether its lane was kept for reuse or let go
+// beyond the free list's bound while other lanes of its slab stay in use,
+// and whether its call was cancelled or ran: every value is collected
+// while the dispatcher lives on.
+func TestReleasedValuesCollected(t *testing.T) {
+	type payload [64]byte
+	// stay: keys that stay queued meanwhile, as a live dispatcher's do.
+	const n, stay = 3 * maxFreeLanes, 2100
+	release, started := make(chan struct{}), make(chan struct{})
+	var done sync.WaitGroup
+	d := newD(t, func(_ context.Context, k string, _ *payload) error {
+		if k == "hold" {
+			close(started)
+			<-release
+		}
+		return nil
+	}, Config[string, *payload]{Workers: 1, Capacity: n + stay + 1, OnDone: func(r Result[string, *payload]) {
+		if strings.HasPrefix(r.Key, "ran") {
+			done.Done()
+		}
+	}})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open) // before Close, if the test stops early
+	require.NoError(t, d.Post("hold", nil, SubmitOptions{}))
+	<-started
+	var collected atomic.Int64
+	watched := func(key string) {
+		v := new(payload)
+		runtime.AddCleanup(v, func(*atomic.Int64) { collected.Add(1) }, &collected)
+		require.NoError(t, d.Post(key, v, SubmitOptions{}))
+	}
+	for i := range n {
+		watched(fmt.Sprint(i))
+	}
+	for i := range stay {
+		require.NoError(t, d.Post(fmt.Sprint("stay", i), new(payload), SubmitOptions{}))
+	}
+	// Every third key leaves first and fills the free list; the others'
+	// lanes, let go, share their slabs with those kept.
+	for _, first := range []bool{true, false} {
+		for i := range n {
+			if (i%3 == 0) == first {
+				require.True(t, d.Cancel(fmt.Sprint(i), nil))
+			}
+		}
+	}
+	d.mu.Lock()
+	require.Len(t, d.lanes.pool.free, maxFreeLanes, "the free list is full, so most lanes were let go")
+	d.mu.Unlock()
+	// Then as many run, and end.
+	done.Add(n)
+	open()
+	for i := range n {
+		watched(fmt.Sprint("ran", i))
+	}
+	done.Wait()
+	for range 100 {
+		if collected.Load() == 2*n {
+			break
+		}
+		runtime.GC()
+		runtime.Gosched()
+	}
+	assert.Equal(t, int64(2*n), collected.Load(), "values of released keys collected")
+	runtime.KeepAlive(d)
 }
