@@ -50,10 +50,11 @@ type laneSlot[K comparable, T any] struct {
 
 const minLaneSlots = 16
 
-// shrunkSlots is the fewest slots a table shrinks to (16 KiB of them):
-// below that, what a rebuild frees is worth less than the rebuild, which
-// a dispatcher whose keys swing by hundreds would otherwise do on every
-// swing.
+// shrunkSlots is the fewest slots a table shrinks to (16 KiB of them), so
+// that a dispatcher whose key count swings between a few and hundreds, as
+// its workers fall behind and catch up, does not rebuild its table on
+// every swing: one run of BenchmarkEndToEnd's live-unique rebuilt it 300
+// times with tables shrinking to 16 slots, 37 times with this floor.
 const shrunkSlots = 1024
 
 func newLaneTable[K comparable, T any]() laneTable[K, T] {

@@ -97,7 +97,7 @@ func TestLaneSlab(t *testing.T) {
 func checkSlab[K comparable, T any](t *testing.T) {
 	size := unsafe.Sizeof(lane[K, T]{})
 	n := slabLanes(size)
-	want := allocSize(uintptr(n)*size + 8)
+	want := slabBytes(size)
 	for m := minSlab; m <= maxSlab; m++ {
 		require.LessOrEqual(t, want*uintptr(m), allocSize(uintptr(m)*size+8)*uintptr(n), "%d lanes of %d bytes waste less than %d", m, size, n)
 	}
@@ -119,14 +119,19 @@ func checkSlab[K comparable, T any](t *testing.T) {
 	runtime.KeepAlive(keep)
 }
 
+// slabBytes is what the runtime allocates for a slab of lanes of size
+// bytes.
+func slabBytes(size uintptr) uintptr { return allocSize(uintptr(slabLanes(size))*size + 8) }
+
 // TestBurstDrainedFreesMemory: what a burst of keys leaves behind once it
 // has drained does not grow with the burst: the key table shrinks back to
-// shrunkSlots, and what else stays is the lanes kept for reuse with the
-// slabs that hold them (at most maxFreeLanes slabs), the first chunk of
-// each priority's FIFO run (ten here) and the table (16 KiB), within
-// drainedBytes of what it held before the burst.
+// shrunkSlots (16 KiB), and what else stays is the lanes kept for reuse
+// with the slabs that hold them (at most maxFreeLanes slabs) and the first
+// chunk of each priority's FIFO run (ten here), within drainedBytes of
+// what it held before the burst.
 func TestBurstDrainedFreesMemory(t *testing.T) {
-	slab := int64(allocSize(uintptr(slabLanes(unsafe.Sizeof(lane[int, int]{})))*unsafe.Sizeof(lane[int, int]{}) + 8))
+	docSays(t, "", "what stays is at most 4096 lanes kept for reuse, with the memory that holds them")
+	slab := int64(slabBytes(unsafe.Sizeof(lane[int, int]{})))
 	for _, n := range []int{10_000, 100_000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -157,7 +162,6 @@ func TestBurstDrainedFreesMemory(t *testing.T) {
 				d.mu.Unlock()
 				t.Logf("%d keys: %.1f bytes a queued call; drained, %d bytes held", n, float64(full-before)/float64(n), held)
 				assert.Less(t, held, slabs+drainedBytes, "held after %d keys drained", n)
-				docSays(t, "", "what stays is at most 4096 lanes kept for reuse, with the memory that holds them")
 				if n == 100_000 {
 					mb := fmt.Sprintf("%.1f MB stays after 10⁵ int keys", float64(held)/1e6)
 					docSays(t, "README.md", mb)
