@@ -893,6 +893,7 @@ func TestReplacePendingStartsFresh(t *testing.T) {
 					assert.Equal(t, 1, r.Attempts, "the replacement inherited the patch's attempts")
 					assert.Equal(t, at, time.Now(), "the replacement waited out the patch's backoff")
 					assert.Empty(t, hookRuns, "the before-retry hook ran on the patch's error")
+					synctest.Wait() // the observer hears of the end after the waiters are told
 					mu.Lock()
 					assert.Equal(t, []Event{{Label: "bind", Tenant: "bind"}}, seen, "not counted as its own operation")
 					mu.Unlock()
