@@ -100,7 +100,8 @@ func (c *controller) work() {
 // it cost.
 func run(ctx context.Context, out io.Writer, objects, edits int) error {
 	cs := fake.NewSimpleClientset()
-	if _, err := fakeapi.Install(&cs.Fake, cs.Tracker()); err != nil {
+	srv, err := fakeapi.Install(&cs.Fake, cs.Tracker())
+	if err != nil {
 		return err
 	}
 	var client kubernetes.Interface = cs
@@ -118,6 +119,16 @@ func run(ctx context.Context, out io.Writer, objects, edits int) error {
 		return err
 	}
 	defer stop()
+	// The fake API server does not replay to a watch that starts late,
+	// as a real one does from the list's resourceVersion: the changes
+	// wait for the informer's watch.
+	for srv.Watching() == 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
 
 	start := time.Now()
 	if err := drive(ctx, client, objects, edits); err != nil {

@@ -39,6 +39,24 @@ func (s *Server) watch(action k8stesting.Action) (bool, watch.Interface, error) 
 	return true, w, nil
 }
 
+// Watching returns how many watches the server serves. A watch sees only
+// the changes made after it starts: this server keeps no history to
+// replay from a resourceVersion, as a real one does, so a caller that
+// starts an informer and then makes changes waits for its watch first.
+func (s *Server) Watching() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.watchers {
+		w.mu.Lock()
+		if !w.stopped {
+			n++
+		}
+		w.mu.Unlock()
+	}
+	return n
+}
+
 // notify gives each watcher of gvr in ns an event of type t for o. It is
 // called with s.mu held, so that the events follow the changes' order.
 func (s *Server) notify(gvr schema.GroupVersionResource, ns string, t watch.EventType, o runtime.Object) {
