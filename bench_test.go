@@ -831,7 +831,7 @@ func BenchmarkRateLimit(b *testing.B) {
 	for _, shape := range []struct {
 		name string
 		l    RateLimiter
-	}{{"none", nil}, {"reserve", rate.NewLimiter(rate.Inf, 0)}, {"wait", openLimiter{}}} {
+	}{{"none", nil}, {"reserve", rate.NewLimiter(rate.Inf, 0)}, {"wait", openLimiter{}}, {"wait+allow", allowingLimiter{}}} {
 		b.Run("limiter="+shape.name, func(b *testing.B) {
 			sem := make(chan struct{}, window)
 			d, err := New(nop, Config[int, int]{
@@ -862,3 +862,9 @@ func BenchmarkRateLimit(b *testing.B) {
 type openLimiter struct{}
 
 func (openLimiter) Wait(context.Context) error { return nil }
+
+// allowingLimiter is openLimiter that also says, without blocking, that
+// every token is granted: the workers take them without the fetcher.
+type allowingLimiter struct{ openLimiter }
+
+func (allowingLimiter) Allow() bool { return true }

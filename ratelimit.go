@@ -18,7 +18,10 @@ import (
 // anything with TryAccept() bool and QPS() float32 is tried again by the
 // clock once per token interval; any other limiter is waited on by one
 // goroutine of the dispatcher, which hands each token to the best ready
-// call. A Sync-mode call waits for its token in its caller, under the
+// call — unless it also has Allow() bool, which a worker tries first: a
+// limiter that can say without blocking that a token is granted now (and
+// takes it) spares each such execution the hand-off from that goroutine.
+// A Sync-mode call waits for its token in its caller, under the
 // call's own context.
 //
 // No call runs without a token. A limiter that grants nothing for now —

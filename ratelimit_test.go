@@ -30,6 +30,13 @@ type waitLimiter struct{ l *rate.Limiter }
 
 func (w waitLimiter) Wait(ctx context.Context) error { return w.l.Wait(ctx) }
 
+// allowLimiter offers Wait and Allow: a worker tries Allow, and the
+// fetcher waits when it refuses.
+type allowLimiter struct{ l *rate.Limiter }
+
+func (a allowLimiter) Allow() bool                    { return a.l.Allow() }
+func (a allowLimiter) Wait(ctx context.Context) error { return a.l.Wait(ctx) }
+
 // TestTokenFirst: with a rate limit, a worker takes its token before it
 // chooses the call, so a high-priority call that arrives while a backlog of
 // low-priority calls waits for tokens runs on the very next token — however
@@ -40,6 +47,7 @@ func TestTokenFirst(t *testing.T) {
 		"rate.Limiter":       func() RateLimiter { return rate.NewLimiter(10, 1) },
 		"TryAccept (client)": func() RateLimiter { return tryLimiter{rate.NewLimiter(10, 1)} },
 		"Wait only":          func() RateLimiter { return waitLimiter{rate.NewLimiter(10, 1)} },
+		"Wait and Allow":     func() RateLimiter { return allowLimiter{rate.NewLimiter(10, 1)} },
 	}
 	for name, limiter := range limiters {
 		for _, workers := range []int{2, 16} {
@@ -299,5 +307,66 @@ func TestFetcherFetchesForFreeWorkers(t *testing.T) {
 		close(release)
 		closeD(t, d)
 		assert.Equal(t, int64(workers+queued), lim.waits.Load(), "one token per execution, none left over")
+	})
+}
+
+// gateLimiter grants nothing until opened, then every token: Wait blocks
+// until then, and Allow says whether it is open. Both are counted.
+type gateLimiter struct {
+	opened        chan struct{}
+	allows, waits atomic.Int64
+}
+
+func (g *gateLimiter) Allow() bool {
+	select {
+	case <-g.opened:
+		g.allows.Add(1)
+		return true
+	default:
+		return false
+	}
+}
+
+func (g *gateLimiter) Wait(ctx context.Context) error {
+	g.waits.Add(1)
+	select {
+	case <-g.opened:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestAllowBeforeFetcher: a limiter that can be waited on and also offers
+// Allow is tried by the worker itself. While Allow refuses, the fetcher
+// waits and starts the calls when the wait ends; once Allow grants, every
+// execution takes its token from it and the fetcher asks nothing more.
+func TestAllowBeforeFetcher(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := &gateLimiter{opened: make(chan struct{})}
+		var runs atomic.Int64
+		d := newD(t, func(context.Context, int, int) error { runs.Add(1); return nil },
+			Config[int, int]{Workers: 4, RateLimit: lim})
+		for k := range 5 {
+			require.NoError(t, d.Post(k, k, SubmitOptions{}))
+		}
+		synctest.Wait()
+		assert.Zero(t, runs.Load(), "nothing runs before the limiter grants")
+		assert.Equal(t, int64(1), lim.waits.Load(), "the fetcher waits once")
+
+		close(lim.opened)
+		synctest.Wait()
+		require.Equal(t, int64(5), runs.Load())
+		waits, allows := lim.waits.Load(), lim.allows.Load()
+		assert.Equal(t, int64(5), waits+allows, "one token per execution, by Allow or by a wait")
+
+		for k := 5; k < 25; k++ {
+			require.NoError(t, d.Post(k, k, SubmitOptions{}))
+			synctest.Wait()
+		}
+		assert.Equal(t, int64(25), runs.Load())
+		assert.Equal(t, waits, lim.waits.Load(), "Allow grants: the fetcher waits no more")
+		assert.Equal(t, allows+20, lim.allows.Load(), "one Allow per execution")
+		closeD(t, d)
 	})
 }

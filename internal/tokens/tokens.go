@@ -9,7 +9,8 @@
 // one that can be tried (TryAccept and QPS, client-go's
 // flowcontrol.RateLimiter), tried again once per token interval; and any
 // other, which only a goroutine of the owner can wait on (Fetched hands
-// each token it gets over). Whatever the limiter answers, no answer is
+// each token it gets over), unless its Allow, if it has one, grants the
+// token at once. Whatever the limiter answers, no answer is
 // committed to for longer than MaxWait, so a limiter changed at run time
 // takes effect within it and nothing spins.
 //
@@ -43,6 +44,11 @@ type (
 		TryAccept() bool
 		QPS() float32
 	}
+	// allower is a limiter otherwise only waited on that can say, without
+	// blocking, that a token is granted now; Allow takes it.
+	allower interface {
+		Allow() bool
+	}
 )
 
 // MaxWait bounds how long an answer of the limiter is committed to: a
@@ -63,6 +69,7 @@ type Tokens struct {
 	l     Limiter // nil: no limit
 	res   reserver
 	try   tryer
+	allow allower           // a waited-on limiter's non-blocking try; nil: none
 	epoch time.Time         // the owner's clock origin: Ready's times are ns since it
 	held  int               // granted and not yet spent
 	r     *rate.Reservation // outstanding reservation, due at at
@@ -76,6 +83,9 @@ func New(l Limiter, epoch time.Time) Tokens {
 	t := Tokens{l: l, epoch: epoch}
 	t.res, _ = l.(reserver)
 	t.try, _ = l.(tryer)
+	if t.res == nil && t.try == nil {
+		t.allow, _ = l.(allower)
+	}
 	return t
 }
 
@@ -105,6 +115,10 @@ func (t *Tokens) Ready(now int64) (bool, int64) {
 			t.at = now + min(max(every, int64(100*time.Microsecond)), MaxWait)
 		}
 		return false, t.at
+	}
+	if t.allow != nil && t.allow.Allow() {
+		t.held++
+		return true, 0
 	}
 	t.fetch = true
 	return false, WhenFetched

@@ -113,6 +113,48 @@ func TestFetched(t *testing.T) {
 	assert.True(t, tk.WantFetch(1))
 }
 
+// allowing can be waited on and tried: Allow grants while open.
+type allowing struct {
+	open  bool
+	tries int
+}
+
+func (a *allowing) Wait(context.Context) error { return nil }
+func (a *allowing) Allow() bool                { a.tries++; return a.open }
+
+// TestAllowed: a limiter that can only be waited on but offers Allow is
+// tried first; while it grants, no goroutine fetches, and when it does not,
+// the goroutine is asked as for any waited-on limiter. A *rate.Limiter,
+// which has Allow too, stays a limiter that takes reservations.
+func TestAllowed(t *testing.T) {
+	l := &allowing{}
+	tk := New(l, epoch)
+	require.True(t, tk.NeedsFetcher(), "a goroutine still waits when Allow refuses")
+	ok, at := tk.Ready(sec)
+	assert.False(t, ok)
+	assert.Equal(t, int64(WhenFetched), at)
+	assert.True(t, tk.WantFetch(1), "refused: the goroutine is asked")
+	tk.Fetched()
+	assert.False(t, tk.WantFetch(1), "one held: the ask is answered")
+	ok, _ = tk.Ready(sec)
+	assert.True(t, ok, "the fetched token")
+	assert.Equal(t, 1, l.tries, "a held token is spent before Allow is tried again")
+	tk.Spend()
+
+	l.open = true
+	for range 3 {
+		ok, _ = tk.Ready(sec)
+		require.True(t, ok)
+		tk.Spend()
+	}
+	assert.Equal(t, 4, l.tries, "one try per token")
+	assert.False(t, tk.WantFetch(4), "granted by Allow: nothing asked of the goroutine")
+
+	r := New(rate.NewLimiter(1, 1), epoch)
+	assert.Nil(t, r.allow, "a *rate.Limiter is reserved from, not tried")
+	assert.False(t, r.NeedsFetcher())
+}
+
 func TestCheck(t *testing.T) {
 	assert.NoError(t, Check(rate.NewLimiter(rate.Inf, 0)))
 	assert.NoError(t, Check(rate.NewLimiter(0, 1)), "a burst, then nothing: not an error")

@@ -265,14 +265,20 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	d.pending.kick()
 	a := &execCtx{Context: ctx, logs: d.logsCtx()}
 	a.prepaid.Store(d.wire.metered)
-	start := time.Now()
-	err := e.call.Execute(a, d.wire.client)
-	elapsed := time.Since(start)
-	if m := d.set.metrics; m != nil {
-		m.Executed(e.typ, err, elapsed)
+	m, paced := d.set.metrics, d.pace != nil && e.typ == podStatusPatch
+	var start time.Time
+	if m != nil || paced { // else nothing reads the execution's time
+		start = time.Now()
 	}
-	if d.pace != nil && e.typ == podStatusPatch {
-		d.pace.observe(elapsed)
+	err := e.call.Execute(a, d.wire.client)
+	if m != nil || paced {
+		elapsed := time.Since(start)
+		if m != nil {
+			m.Executed(e.typ, err, elapsed)
+		}
+		if paced {
+			d.pace.observe(elapsed)
+		}
 	}
 	if err != nil {
 		err = retryafter.Wrap(err, time.Duration(a.retryAfter.Load()))

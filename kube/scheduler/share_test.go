@@ -262,3 +262,23 @@ func TestPacedPatchesKeepNoWaits(t *testing.T) {
 		assert.LessOrEqual(t, drained, (patches+4)*time.Second/qps, "the patches keep the bucket's rate")
 	})
 }
+
+// TestGateAllow: the core tries the gate's Allow before its goroutine waits
+// on it. With no bucket to take from (a fake or wrapped client), Allow
+// grants every token once the gate is open, and none before, so nothing
+// runs before Start; with a bucket, it never grants, and every token comes
+// from a wait on the bucket.
+func TestGateAllow(t *testing.T) {
+	g := newGate()
+	assert.False(t, g.Allow(), "before Start")
+	g.open()
+	for range 3 {
+		assert.True(t, g.Allow(), "open, no bucket: every token")
+	}
+
+	b := newGate()
+	b.l = flowcontrol.NewFakeAlwaysRateLimiter()
+	b.open()
+	assert.False(t, b.Allow(), "a bucket's tokens are waited for")
+	b.close()
+}

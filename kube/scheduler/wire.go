@@ -153,10 +153,10 @@ func contentOf(rc *rest.RESTClient) (content rest.ContentConfig, ok bool) {
 // what is queued), then one token of the given client's bucket per
 // execution, or every token if there is no bucket to take from.
 //
-// It has only Wait, so the core waits on it from one goroutine of its own
-// and hands each token, when it is granted, to the best call ready at that
-// moment: a binding added while the storm waits for tokens gets the next
-// one. Waiting, rather than trying the bucket on a timer, keeps the
+// With a bucket, its tokens come only through Wait (Allow refuses them), so
+// the core waits on it from one goroutine of its own and hands each token,
+// when it is granted, to the best call ready at that moment: a binding
+// added while the storm waits for tokens gets the next one. Waiting, rather than trying the bucket on a timer, keeps the
 // dispatcher's place among the bucket's other users (the informers, the
 // scheduler's own direct calls — preemption deletes its victims on the same
 // clientset), which reserve their tokens in turn: a poller would be starved
@@ -278,6 +278,22 @@ func (g *gate) Wait(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// Allow reports, without blocking, whether a token is granted now: once
+// the gate is open with no bucket to take from, every token is, and the
+// core's worker takes it itself instead of waiting for its goroutine that
+// waits on the gate.
+func (g *gate) Allow() bool {
+	if g.l != nil {
+		return false
+	}
+	select {
+	case <-g.opened:
+		return true
+	default:
+		return false
 	}
 }
 

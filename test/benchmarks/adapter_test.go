@@ -37,9 +37,20 @@ import (
 //   - dropin: kube/scheduler's Dispatcher at its defaults (16 workers),
 //     without a Metrics, and with one that records the scheduler's own
 //     metrics as upstream does (its pending-calls gauge included);
+//   - dropin/bare: the drop-in without the two features its defaults turn
+//     on that upstream's dispatcher does not have — each call's timeout
+//     (Options.Timeout −1) and the workers kept for bindings
+//     (Start.ReservedWorkers −1);
 //   - core: the same calls Posted to a dispatch.Dispatcher with 16 workers,
 //     an exec that runs the call, and an OnDone that sends to OnFinish —
-//     the floor the adapter adds its own work to.
+//     the floor the adapter adds its own work to;
+//   - core/dropin-config: core, configured as the drop-in's defaults
+//     configure it (coreAsDropin), with none of the adapter's own code.
+//
+// So the drop-in's cost splits in two: what its configuration costs the
+// core (core/dropin-config against core, and dropin/metrics=off against
+// dropin/bare) and the adapter's own work per call (dropin/metrics=off
+// against core/dropin-config, and dropin/bare against core).
 func BenchmarkAPIDispatcher(b *testing.B) {
 	for _, impl := range []struct {
 		name string
@@ -48,7 +59,11 @@ func BenchmarkAPIDispatcher(b *testing.B) {
 		{"upstream", newUpstreamAdder},
 		{"dropin/metrics=off", func(b *testing.B, c clientset.Interface) adder { return newDropinAdder(b, c, nil) }},
 		{"dropin/metrics=on", func(b *testing.B, c clientset.Interface) adder { return newDropinAdder(b, c, schedMetrics{}) }},
-		{"core", newCoreAdder},
+		{"dropin/bare", func(b *testing.B, c clientset.Interface) adder {
+			return newDropinAdderWith(b, c, scheduler.Options{Timeout: -1, Start: dispatch.StartPolicy{ReservedWorkers: -1}})
+		}},
+		{"core", func(b *testing.B, c clientset.Interface) adder { return newCoreAdder(b, c, false) }},
+		{"core/dropin-config", func(b *testing.B, c clientset.Interface) adder { return newCoreAdder(b, c, true) }},
 	} {
 		b.Run("impl="+impl.name, func(b *testing.B) {
 			a := impl.new(b, instantClient())
@@ -164,8 +179,12 @@ func newUpstreamAdder(b *testing.B, client clientset.Interface) adder {
 }
 
 func newDropinAdder(b *testing.B, client clientset.Interface, m scheduler.Metrics) adder {
+	return newDropinAdderWith(b, client, scheduler.Options{Metrics: m})
+}
+
+func newDropinAdderWith(b *testing.B, client clientset.Interface, o scheduler.Options) adder {
 	schedmetrics.Register()
-	d, err := scheduler.New(client, apicalls.Relevances, scheduler.Options{Metrics: m})
+	d, err := scheduler.New(client, apicalls.Relevances, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -189,10 +208,29 @@ type coreCall struct {
 	fin  chan<- error
 }
 
-func newCoreAdder(b *testing.B, client clientset.Interface) adder {
-	d, err := dispatch.New(func(ctx context.Context, _ types.UID, c coreCall) error {
-		return c.call.Execute(ctx, client)
-	}, dispatch.Config[types.UID, coreCall]{
+// The drop-in's documented defaults that coreAsDropin sets in the core
+// (kube/scheduler's Options): bindings at priority 20 and status patches
+// at 0, in bands of 10; a timeout of five minutes from Add; a quarter of
+// the workers kept for the binding's band.
+const (
+	dropinBindingPriority = 20
+	dropinAgingBand       = 10
+	dropinTimeout         = 5 * time.Minute
+	dropinReserved        = schedulerParallelism / 4
+)
+
+// quietObserver is an Observer of no methods of its own, where the
+// drop-in's logs its retries, drops and switches: the core delivers its
+// events all the same.
+type quietObserver struct{ dispatch.NopObserver }
+
+// newCoreAdder Posts the calls to the core. With coreAsDropin it
+// configures the core as the drop-in's defaults do: each call's deadline,
+// the workers kept for bindings, the aging band, the call types named as
+// tenants and as labels, a status patch droppable for a binding at
+// capacity, and an observer.
+func newCoreAdder(b *testing.B, client clientset.Interface, coreAsDropin bool) adder {
+	cfg := dispatch.Config[types.UID, coreCall]{
 		Workers:  schedulerParallelism,
 		Capacity: 100_000,
 		OnDone: func(r dispatch.Result[types.UID, coreCall]) {
@@ -201,17 +239,31 @@ func newCoreAdder(b *testing.B, client clientset.Interface) adder {
 			default:
 			}
 		},
-	})
+	}
+	if coreAsDropin {
+		cfg.AgingBand = dropinAgingBand
+		cfg.Start = dispatch.StartPolicy{ReservedWorkers: dropinReserved, UrgentPriority: dropinBindingPriority}
+		cfg.Label = func(_ types.UID, c coreCall) string { return string(c.call.CallType()) }
+		cfg.Tenants = map[string]dispatch.TenantConfig{string(apicalls.PodBinding): {}, string(apicalls.PodStatusPatch): {}}
+		cfg.Observer = quietObserver{} // the drop-in always has one: its log lines
+	}
+	d, err := dispatch.New(func(ctx context.Context, _ types.UID, c coreCall) error {
+		return c.call.Execute(ctx, client)
+	}, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	return adder{
 		add: func(c fwk.APICall, fin chan<- error) error {
-			p := 0
+			o := dispatch.SubmitOptions{Tenant: string(c.CallType())}
 			if c.CallType() == apicalls.PodBinding {
-				p = 20 // the drop-in's default priorities: bindings 20, status patches 0
+				o.Priority = dropinBindingPriority
 			}
-			return d.Post(c.UID(), coreCall{c, fin}, dispatch.SubmitOptions{Priority: p, Tenant: string(c.CallType())})
+			if coreAsDropin {
+				o.Deadline = time.Now().Add(dropinTimeout)
+				o.Droppable = o.Priority < dropinBindingPriority
+			}
+			return d.Post(c.UID(), coreCall{c, fin}, o)
 		},
 		close: func() {
 			if err := d.Close(context.Background()); err != nil {
