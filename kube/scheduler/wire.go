@@ -156,11 +156,12 @@ func contentOf(rc *rest.RESTClient) (content rest.ContentConfig, ok bool) {
 // With a bucket, its tokens come only through Wait (Allow refuses them), so
 // the core waits on it from one goroutine of its own and hands each token,
 // when it is granted, to the best call ready at that moment: a binding
-// added while the storm waits for tokens gets the next one. Waiting, rather than trying the bucket on a timer, keeps the
-// dispatcher's place among the bucket's other users (the informers, the
-// scheduler's own direct calls — preemption deletes its victims on the same
-// clientset), which reserve their tokens in turn: a poller would be starved
-// by any of them that waits continuously.
+// added while the storm waits for tokens gets the next one. Waiting,
+// rather than trying the bucket on a timer, keeps the dispatcher's place
+// among the bucket's other users (the informers, the scheduler's own
+// direct calls — preemption deletes its victims on the same clientset),
+// which reserve their tokens in turn: a poller would be starved by any of
+// them that waits continuously.
 //
 // client-go's bucket serves its waiters in the order they ask, so a user's
 // share of it is the number of waits it keeps outstanding. One wait at a
