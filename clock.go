@@ -10,8 +10,9 @@ import (
 // due, and does each — expires waiters whose deadline passed, moves calls
 // whose backoff ended to the ready index, wakes a worker for a token that
 // is due or a hold that ended, lets the circuit breaker probe, checks the
-// fallback policy — recording each duty's next time, if it has one. The
-// due list's timer is the one timer for all of them. Three other places
+// fallback policy, shrinks the key table once it has stayed sparse —
+// recording each duty's next time, if it has one. The due list's timer is
+// the one timer for all of them. Three other places
 // keep timers of their own, none per queued call: an attempt under
 // RetryPolicy.AttemptTimeout (attempt.go, the context package's timer), a
 // Sync-mode caller waiting out a backoff or the breaker's cool-down
@@ -63,6 +64,11 @@ func (d *Dispatcher[K, T]) tick(now int64, ob *outbox[K, T]) {
 	}
 	if duties.Has(due.Check) {
 		d.checkFallback(now, ob)
+	}
+	if duties.Has(due.Shrink) {
+		if at, ok := d.lanes.shrinkDue(now); !ok {
+			d.due.Set(due.Shrink, at)
+		}
 	}
 	if duties.Has(due.Start) {
 		// A token is due, or a hold has ended. The worker that looks

@@ -15,6 +15,8 @@ package dispatch
 
 import (
 	"errors"
+
+	"github.com/coalescer/dispatch/internal/due"
 )
 
 // leave ends ticket t alone with st: its ticket was cancelled, its context
@@ -81,7 +83,10 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 			d.wake.worker()
 		}
 	}
-	if d.lanes.release(l) {
+	if released, sparse := d.lanes.release(l, now); released {
+		if sparse {
+			d.due.Set(due.Shrink, now+shrinkAfter)
+		}
 		d.drain.left(d.lanes.Len())
 	}
 	d.wake.kick()

@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"iter"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/coalescer/dispatch/internal/prefetch"
@@ -16,11 +17,12 @@ import (
 // hashes a key under the dispatcher's lock. It uses linear probing with
 // backward-shift deletion (no tombstones), at most 3/4 full. It shrinks
 // too, so that a burst of keys that has drained does not keep its table:
-// when fewer than a sixteenth of its slots are taken, a table larger than
-// shrunkSlots is rebuilt at the size it would have grown to for the keys
-// left, but no smaller than shrunkSlots. A size is left only after the key
-// count has moved by a factor of two (growing) or three (shrinking), so
-// the rebuilds cost a constant per key however the count swings. Guarded
+// once fewer than a sixteenth of its slots have been taken for
+// shrinkAfter, a table larger than shrunkSlots is rebuilt, by the clock,
+// at the size it would have grown to for the keys left, but no smaller
+// than shrunkSlots. A size is left only after the key count has moved by
+// a factor of two (growing) or three (shrinking), so the rebuilds cost a
+// constant per key however the count swings. Guarded
 // by the dispatcher's lock, except hash, which needs none.
 type laneTable[K comparable, T any] struct {
 	seed  maphash.Seed
@@ -28,6 +30,11 @@ type laneTable[K comparable, T any] struct {
 	slots []laneSlot[K, T] // a power of two of them
 	n     int
 	pool  lanePool[K, T] // released lanes, for the next keys
+	// sparse is set, at sparseSince, when a release first finds the table
+	// sparse enough to shrink; it is cleared when a release finds it not,
+	// or when the table is rebuilt.
+	sparse      bool
+	sparseSince int64
 	// view is where slots is, for prefetch, which reads it without the
 	// lock; set when the table is rebuilt (a table too small to have grown
 	// is in the caches anyway).
@@ -50,12 +57,18 @@ type laneSlot[K comparable, T any] struct {
 
 const minLaneSlots = 16
 
-// shrunkSlots is the fewest slots a table shrinks to (16 KiB of them), so
-// that a dispatcher whose key count swings between a few and hundreds, as
-// its workers fall behind and catch up, does not rebuild its table on
-// every swing: one run of BenchmarkEndToEnd's live-unique rebuilt it 300
-// times with tables shrinking to 16 slots, 37 times with this floor.
+// shrunkSlots is the fewest slots a table shrinks to (16 KiB of them): a
+// dispatcher that has had a thousand keys at once keeps room for as many.
 const shrunkSlots = 1024
+
+// shrinkAfter is how long a table stays sparse before the clock shrinks
+// it (shrinkDue). A dispatcher whose key count swings between tens of
+// thousands and a few, as its workers fall behind and catch up, would
+// otherwise rebuild its table down and up again on every swing, under the
+// lock its submitters take (BenchmarkEndToEnd's live-unique: its
+// producer's time per add 8.7 % more); a burst that has drained gives its
+// table back a second later.
+const shrinkAfter = int64(time.Second)
 
 func newLaneTable[K comparable, T any]() laneTable[K, T] {
 	seed := maphash.MakeSeed()
@@ -153,15 +166,36 @@ func (t *laneTable[K, T]) add(key K, h uint64, gen uint64) *lane[K, T] {
 // release: a lane without a call is released at once (finish), so a lane
 // found in the table has one, except under the lock between add and the
 // call it was added for.
-func (t *laneTable[K, T]) release(l *lane[K, T]) bool {
+func (t *laneTable[K, T]) release(l *lane[K, T], now int64) (released, sparse bool) {
 	if l.running != nil || l.pending != nil || !t.del(l) {
-		return false
-	}
-	if len(t.slots) > shrunkSlots && t.n*16 < len(t.slots) {
-		t.shrink()
+		return false, false
 	}
 	t.pool.put(l)
-	return true
+	if len(t.slots) > shrunkSlots && t.n*16 < len(t.slots) {
+		if !t.sparse {
+			t.sparse, t.sparseSince = true, now
+			return true, true
+		}
+	} else {
+		t.sparse = false
+	}
+	return true, false
+}
+
+// shrinkDue is the clock's duty for a table that turned sparse: it shrinks
+// the table if it has stayed sparse for shrinkAfter, and otherwise returns
+// when to look again (ok false). A table no longer sparse is left as it
+// is.
+func (t *laneTable[K, T]) shrinkDue(now int64) (at int64, ok bool) {
+	if !t.sparse || len(t.slots) <= shrunkSlots || t.n*16 >= len(t.slots) {
+		t.sparse = false
+		return 0, true
+	}
+	if at := t.sparseSince + shrinkAfter; now < at {
+		return at, false
+	}
+	t.shrink()
+	return 0, true
 }
 
 // insert puts s in its slot: the first free one from its home slot.
@@ -196,6 +230,7 @@ func (t *laneTable[K, T]) grow() { t.resize(2 * len(t.slots)) }
 // that holds them. It reads only slots: a lane is not touched, so that a
 // table of cold lanes is rebuilt without a cache miss per lane.
 func (t *laneTable[K, T]) resize(size int) {
+	t.sparse = false
 	old := t.slots
 	t.slots = make([]laneSlot[K, T], size)
 	for _, s := range old {

@@ -15,11 +15,11 @@ import "unsafe"
 // keys and int values, more for a large K or T; TestLaneSizeDoc keeps the
 // figure true), and a kept lane keeps its slab in memory too: after keys
 // have come and gone in a mixed order, up to the slabs of 4096 lanes. That
-// and the key table, which shrinks as the keys leave (laneTable), are what
-// a burst of keys leaves behind once it has drained, however large it was
-// (TestBurstDrainedFreesMemory). With its key table slot and its place in
-// the ready index, a queued call holds 190–230 bytes (the package doc;
-// BenchmarkScale's B/queued).
+// and the key table, which shrinks a second after the keys have left
+// (laneTable), are what a burst of keys leaves behind once it has drained,
+// however large it was (TestBurstDrainedFreesMemory). With its key table
+// slot and its place in the ready index, a queued call holds 190–230
+// bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -18,7 +19,8 @@ import (
 // TestLaneReuse (internal): released lanes are kept for new keys up to
 // maxFreeLanes, hold nothing of the key that left (no key, value or waiter
 // is kept alive), and a key in a reused lane behaves as in a new one; as
-// the keys leave, the key table shrinks and the free list keeps its lanes.
+// the keys leave, the key table shrinks a second later and the free list
+// keeps its lanes.
 // It reads the dispatcher's lane table and free list under its lock.
 func TestLaneReuse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -51,14 +53,20 @@ func TestLaneReuse(t *testing.T) {
 		assert.Len(t, d.lanes.pool.free, maxFreeLanes-1)
 		d.mu.Unlock()
 
-		// The rest leave: the table shrinks to shrunkSlots, and the free
-		// list keeps its lanes, cleared.
+		// The rest leave: a second later the table has shrunk to
+		// shrunkSlots, and the free list keeps its lanes, cleared.
 		for i := n; i < n+stay; i++ {
 			require.True(t, d.Cancel(fmt.Sprint(i), nil))
 		}
 		d.mu.Lock()
+		grown := len(d.lanes.slots)
+		d.mu.Unlock()
+		assert.Greater(t, grown, shrunkSlots, "not at once")
+		time.Sleep(time.Duration(shrinkAfter))
+		synctest.Wait()
+		d.mu.Lock()
 		assert.Equal(t, 2, d.lanes.Len(), "the held key and the new one")
-		assert.Len(t, d.lanes.slots, shrunkSlots)
+		assert.Equal(t, shrunkSlots, len(d.lanes.slots))
 		assert.Len(t, d.lanes.pool.free, maxFreeLanes)
 		for _, s := range d.lanes.pool.free {
 			require.Equal(t, lane[string, *int]{}, *s, "a released lane keeps state")
@@ -124,8 +132,8 @@ func checkSlab[K comparable, T any](t *testing.T) {
 func slabBytes(size uintptr) uintptr { return allocSize(uintptr(slabLanes(size))*size + 8) }
 
 // TestBurstDrainedFreesMemory: what a burst of keys leaves behind once it
-// has drained does not grow with the burst: the key table shrinks back to
-// shrunkSlots (16 KiB), and what else stays is the lanes kept for reuse
+// has drained does not grow with the burst: a second after the drain the
+// key table has shrunk back to shrunkSlots (16 KiB), and what else stays is the lanes kept for reuse
 // with the slabs that hold them (at most maxFreeLanes slabs) and the first
 // chunk of each priority's FIFO run (ten here), within drainedBytes of
 // what it held before the burst.
@@ -155,10 +163,12 @@ func TestBurstDrainedFreesMemory(t *testing.T) {
 				synctest.Wait()
 				st := d.Stats()
 				require.Zero(t, st.Ready+st.InFlight, "drained")
+				time.Sleep(time.Duration(shrinkAfter)) // the table shrinks a second after it turned sparse
+				synctest.Wait()
 				held := int64(heapAlloc()) - int64(before)
 				d.mu.Lock()
 				slabs := int64(len(d.lanes.pool.free)) * slab // at most: each kept lane in a slab of its own
-				assert.Len(t, d.lanes.slots, shrunkSlots)
+				assert.Equal(t, shrunkSlots, len(d.lanes.slots))
 				d.mu.Unlock()
 				t.Logf("%d keys: %.1f bytes a queued call; drained, %d bytes held", n, float64(full-before)/float64(n), held)
 				assert.Less(t, held, slabs+drainedBytes, "held after %d keys drained", n)

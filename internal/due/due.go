@@ -4,8 +4,9 @@
 // Every duty that needs the clock — a waiter's deadline, the end of a
 // retry's backoff, a rate limiter's next token, the end of a server's
 // Retry-After hold, the circuit breaker's cool-down, the fallback policy's
-// next check — records its time here with Set, which re-arms the timer if
-// that time is earlier than the timer is set for. An entry leaves the list
+// next check, the key table's shrinking — records its time here with Set,
+// which re-arms the timer if that time is earlier than the timer is set
+// for. An entry leaves the list
 // only through Take, which hands it to the clock to act on; the clock then
 // records the duty's next time, if it still has one, and calls Rearm. So
 // arming the timer for one duty can never make the clock forget another:
@@ -29,10 +30,11 @@ const (
 	Start               // wake a worker: a token is due, or a hold ended
 	Probe               // the circuit breaker's cool-down ended: probe
 	Check               // check the fallback policy's thresholds
+	Shrink              // shrink the key table, if it has stayed sparse
 	count
 )
 
-var names = [count]string{"expire", "promote", "start", "probe", "check"}
+var names = [count]string{"expire", "promote", "start", "probe", "check", "shrink"}
 
 func (d Duty) String() string {
 	if d < count {
