@@ -12,8 +12,8 @@ import (
 // is due or a hold that ended, lets the circuit breaker probe, checks the
 // fallback policy, shrinks the key table once it has stayed sparse —
 // recording each duty's next time, if it has one. The due list's timer is
-// the one timer for all of them. Three other places
-// keep timers of their own, none per queued call: an attempt under
+// the one timer for all of them. Three other places keep timers of their
+// own, none per queued call: an attempt under
 // RetryPolicy.AttemptTimeout (attempt.go, the context package's timer), a
 // Sync-mode caller waiting out a backoff or the breaker's cool-down
 // (inline.go), and the back-off between failed Waits of a limiter that can

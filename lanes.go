@@ -22,8 +22,8 @@ import (
 // at the size it would have grown to for the keys left, but no smaller
 // than shrunkSlots. A size is left only after the key count has moved by
 // a factor of two (growing) or three (shrinking), so the rebuilds cost a
-// constant per key however the count swings. Guarded
-// by the dispatcher's lock, except hash, which needs none.
+// constant per key however the count swings. Guarded by the dispatcher's
+// lock, except hash, which needs none.
 type laneTable[K comparable, T any] struct {
 	seed  maphash.Seed
 	salt  uint64           // from seed, for integer keys
@@ -165,7 +165,9 @@ func (t *laneTable[K, T]) add(key K, h uint64, gen uint64) *lane[K, T] {
 // calls, and no execution runs one. A lane is tracked from add until its
 // release: a lane without a call is released at once (finish), so a lane
 // found in the table has one, except under the lock between add and the
-// call it was added for.
+// call it was added for. It also reports whether the release left the
+// table sparse for the first time since it last was not (sparse): the
+// caller then asks the clock to see to it shrinkAfter later (shrinkDue).
 func (t *laneTable[K, T]) release(l *lane[K, T], now int64) (released, sparse bool) {
 	if l.running != nil || l.pending != nil || !t.del(l) {
 		return false, false
