@@ -54,8 +54,8 @@
 // 190–230 bytes of memory with int keys and values, 210–250 with a
 // deadline of its own, from 10³ to 10⁶ queued (BenchmarkScale's B/queued,
 // 64-bit). What a burst of keys leaves behind once it has drained does not
-// grow with the burst: a second after the keys have left, the key table
-// has shrunk; no key or value of an ended call stays reachable; and what
-// stays is at most 4096 lanes kept for reuse, with the memory that holds
-// them (TestBurstDrainedFreesMemory).
+// grow with the burst: no key or value of an ended call stays reachable,
+// and a second after the keys have left, the key table has shrunk and
+// what stays is at most 256 lanes kept for reuse, with the memory that
+// holds them (TestBurstDrainedFreesMemory).
 package dispatch

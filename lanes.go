@@ -61,6 +61,12 @@ const minLaneSlots = 16
 // dispatcher that has had a thousand keys at once keeps room for as many.
 const shrunkSlots = 1024
 
+// keptPerSlot sets how many released lanes the free list keeps once the
+// clock has shrunk the table: one for every keptPerSlot slots of its new
+// size (256 at shrunkSlots), where a dispatcher whose keys swing faster
+// keeps up to maxFreeLanes.
+const keptPerSlot = 4
+
 // shrinkAfter is how long a table stays sparse before the clock shrinks
 // it (shrinkDue). A dispatcher whose key count swings between tens of
 // thousands and a few, as its workers fall behind and catch up, would
@@ -197,6 +203,7 @@ func (t *laneTable[K, T]) shrinkDue(now int64) (at int64, ok bool) {
 		return at, false
 	}
 	t.shrink()
+	t.pool.trim(len(t.slots) / keptPerSlot)
 	return 0, true
 }
 

@@ -14,10 +14,12 @@ import "unsafe"
 // keys and values (on a 64-bit platform a lane is 160 bytes with string
 // keys and int values, more for a large K or T; TestLaneSizeDoc keeps the
 // figure true), and a kept lane keeps its slab in memory too: after keys
-// have come and gone in a mixed order, up to the slabs of 4096 lanes. That
-// and the key table, which shrinks a second after the keys have left
-// (laneTable), are what a burst of keys leaves behind once it has drained,
-// however large it was (TestBurstDrainedFreesMemory). With its key table
+// have come and gone in a mixed order, up to the slabs of 4096 lanes. A
+// second after the keys have left, the clock shrinks the key table and
+// trims the list to a lane for every keptPerSlot slots of the table
+// (laneTable.shrinkDue): at most 256 lanes and their slabs are what a
+// burst of keys leaves behind once it has drained, however large it was
+// (TestBurstDrainedFreesMemory). With its key table
 // slot and its place in the ready index, a queued call holds 190–230
 // bytes (the package doc; BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
@@ -65,6 +67,18 @@ func (p *lanePool[K, T]) put(l *lane[K, T]) {
 	if len(p.free) < maxFreeLanes {
 		p.free = append(p.free, l)
 	}
+}
+
+// trim keeps at most n lanes on the free list and lets the rest go, with
+// the list's array: what the clock's shrink of the key table does once the
+// keys have stayed few for shrinkAfter (laneTable.shrinkDue), so that the
+// slabs of a burst's lanes are freed as soon as none of their lanes is in
+// use.
+func (p *lanePool[K, T]) trim(n int) {
+	if len(p.free) <= n {
+		return
+	}
+	p.free = append([]*lane[K, T](nil), p.free[:n]...)
 }
 
 // maxFreeLists and maxFreeListCap bound the ticket lists kept for reuse:

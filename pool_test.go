@@ -54,7 +54,8 @@ func TestLaneReuse(t *testing.T) {
 		d.mu.Unlock()
 
 		// The rest leave: a second later the table has shrunk to
-		// shrunkSlots, and the free list keeps its lanes, cleared.
+		// shrunkSlots, and the free list keeps a lane for every
+		// keptPerSlot of its slots, cleared.
 		for i := n; i < n+stay; i++ {
 			require.True(t, d.Cancel(fmt.Sprint(i), nil))
 		}
@@ -67,7 +68,7 @@ func TestLaneReuse(t *testing.T) {
 		d.mu.Lock()
 		assert.Equal(t, 2, d.lanes.Len(), "the held key and the new one")
 		assert.Equal(t, shrunkSlots, len(d.lanes.slots))
-		assert.Len(t, d.lanes.pool.free, maxFreeLanes)
+		assert.Len(t, d.lanes.pool.free, shrunkSlots/keptPerSlot)
 		for _, s := range d.lanes.pool.free {
 			require.Equal(t, lane[string, *int]{}, *s, "a released lane keeps state")
 		}
@@ -133,12 +134,12 @@ func slabBytes(size uintptr) uintptr { return allocSize(uintptr(slabLanes(size))
 
 // TestBurstDrainedFreesMemory: what a burst of keys leaves behind once it
 // has drained does not grow with the burst: a second after the drain the
-// key table has shrunk back to shrunkSlots (16 KiB), and what else stays is the lanes kept for reuse
-// with the slabs that hold them (at most maxFreeLanes slabs) and the first
-// chunk of each priority's FIFO run (ten here), within drainedBytes of
-// what it held before the burst.
+// key table has shrunk back to shrunkSlots (16 KiB), and what else stays
+// is the lanes kept for reuse (shrunkSlots/keptPerSlot of them) with the
+// slabs that hold them and the first chunk of each priority's FIFO run
+// (ten here), within drainedBytes of what it held before the burst.
 func TestBurstDrainedFreesMemory(t *testing.T) {
-	docSays(t, "", "what stays is at most 4096 lanes kept for reuse, with the memory that holds them")
+	docSays(t, "", fmt.Sprintf("what stays is at most %d lanes kept for reuse, with the memory that holds them", shrunkSlots/keptPerSlot))
 	slab := int64(slabBytes(unsafe.Sizeof(lane[int, int]{})))
 	for _, n := range []int{10_000, 100_000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
@@ -169,6 +170,7 @@ func TestBurstDrainedFreesMemory(t *testing.T) {
 				d.mu.Lock()
 				slabs := int64(len(d.lanes.pool.free)) * slab // at most: each kept lane in a slab of its own
 				assert.Equal(t, shrunkSlots, len(d.lanes.slots))
+				assert.LessOrEqual(t, len(d.lanes.pool.free), shrunkSlots/keptPerSlot)
 				d.mu.Unlock()
 				t.Logf("%d keys: %.1f bytes a queued call; drained, %d bytes held", n, float64(full-before)/float64(n), held)
 				assert.Less(t, held, slabs+drainedBytes, "held after %d keys drained", n)
