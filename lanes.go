@@ -64,7 +64,9 @@ const shrunkSlots = 1024
 // keptPerSlot sets how many released lanes the free list keeps once the
 // clock has shrunk the table: one for every keptPerSlot slots of its new
 // size (256 at shrunkSlots), where a dispatcher whose keys swing faster
-// keeps up to maxFreeLanes.
+// keeps up to maxFreeLanes. The trade: bursts more than shrinkAfter apart
+// each make their lanes (an eighth of an allocation a key) and grow the
+// table anew, as the first burst did.
 const keptPerSlot = 4
 
 // shrinkAfter is how long a table stays sparse before the clock shrinks
