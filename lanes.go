@@ -181,15 +181,20 @@ func (t *laneTable[K, T]) release(l *lane[K, T], now int64) (released, sparse bo
 		return false, false
 	}
 	t.pool.put(l)
-	if len(t.slots) > shrunkSlots && t.n*16 < len(t.slots) {
-		if !t.sparse {
-			t.sparse, t.sparseSince = true, now
-			return true, true
-		}
-	} else {
+	switch {
+	case !t.sparseNow():
 		t.sparse = false
+	case !t.sparse:
+		t.sparse, t.sparseSince = true, now
+		return true, true
 	}
 	return true, false
+}
+
+// sparseNow reports whether the table is sparse enough to shrink: larger
+// than shrunkSlots, and less than a sixteenth full.
+func (t *laneTable[K, T]) sparseNow() bool {
+	return len(t.slots) > shrunkSlots && t.n*16 < len(t.slots)
 }
 
 // shrinkDue is the clock's duty for a table that turned sparse: it shrinks
@@ -197,7 +202,7 @@ func (t *laneTable[K, T]) release(l *lane[K, T], now int64) (released, sparse bo
 // when to look again (ok false). A table no longer sparse is left as it
 // is.
 func (t *laneTable[K, T]) shrinkDue(now int64) (at int64, ok bool) {
-	if !t.sparse || len(t.slots) <= shrunkSlots || t.n*16 >= len(t.slots) {
+	if !t.sparse || !t.sparseNow() {
 		t.sparse = false
 		return 0, true
 	}
@@ -220,10 +225,7 @@ func (t *laneTable[K, T]) insert(s laneSlot[K, T]) {
 }
 
 // shrink rebuilds the table at the size it would have grown to for the
-// keys it holds (3/8 full at most), but no smaller than shrunkSlots. The
-// free list keeps its lanes: a dispatcher whose keys swing by thousands,
-// its workers falling behind and catching up, takes them again on the next
-// swing, where lanes let go at each shrink would be allocated anew.
+// keys it holds (3/8 full at most), but no smaller than shrunkSlots.
 func (t *laneTable[K, T]) shrink() {
 	size := shrunkSlots
 	for size*3 < t.n*8 {

@@ -19,9 +19,9 @@ import "unsafe"
 // trims the list to a lane for every keptPerSlot slots of the table
 // (laneTable.shrinkDue): at most 256 lanes and their slabs are what a
 // burst of keys leaves behind once it has drained, however large it was
-// (TestBurstDrainedFreesMemory). With its key table
-// slot and its place in the ready index, a queued call holds 190–230
-// bytes (the package doc; BenchmarkScale's B/queued).
+// (TestBurstDrainedFreesMemory). With its key table slot and its place in
+// the ready index, a queued call holds 190–230 bytes (the package doc;
+// BenchmarkScale's B/queued).
 const maxFreeLanes = 4096
 
 // A slab is the allocation that makes lanes when the free list is empty:

@@ -6,11 +6,11 @@
 // Retry-After hold, the circuit breaker's cool-down, the fallback policy's
 // next check, the key table's shrinking — records its time here with Set,
 // which re-arms the timer if that time is earlier than the timer is set
-// for. An entry leaves the list
-// only through Take, which hands it to the clock to act on; the clock then
-// records the duty's next time, if it still has one, and calls Rearm. So
-// arming the timer for one duty can never make the clock forget another:
-// after Rearm the timer is set no later than every entry left.
+// for. An entry leaves the list only through Take, which hands it to the
+// clock to act on; the clock then records the duty's next time, if it
+// still has one, and calls Rearm. So arming the timer for one duty can
+// never make the clock forget another: after Rearm the timer is set no
+// later than every entry left.
 //
 // A List is not safe for concurrent use: the dispatcher guards it with its
 // lock.

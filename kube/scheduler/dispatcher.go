@@ -266,12 +266,13 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	a := &execCtx{Context: ctx, logs: d.logsCtx()}
 	a.prepaid.Store(d.wire.metered)
 	m, paced := d.set.metrics, d.pace != nil && e.typ == podStatusPatch
+	timed := m != nil || paced // else nothing reads the execution's time
 	var start time.Time
-	if m != nil || paced { // else nothing reads the execution's time
+	if timed {
 		start = time.Now()
 	}
 	err := e.call.Execute(a, d.wire.client)
-	if m != nil || paced {
+	if timed {
 		elapsed := time.Since(start)
 		if m != nil {
 			m.Executed(e.typ, err, elapsed)
