@@ -28,13 +28,13 @@ type submission[K comparable, T any] struct {
 	label    string
 }
 
-// admit places submission s, or returns why it cannot. coalesced reports
-// that s joined (or was skipped by) an existing pending call.
-func (d *Dispatcher[K, T]) admit(s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
+// admit places submission s, whose key's lane is l (nil if it has none),
+// or returns why it cannot. coalesced reports that s joined (or was
+// skipped by) an existing pending call.
+func (d *Dispatcher[K, T]) admit(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) (coalesced bool, err error) {
 	if d.drain.closing {
 		return false, ErrClosed
 	}
-	l := d.lanes.get(s.key, s.h)
 	s.now = d.admitTime(l, s.t, &s.o, s.now, s.deadline)
 	if l == nil {
 		return false, d.admitNewKey(s, ob)
@@ -143,8 +143,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 // s's tenant and label if s is the more urgent or the replacement.
 func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim *call[K, T], replaced bool, ob *outbox[K, T]) {
 	if !s.o.Droppable {
-		c.mark(fDroppable, false)
-		d.q.unmarkVictim(c)
+		d.q.pin(c)
 	}
 	if victim != nil {
 		d.shed(victim, BoundQuota, s.now, ob)
@@ -155,6 +154,40 @@ func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim
 	}
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.totals.coalesced++
+}
+
+// postInto is admission's short way for a Post without a deadline, whose
+// key's lane is l: if the Post joins a pending call that fire-and-forget
+// submissions already wait on, and nothing is left to decide, it joins it
+// and reports true. Nothing is left to decide when the dispatcher is not
+// closing; no Merge is set, so the value is replaced; the Post carries no
+// idempotency key; it is of the lane's generation; no Follow is to be
+// asked (none is set, or nothing runs); and the call's tenant and label
+// are the Post's, so no tenant adopts it and no quota is asked. admit
+// would then do what this does, and deliver nothing: the time saved is
+// the deciding (BenchmarkEndToEnd's seq-dup90). Otherwise it changes
+// nothing and reports false, and admit decides. now is the clock reading
+// Post took, or 0: then the posts' own enqueue time stands in for it, as
+// in admitTime.
+func (d *Dispatcher[K, T]) postInto(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string, now int64) bool {
+	if l == nil || d.drain.closing || d.cfg.Merge != nil || o.IdempotencyKey != "" || o.Generation != l.gen || (l.running != nil && d.cfg.Follow != nil) {
+		return false
+	}
+	c := l.pending
+	if c == nil || c.nPosts == 0 || c.tag.ten != ten || c.tag.label != label {
+		return false
+	}
+	if now == 0 {
+		_, now = c.postsOrder()
+	}
+	d.guess.learn(false)
+	c.val = val
+	if !o.Droppable {
+		d.q.pin(c)
+	}
+	d.waiters.join(&d.q, c, nil, o.Priority, now, 0)
+	d.totals.coalesced++
+	return true
 }
 
 // supersede ends every call of lane l for submission s of a newer

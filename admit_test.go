@@ -342,3 +342,167 @@ func TestGenerationForgotten(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestPostJoiningPosts: a Post for a key whose pending call only other
+// Posts wait on is admitted as any submission is. Each case is one thing
+// admission still has to decide for it, or do, and checks what it decides.
+func TestPostJoiningPosts(t *testing.T) {
+	// ran records each execution: its key, value and idempotency key.
+	type run struct {
+		key  string
+		val  int
+		idem string
+	}
+	setup := func(t *testing.T, cfg Config[string, int]) (d *Dispatcher[string, int], ran func() []run, done *hookLog[string, int], release func()) {
+		var mu sync.Mutex
+		var runs []run
+		done = &hookLog[string, int]{}
+		cfg.OnDone = done.add
+		d, _, release = holdWorker(t, func(ctx context.Context, key string, v int) error {
+			mu.Lock()
+			runs = append(runs, run{key, v, IdempotencyKey(ctx)})
+			mu.Unlock()
+			return nil
+		}, cfg)
+		return d, func() []run {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]run(nil), runs...)
+		}, done, release
+	}
+	post := func(t *testing.T, d *Dispatcher[string, int], key string, v int, o SubmitOptions) {
+		t.Helper()
+		require.NoError(t, d.Post(key, v, o))
+	}
+
+	t.Run("closing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, ran, _, release := setup(t, Config[string, int]{})
+			post(t, d, "k", 1, SubmitOptions{})
+			closed := make(chan error, 1)
+			go func() { closed <- d.Close(bg) }()
+			synctest.Wait()
+			assert.ErrorIs(t, d.Post("k", 2, SubmitOptions{}), ErrClosed, "a Post after Close began")
+			release()
+			require.NoError(t, <-closed)
+			assert.Equal(t, []run{{"k", 1, ""}}, ran(), "the refused Post changed nothing")
+		})
+	})
+	t.Run("idempotency key", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, ran, _, release := setup(t, Config[string, int]{})
+			post(t, d, "k", 1, SubmitOptions{})
+			post(t, d, "k", 2, SubmitOptions{IdempotencyKey: "x"})
+			assert.ErrorIs(t, d.Post("k", 3, SubmitOptions{IdempotencyKey: "y"}), ErrMergeRejected, "another idempotency key")
+			release()
+			assert.Equal(t, []run{{"k", 2, "x"}}, ran(), "the call takes the key it was posted with")
+			closeD(t, d)
+		})
+	})
+	t.Run("generation", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, ran, done, release := setup(t, Config[string, int]{})
+			post(t, d, "k", 1, SubmitOptions{Generation: 1})
+			assert.ErrorIs(t, d.Post("k", 2, SubmitOptions{}), ErrStale, "an older generation")
+			post(t, d, "k", 3, SubmitOptions{Generation: 2})
+			release()
+			assert.Equal(t, []run{{"k", 3, ""}}, ran(), "the newer generation superseded the call")
+			assert.Equal(t, []State{StateStale, StateSucceeded}, done.states("k"))
+			closeD(t, d)
+		})
+	})
+	t.Run("follow", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var asked []followCall
+			g := newGate()
+			var mu sync.Mutex
+			var vals []int
+			d := newD(t, func(ctx context.Context, _ string, v int) error {
+				mu.Lock()
+				vals = append(vals, v)
+				mu.Unlock()
+				if v == 1 {
+					return g.wait(ctx)
+				}
+				return nil
+			}, Config[string, int]{Workers: 1, Follow: func(running, incoming int, pending bool) (int, error) {
+				asked = append(asked, followCall{running, incoming, pending})
+				return incoming + 100, nil
+			}})
+			post(t, d, "k", 1, SubmitOptions{})
+			synctest.Wait() // 1 runs
+			post(t, d, "k", 2, SubmitOptions{})
+			post(t, d, "k", 3, SubmitOptions{}) // joins 2's posts, 1 still running
+			g.open()
+			closeD(t, d)
+			assert.Equal(t, []followCall{{1, 2, false}, {1, 3, true}}, asked, "Follow is asked about each Post behind the running call")
+			assert.Equal(t, []int{1, 103}, vals)
+		})
+	})
+	t.Run("posts behind a ticket", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, done, release := setup(t, Config[string, int]{})
+			tk := submit(t, d, "k", 1, SubmitOptions{})
+			time.Sleep(time.Second)
+			post(t, d, "k", 2, SubmitOptions{}) // the call has a ticket, no posts yet
+			tk.Cancel()
+			time.Sleep(time.Second)
+			release()
+			rs := done.of("k")
+			require.Len(t, rs, 1)
+			assert.Equal(t, time.Second, rs[0].QueueWait, "the call's wait counts from the Post, once the ticket left")
+			closeD(t, d)
+		})
+	})
+	t.Run("label", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, _, release := setup(t, Config[string, int]{Label: func(key string, v int) string {
+				if key == holdKey {
+					return "hold"
+				}
+				return "v" + itoa(v)
+			}})
+			post(t, d, "k", 1, SubmitOptions{})
+			post(t, d, "k", 2, SubmitOptions{Priority: 1}) // more urgent: its label
+			post(t, d, "k", 3, SubmitOptions{})            // less urgent: not its label
+			assert.Equal(t, map[string]int{"hold": 1, "v2": 1}, d.Stats().Labels)
+			release()
+			closeD(t, d)
+		})
+	})
+	t.Run("merge", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, ran, _, release := setup(t, Config[string, int]{Merge: func(p, in int) (int, error) { return p + in, nil }})
+			post(t, d, "k", 1, SubmitOptions{})
+			post(t, d, "k", 2, SubmitOptions{})
+			release()
+			assert.Equal(t, []run{{"k", 3, ""}}, ran(), "Merge is asked")
+			closeD(t, d)
+		})
+	})
+	t.Run("tenant", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, _, release := setup(t, Config[string, int]{})
+			post(t, d, "k", 1, SubmitOptions{Tenant: "a"})
+			post(t, d, "k", 2, SubmitOptions{Tenant: "b", Priority: 1}) // more urgent: its tenant
+			post(t, d, "k", 3, SubmitOptions{Tenant: "a"})              // less urgent: not its tenant
+			st := d.Stats()
+			assert.Equal(t, 1, st.Tenants["b"].Queued, "%+v", st.Tenants)
+			assert.Zero(t, st.Tenants["a"].Queued, "%+v", st.Tenants)
+			release()
+			closeD(t, d)
+		})
+	})
+	t.Run("droppable", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, ran, done, release := setup(t, Config[string, int]{Capacity: 2})
+			post(t, d, "k", 1, SubmitOptions{Droppable: true})
+			post(t, d, "k", 2, SubmitOptions{}) // k may no longer be dropped
+			assert.ErrorIs(t, d.Post("j", 3, prio(1)), ErrBackpressure, "at Capacity, nothing to shed")
+			release()
+			assert.Equal(t, []run{{"k", 2, ""}}, ran())
+			assert.Equal(t, []State{StateSucceeded}, done.states("k"))
+			closeD(t, d)
+		})
+	})
+}

@@ -214,7 +214,7 @@ func (d *Dispatcher[K, T]) admitTicket(ctx context.Context, s *submission[K, T],
 	case d.mode == ModeSync && d.runsHere(s.key):
 		err = ErrReentrant
 	default:
-		coalesced, err = d.admit(s, ob)
+		coalesced, err = d.admit(d.lanes.get(s.key, s.h), s, ob)
 	}
 	d.tenants.count(s.ten, err, &d.totals)
 	if err != nil {
@@ -274,13 +274,21 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		return err
 	}
 	ten := d.tenants.get(o.Tenant)
+	l := d.lanes.get(key, h)
+	if deadline == 0 && d.postInto(l, call, &o, ten, label, now) {
+		d.tenants.count(ten, nil, &d.totals)
+		d.mu.Unlock() // and nothing to deliver
+		if d.cfg.Observer != nil {
+			d.tell.submitted(label, &o, true, nil)
+		}
+		return nil
+	}
 	var err error
 	coalesced := false
 	if deadline != 0 && deadline <= now {
 		err = errRejectPast
-	}
-	if err == nil {
-		coalesced, err = d.admit(&submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, ten: ten, label: label}, &ob)
+	} else {
+		coalesced, err = d.admit(l, &submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, ten: ten, label: label}, &ob)
 	}
 	d.tenants.count(ten, err, &d.totals)
 	d.mu.Unlock()

@@ -124,6 +124,13 @@ func (q *queue[K, T]) markVictim(c *call[K, T]) {
 	}
 }
 
+// pin makes c not droppable, for a submission that must not be dropped
+// joining it.
+func (q *queue[K, T]) pin(c *call[K, T]) {
+	c.mark(fDroppable, false)
+	q.unmarkVictim(c)
+}
+
 // unmarkVictim takes c out of the victims index; call it before c's
 // priority or enqueue time changes, or when c stops being evictable.
 func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
