@@ -157,11 +157,11 @@ func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim
 }
 
 // postInto is admission's short way for a Post without a deadline, whose
-// key's lane is l: if the Post joins a pending call that fire-and-forget
-// submissions already wait on, and nothing is left to decide, it joins it
-// and reports true. Nothing is left to decide when the dispatcher is not
-// closing; no Merge is set, so the value is replaced; the Post carries no
-// idempotency key; it is of the lane's generation; no Follow is to be
+// key's lane l has a pending call: if fire-and-forget submissions already
+// wait on that call, and nothing is left to decide, it joins the Post to
+// it and reports true. Nothing is left to decide when the dispatcher is
+// not closing; no Merge is set, so the value is replaced; the Post carries
+// no idempotency key; it is of the lane's generation; no Follow is to be
 // asked (none is set, or nothing runs); and the call's tenant and label
 // are the Post's, so no tenant adopts it and no quota is asked. admit
 // would then do what this does, and deliver nothing: the time saved is
@@ -170,11 +170,11 @@ func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim
 // Post took, or 0: then the posts' own enqueue time stands in for it, as
 // in admitTime.
 func (d *Dispatcher[K, T]) postInto(l *lane[K, T], val T, o *SubmitOptions, ten *tenant[K, T], label string, now int64) bool {
-	if l == nil || d.drain.closing || d.cfg.Merge != nil || o.IdempotencyKey != "" || o.Generation != l.gen || (l.running != nil && d.cfg.Follow != nil) {
+	if d.drain.closing || d.cfg.Merge != nil || o.IdempotencyKey != "" || o.Generation != l.gen || (l.running != nil && d.cfg.Follow != nil) {
 		return false
 	}
 	c := l.pending
-	if c == nil || c.nPosts == 0 || c.tag.ten != ten || c.tag.label != label {
+	if c.nPosts == 0 || c.tag.ten != ten || c.tag.label != label {
 		return false
 	}
 	if now == 0 {

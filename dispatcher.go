@@ -263,7 +263,6 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	if deadline != 0 || d.guess.pre.Load() {
 		now = d.clk.now()
 	}
-	var ob outbox[K, T]
 	d.mu.Lock()
 	if d.mode == ModeSync {
 		d.mu.Unlock()
@@ -275,7 +274,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	}
 	ten := d.tenants.get(o.Tenant)
 	l := d.lanes.get(key, h)
-	if deadline == 0 && d.postInto(l, call, &o, ten, label, now) {
+	if deadline == 0 && l != nil && l.pending != nil && d.postInto(l, call, &o, ten, label, now) {
 		d.tenants.count(ten, nil, &d.totals)
 		d.mu.Unlock() // and nothing to deliver
 		if d.cfg.Observer != nil {
@@ -283,6 +282,7 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		}
 		return nil
 	}
+	var ob outbox[K, T]
 	var err error
 	coalesced := false
 	if deadline != 0 && deadline <= now {
