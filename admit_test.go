@@ -347,7 +347,7 @@ func TestGenerationForgotten(t *testing.T) {
 // Posts wait on is admitted as any submission is. Each case is one thing
 // admission still has to decide for it, or do, and checks what it decides.
 func TestPostJoiningPosts(t *testing.T) {
-	// ran records each execution: its key, value and idempotency key.
+	// run is one execution as exec saw it: its key, value and idempotency key.
 	type run struct {
 		key  string
 		val  int
