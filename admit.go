@@ -313,17 +313,18 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 // roomForKey finds what a new key's submission s displaces: the worst
 // droppable call of its tenant if the tenant is over its quota, else the
 // worst droppable call of all if the dispatcher is at Capacity. It changes
-// nothing; err is the refusal if nothing can go.
+// nothing; err is the refusal if nothing can go. s's place in the ready
+// order, which a victim must come after, is computed only when a bound is
+// reached: most new keys reach none.
 func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVictim *call[K, T], err error) {
-	order := d.q.of(s.o.Priority, s.now)
 	if s.ten.overQuota(0) {
-		if quotaVictim = worst(s.ten.victims, order, d.seq+1, nil); quotaVictim == nil {
+		if quotaVictim = worst(s.ten.victims, d.q.of(s.o.Priority, s.now), d.seq+1, nil); quotaVictim == nil {
 			return nil, nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 		}
 		return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
 	}
 	if d.lanes.Len() >= d.cfg.Capacity {
-		if capVictim = worst(d.q.victims, order, d.seq+1, nil); capVictim == nil {
+		if capVictim = worst(d.q.victims, d.q.of(s.o.Priority, s.now), d.seq+1, nil); capVictim == nil {
 			return nil, nil, d.totals.refuse(BoundCapacity, d.lanes.Len())
 		}
 	}
