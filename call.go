@@ -369,9 +369,12 @@ func (c *call[K, T]) countPosts(n int) {
 	}
 }
 
-// uncountPosts sets c's count of fire-and-forget submissions to 0.
+// uncountPosts sets c's count of fire-and-forget submissions to 0, and
+// clears the flags of their aggregate: fPostsForever and fPostsApart are
+// set only while c has posts.
 func (c *call[K, T]) uncountPosts() {
 	c.nPosts = 0
+	c.mark(fPostsForever|fPostsApart, false)
 	if r := c.rare; r != nil {
 		r.morePosts = 0
 	}

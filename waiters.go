@@ -69,7 +69,26 @@ const (
 // join adds a submission to c: the ticket t, or a fire-and-forget one if t
 // is nil. It keeps c's effective priority and enqueue time (the highest and
 // the earliest of its live waiters) and so its place in q's ready order.
+//
+// The busiest case, a hot key written again, is told apart first: a
+// fire-and-forget submission, no more urgent and no earlier than c,
+// joining posts that wait alone (not fPostsApart: c's priority and
+// enqueue time are theirs) and never expire (fPostsForever, which also
+// means that c has posts; their deadline is then read by nothing, and the
+// submission's own changes nothing). Nothing moves in any index, and only
+// the counts change (TestJoinShortCase).
 func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
+	if t == nil && c.flags&(fPostsForever|fPostsApart) == fPostsForever && prio <= c.prio && now >= c.enq {
+		c.countJoined(1)
+		c.countPosts(1)
+		w.posts++
+		return
+	}
+	w.joinAny(q, c, t, prio, now, deadline)
+}
+
+// joinAny is join for any submission.
+func (w *waiters[K, T]) joinAny(q *queue[K, T], c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
 	first := !c.waited()
 	c.countJoined(1)
 	if t != nil {
@@ -368,7 +387,6 @@ func (w *waiters[K, T]) settlePosts(c *call[K, T], st State) {
 	w.outcomes[st] += uint64(n)
 	w.posts -= n
 	c.uncountPosts()
-	c.mark(fPostsForever|fPostsApart, false)
 	w.removePostsDue(c)
 }
 

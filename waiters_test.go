@@ -306,3 +306,128 @@ func TestCountsPast32Bits(t *testing.T) {
 		assert.Zero(t, st.Live)
 	})
 }
+
+// TestJoinShortCase: join's short case for a hot key written again leaves
+// the call as joinAny, the whole of it, would. Each case is one of the
+// things that send a submission the whole way; the short case itself is
+// the first.
+func TestJoinShortCase(t *testing.T) {
+	type print struct {
+		prio           int
+		enq            int64
+		posts, joined  int
+		postsPrio      int
+		postsEnq       int64
+		deadline, at   int64
+		forever, apart bool
+		first          string // the key that runs first
+	}
+	type join struct {
+		prio       int
+		now, dline int64
+	}
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, d *Dispatcher[string, int])
+		join  func(d *Dispatcher[string, int], c *call[string, int]) join
+		want  func(t *testing.T, p print, enq int64)
+	}{
+		{
+			name:  "nothing to decide",
+			setup: func(t *testing.T, d *Dispatcher[string, int]) { require.NoError(t, d.Post("k", 1, prio(3))) },
+			join:  func(_ *Dispatcher[string, int], c *call[string, int]) join { return join{2, c.enq + 1, 0} },
+			want: func(t *testing.T, p print, enq int64) {
+				assert.Equal(t, print{prio: 3, enq: enq, posts: 2, joined: 2, postsPrio: 3, postsEnq: enq, forever: true, first: "other"}, p)
+			},
+		},
+		{
+			name:  "more urgent",
+			setup: func(t *testing.T, d *Dispatcher[string, int]) { require.NoError(t, d.Post("k", 1, prio(3))) },
+			join:  func(_ *Dispatcher[string, int], c *call[string, int]) join { return join{5, c.enq, 0} },
+			want: func(t *testing.T, p print, _ int64) {
+				assert.Equal(t, 5, p.prio, "the call's priority is raised")
+				assert.Equal(t, "k", p.first, "and it moves ahead of the other key")
+			},
+		},
+		{
+			name:  "earlier",
+			setup: func(t *testing.T, d *Dispatcher[string, int]) { require.NoError(t, d.Post("k", 1, prio(3))) },
+			join:  func(_ *Dispatcher[string, int], c *call[string, int]) join { return join{3, c.enq - 1, 0} },
+			want: func(t *testing.T, p print, enq int64) {
+				assert.Equal(t, enq-1, p.enq, "the call's enqueue time is the earliest")
+			},
+		},
+		{
+			// Short too: the posts never expire, whatever its deadline.
+			name:  "with a deadline",
+			setup: func(t *testing.T, d *Dispatcher[string, int]) { require.NoError(t, d.Post("k", 1, prio(3))) },
+			join: func(d *Dispatcher[string, int], c *call[string, int]) join {
+				return join{3, c.enq, d.clk.at(time.Now().Add(time.Hour))}
+			},
+			want: func(t *testing.T, p print, enq int64) {
+				assert.Equal(t, print{prio: 3, enq: enq, posts: 2, joined: 2, postsPrio: 3, postsEnq: enq, forever: true, first: "other"}, p)
+			},
+		},
+		{
+			name: "posts that expire",
+			setup: func(t *testing.T, d *Dispatcher[string, int]) {
+				require.NoError(t, d.Post("k", 1, SubmitOptions{Priority: 3, Deadline: time.Now().Add(time.Minute)}))
+			},
+			join: func(_ *Dispatcher[string, int], c *call[string, int]) join { return join{3, c.enq, 0} },
+			want: func(t *testing.T, p print, _ int64) {
+				assert.True(t, p.forever, "a post without a deadline: the posts never expire")
+				assert.Zero(t, p.at, "and leave the deadline index")
+			},
+		},
+		{
+			name: "posts apart from a ticket",
+			setup: func(t *testing.T, d *Dispatcher[string, int]) {
+				require.NoError(t, d.Post("k", 1, prio(1)))
+				submit(t, d, "k", 2, prio(5))
+			},
+			join: func(_ *Dispatcher[string, int], c *call[string, int]) join { return join{3, c.enq, 0} },
+			want: func(t *testing.T, p print, _ int64) {
+				assert.Equal(t, 5, p.prio, "the ticket's priority is the call's")
+				assert.Equal(t, 3, p.postsPrio, "the posts' own is raised")
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var prints [2]print
+				var enq int64
+				for i, short := range []bool{true, false} {
+					d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+					require.NoError(t, d.Post("other", 0, prio(4)))
+					tc.setup(t, d)
+					d.mu.Lock()
+					c := d.lanes.lookup("k").pending
+					enq = c.enq
+					j := tc.join(d, c)
+					if short {
+						d.waiters.join(&d.q, c, nil, j.prio, j.now, j.dline)
+					} else {
+						d.waiters.joinAny(&d.q, c, nil, j.prio, j.now, j.dline)
+					}
+					d.tenants.count(c.tag.ten, nil, &d.totals) // as Post counts it
+					pp, pe := c.postsOrder()
+					prints[i] = print{
+						prio: c.prio, enq: c.enq, posts: c.postCount(), joined: c.joinedCount(),
+						postsPrio: pp, postsEnq: pe, deadline: c.posts.deadline, at: c.posts.at,
+						forever: c.is(fPostsForever), apart: c.is(fPostsApart),
+						first: c.tag.ten.ready.min().c.lane.key,
+					}
+					if p := &prints[i]; p.forever {
+						p.deadline = 0 // read by nothing while a post has none
+					}
+					d.mu.Unlock()
+					release()
+					closeD(t, d)
+				}
+				assert.Equal(t, prints[1], prints[0], "join and joinAny")
+				tc.want(t, prints[0], enq)
+			})
+		})
+	}
+}
