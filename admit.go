@@ -264,7 +264,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 // just removed the key's only call, ready at once.
 func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *outbox[K, T]) {
 	c := d.newPending(l, s.val, &s.o, s.ten, s.label)
-	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
+	d.waiters.joinAny(&d.q, c, s.t, s.o.Priority, s.now, s.deadline) // a new call: nothing to shorten
 	if l.running == nil {
 		d.q.push(c)
 		d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
@@ -299,7 +299,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	}
 	l := d.lanes.add(s.key, s.h, s.o.Generation)
 	c := d.newPending(l, s.val, &s.o, s.ten, s.label)
-	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
+	d.waiters.joinAny(&d.q, c, s.t, s.o.Priority, s.now, s.deadline) // a new call: nothing to shorten
 	d.q.push(c)
 	d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
 	if f := d.fallback; f != nil {

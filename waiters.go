@@ -87,7 +87,8 @@ func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], pri
 	w.joinAny(q, c, t, prio, now, deadline)
 }
 
-// joinAny is join for any submission.
+// joinAny is join for any submission; a new call, which has no waiter,
+// is joined here directly.
 func (w *waiters[K, T]) joinAny(q *queue[K, T], c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
 	first := !c.waited()
 	c.countJoined(1)
