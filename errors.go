@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/coalescer/dispatch/internal/execctx"
 )
 
 // Sentinel errors. A refusal, and every outcome's error but a Failed one,
@@ -36,6 +38,10 @@ var (
 	// exec returned, if nothing ended it earlier; never an outcome's error.
 	ErrAttemptEnded = errors.New("dispatch: attempt ended")
 )
+
+// An execution's context records ErrAttemptEnded, its usual cause, in a
+// bit rather than a word of its own.
+func init() { execctx.Ended = ErrAttemptEnded }
 
 // SkipIncoming, returned (or wrapped) by Config.Merge, says the pending call
 // makes the incoming submission moot (a status patch behind the pod's

@@ -25,9 +25,9 @@ import (
 type IdemKey struct{}
 
 // Ctx is one execution's context. Every execution makes one, so it holds
-// only what each needs — 56 bytes on a 64-bit platform — and what only
-// some use (an idempotency key, AfterFunc registrations, the cause's
-// carrier) is made on first use. Its owner may embed it in a record of
+// only what each needs — 40 bytes on a 64-bit platform — and what only
+// some use (an idempotency key, AfterFunc registrations, a cause other
+// than Ended, the cause's carrier) is made on first use. Its owner may embed it in a record of
 // its own, one allocation per execution for both (Init). Its fields are
 // guarded by mu, except done once made (see Done); deadline is set by
 // New or Init and never changes.
@@ -35,9 +35,9 @@ type Ctx struct {
 	mu       sync.Mutex
 	made     atomic.Uint32 // 1 once done holds the Done channel for good
 	state    uint8         // live, canceled or expired
+	ended    bool          // cancelled with Ended as its cause
 	done     chan struct{} // made by the first Done; closedCh if cancelled first
-	cause    error
-	deadline int64 // Unix nanoseconds; 0: none
+	deadline int64         // Unix nanoseconds; 0: none
 	x        *extra
 }
 
@@ -45,8 +45,15 @@ type Ctx struct {
 type extra struct {
 	idem     string
 	afters   []*afterFunc
-	causeCtx context.Context // once cancelled and asked: a cancelled context.WithCancelCause carrying cause, for context.Cause
+	cause    error           // the cause it was cancelled with, unless that was Ended (Ctx.ended)
+	causeCtx context.Context // once cancelled and asked: a cancelled context.WithCancelCause carrying the cause, for context.Cause
 }
+
+// Ended is the cause most contexts are cancelled with: their owner's
+// "the attempt ended". A Ctx cancelled with it records one bit; any other
+// cause is kept with what only some executions use. The owner sets it
+// once, before it makes any Ctx (its package's init).
+var Ended error
 
 const (
 	live uint8 = iota
@@ -162,7 +169,7 @@ func (ctx *Ctx) Value(key any) any {
 	x := ctx.more()
 	if x.causeCtx == nil {
 		cc, cancel := context.WithCancelCause(context.Background())
-		cancel(ctx.cause)
+		cancel(ctx.cause())
 		x.causeCtx = cc
 	}
 	cc := x.causeCtx
@@ -212,7 +219,12 @@ func (ctx *Ctx) Cancel(cause error, expire bool) {
 	if expire {
 		ctx.state = expired
 	}
-	ctx.cause = cause // the carrier for context.Cause is made when asked for (Value)
+	// The carrier for context.Cause is made when asked for (Value).
+	if cause != nil && cause == Ended {
+		ctx.ended = true
+	} else if cause != nil {
+		ctx.more().cause = cause
+	}
 	if ctx.done != nil {
 		close(ctx.done)
 	} else {
@@ -234,4 +246,16 @@ func (ctx *Ctx) Cancel(cause error, expire bool) {
 	for _, f := range run {
 		f()
 	}
+}
+
+// cause is the cause ctx was cancelled with, nil if none or live; ctx.mu
+// is held.
+func (ctx *Ctx) cause() error {
+	if ctx.ended {
+		return Ended
+	}
+	if ctx.x != nil {
+		return ctx.x.cause
+	}
+	return nil
 }

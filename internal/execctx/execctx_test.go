@@ -3,6 +3,9 @@ package execctx
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -56,6 +59,43 @@ func TestCancel(t *testing.T) {
 	<-ctx.Done() // made after: already closed
 }
 
+// TestEndedCause: the usual cause, Ended, is recorded without making the
+// context's extra, and reported as any other cause is; other causes, and
+// none, are reported as before.
+func TestEndedCause(t *testing.T) {
+	was := Ended
+	Ended = errors.New("ended")
+	t.Cleanup(func() { Ended = was })
+
+	ctx := New(time.Time{}, "")
+	assert.Equal(t, 1.0, testing.AllocsPerRun(100, func() {
+		ctx = New(time.Time{}, "")
+		ctx.Cancel(Ended, false)
+	}), "the context itself, and nothing for its cause")
+	assert.Nil(t, ctx.x, "Ended needs no extra")
+	assert.ErrorIs(t, ctx.Err(), context.Canceled)
+	assert.Same(t, Ended, context.Cause(ctx))
+	ctx.Cancel(errors.New("later"), true)
+	assert.Same(t, Ended, context.Cause(ctx), "only the first Cancel counts")
+
+	other := errors.New("other")
+	ctx = New(time.Time{}, "op")
+	ctx.Cancel(other, true)
+	assert.ErrorIs(t, ctx.Err(), context.DeadlineExceeded)
+	assert.Same(t, other, context.Cause(ctx))
+	assert.Equal(t, "op", ctx.Value(IdemKey{}), "the cause shares the extra with the idempotency key")
+
+	ctx = New(time.Time{}, "")
+	ctx.Cancel(nil, false)
+	assert.Same(t, context.Canceled, context.Cause(ctx), "no cause reads as context.Canceled, as context.WithCancelCause's")
+
+	Ended = nil // an owner that set none: nil is still no cause
+	ctx = New(time.Time{}, "")
+	ctx.Cancel(nil, false)
+	assert.False(t, ctx.ended)
+	assert.Same(t, context.Canceled, context.Cause(ctx))
+}
+
 func TestDerivedContexts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cause := errors.New("deleted")
@@ -101,12 +141,16 @@ func TestDoneRace(t *testing.T) {
 }
 
 // TestSize: every execution allocates a Ctx, so it stays small; the
-// package doc states the figure.
+// package doc states the figure, and this reads it there.
 func TestSize(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) != 8 {
 		t.Skip("the figure is for 64-bit platforms")
 	}
-	assert.LessOrEqual(t, unsafe.Sizeof(Ctx{}), uintptr(56))
+	assert.LessOrEqual(t, unsafe.Sizeof(Ctx{}), uintptr(40))
+	src, err := os.ReadFile("execctx.go")
+	require.NoError(t, err)
+	doc := strings.Join(strings.Fields(string(src)), " ")
+	assert.Contains(t, doc, fmt.Sprintf("— %d bytes on a 64-bit platform —", unsafe.Sizeof(Ctx{})))
 	dl := time.Now()
 	assert.Equal(t, 1.0, testing.AllocsPerRun(100, func() { sink = New(dl, "") }), "a deadline costs no allocation of its own")
 }
