@@ -174,7 +174,7 @@ func (d *Dispatcher[K, T]) postInto(l *lane[K, T], val T, o *SubmitOptions, ten 
 		return false
 	}
 	c := l.pending
-	if c.nPosts == 0 || c.tag.ten != ten || c.tag.label != label {
+	if c.nPosts == 0 || c.tag.ten != ten || !sameLabel(c.tag.label, label) {
 		return false
 	}
 	if now == 0 {
@@ -182,12 +182,20 @@ func (d *Dispatcher[K, T]) postInto(l *lane[K, T], val T, o *SubmitOptions, ten 
 	}
 	d.guess.learn(false)
 	c.val = val
-	if !o.Droppable {
+	if !o.Droppable && c.is(fDroppable) { // a victim is droppable too (markVictim)
 		d.q.pin(c)
 	}
-	d.waiters.join(&d.q, c, nil, o.Priority, now, 0)
+	if !d.waiters.joinPosts(c, o.Priority, now) {
+		d.waiters.joinAny(&d.q, c, nil, o.Priority, now, 0)
+	}
 	d.totals.coalesced++
 	return true
+}
+
+// sameLabel is a == b, where the usual label, none, is told without a
+// call to compare bytes.
+func sameLabel(a, b string) bool {
+	return len(a) == len(b) && (len(a) == 0 || a == b)
 }
 
 // supersede ends every call of lane l for submission s of a newer
@@ -382,18 +390,20 @@ type clockGuess struct {
 // after three, and a mix of the two does not flip it with every other
 // Post. A wrong guess costs a clock read outside the lock (on) or one under
 // it (off), never a wrong time.
+//
+// The guess is stored only as needs reaches 3 or 0, once per flip. So
+// learn is small enough for the compiler to inline into the busiest path
+// (postInto), where a hot key re-posted finds needs at 0: one comparison.
 func (g *clockGuess) learn(needed bool) {
 	switch {
 	case needed && g.needs < 3:
-		g.needs++
+		if g.needs++; g.needs == 3 {
+			g.pre.Store(true)
+		}
 	case !needed && g.needs > 0:
-		g.needs--
-	}
-	switch guess := g.pre.Load(); {
-	case g.needs == 3 && !guess:
-		g.pre.Store(true)
-	case g.needs == 0 && guess:
-		g.pre.Store(false)
+		if g.needs--; g.needs == 0 {
+			g.pre.Store(false)
+		}
 	}
 }
 

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"math"
+
 	"github.com/google/btree"
 
 	"github.com/coalescer/dispatch/internal/due"
@@ -78,13 +80,26 @@ const (
 // submission's own changes nothing). Nothing moves in any index, and only
 // the counts change (TestJoinShortCase).
 func (w *waiters[K, T]) join(q *queue[K, T], c *call[K, T], t *Ticket[K, T], prio int, now, deadline int64) {
-	if t == nil && c.flags&(fPostsForever|fPostsApart) == fPostsForever && prio <= c.prio && now >= c.enq {
-		c.countJoined(1)
-		c.countPosts(1)
-		w.posts++
+	if t == nil && w.joinPosts(c, prio, now) {
 		return
 	}
 	w.joinAny(q, c, t, prio, now, deadline)
+}
+
+// joinPosts is join's short case for a fire-and-forget submission: it
+// joins it and reports true if the case applies, and otherwise changes
+// nothing. It is small enough to be inlined where a hot key is re-posted
+// (postInto): a count about to pass 32 bits, which only 2³² submissions
+// into one call reach, is left to joinAny's split32 too.
+func (w *waiters[K, T]) joinPosts(c *call[K, T], prio int, now int64) bool {
+	if c.flags&(fPostsForever|fPostsApart) != fPostsForever || prio > c.prio || now < c.enq ||
+		c.nPosts == math.MaxUint32 || c.joined == math.MaxUint32 {
+		return false
+	}
+	c.nPosts++
+	c.joined++
+	w.posts++
+	return true
 }
 
 // joinAny is join for any submission; a new call, which has no waiter,
