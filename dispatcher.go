@@ -252,7 +252,10 @@ func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ti
 // it runs the call first, but a failed execution still returns nil.
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	deadline := d.clk.at(o.Deadline)
-	label := d.cfg.labelOf(key, call, &d.tell)
+	var label string // none, the usual, without a call
+	if d.cfg.Label != nil {
+		label = d.cfg.labelOf(key, call, &d.tell)
+	}
 	h := d.lanes.hash(key) // outside the lock
 	d.lanes.prefetch(h)
 	// The clock too, when admission will need it: for a deadline, and
@@ -272,7 +275,10 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		_, err := d.submit(context.Background(), key, call, o, &label)
 		return err
 	}
-	ten := d.tenants.get(o.Tenant)
+	ten := d.tenants.none // the usual tenant, none, without a call
+	if o.Tenant != "" {
+		ten = d.tenants.get(o.Tenant)
+	}
 	l := d.lanes.get(key, h)
 	if deadline == 0 && l != nil && l.pending != nil && d.postInto(l, call, &o, ten, label, now) {
 		d.tenants.count(ten, nil, &d.totals)

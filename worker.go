@@ -23,8 +23,15 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 	for !d.stopped {
 		// Anything past its deadline is expired here too, not only by the
 		// clock, so a worker never starts a call nobody is waiting for.
-		d.expireDue(now, &ob)
-		d.q.promote(now)
+		// (Both are asked only when their index holds anything: the usual
+		// backlog has no deadline and no backoff, and the two calls add up
+		// under the lock.)
+		if d.waiters.postsDue.Len()+d.waiters.ticketsDue.Len() > 0 {
+			d.expireDue(now, &ob)
+		}
+		if d.q.delayed.Len() > 0 {
+			d.q.promote(now)
+		}
 		c := d.next(now, &ob)
 		if c == nil {
 			if !ob.empty() {
