@@ -27,10 +27,10 @@ type IdemKey struct{}
 // Ctx is one execution's context. Every execution makes one, so it holds
 // only what each needs — 40 bytes on a 64-bit platform — and what only
 // some use (an idempotency key, AfterFunc registrations, a cause other
-// than Ended, the cause's carrier) is made on first use. Its owner may embed it in a record of
-// its own, one allocation per execution for both (Init). Its fields are
-// guarded by mu, except done once made (see Done); deadline is set by
-// New or Init and never changes.
+// than Ended, the cause's carrier) is made on first use. Its owner may
+// embed it in a record of its own, one allocation per execution for both
+// (Init). Its fields are guarded by mu, except done once made (see Done);
+// deadline is set by New or Init and never changes.
 type Ctx struct {
 	mu       sync.Mutex
 	made     atomic.Uint32 // 1 once done holds the Done channel for good
@@ -220,9 +220,11 @@ func (ctx *Ctx) Cancel(cause error, expire bool) {
 		ctx.state = expired
 	}
 	// The carrier for context.Cause is made when asked for (Value).
-	if cause != nil && cause == Ended {
+	switch {
+	case cause == nil: // context.Canceled, as context.WithCancelCause's
+	case cause == Ended:
 		ctx.ended = true
-	} else if cause != nil {
+	default:
 		ctx.more().cause = cause
 	}
 	if ctx.done != nil {
