@@ -185,6 +185,8 @@ func (d *Dispatcher[K, T]) postInto(l *lane[K, T], val T, o *SubmitOptions, ten 
 	if !o.Droppable && c.is(fDroppable) { // a victim is droppable too (markVictim)
 		d.q.pin(c)
 	}
+	// join's two steps for a post, spelled out: join itself is not
+	// inlined, and its short case (joinPosts) is.
 	if !d.waiters.joinPosts(c, o.Priority, now) {
 		d.waiters.joinAny(&d.q, c, nil, o.Priority, now, 0)
 	}

@@ -521,6 +521,11 @@ func (w *waiters[K, T]) earliest() (c *call[K, T], x *ticketWatch[K, T]) {
 	return nil, nil
 }
 
+// anyDue reports whether the deadline indexes hold anything: a worker
+// asks before it expires what is due (expireDue), which the usual backlog,
+// without deadlines, never needs.
+func (w *waiters[K, T]) anyDue() bool { return w.postsDue.Len()+w.ticketsDue.Len() > 0 }
+
 // nextDue returns the earliest time in the deadline indexes, if any.
 func (w *waiters[K, T]) nextDue() (int64, bool) {
 	c, x := w.earliest()

@@ -26,7 +26,7 @@ func (d *Dispatcher[K, T]) worker(id uint64) {
 		// (Both are asked only when their index holds anything: the usual
 		// backlog has no deadline and no backoff, and the two calls add up
 		// under the lock.)
-		if d.waiters.postsDue.Len()+d.waiters.ticketsDue.Len() > 0 {
+		if d.waiters.anyDue() {
 			d.expireDue(now, &ob)
 		}
 		if d.q.delayed.Len() > 0 {
