@@ -142,13 +142,22 @@ func (t *laneTable[K, T]) line(h uint64) uint64 {
 // so that the slot's miss overlaps what it does before admission instead
 // of being taken with the lock held. The table may have grown since view
 // was read; then the hint names a slot of the old table, and only the
-// hint is lost. (A worker asking for the slot of the key it releases made
-// the workers quicker to take hot keys, so they coalesced less and ran
-// more: BENCHMARKS.md, "Scale".)
+// hint is lost. (A worker asking here for the slot of the key it releases,
+// just before it takes the lock, made the workers quicker to take hot keys,
+// so they coalesced less and ran more: BENCHMARKS.md, "Scale". A worker
+// asks with hint instead, as the execution starts.)
 func (t *laneTable[K, T]) prefetch(h uint64) {
 	if v := t.view.Load(); v != nil {
 		prefetch.Line(v.base + uintptr(h&v.mask)*unsafe.Sizeof(laneSlot[K, T]{}))
 	}
+}
+
+// hint asks the processor for the slot where a lane of hash h sits, with
+// the lock held: a worker asks for its call's slot as the execution
+// starts (begin), so that the miss overlaps the execution rather than
+// the end's critical section, which releases the slot.
+func (t *laneTable[K, T]) hint(h uint64) {
+	prefetch.Line(uintptr(unsafe.Pointer(&t.slots[h&uint64(len(t.slots)-1)])))
 }
 
 // lookup is get for a caller that has not hashed the key.

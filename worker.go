@@ -169,8 +169,10 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 // cache miss after another: the key table's slot of l, which the end of
 // its call releases, and the call the worker takes next (its run's head),
 // which it reads in four places. In a long backlog both are cold, and the
-// lock is held across each miss. (The head was asked for when the call
-// before it was taken, prefetchCall, so it is often on its way already.)
+// lock is held across each miss. (Both were asked for earlier, so they
+// are often in the caches already: the slot as the execution began,
+// laneTable.hint, and the head when the call before it was taken,
+// prefetchCall. An execution long enough may have let them go again.)
 // It returns what it read, which the caller keeps (Dispatcher.warmed), so
 // that the compiler keeps the loads.
 func warm[K comparable, T any](t *laneTable[K, T], q *queue[K, T], l *lane[K, T]) uint64 {
@@ -205,6 +207,9 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		d.gate.breaker.StartProbe(rn.id)
 	}
 	l := c.lane
+	// The end of the attempt releases l's table slot under the lock (warm,
+	// then the release); asked for now, its miss overlaps the execution.
+	d.lanes.hint(l.hash)
 	l.running = c
 	if l.pending == c {
 		l.pending = nil
