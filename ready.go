@@ -295,24 +295,28 @@ func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 }
 
 // prefetchCall asks the processor for the cache lines of c, a run's new
-// head, which the next worker to take a call from the run reads: in a
-// backlog it is cold, and that worker would otherwise wait for it with the
-// lock held (warm, begin). The hint costs no wait here.
+// head, and of its lane, which the next worker to take a call from the run
+// reads: in a backlog they are cold, and that worker would otherwise wait
+// for them with the lock held (warm, begin). The hint costs no wait here.
 func prefetchCall[K comparable, T any](c *call[K, T]) {
 	for _, a := range callLines(c) {
 		prefetch.Line(a)
 	}
 }
 
-// callLines returns an address in each line prefetchCall asks for: the
-// call's first line and the line of its execution, and the line of its
-// lane's hash in case c is its lane's own cell, where the hash sits just
-// before it; if c is not, that address is a neighbour's memory, and only
-// the hint is lost.
-func callLines[K comparable, T any](c *call[K, T]) [3]uintptr {
+// callLines returns an address in each line prefetchCall asks for: every
+// line of c's lane, which a worker's critical section reads from one end
+// to the other (the key, the hash, the running and pending calls, and c
+// itself, whose words it reads from its first to its execution and rare
+// part), if the lane spans four lines or fewer; of a larger lane (a large
+// K or T), its first three lines and its last. The lane is read as c's
+// own: if c is not its lane's own cell, the addresses before c and after
+// it are a neighbour's memory, and only those hints are lost.
+func callLines[K comparable, T any](c *call[K, T]) [4]uintptr {
 	var l lane[K, T]
-	p := uintptr(unsafe.Pointer(c))
-	return [3]uintptr{p - (unsafe.Offsetof(l.first) - unsafe.Offsetof(l.hash)), p, p + unsafe.Offsetof(c.exec)}
+	lo := uintptr(unsafe.Pointer(c)) - unsafe.Offsetof(l.first)
+	hi := lo + unsafe.Sizeof(l) - 1
+	return [4]uintptr{lo, min(lo+64, hi), min(lo+128, hi), hi}
 }
 
 // free keeps ch, a chunk none of whose entries holds a call, as the run's

@@ -191,21 +191,37 @@ func checkRuns(t *testing.T, ri *readyIndex[int, int]) {
 }
 
 // TestCallLines checks the addresses a run's new head is prefetched at
-// (prefetchCall): for a lane's own call, its lane's hash, its first word
-// and its execution, whatever the key and value types make of the
-// offsets.
+// (prefetchCall): every cache line of its lane, whatever the key and value
+// types make of the lane's size and wherever a lane starts in its line (a
+// slab's lanes start at every offset their size steps through), and of a
+// lane of more than four lines, its first three and its last.
 func TestCallLines(t *testing.T) {
 	checkCallLines[string, int](t)
 	checkCallLines[int, int](t)
 	checkCallLines[string, [5]string](t)
+	checkCallLines[string, [40]string](t)
 }
 
 func checkCallLines[K comparable, T any](t *testing.T) {
 	t.Helper()
-	l := new(lane[K, T])
-	c := &l.first
-	want := [3]uintptr{uintptr(unsafe.Pointer(&l.hash)), uintptr(unsafe.Pointer(c)), uintptr(unsafe.Pointer(&c.exec))}
-	if got := callLines(c); got != want {
-		t.Errorf("lane[%T, %T]: callLines = %#x, want %#x", *new(K), *new(T), got, want)
+	const line = 64
+	slab := make([]lane[K, T], 16)
+	for i := range slab {
+		l := &slab[i]
+		lo := uintptr(unsafe.Pointer(l))
+		hi := lo + unsafe.Sizeof(*l) - 1
+		got := map[uintptr]bool{}
+		for _, a := range callLines(&l.first) {
+			require.True(t, a >= lo && a <= hi, "lane[%T, %T] %d: %#x is outside the lane [%#x, %#x]", *new(K), *new(T), i, a, lo, hi)
+			got[a/line] = true
+		}
+		first, last := lo/line, hi/line
+		want := map[uintptr]bool{}
+		for n := first; n <= last; n++ {
+			if last-first < 4 || n < first+3 || n == last {
+				want[n] = true
+			}
+		}
+		require.Equal(t, want, got, "lane[%T, %T] %d (at %d in its line, %d bytes): the lines asked for", *new(K), *new(T), i, lo%line, unsafe.Sizeof(*l))
 	}
 }
