@@ -316,7 +316,7 @@ func callLines[K comparable, T any](c *call[K, T]) [4]uintptr {
 	var l lane[K, T]
 	lo := uintptr(unsafe.Pointer(c)) - unsafe.Offsetof(l.first)
 	hi := lo + unsafe.Sizeof(l) - 1
-	return [4]uintptr{lo, min(lo+64, hi), min(lo+128, hi), hi}
+	return [4]uintptr{lo, min(lo+prefetch.LineSize, hi), min(lo+2*prefetch.LineSize, hi), hi}
 }
 
 // free keeps ch, a chunk none of whose entries holds a call, as the run's

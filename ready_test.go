@@ -1,11 +1,13 @@
 package dispatch
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"unsafe"
 
+	"github.com/coalescer/dispatch/internal/prefetch"
 	"github.com/stretchr/testify/require"
 )
 
@@ -204,15 +206,14 @@ func TestCallLines(t *testing.T) {
 
 func checkCallLines[K comparable, T any](t *testing.T) {
 	t.Helper()
-	const line = 64
-	slab := make([]lane[K, T], 16)
-	for i := range slab {
-		l := &slab[i]
+	const line = prefetch.LineSize
+	check := func(l *lane[K, T], where string) {
+		t.Helper()
 		lo := uintptr(unsafe.Pointer(l))
 		hi := lo + unsafe.Sizeof(*l) - 1
 		got := map[uintptr]bool{}
 		for _, a := range callLines(&l.first) {
-			require.True(t, a >= lo && a <= hi, "lane[%T, %T] %d: %#x is outside the lane [%#x, %#x]", *new(K), *new(T), i, a, lo, hi)
+			require.True(t, a >= lo && a <= hi, "lane[%T, %T] %s: %#x is outside the lane [%#x, %#x]", *new(K), *new(T), where, a, lo, hi)
 			got[a/line] = true
 		}
 		first, last := lo/line, hi/line
@@ -222,6 +223,17 @@ func checkCallLines[K comparable, T any](t *testing.T) {
 				want[n] = true
 			}
 		}
-		require.Equal(t, want, got, "lane[%T, %T] %d (at %d in its line, %d bytes): the lines asked for", *new(K), *new(T), i, lo%line, unsafe.Sizeof(*l))
+		require.Equal(t, want, got, "lane[%T, %T] %s (at %d in its line, %d bytes): the lines asked for", *new(K), *new(T), where, lo%line, unsafe.Sizeof(*l))
+	}
+	slab := make([]lane[K, T], 16)
+	for i := range slab {
+		check(&slab[i], fmt.Sprintf("%d of a slab", i))
+	}
+	// A lane at every offset a word can start at in a line. callLines
+	// only computes addresses, so a lane's place in a byte buffer will do.
+	buf := make([]byte, unsafe.Sizeof(lane[K, T]{})+2*line)
+	start := int(line - uintptr(unsafe.Pointer(&buf[0]))%line)
+	for off := 0; off < line; off += 8 {
+		check((*lane[K, T])(unsafe.Pointer(&buf[start+off])), fmt.Sprintf("at offset %d", off))
 	}
 }
