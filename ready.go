@@ -84,25 +84,6 @@ func (f *fifoRun[K, T]) at(p int) **call[K, T] {
 	return &f.chunks[i/runChunk][i%runChunk]
 }
 
-// headLines reads a word from each cache line of the head of each of r's
-// runs (warm), and returns them combined. Only the run popped last has a
-// new head; the others' are in the cache already.
-func (r *readyIndex[K, T]) headLines() uint64 {
-	var w uint64
-	for _, f := range r.runs {
-		if f.live == 0 {
-			continue
-		}
-		if c := *f.at(f.head); c != nil {
-			w ^= uint64(c.enq) ^ c.lane.hash ^ uint64(c.pos)
-			if c.exec != nil {
-				w++
-			}
-		}
-	}
-	return w
-}
-
 func newReadyIndex[K comparable, T any]() readyIndex[K, T] {
 	return readyIndex[K, T]{tree: btree.NewG(btreeDegree, readyLess[K, T])}
 }

@@ -146,7 +146,7 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 		rn.stock()
 	}
 	d.mu.Lock()
-	d.warmed = warm(&d.lanes, &d.q, c.lane)
+	d.warmed = warm(&d.lanes, c.lane)
 	if rn.onWorker {
 		d.gate.running--
 		if c.is(fLow) {
@@ -164,23 +164,18 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	return a.end
 }
 
-// warm loads the memory the rest of a worker's critical section waits
-// for, at once, so that the processor fetches it together rather than one
-// cache miss after another: the key table's slot of l, which the end of
-// its call releases, and the call the worker takes next (its run's head),
-// which it reads in four places. In a long backlog both are cold, and the
-// lock is held across each miss. (Both were asked for earlier, so they
-// are often in the caches already: the slot as the execution began,
-// laneTable.hint, and the head when the call before it was taken,
-// prefetchCall. An execution long enough may have let them go again.)
-// It returns what it read, which the caller keeps (Dispatcher.warmed), so
-// that the compiler keeps the loads.
-func warm[K comparable, T any](t *laneTable[K, T], q *queue[K, T], l *lane[K, T]) uint64 {
-	w := t.line(l.hash)
-	if len(q.active) > 0 {
-		w ^= q.active[0].ready.headLines()
-	}
-	return w
+// warm loads the key table's slot of l, which the end of its call
+// releases, as the worker's critical section starts, so that the
+// processor fetches it while the section's first steps run rather than
+// when the release reads it. It was asked for as the execution began
+// (laneTable.hint), so it is often in the caches already; an execution
+// long enough may have let it go again. (The next call's lines are asked
+// for as the call before it is taken, prefetchCall. Loading them here
+// too, with the lock held, cost more than it saved: BENCHMARKS.md, "Cold
+// lines asked for ahead".) It returns what it read, which the caller
+// keeps (Dispatcher.warmed), so that the compiler keeps the load.
+func warm[K comparable, T any](t *laneTable[K, T], l *lane[K, T]) uint64 {
+	return t.line(l.hash)
 }
 
 // begin marks c running, counts its execution, and returns its attempt
