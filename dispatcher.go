@@ -61,7 +61,7 @@ type Dispatcher[K comparable, T any] struct {
 	running int   // calls in flight, on workers or inline
 	calls   liveCalls[K, T]
 	gate    startGate // may the next execution start (start.go)
-	warmed  uint64    // what warm read last: kept, so that the compiler keeps its loads
+	warmed  uint64    // what the last laneTable.line read: kept, so that the compiler keeps the load
 
 	started bool
 	drain   drain // Close's: admission stopped, nothing left

@@ -131,8 +131,9 @@ func (t *laneTable[K, T]) get(key K, h uint64) *lane[K, T] {
 }
 
 // line reads the slot where a lane of hash h sits or would sit, and
-// returns its stored hash: warm's load, made only to fetch the slot's
-// cache line.
+// returns its stored hash: a load made only to fetch the slot's cache
+// line, with the lock held (settleAttemptLock), whose result the caller
+// keeps (Dispatcher.warmed) so that the compiler keeps the load.
 func (t *laneTable[K, T]) line(h uint64) uint64 {
 	return t.slots[h&uint64(len(t.slots)-1)].h
 }

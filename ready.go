@@ -278,7 +278,7 @@ func (f *fifoRun[K, T]) drop(c *call[K, T]) {
 // prefetchCall asks the processor for the cache lines of c, a run's new
 // head, and of its lane, which the next worker to take a call from the run
 // reads: in a backlog they are cold, and that worker would otherwise wait
-// for them with the lock held (warm, begin). The hint costs no wait here.
+// for them with the lock held (next, begin). The hint costs no wait here.
 func prefetchCall[K comparable, T any](c *call[K, T]) {
 	for _, a := range callLines(c) {
 		prefetch.Line(a)

@@ -146,7 +146,14 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 		rn.stock()
 	}
 	d.mu.Lock()
-	d.warmed = warm(&d.lanes, c.lane)
+	// Load the table slot of c's key, which the end of c releases, as the
+	// section starts, so that its miss (if a long execution let the hint
+	// of begin go) overlaps the section's first steps rather than being
+	// taken at the release. The next call's lines are not loaded here:
+	// prefetchCall asked for them as the call before it was taken, and
+	// loading them again with the lock held cost more than it saved
+	// (BENCHMARKS.md, "Cold lines asked for ahead").
+	d.warmed = d.lanes.line(c.lane.hash)
 	if rn.onWorker {
 		d.gate.running--
 		if c.is(fLow) {
@@ -162,20 +169,6 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	}
 	d.endAttempt(c, a, ob, a.end)
 	return a.end
-}
-
-// warm loads the key table's slot of l, which the end of its call
-// releases, as the worker's critical section starts, so that the
-// processor fetches it while the section's first steps run rather than
-// when the release reads it. It was asked for as the execution began
-// (laneTable.hint), so it is often in the caches already; an execution
-// long enough may have let it go again. (The next call's lines are asked
-// for as the call before it is taken, prefetchCall. Loading them here
-// too, with the lock held, cost more than it saved: BENCHMARKS.md, "Cold
-// lines asked for ahead".) It returns what it read, which the caller
-// keeps (Dispatcher.warmed), so that the compiler keeps the load.
-func warm[K comparable, T any](t *laneTable[K, T], l *lane[K, T]) uint64 {
-	return t.line(l.hash)
 }
 
 // begin marks c running, counts its execution, and returns its attempt
@@ -202,8 +195,8 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		d.gate.breaker.StartProbe(rn.id)
 	}
 	l := c.lane
-	// The end of the attempt releases l's table slot under the lock (warm,
-	// then the release); asked for now, its miss overlaps the execution.
+	// The end of the attempt releases l's table slot under the lock
+	// (settleAttemptLock); asked for now, its miss overlaps the execution.
 	d.lanes.hint(l.hash)
 	l.running = c
 	if l.pending == c {
