@@ -189,6 +189,9 @@ func (t *Tokens) WantFetch(ahead int) bool {
 // Fetched hands over a token the fetching goroutine got.
 func (t *Tokens) Fetched() { t.held++ }
 
+// Held returns how many tokens are granted and not yet spent.
+func (t *Tokens) Held() int { return t.held }
+
 // Limiter returns the limiter, for the fetching goroutine to wait on.
 func (t *Tokens) Limiter() Limiter { return t.l }
 
