@@ -21,8 +21,12 @@ import (
 // call — unless it also has Allow() bool, which a worker tries first: a
 // limiter that can say without blocking that a token is granted now (and
 // takes it) spares each such execution the hand-off from that goroutine.
-// A Sync-mode call waits for its token in its caller, under the
-// call's own context.
+// That goroutine fetches ahead while ready calls have free workers, so
+// up to one token per free worker can be taken before the calls that
+// spend them start (and, with Allow, left over when the workers took
+// their own meanwhile); such a token is held, never dropped, and the
+// next calls spend it. A Sync-mode call waits for its token in its
+// caller, under the call's own context.
 //
 // No call runs without a token. A limiter that grants nothing for now —
 // paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to
