@@ -134,8 +134,11 @@ func (t *laneTable[K, T]) get(key K, h uint64) *lane[K, T] {
 // returns its stored hash: a load made only to fetch the slot's cache
 // line, with the lock held (settleAttemptLock), whose result the caller
 // keeps (Dispatcher.warmed) so that the compiler keeps the load.
-func (t *laneTable[K, T]) line(h uint64) uint64 {
-	return t.slots[h&uint64(len(t.slots)-1)].h
+func (t *laneTable[K, T]) line(h uint64) uint64 { return t.home(h).h }
+
+// home returns the slot a lane of hash h is looked for from.
+func (t *laneTable[K, T]) home(h uint64) *laneSlot[K, T] {
+	return &t.slots[h&uint64(len(t.slots)-1)]
 }
 
 // prefetch asks the processor for the slot where a key of hash h sits or
@@ -158,7 +161,7 @@ func (t *laneTable[K, T]) prefetch(h uint64) {
 // starts (begin), so that the miss overlaps the execution rather than
 // the end's critical section, which releases the slot.
 func (t *laneTable[K, T]) hint(h uint64) {
-	prefetch.Line(uintptr(unsafe.Pointer(&t.slots[h&uint64(len(t.slots)-1)])))
+	prefetch.Line(uintptr(unsafe.Pointer(t.home(h))))
 }
 
 // lookup is get for a caller that has not hashed the key.
