@@ -12,6 +12,7 @@ package benchmarks
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/coalescer/dispatch"
@@ -25,6 +26,7 @@ var e2eImpls = []queuebench.E2EImpl{
 	{Name: "floor-post+ticket", New: func(r *queuebench.Run) queuebench.E2E { return newE2EFloor(r, true) }},
 	{Name: "floor-post+keep", New: func(r *queuebench.Run) queuebench.E2E { return newE2EFloor(r, false) }},
 	{Name: "workqueue", New: newE2EWorkqueue},
+	{Name: "workqueue-timed", New: newE2ETimedWorkqueue},
 	{Name: "apidispatcher", New: newE2EAPIDispatcher}, // apidispatcher_test.go
 }
 
@@ -103,6 +105,54 @@ func newE2EWorkqueue(r *queuebench.Run) queuebench.E2E {
 	}
 }
 
+// newE2ETimedWorkqueue is client-go's workqueue with its metrics on, as a
+// controller runs it (controller-runtime sets a metrics provider for every
+// controller's queue), but with metrics that record nothing: the queue
+// still takes its own timings — the clock read when a new item is added,
+// when a worker gets it and when it is done, each kept in a map until used
+// — and nothing else is added. dispatch takes the same kind of timings
+// (an enqueue time, an execution's start and end) on every call; the plain
+// workqueue row takes none.
+func newE2ETimedWorkqueue(r *queuebench.Run) queuebench.E2E {
+	q := timedWorkqueue(silentMetrics{})
+	return queuebench.E2E{
+		Add:   func(key string, _, _ int) { q.Add(key) },
+		Drain: queuebench.RunWorkers(r, wq{q}, q.ShutDown),
+	}
+}
+
+// timedWorkqueue is a workqueue that records its metrics through mp.
+func timedWorkqueue(mp workqueue.MetricsProvider) workqueue.TypedInterface[string] {
+	return workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "e2e", MetricsProvider: mp})
+}
+
+// silentMetrics is a workqueue.MetricsProvider whose metrics record
+// nothing. It is not the package's own no-op provider, which the queue
+// recognises and then takes no timings at all.
+type silentMetrics struct{}
+
+// silent is every kind of workqueue metric, recording nothing.
+type silent struct{}
+
+func (silent) Inc()            {}
+func (silent) Dec()            {}
+func (silent) Set(float64)     {}
+func (silent) Observe(float64) {}
+
+func (silentMetrics) NewDepthMetric(string) workqueue.GaugeMetric       { return silent{} }
+func (silentMetrics) NewAddsMetric(string) workqueue.CounterMetric      { return silent{} }
+func (silentMetrics) NewLatencyMetric(string) workqueue.HistogramMetric { return silent{} }
+func (silentMetrics) NewWorkDurationMetric(string) workqueue.HistogramMetric {
+	return silent{}
+}
+func (silentMetrics) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
+	return silent{}
+}
+func (silentMetrics) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
+	return silent{}
+}
+func (silentMetrics) NewRetriesMetric(string) workqueue.CounterMetric { return silent{} }
+
 // BenchmarkEndToEnd runs each workload against each implementation; see
 // the top of this file.
 func BenchmarkEndToEnd(b *testing.B) {
@@ -114,4 +164,46 @@ func BenchmarkEndToEnd(b *testing.B) {
 // execute at most once per add, and every run drains.
 func TestEndToEndHarness(t *testing.T) {
 	queuebench.CheckEndToEnd(t, e2eImpls...)
+}
+
+// TestTimedWorkqueueTimes checks that the workqueue-timed row's queue takes
+// its timings: the same queue with metrics that count observes a queue
+// wait and a work duration for each item it hands out.
+func TestTimedWorkqueueTimes(t *testing.T) {
+	var observed atomic.Int64
+	q := timedWorkqueue(countingMetrics{n: &observed})
+	defer q.ShutDown()
+	for _, k := range []string{"a", "b", "a", "c"} {
+		q.Add(k)
+	}
+	for range 3 {
+		k, _ := q.Get()
+		q.Done(k)
+	}
+	if got := observed.Load(); got != 6 {
+		t.Fatalf("observed %d timings for 3 items, want 6 (a queue wait and a work duration each)", got)
+	}
+}
+
+// countingMetrics is silentMetrics whose histograms count what they
+// observe.
+type countingMetrics struct {
+	silentMetrics
+	n *atomic.Int64
+}
+
+// counting is a histogram that counts what it observes.
+type counting struct {
+	silent
+	n *atomic.Int64
+}
+
+func (c counting) Observe(float64) { c.n.Add(1) }
+
+func (m countingMetrics) NewLatencyMetric(string) workqueue.HistogramMetric {
+	return counting{n: m.n}
+}
+
+func (m countingMetrics) NewWorkDurationMetric(string) workqueue.HistogramMetric {
+	return counting{n: m.n}
 }
