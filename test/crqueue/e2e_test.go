@@ -20,18 +20,24 @@ func (p pq) Done(k string)       { p.q.Done(k) }
 func (p pq) AddLast(k string)    { p.q.AddWithOpts(priorityqueue.AddOpts{Priority: endPrio}, k) }
 func (p pq) Len() int            { return p.q.Len() }
 
-func newE2EPriorityQueue(r *queuebench.Run) queuebench.E2E {
-	q := priorityqueue.New[string]("")
-	return queuebench.E2E{
-		Add: func(key string, _, prio int) {
-			q.AddWithOpts(priorityqueue.AddOpts{Priority: prioPtrs[prio]}, key)
-		},
-		Drain: queuebench.RunWorkers(r, pq{q}, q.ShutDown),
+// newE2EPriorityQueue is the queue unnamed (priorityqueue), so without
+// metrics; named (priorityqueue-named), as a controller makes it, so with
+// controller-runtime's own metrics, which time every item.
+func newE2EPriorityQueue(name string) func(*queuebench.Run) queuebench.E2E {
+	return func(r *queuebench.Run) queuebench.E2E {
+		q := priorityqueue.New[string](name)
+		return queuebench.E2E{
+			Add: func(key string, _, prio int) {
+				q.AddWithOpts(priorityqueue.AddOpts{Priority: prioPtrs[prio]}, key)
+			},
+			Drain: queuebench.RunWorkers(r, pq{q}, q.ShutDown),
+		}
 	}
 }
 
 var e2eImpls = []queuebench.E2EImpl{
-	{Name: "priorityqueue", New: newE2EPriorityQueue},
+	{Name: "priorityqueue", New: newE2EPriorityQueue("")},
+	{Name: "priorityqueue-named", New: newE2EPriorityQueue("e2e")},
 }
 
 // BenchmarkEndToEnd is test/benchmarks' BenchmarkEndToEnd
