@@ -25,8 +25,8 @@ var e2eImpls = []queuebench.E2EImpl{
 	{Name: "dispatch-submit", New: func(r *queuebench.Run) queuebench.E2E { return newE2EDispatch(r, true) }},
 	{Name: "floor-post+ticket", New: func(r *queuebench.Run) queuebench.E2E { return newE2EFloor(r, true) }},
 	{Name: "floor-post+keep", New: func(r *queuebench.Run) queuebench.E2E { return newE2EFloor(r, false) }},
-	{Name: "workqueue", New: newE2EWorkqueue},
-	{Name: "workqueue-timed", New: newE2ETimedWorkqueue},
+	{Name: "workqueue", New: newE2EWorkqueue(workqueue.TypedQueueConfig[string]{})},
+	{Name: "workqueue-timed", New: newE2EWorkqueue(timed[string](silentMetrics{}))},
 	{Name: "apidispatcher", New: newE2EAPIDispatcher}, // apidispatcher_test.go
 }
 
@@ -97,33 +97,29 @@ func (w wq) Done(k string)       { w.q.Done(k) }
 func (w wq) AddLast(k string)    { w.q.Add(k) }
 func (w wq) Len() int            { return w.q.Len() }
 
-func newE2EWorkqueue(r *queuebench.Run) queuebench.E2E {
-	q := workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{})
-	return queuebench.E2E{
-		Add:   func(key string, _, _ int) { q.Add(key) },
-		Drain: queuebench.RunWorkers(r, wq{q}, q.ShutDown),
+// newE2EWorkqueue is client-go's workqueue of cfg, as queuebench.RunWorkers
+// drives it.
+func newE2EWorkqueue(cfg workqueue.TypedQueueConfig[string]) func(*queuebench.Run) queuebench.E2E {
+	return func(r *queuebench.Run) queuebench.E2E {
+		q := workqueue.NewTypedWithConfig(cfg)
+		return queuebench.E2E{
+			Add:   func(key string, _, _ int) { q.Add(key) },
+			Drain: queuebench.RunWorkers(r, wq{q}, q.ShutDown),
+		}
 	}
 }
 
-// newE2ETimedWorkqueue is client-go's workqueue with its metrics on, as a
+// timed is a workqueue's configuration with its metrics on, as a
 // controller runs it (controller-runtime sets a metrics provider for every
-// controller's queue), but with metrics that record nothing: the queue
-// still takes its own timings — the clock read when a new item is added,
-// when a worker gets it and when it is done, each kept in a map until used
-// — and nothing else is added. dispatch takes the same kind of timings
-// (an enqueue time, an execution's start and end) on every call; the plain
-// workqueue row takes none.
-func newE2ETimedWorkqueue(r *queuebench.Run) queuebench.E2E {
-	q := timedWorkqueue(silentMetrics{})
-	return queuebench.E2E{
-		Add:   func(key string, _, _ int) { q.Add(key) },
-		Drain: queuebench.RunWorkers(r, wq{q}, q.ShutDown),
-	}
-}
-
-// timedWorkqueue is a workqueue that records its metrics through mp.
-func timedWorkqueue(mp workqueue.MetricsProvider) workqueue.TypedInterface[string] {
-	return workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "e2e", MetricsProvider: mp})
+// controller's queue, and names it), recorded through mp. With
+// silentMetrics (the workqueue-timed rows) they record nothing, but the
+// queue still takes its own timings — the clock read when a new item is
+// added, when a worker gets it and when it is done, each kept in a map
+// until used — and nothing else is added. dispatch takes the same kind of
+// timings (an enqueue time, an execution's start and end) on every call;
+// the plain workqueue rows take none.
+func timed[T comparable](mp workqueue.MetricsProvider) workqueue.TypedQueueConfig[T] {
+	return workqueue.TypedQueueConfig[T]{Name: "bench", MetricsProvider: mp}
 }
 
 // silentMetrics is a workqueue.MetricsProvider whose metrics record
@@ -171,7 +167,7 @@ func TestEndToEndHarness(t *testing.T) {
 // wait and a work duration for each item it hands out.
 func TestTimedWorkqueueTimes(t *testing.T) {
 	var observed atomic.Int64
-	q := timedWorkqueue(countingMetrics{n: &observed})
+	q := workqueue.NewTypedWithConfig(timed[string](countingMetrics{n: &observed}))
 	defer q.ShutDown()
 	for _, k := range []string{"a", "b", "a", "c"} {
 		q.Add(k)

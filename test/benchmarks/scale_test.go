@@ -11,14 +11,14 @@ import (
 // workqueue, on queuebench.Scale: the same names, sizes and operations.
 // The workqueue is a FIFO: it takes no priority and no deadline; Take is
 // its Get, from the front. workqueue-timed is the same queue with its
-// timings on, as a controller runs it (newE2ETimedWorkqueue): each queued
+// timings on, as a controller runs it (timed): each queued
 // key also holds its add time in the queue's metrics.
 func BenchmarkScale(b *testing.B) {
 	queuebench.Scale(b, queuebench.ScaleImpl{Name: "workqueue", New: func([]int) queuebench.ScaleQueue {
 		return scaleWorkqueue(workqueue.TypedQueueConfig[int]{})
 	}})
 	queuebench.Scale(b, queuebench.ScaleImpl{Name: "workqueue-timed", New: func([]int) queuebench.ScaleQueue {
-		return scaleWorkqueue(workqueue.TypedQueueConfig[int]{Name: "scale", MetricsProvider: silentMetrics{}})
+		return scaleWorkqueue(timed[int](silentMetrics{}))
 	}})
 }
 
