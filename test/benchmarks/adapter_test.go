@@ -2,6 +2,7 @@ package benchmarks
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -28,8 +29,9 @@ import (
 // (b.RunParallel, GOMAXPROCS of them), each keeping up to adderWindow calls
 // outstanding on its own OnFinish channel. Calls alternate between the
 // scheduler's two call types (a binding and a status patch, with upstream's
-// relevances), each for a pod of its own, and each executes one request on
-// a fake clientset that answers at once. The implementations:
+// relevances), each for a pod of its own (runAdder says when not), and
+// each executes one request on a fake clientset that answers at once. The
+// implementations:
 //
 //   - upstream: k8s.io/kubernetes/pkg/scheduler/backend/api_dispatcher at
 //     the scheduler's default parallelism (16), which always records the
@@ -45,13 +47,38 @@ import (
 //     an exec that runs the call, and an OnDone that sends to OnFinish —
 //     the floor the adapter adds its own work to;
 //   - core/dropin-config: core, configured as the drop-in's defaults
-//     configure it (coreAsDropin), with none of the adapter's own code.
+//     configure it (dropinConfig), with none of the adapter's own code.
 //
 // So the drop-in's cost splits in two: what its configuration costs the
 // core (core/dropin-config against core, and dropin/metrics=off against
 // dropin/bare) and the adapter's own work per call (dropin/metrics=off
 // against core/dropin-config, and dropin/bare against core).
 func BenchmarkAPIDispatcher(b *testing.B) {
+	benchAPIDispatcher(b, func(i uint64) fwk.APICall { return newSchedCall(i) })
+}
+
+// BenchmarkOwnWork is BenchmarkAPIDispatcher with calls whose Execute
+// sends no request and returns nil at once: what is left per call is each
+// implementation's own work (its queue, its goroutines or workers, its
+// bookkeeping, the OnFinish hand-off), the benchmark's adders and the
+// garbage collector, with no client's work to dilute a difference.
+func BenchmarkOwnWork(b *testing.B) {
+	benchAPIDispatcher(b, func(i uint64) fwk.APICall { return (*freeCall)(newSchedCall(i)) })
+}
+
+// freeCall is a schedCall whose execution sends nothing.
+type freeCall schedCall
+
+func (c *freeCall) CallType() fwk.APICallType                          { return c.typ }
+func (c *freeCall) UID() types.UID                                     { return c.uid }
+func (c *freeCall) Execute(context.Context, clientset.Interface) error { return nil }
+func (c *freeCall) Merge(fwk.APICall) error                            { return nil }
+func (c *freeCall) Sync(obj metav1.Object) (metav1.Object, error)      { return obj, nil }
+func (c *freeCall) IsNoOp() bool                                       { return false }
+
+// benchAPIDispatcher runs BenchmarkAPIDispatcher's implementations on the
+// calls newCall makes (call i of the run).
+func benchAPIDispatcher(b *testing.B, newCall func(i uint64) fwk.APICall) {
 	for _, impl := range []struct {
 		name string
 		new  func(b *testing.B, client clientset.Interface) adder
@@ -62,41 +89,66 @@ func BenchmarkAPIDispatcher(b *testing.B) {
 		{"dropin/bare", func(b *testing.B, c clientset.Interface) adder {
 			return newDropinAdderWith(b, c, scheduler.Options{Timeout: -1, Start: dispatch.StartPolicy{ReservedWorkers: -1}})
 		}},
-		{"core", func(b *testing.B, c clientset.Interface) adder { return newCoreAdder(b, c, false) }},
-		{"core/dropin-config", func(b *testing.B, c clientset.Interface) adder { return newCoreAdder(b, c, true) }},
+		{"core", func(b *testing.B, c clientset.Interface) adder { return newCoreAdder(b, c, 0) }},
+		{"core/dropin-config", func(b *testing.B, c clientset.Interface) adder { return newCoreAdder(b, c, dropinConfig) }},
 	} {
 		b.Run("impl="+impl.name, func(b *testing.B) {
-			a := impl.new(b, instantClient())
-			var seq atomic.Uint64
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				fin := make(chan error, adderWindow)
-				out := 0
-				for pb.Next() {
-					if out == adderWindow {
-						if err := <-fin; err != nil {
-							b.Error(err)
-						}
-						out--
-					}
-					if err := a.add(newSchedCall(seq.Add(1)), fin); err != nil {
-						b.Error(err)
-						return
-					}
-					out++
-				}
-				for ; out > 0; out-- {
-					if err := <-fin; err != nil {
-						b.Error(err)
-					}
-				}
-			})
-			b.StopTimer()
-			a.close()
+			runAdder(b, impl.new(b, instantClient()), newCall)
 		})
 	}
 }
+
+// runAdder times a's calls, made by newCall, from GOMAXPROCS parallel
+// adders each keeping up to adderWindow calls outstanding, then closes a.
+//
+// Each call is for a pod of its own while the calls stay within a lap of
+// uids. But a call can stay longer: with one core, a goroutine that runs
+// the call (upstream's) or has taken it (a worker preempted between taking
+// the call and running it) can wait in the runtime's run queue while the
+// adders go on. Then the next call for that pod overwrites the pending one
+// (upstream's and the drop-in's: its OnFinish hears fwk.ErrCallOverwritten)
+// or joins it (the core's Post: errJoined). Either is counted, not failed,
+// and reported as merged/op: a call merged is one execution fewer.
+func runAdder(b *testing.B, a adder, newCall func(i uint64) fwk.APICall) {
+	var seq, merged atomic.Uint64
+	heard := func(err error) {
+		switch {
+		case err == nil:
+		case errors.Is(err, fwk.ErrCallOverwritten) || errors.Is(err, errJoined):
+			merged.Add(1)
+		default:
+			b.Error(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		fin := make(chan error, adderWindow)
+		out := 0
+		for pb.Next() {
+			if out == adderWindow {
+				heard(<-fin)
+				out--
+			}
+			if err := a.add(newCall(seq.Add(1)), fin); err != nil {
+				b.Error(err)
+				return
+			}
+			out++
+		}
+		for ; out > 0; out-- {
+			heard(<-fin)
+		}
+	})
+	b.StopTimer()
+	a.close()
+	b.ReportMetric(float64(merged.Load())/float64(b.N), "merged/op")
+}
+
+// errJoined is what newCoreAdder tells an add that joined a pending call
+// for the same pod: the core tells a call's outcome once (OnDone), with
+// the number of adds it served.
+var errJoined = errors.New("joined the pending call for the same pod")
 
 // schedulerParallelism is kube-scheduler's default parallelism: upstream's
 // goroutine bound, and the drop-in's default workers.
@@ -208,7 +260,7 @@ type coreCall struct {
 	fin  chan<- error
 }
 
-// The drop-in's documented defaults that coreAsDropin sets in the core
+// The drop-in's documented defaults that dropinConfig sets in the core
 // (kube/scheduler's Options): bindings at priority 20 and status patches
 // at 0, in bands of 10; a timeout of five minutes from Add; a quarter of
 // the workers kept for the binding's band.
@@ -219,33 +271,71 @@ const (
 	dropinReserved        = schedulerParallelism / 4
 )
 
+// coreConfig is the set of the drop-in's defaults newCoreAdder gives the
+// core, one bit each.
+type coreConfig uint8
+
+const (
+	// withDeadline: each call's deadline, dropinTimeout after its Post.
+	withDeadline coreConfig = 1 << iota
+	// withDroppable: a status patch droppable for a binding at capacity.
+	withDroppable
+	// withReserved: dropinReserved workers kept for the binding's band.
+	withReserved
+	// withBands: the aging band, dropinAgingBand (the core's default).
+	withBands
+	// withLabel: the call type as each call's label.
+	withLabel
+	// withTenants: the call types named in Config.Tenants, so that a
+	// type's tenant is kept while it has no call.
+	withTenants
+	// withObserver: an Observer, as the drop-in always has (its log lines).
+	withObserver
+
+	// dropinConfig is every one: the core as the drop-in's defaults
+	// configure it.
+	dropinConfig = withDeadline | withDroppable | withReserved | withBands | withLabel | withTenants | withObserver
+)
+
 // quietObserver is an Observer of no methods of its own, where the
 // drop-in's logs its retries, drops and switches: the core delivers its
 // events all the same.
 type quietObserver struct{ dispatch.NopObserver }
 
-// newCoreAdder Posts the calls to the core. With coreAsDropin it
-// configures the core as the drop-in's defaults do: each call's deadline,
-// the workers kept for bindings, the aging band, the call types named as
-// tenants and as labels, a status patch droppable for a binding at
-// capacity, and an observer.
-func newCoreAdder(b *testing.B, client clientset.Interface, coreAsDropin bool) adder {
+// newCoreAdder Posts the calls to the core, each with its call type as
+// its tenant and a binding at dropinBindingPriority, and with the drop-in's
+// defaults that with names.
+func newCoreAdder(b *testing.B, client clientset.Interface, with coreConfig) adder {
 	cfg := dispatch.Config[types.UID, coreCall]{
 		Workers:  schedulerParallelism,
 		Capacity: 100_000,
+		// One result per add the call served (runAdder says when there
+		// are more than one): the call's, and errJoined for the others.
 		OnDone: func(r dispatch.Result[types.UID, coreCall]) {
-			select {
-			case r.Call.fin <- r.Err:
-			default:
+			err := r.Err
+			for range r.Waiters {
+				select {
+				case r.Call.fin <- err:
+				default:
+				}
+				err = errJoined
 			}
 		},
 	}
-	if coreAsDropin {
+	if with&withBands != 0 {
 		cfg.AgingBand = dropinAgingBand
+	}
+	if with&withReserved != 0 {
 		cfg.Start = dispatch.StartPolicy{ReservedWorkers: dropinReserved, UrgentPriority: dropinBindingPriority}
+	}
+	if with&withLabel != 0 {
 		cfg.Label = func(_ types.UID, c coreCall) string { return string(c.call.CallType()) }
+	}
+	if with&withTenants != 0 {
 		cfg.Tenants = map[string]dispatch.TenantConfig{string(apicalls.PodBinding): {}, string(apicalls.PodStatusPatch): {}}
-		cfg.Observer = quietObserver{} // the drop-in always has one: its log lines
+	}
+	if with&withObserver != 0 {
+		cfg.Observer = quietObserver{}
 	}
 	d, err := dispatch.New(func(ctx context.Context, _ types.UID, c coreCall) error {
 		return c.call.Execute(ctx, client)
@@ -259,8 +349,10 @@ func newCoreAdder(b *testing.B, client clientset.Interface, coreAsDropin bool) a
 			if c.CallType() == apicalls.PodBinding {
 				o.Priority = dropinBindingPriority
 			}
-			if coreAsDropin {
+			if with&withDeadline != 0 {
 				o.Deadline = time.Now().Add(dropinTimeout)
+			}
+			if with&withDroppable != 0 {
 				o.Droppable = o.Priority < dropinBindingPriority
 			}
 			return d.Post(c.UID(), coreCall{c, fin}, o)
@@ -270,6 +362,30 @@ func newCoreAdder(b *testing.B, client clientset.Interface, coreAsDropin bool) a
 				b.Error(err)
 			}
 		},
+	}
+}
+
+// BenchmarkCoreDropinConfig is BenchmarkOwnWork's core row with one of the
+// drop-in's defaults at a time (with=NAME), and with all of them: what
+// each costs the core per call, with no request to dilute it.
+func BenchmarkCoreDropinConfig(b *testing.B) {
+	for _, w := range []struct {
+		name string
+		with coreConfig
+	}{
+		{"none", 0},
+		{"deadline", withDeadline},
+		{"droppable", withDroppable},
+		{"reserved", withReserved},
+		{"bands", withBands},
+		{"label", withLabel},
+		{"tenants", withTenants},
+		{"observer", withObserver},
+		{"all", dropinConfig},
+	} {
+		b.Run("with="+w.name, func(b *testing.B) {
+			runAdder(b, newCoreAdder(b, instantClient(), w.with), func(i uint64) fwk.APICall { return (*freeCall)(newSchedCall(i)) })
+		})
 	}
 }
 
