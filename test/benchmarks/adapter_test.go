@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -305,7 +306,7 @@ type quietObserver struct{ dispatch.NopObserver }
 // newCoreAdder Posts the calls to the core, each with its call type as
 // its tenant and a binding at dropinBindingPriority, and with the drop-in's
 // defaults that with names.
-func newCoreAdder(b *testing.B, client clientset.Interface, with coreConfig) adder {
+func newCoreAdder(tb testing.TB, client clientset.Interface, with coreConfig) adder {
 	cfg := dispatch.Config[types.UID, coreCall]{
 		Workers:  schedulerParallelism,
 		Capacity: 100_000,
@@ -341,7 +342,7 @@ func newCoreAdder(b *testing.B, client clientset.Interface, with coreConfig) add
 		return c.call.Execute(ctx, client)
 	}, cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return adder{
 		add: func(c fwk.APICall, fin chan<- error) error {
@@ -359,7 +360,7 @@ func newCoreAdder(b *testing.B, client clientset.Interface, with coreConfig) add
 		},
 		close: func() {
 			if err := d.Close(context.Background()); err != nil {
-				b.Error(err)
+				tb.Error(err)
 			}
 		},
 	}
@@ -404,4 +405,52 @@ func (schedMetrics) Executed(t fwk.APICallType, err error, elapsed time.Duration
 
 func (schedMetrics) Pending(t fwk.APICallType, n int) {
 	schedmetrics.AsyncAPIPendingCalls.WithLabelValues(string(t)).Set(float64(n))
+}
+
+// heldCall is a schedCall whose execution waits for held to close, after
+// closing started.
+type heldCall struct {
+	schedCall
+	started, held chan struct{}
+}
+
+func (c *heldCall) Execute(context.Context, clientset.Interface) error {
+	close(c.started)
+	<-c.held
+	return nil
+}
+
+// TestCoreAdderTellsEveryAdd pins what runAdder counts on: the core row
+// tells every add a result, an add that joined a pending call for the
+// same pod included (errJoined), so that an adder never waits for one
+// that never comes.
+func TestCoreAdderTellsEveryAdd(t *testing.T) {
+	// In a bubble, so that an add left without a result fails the test at
+	// once (every goroutine blocked) instead of hanging it.
+	synctest.Test(t, func(t *testing.T) {
+		a := newCoreAdder(t, instantClient(), dropinConfig)
+		fin := make(chan error, adderWindow)
+		first := &heldCall{schedCall: *newSchedCall(1), started: make(chan struct{}), held: make(chan struct{})}
+		add := func(c fwk.APICall) {
+			t.Helper()
+			if err := a.add(c, fin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		add(first)
+		<-first.started
+		// The pod's call runs: the next add waits behind it, and the one
+		// after joins that one.
+		add((*freeCall)(newSchedCall(1)))
+		add((*freeCall)(newSchedCall(1)))
+		close(first.held)
+		heard := map[error]int{}
+		for range 3 {
+			heard[<-fin]++
+		}
+		a.close()
+		if heard[nil] != 2 || heard[errJoined] != 1 || len(heard) != 2 {
+			t.Fatalf("the three adds heard %v, want nil twice and errJoined once", heard)
+		}
+	})
 }
