@@ -64,18 +64,15 @@ func BenchmarkAPIDispatcher(b *testing.B) {
 // bookkeeping, the OnFinish hand-off), the benchmark's adders and the
 // garbage collector, with no client's work to dilute a difference.
 func BenchmarkOwnWork(b *testing.B) {
-	benchAPIDispatcher(b, func(i uint64) fwk.APICall { return (*freeCall)(newSchedCall(i)) })
+	benchAPIDispatcher(b, func(i uint64) fwk.APICall { return newFreeCall(i) })
 }
 
 // freeCall is a schedCall whose execution sends nothing.
-type freeCall schedCall
+type freeCall struct{ schedCall }
 
-func (c *freeCall) CallType() fwk.APICallType                          { return c.typ }
-func (c *freeCall) UID() types.UID                                     { return c.uid }
+func newFreeCall(i uint64) *freeCall { return &freeCall{*newSchedCall(i)} }
+
 func (c *freeCall) Execute(context.Context, clientset.Interface) error { return nil }
-func (c *freeCall) Merge(fwk.APICall) error                            { return nil }
-func (c *freeCall) Sync(obj metav1.Object) (metav1.Object, error)      { return obj, nil }
-func (c *freeCall) IsNoOp() bool                                       { return false }
 
 // benchAPIDispatcher runs BenchmarkAPIDispatcher's implementations on the
 // calls newCall makes (call i of the run).
@@ -385,7 +382,7 @@ func BenchmarkCoreDropinConfig(b *testing.B) {
 		{"all", dropinConfig},
 	} {
 		b.Run("with="+w.name, func(b *testing.B) {
-			runAdder(b, newCoreAdder(b, instantClient(), w.with), func(i uint64) fwk.APICall { return (*freeCall)(newSchedCall(i)) })
+			runAdder(b, newCoreAdder(b, instantClient(), w.with), func(i uint64) fwk.APICall { return newFreeCall(i) })
 		})
 	}
 }
@@ -441,8 +438,8 @@ func TestCoreAdderTellsEveryAdd(t *testing.T) {
 		<-first.started
 		// The pod's call runs: the next add waits behind it, and the one
 		// after joins that one.
-		add((*freeCall)(newSchedCall(1)))
-		add((*freeCall)(newSchedCall(1)))
+		add(newFreeCall(1))
+		add(newFreeCall(1))
 		close(first.held)
 		heard := map[error]int{}
 		for range 3 {
