@@ -64,13 +64,13 @@ func BenchmarkAPIDispatcher(b *testing.B) {
 // bookkeeping, the OnFinish hand-off), the benchmark's adders and the
 // garbage collector, with no client's work to dilute a difference.
 func BenchmarkOwnWork(b *testing.B) {
-	benchAPIDispatcher(b, func(i uint64) fwk.APICall { return newFreeCall(i) })
+	benchAPIDispatcher(b, newFreeCall)
 }
 
 // freeCall is a schedCall whose execution sends nothing.
 type freeCall struct{ schedCall }
 
-func newFreeCall(i uint64) *freeCall { return &freeCall{*newSchedCall(i)} }
+func newFreeCall(i uint64) fwk.APICall { return &freeCall{*newSchedCall(i)} }
 
 func (c *freeCall) Execute(context.Context, clientset.Interface) error { return nil }
 
@@ -382,7 +382,7 @@ func BenchmarkCoreDropinConfig(b *testing.B) {
 		{"all", dropinConfig},
 	} {
 		b.Run("with="+w.name, func(b *testing.B) {
-			runAdder(b, newCoreAdder(b, instantClient(), w.with), func(i uint64) fwk.APICall { return newFreeCall(i) })
+			runAdder(b, newCoreAdder(b, instantClient(), w.with), newFreeCall)
 		})
 	}
 }
