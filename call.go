@@ -229,6 +229,9 @@ const (
 	// fPostsApart is set while the priority and enqueue time of the posts
 	// aggregate are kept in rare, apart from the call's own (postsOrder).
 	fPostsApart
+	// fPostsRun is set while the posts aggregate is indexed in the run of
+	// the deadline index rather than its B-tree (postsDue).
+	fPostsRun
 )
 
 // is reports whether c has flag f.

@@ -23,7 +23,7 @@ type waiters[K comparable, T any] struct {
 	// posts aggregates (by posts.at, then arrival), and tickets (by at,
 	// then tseq). The clock expires them, the earliest of both first. Each
 	// is also a time in the due list.
-	postsDue   *btree.BTreeG[*call[K, T]]
+	postsDue   postsDue[K, T]
 	ticketsDue *btree.BTreeG[*ticketWatch[K, T]]
 	tseq       uint64 // tie-break among tickets' equal deadlines
 	// sweeping defers removals from the deadline indexes to the end of a
@@ -38,14 +38,7 @@ type waiters[K comparable, T any] struct {
 }
 
 func newWaiters[K comparable, T any](dl *due.List) waiters[K, T] {
-	return waiters[K, T]{postsDue: btree.NewG(btreeDegree, postsDueLess[K, T]), ticketsDue: btree.NewG(btreeDegree, ticketDueLess[K, T]), due: dl}
-}
-
-func postsDueLess[K comparable, T any](a, b *call[K, T]) bool {
-	if a.posts.at != b.posts.at {
-		return a.posts.at < b.posts.at
-	}
-	return a.seq < b.seq
+	return waiters[K, T]{postsDue: newPostsDue[K, T](), ticketsDue: btree.NewG(btreeDegree, ticketDueLess[K, T]), due: dl}
 }
 
 func ticketDueLess[K comparable, T any](a, b *ticketWatch[K, T]) bool {
@@ -448,20 +441,21 @@ func (w *waiters[K, T]) addPostsDue(c *call[K, T], at int64) {
 	if w.sweeping {
 		w.sweepAdds++
 	}
-	w.postsDue.ReplaceOrInsert(c)
+	w.postsDue.add(c)
 	w.due.Set(due.Expire, at)
 }
 
 // removePostsDue takes c's posts aggregate out of the deadline index if it
-// is there. During a sweep it only marks it out.
+// is there. During a sweep it only marks it out of the B-tree (leaving the
+// run costs no search).
 func (w *waiters[K, T]) removePostsDue(c *call[K, T]) {
 	if c.posts.at == 0 {
 		return
 	}
-	if w.sweeping {
+	if w.sweeping && !c.is(fPostsRun) {
 		w.sweptPosts++
 	} else {
-		w.postsDue.Delete(c)
+		w.postsDue.remove(c)
 	}
 	c.posts.at = 0
 }
@@ -480,7 +474,7 @@ func (w *waiters[K, T]) sweep(end func()) {
 	w.sweeping, w.sweptPosts, w.sweptTickets, w.sweepAdds = true, 0, 0, 0
 	end()
 	w.sweeping = false
-	w.postsDue = rebuilt(w.postsDue, w.sweptPosts, w.sweepAdds, postsDueLess[K, T], func(c *call[K, T]) bool { return c.posts.at != 0 })
+	w.postsDue.tree = rebuilt(w.postsDue.tree, w.sweptPosts, w.sweepAdds, postsDueLess[K, T], func(c *call[K, T]) bool { return c.posts.at != 0 && !c.is(fPostsRun) })
 	w.ticketsDue = rebuilt(w.ticketsDue, w.sweptTickets, w.sweepAdds, ticketDueLess[K, T], func(x *ticketWatch[K, T]) bool { return x.at != 0 })
 }
 
@@ -510,7 +504,7 @@ func rebuilt[E any](idx *btree.BTreeG[E], swept, adds int, less btree.LessFunc[E
 // posts aggregate (c) or a ticket's watch (x), the other nil; both nil if
 // the indexes are empty. At equal times the posts come first.
 func (w *waiters[K, T]) earliest() (c *call[K, T], x *ticketWatch[K, T]) {
-	pc, okc := w.postsDue.Min()
+	pc, okc := w.postsDue.min()
 	tx, okt := w.ticketsDue.Min()
 	switch {
 	case okc && (!okt || pc.posts.at <= tx.at):
@@ -545,7 +539,7 @@ func (w *waiters[K, T]) popDue(now int64) (c *call[K, T], t *Ticket[K, T]) {
 	c, x := w.earliest()
 	switch {
 	case c != nil && c.posts.at <= now:
-		w.postsDue.DeleteMin()
+		w.postsDue.deleteMin()
 		c.posts.at = 0
 		return c, nil
 	case x != nil && x.at <= now:
