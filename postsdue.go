@@ -135,22 +135,19 @@ func (p *postsDue[K, T]) tidy() {
 // squeeze moves the run's live entries to the front of its array, in
 // order, and lets a mostly empty array go for one of their size.
 func (p *postsDue[K, T]) squeeze() {
-	run := p.run
-	if cap(run) > maxKeptRun && p.live < cap(run)/4 {
-		run = make([]runEntry[K, T], 0, 2*p.live)
+	kept, reuse := p.run[:0], !(cap(p.run) > maxKeptRun && p.live < cap(p.run)/4)
+	if !reuse {
+		kept = make([]runEntry[K, T], 0, 2*p.live)
 	}
-	n := 0
-	for _, e := range p.run[p.head:] {
+	for _, e := range p.run[p.head:] { // in place, writes trail the reads
 		if e.isLive() {
-			run = run[:n+1]
-			run[n] = e
-			n++
+			kept = append(kept, e)
 		}
 	}
-	if &run[0] == &p.run[0] {
-		clear(p.run[n:])
+	if reuse {
+		clear(p.run[len(kept):])
 	}
-	p.run, p.head = run[:n], 0
+	p.run, p.head = kept, 0
 }
 
 // min returns the earliest call indexed, if any.
@@ -165,9 +162,12 @@ func (p *postsDue[K, T]) min() (*call[K, T], bool) {
 	return t, true
 }
 
-// deleteMin takes the earliest call out of the index, if any.
-func (p *postsDue[K, T]) deleteMin() {
-	if c, ok := p.min(); ok {
+// removeMin takes c, the earliest call indexed (min's), out of the index:
+// from the run's head, or the B-tree's minimum without a search.
+func (p *postsDue[K, T]) removeMin(c *call[K, T]) {
+	if c.is(fPostsRun) {
 		p.remove(c)
+		return
 	}
+	p.tree.DeleteMin()
 }

@@ -99,7 +99,7 @@ func postsDueModel(t *testing.T, rng *rand.Rand, outOfOrd, fifo float64, limit i
 			if !ok || got != sorted[0] {
 				t.Fatalf("step %d: the earliest is %p (%v), want %p", step, got, ok, sorted[0])
 			}
-			p.deleteMin()
+			p.removeMin(got)
 			sorted = sorted[1:]
 			got.posts.at = 0
 			in = drop(in, got)
@@ -165,7 +165,7 @@ func TestPostsDueRunLetsGo(t *testing.T) {
 		got, ok := p.min()
 		require.True(t, ok)
 		require.Same(t, &cs[i], got, "in order across both")
-		p.deleteMin()
+		p.removeMin(got)
 	}
 	require.Zero(t, p.Len())
 	require.LessOrEqual(t, cap(p.run), maxKeptRun)

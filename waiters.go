@@ -539,7 +539,7 @@ func (w *waiters[K, T]) popDue(now int64) (c *call[K, T], t *Ticket[K, T]) {
 	c, x := w.earliest()
 	switch {
 	case c != nil && c.posts.at <= now:
-		w.postsDue.deleteMin()
+		w.postsDue.removeMin(c)
 		c.posts.at = 0
 		return c, nil
 	case x != nil && x.at <= now:
