@@ -174,10 +174,10 @@ func (d *Dispatcher[K, T]) submit(ctx context.Context, key K, call T, o SubmitOp
 		d.tell.submitted(*label, &o, false, err)
 		return nil, err
 	}
-	t, deadline := d.ticketFor(ctx, &o)
-	h := d.lanes.hash(key) // outside the lock, as is the clock
+	now := d.clk.now() // outside the lock, as is the hash
+	t, deadline := d.ticketFor(ctx, &o, now)
+	h := d.lanes.hash(key)
 	d.lanes.prefetch(h)
-	now := d.clk.now()
 	var ob outbox[K, T]
 	d.mu.Lock()
 	coalesced, err := d.admitTicket(ctx, &submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, t: t, ten: d.tenants.get(o.Tenant), label: *label}, &ob)
@@ -209,6 +209,8 @@ func (d *Dispatcher[K, T]) admitTicket(ctx context.Context, s *submission[K, T],
 	switch {
 	case s.t.state == tsDone: // ctx ended before we took the lock
 		err = ctxErr(ctx)
+	case s.o.Timeout < 0:
+		err = errTimeoutPast
 	case s.deadline != 0 && s.deadline <= s.now:
 		err = errRejectPast
 	case d.mode == ModeSync && d.runsHere(s.key):
@@ -224,11 +226,11 @@ func (d *Dispatcher[K, T]) admitTicket(ctx context.Context, s *submission[K, T],
 }
 
 // ticketFor makes the ticket of a submission under ctx with options o,
-// and returns it with its deadline: the earlier of o's and ctx's. A ctx
-// that can end is watched by one callback registration, no goroutine: the
-// callback takes the waiter out.
-func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ticket[K, T], int64) {
-	deadline := d.clk.at(o.Deadline)
+// made at now, and returns it with its deadline: the earliest of o's, its
+// Timeout's and ctx's. A ctx that can end is watched by one callback
+// registration, no goroutine: the callback takes the waiter out.
+func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions, now int64) (*Ticket[K, T], int64) {
+	deadline := within(d.clk.at(o.Deadline), now, o.Timeout)
 	if cd, ok := ctx.Deadline(); ok {
 		if c := d.clk.at(cd); deadline == 0 || c < deadline {
 			deadline = c
@@ -245,27 +247,20 @@ func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions) (*Ti
 // Post is the fire-and-forget form of Submit: no ticket, no context, and no
 // allocation when it coalesces into a pending call (nor, in the steady
 // state, for a new key). The submission is a waiter that never leaves: only
-// its deadline (o.Deadline), Cancel, a newer generation or Close end it.
+// its deadline (o.Deadline, o.Timeout), Cancel, a newer generation or
+// Close end it.
 // Its outcome reaches only the completion hook and Stats; posts merged into
 // one call share the latest of their deadlines, and one outcome. Post
 // returns only why a submission was refused, in either mode: in Sync mode
 // it runs the call first, but a failed execution still returns nil.
 func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
-	deadline := d.clk.at(o.Deadline)
 	var label string // none, the usual, without a call
 	if d.cfg.Label != nil {
 		label = d.cfg.labelOf(key, call, &d.tell)
 	}
 	h := d.lanes.hash(key) // outside the lock
 	d.lanes.prefetch(h)
-	// The clock too, when admission will need it: for a deadline, and
-	// when recent Posts needed it (clockGuess). Otherwise now stays 0 and
-	// admit reads the clock only if it needs it; a Post that coalesces
-	// into a pending key's fire-and-forget submissions does not.
-	var now int64
-	if deadline != 0 || d.guess.pre.Load() {
-		now = d.clk.now()
-	}
+	now, deadline := d.postTime(&o)
 	d.mu.Lock()
 	if d.mode == ModeSync {
 		d.mu.Unlock()
@@ -291,9 +286,12 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	var ob outbox[K, T]
 	var err error
 	coalesced := false
-	if deadline != 0 && deadline <= now {
+	switch {
+	case o.Timeout < 0:
+		err = errTimeoutPast
+	case deadline != 0 && deadline <= now:
 		err = errRejectPast
-	} else {
+	default:
 		coalesced, err = d.admit(l, &submission[K, T]{key: key, h: h, val: call, o: o, now: now, deadline: deadline, ten: ten, label: label}, &ob)
 	}
 	d.tenants.count(ten, err, &d.totals)
@@ -303,6 +301,20 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		d.tell.submitted(label, &o, coalesced, err)
 	}
 	return err
+}
+
+// postTime returns a Post's deadline (0: none) and the clock, read before
+// the lock when admission will need it: for a deadline or a timeout, and
+// when recent Posts needed it (clockGuess). Otherwise now is 0 and admit
+// reads the clock only if it needs it; a Post that coalesces into a
+// pending key's fire-and-forget submissions does not.
+func (d *Dispatcher[K, T]) postTime(o *SubmitOptions) (now, deadline int64) {
+	deadline = d.clk.at(o.Deadline)
+	if deadline != 0 || o.Timeout != 0 || d.guess.pre.Load() {
+		now = d.clk.now()
+		deadline = within(deadline, now, o.Timeout)
+	}
+	return now, deadline
 }
 
 // Cancel ends every submission for key with Canceled, wrapping cause: the

@@ -170,6 +170,7 @@ var ErrReentrant = errors.New("dispatch: called from a callback; cannot wait for
 var (
 	errRejectStale   = fmt.Errorf("%w: generation is older than the key's newest", ErrStale)
 	errRejectPast    = fmt.Errorf("%w: deadline already passed", ErrExpired)
+	errTimeoutPast   = fmt.Errorf("%w: SubmitOptions.Timeout is negative: the deadline already passed", ErrExpired)
 	errCtxPast       = fmt.Errorf("%w: %w", ErrExpired, context.DeadlineExceeded)
 	errRejectIdemKey = fmt.Errorf("%w: pending call has a different idempotency key", ErrMergeRejected)
 

@@ -301,7 +301,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 		hasDL := op.hasDL
 		if hasDL {
 			deadline = m.now + int64(op.dl)
-			o.Deadline = h.t0.Add(time.Duration(deadline))
+			h.deadlineOpt(&o, i, op.dl, deadline)
 		}
 		ctx := context.Background()
 		var cancel func()
@@ -363,7 +363,7 @@ func (h *fzHarness) apply(i int, op fzOp) {
 		var early error
 		if op.hasDL {
 			deadline = m.now + int64(op.dl)
-			o.Deadline = h.t0.Add(time.Duration(deadline))
+			h.deadlineOpt(&o, i, op.dl, deadline)
 			if deadline <= m.now {
 				early = dispatch.ErrExpired
 			}
@@ -435,6 +435,17 @@ func (h *fzHarness) releaseRunning(result int) {
 		h.fail("the model has a call in flight, the dispatcher has %d unreturned exec calls", len(open))
 	}
 	open[0].release <- result
+}
+
+// deadlineOpt sets o's deadline, at (on the model's clock), dl from now:
+// as SubmitOptions.Timeout for every other op (a Timeout of 0 is none),
+// else as SubmitOptions.Deadline.
+func (h *fzHarness) deadlineOpt(o *dispatch.SubmitOptions, i int, dl time.Duration, at int64) {
+	if dl != 0 && i%2 == 1 {
+		o.Timeout = dl
+		return
+	}
+	o.Deadline = h.t0.Add(time.Duration(at))
 }
 
 func (h *fzHarness) compareErr(what string, got, want error) {

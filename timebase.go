@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/coalescer/dispatch/internal/sat"
+)
 
 // This file is the dispatcher's clock reading: the time base every time it
 // compares is measured on, and the timer the due list arms.
@@ -27,6 +31,19 @@ func (tb *timebase) at(dl time.Time) int64 {
 		return 0
 	}
 	return max(int64(dl.Sub(tb.epoch)), 1)
+}
+
+// within is deadline (0: none) brought forward to timeout after now, if
+// timeout is set (not 0) and that comes first; far timeouts saturate.
+func within(deadline, now int64, timeout time.Duration) int64 {
+	if timeout == 0 {
+		return deadline
+	}
+	at := max(sat.Add(now, int64(timeout)), 1)
+	if deadline == 0 || at < deadline {
+		return at
+	}
+	return deadline
 }
 
 // wall converts a time on the clock to wall-clock time.

@@ -103,6 +103,101 @@ func TestExtremeDeadlines(t *testing.T) {
 	})
 }
 
+// TestTimeout: SubmitOptions.Timeout is a deadline that long after the
+// submission, for Submit and Post alike. With Deadline or the context's
+// deadline too, the earliest holds; at its extremes it neither overflows
+// nor misfires; a negative one is refused, naming the field, and nothing
+// is queued, in either mode.
+func TestTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		hooks := &hookLog[string, int]{}
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{OnDone: hooks.add})
+		now := time.Now()
+		ctx5, cancel := context.WithTimeout(bg, 5*time.Second)
+		defer cancel()
+		const never = 10 * time.Second // the worker is let go then
+		cases := []struct {
+			name string
+			ctx  context.Context // the Submit's; a Post has none
+			o    SubmitOptions
+			at   time.Duration // when the Submit's ticket expires, or never
+			post time.Duration // when the Post's call expires, or never
+		}{
+			{"1ns", bg, SubmitOptions{Timeout: time.Nanosecond}, time.Nanosecond, time.Nanosecond},
+			{"3s, deadline 1s", bg, SubmitOptions{Timeout: 3 * time.Second, Deadline: now.Add(time.Second)}, time.Second, time.Second},
+			{"1.5s, deadline 4s", bg, SubmitOptions{Timeout: 1500 * time.Millisecond, Deadline: now.Add(4 * time.Second)}, 1500 * time.Millisecond, 1500 * time.Millisecond},
+			{"2s", bg, SubmitOptions{Timeout: 2 * time.Second}, 2 * time.Second, 2 * time.Second},
+			{"4s, ctx 5s", ctx5, SubmitOptions{Timeout: 4 * time.Second}, 4 * time.Second, 4 * time.Second},
+			{"6s, ctx 5s", ctx5, SubmitOptions{Timeout: 6 * time.Second}, 5 * time.Second, 6 * time.Second},
+			{"20s", bg, SubmitOptions{Timeout: 20 * time.Second}, never, never},
+			{"max", bg, SubmitOptions{Timeout: math.MaxInt64}, never, never},
+			{"max, deadline far", bg, SubmitOptions{Timeout: math.MaxInt64, Deadline: time.Unix(1<<62, 0)}, never, never},
+		}
+		var tks []*Ticket[string, int]
+		for _, c := range cases {
+			tk, err := d.Submit(c.ctx, "s "+c.name, 0, c.o)
+			require.NoError(t, err, c.name)
+			tks = append(tks, tk)
+			require.NoError(t, d.Post("p "+c.name, 0, c.o), c.name)
+		}
+		times := watchDone(tks...)
+		// Each Post's call is queued until just before its deadline and
+		// gone just after it (the cases are in order of it).
+		for _, c := range cases {
+			if c.post == never {
+				continue
+			}
+			if c.post > time.Millisecond {
+				time.Sleep(c.post - time.Millisecond - time.Since(now))
+				assert.True(t, d.Busy("p "+c.name), "%s: ended before its deadline", c.name)
+			}
+			time.Sleep(c.post + time.Millisecond - time.Since(now))
+			assert.False(t, d.Busy("p "+c.name), "%s: still queued after its deadline", c.name)
+			assert.Equal(t, []State{StateExpired}, hooks.states("p "+c.name), c.name)
+		}
+		time.Sleep(never - time.Since(now))
+
+		for _, post := range []bool{false, true} {
+			var err error
+			if post {
+				err = d.Post("negative", 0, SubmitOptions{Timeout: -time.Nanosecond, Deadline: now.Add(time.Hour)})
+			} else {
+				_, err = d.Submit(bg, "negative", 0, SubmitOptions{Timeout: -time.Hour})
+			}
+			require.ErrorIs(t, err, ErrExpired)
+			assert.Contains(t, err.Error(), "SubmitOptions.Timeout")
+			assert.False(t, d.Busy("negative"), "nothing queued")
+		}
+		release()
+		for i, c := range cases {
+			want := StateExpired
+			if c.at == never {
+				want = StateSucceeded
+			}
+			assert.Equal(t, want, outcome(t, tks[i]).State, c.name)
+			at, ok := times.of(tks[i])
+			assert.True(t, ok, c.name)
+			assert.Equal(t, c.at, at, c.name)
+			if c.post == never {
+				assert.Equal(t, []State{StateSucceeded}, hooks.states("p "+c.name), c.name)
+			}
+		}
+		s := checkConservation(t, d)
+		assert.Equal(t, uint64(2), s.Rejected)
+
+		require.NoError(t, d.SetMode(bg, ModeSync))
+		require.ErrorIs(t, d.Post("negative", 0, SubmitOptions{Timeout: -1}), ErrExpired)
+		require.NoError(t, d.Post("sync", 0, SubmitOptions{Timeout: time.Hour}))
+		tk, err := d.Submit(bg, "sync", 1, SubmitOptions{Timeout: math.MaxInt64})
+		require.NoError(t, err)
+		assert.Equal(t, StateSucceeded, outcome(t, tk).State)
+		assert.Equal(t, []int{0, 1}, f.calls("sync"))
+		s = closeD(t, d)
+		assert.Equal(t, uint64(3), s.Rejected)
+	})
+}
+
 // TestDeadlineWhileInFlight: a waiter whose deadline passes while the call
 // runs ends Expired at its deadline without disturbing the execution; when
 // every waiter has expired, the execution context ends (it carries the

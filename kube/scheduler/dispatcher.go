@@ -153,7 +153,7 @@ func (d *Dispatcher) add(e *entry) error {
 		return errNoEffect
 	}
 	d.pending.see(e.typ)
-	err := d.core.Post(uid, e, d.set.options(e.typ, time.Now()))
+	err := d.core.Post(uid, e, d.set.options(e.typ))
 	if err != nil {
 		e.displaced.Store(nil) // refused: whatever it merged stays in place
 	}

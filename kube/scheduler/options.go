@@ -140,7 +140,7 @@ const maxWorkers = 1 << 16
 // besides the core's Config.
 type settings struct {
 	prio     map[fwk.APICallType]int
-	timeout  map[fwk.APICallType]time.Duration
+	timeouts map[fwk.APICallType]time.Duration
 	deflt    time.Duration // Timeout for the other types; < 0: none
 	band     int           // AgingBand
 	bind     int           // the binding's priority: calls in its band or above are kept and never shed
@@ -159,24 +159,24 @@ func (s *settings) priority(t fwk.APICallType) int {
 	return pluginPriority
 }
 
-func (s *settings) deadline(t fwk.APICallType, now time.Time) time.Time {
-	d, ok := s.timeout[t]
+// timeout is the submission Timeout of a call of type t: its deadline,
+// that long after Add, read on the core's clock, so that Add reads none
+// of its own; negative (Options' "none") is 0.
+func (s *settings) timeout(t fwk.APICallType) time.Duration {
+	d, ok := s.timeouts[t]
 	if !ok {
 		d = s.deflt
 	}
-	if d < 0 {
-		return time.Time{}
-	}
-	return now.Add(d)
+	return max(d, 0)
 }
 
 // options returns the submission options of a call of type t.
-func (s *settings) options(t fwk.APICallType, now time.Time) dispatch.SubmitOptions {
+func (s *settings) options(t fwk.APICallType) dispatch.SubmitOptions {
 	p := s.priority(t)
 	return dispatch.SubmitOptions{
 		Priority:  p,
 		Tenant:    string(t),
-		Deadline:  s.deadline(t, now),
+		Timeout:   s.timeout(t),
 		Droppable: band.Below(int64(p), int64(s.bind), int64(s.band)),
 	}
 }
@@ -191,7 +191,7 @@ func (o Options) resolve() (settings, error) {
 		return settings{}, err
 	}
 	s := settings{
-		timeout:  maps.Clone(o.Timeouts),
+		timeouts: maps.Clone(o.Timeouts),
 		deflt:    cmp.Or(o.Timeout, defaultTimeout),
 		band:     cmp.Or(o.AgingBand, preset.AgingBand),
 		workers:  min(cmp.Or(o.Workers, preset.Workers), maxWorkers),
@@ -200,7 +200,7 @@ func (o Options) resolve() (settings, error) {
 		observer: o.Observer,
 	}
 	// A zero timeout means the default, as everywhere else.
-	maps.DeleteFunc(s.timeout, func(_ fwk.APICallType, d time.Duration) bool { return d == 0 })
+	maps.DeleteFunc(s.timeouts, func(_ fwk.APICallType, d time.Duration) bool { return d == 0 })
 	var err error
 	if s.prio, err = o.priorities(s.band); err != nil {
 		return settings{}, err

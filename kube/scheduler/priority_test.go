@@ -203,13 +203,13 @@ func TestPriorityOptions(t *testing.T) {
 	assert.Equal(t, 16, s.workers)
 	assert.Equal(t, 10, s.band)
 	assert.Equal(t, 5*time.Minute, s.deflt)
-	assert.False(t, s.options(podBinding, time.Now()).Droppable)
-	assert.True(t, s.options("plugin_call", time.Now()).Droppable)
+	assert.False(t, s.options(podBinding).Droppable)
+	assert.True(t, s.options("plugin_call").Droppable)
 
 	s, err = Options{Priorities: map[fwk.APICallType]int{podBinding: 25, "above": 31, "below": 19}}.resolve()
 	require.NoError(t, err)
-	assert.False(t, s.options("above", time.Now()).Droppable, "a band above the binding's is kept")
-	assert.True(t, s.options("below", time.Now()).Droppable, "a band below the binding's is droppable")
+	assert.False(t, s.options("above").Droppable, "a band above the binding's is kept")
+	assert.True(t, s.options("below").Droppable, "a band below the binding's is droppable")
 
 	for _, tc := range []struct {
 		name string

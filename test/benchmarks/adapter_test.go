@@ -348,7 +348,7 @@ func newCoreAdder(tb testing.TB, client clientset.Interface, with coreConfig) ad
 				o.Priority = dropinBindingPriority
 			}
 			if with&withDeadline != 0 {
-				o.Deadline = time.Now().Add(dropinTimeout)
+				o.Timeout = dropinTimeout // as the drop-in sets it
 			}
 			if with&withDroppable != 0 {
 				o.Droppable = o.Priority < dropinBindingPriority
