@@ -48,6 +48,10 @@ type SubmitOptions struct {
 	// Deadline, if set, ends this submission Expired when it passes; the
 	// earlier of it and the Submit context's deadline applies.
 	Deadline time.Time
+	// Timeout, if positive, is a deadline that long after the submission,
+	// on the dispatcher's own clock (see dispatch.SubmitOptions.Timeout);
+	// with Deadline or the context's deadline too, the earliest applies.
+	Timeout time.Duration
 	// Tenant names who submits, for quotas and fairness (Options.Tenants).
 	// "" means the call type's name.
 	Tenant string
@@ -99,6 +103,7 @@ func (d *Dispatcher) options(c Call, o SubmitOptions) dispatch.SubmitOptions {
 	out := dispatch.SubmitOptions{
 		Priority:       d.prio[c.typ],
 		Deadline:       o.Deadline,
+		Timeout:        o.Timeout,
 		Tenant:         o.Tenant,
 		Generation:     o.Generation,
 		IdempotencyKey: o.IdempotencyKey,

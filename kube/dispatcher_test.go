@@ -384,8 +384,8 @@ func TestSubmitOptions(t *testing.T) {
 	assert.Equal(t, dispatch.SubmitOptions{Priority: 0, Tenant: "pod_binding"}, d.options(bind, SubmitOptions{Priority: new(0)}),
 		"priority 0 for a binding")
 	deadline := time.Unix(100, 0)
-	all := SubmitOptions{Priority: new(-3), Deadline: deadline, Tenant: "plugin", Generation: 4, IdempotencyKey: "k", Droppable: true}
-	assert.Equal(t, dispatch.SubmitOptions{Priority: -3, Deadline: deadline, Tenant: "plugin", Generation: 4, IdempotencyKey: "k", Droppable: true},
+	all := SubmitOptions{Priority: new(-3), Deadline: deadline, Timeout: time.Minute, Tenant: "plugin", Generation: 4, IdempotencyKey: "k", Droppable: true}
+	assert.Equal(t, dispatch.SubmitOptions{Priority: -3, Deadline: deadline, Timeout: time.Minute, Tenant: "plugin", Generation: 4, IdempotencyKey: "k", Droppable: true},
 		d.options(bind, all))
 	assert.Equal(t, reflect.TypeFor[dispatch.SubmitOptions]().NumField(), reflect.TypeFor[SubmitOptions]().NumField(),
 		"SubmitOptions has every field of the core's")
