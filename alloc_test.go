@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"context"
+	"maps"
+	"math/rand/v2"
 	"runtime"
 	"strconv"
 	"testing"
@@ -220,6 +222,60 @@ func TestIdleLabels(t *testing.T) {
 	require.Same(t, &y.tag, bare.retag(g, y, ""))
 	bare.remove(g)
 	require.Zero(t, bare.n)
+}
+
+// TestLabelTagsModel: random additions, retags and removals over a few
+// tenants and many labels (enough to sweep idle tags out many times)
+// against a count per tenant and label. Every live call's tag is the one
+// its tenant and label are interned under — a tenant's last tag, kept for
+// its next call, is never counted again once the sweep forgot it — and
+// Stats' counts by label are the model's.
+func TestLabelTagsModel(t *testing.T) {
+	for seed := range uint64(8) {
+		rng := rand.New(rand.NewPCG(seed, 33))
+		tens := []*tenant[string, int]{newTenant[string, int]("x", TenantConfig{}), newTenant[string, int]("y", TenantConfig{}), newTenant[string, int]("z", TenantConfig{})}
+		lc := liveCalls[string, int]{tags: map[tagKey[string, int]]*callTag[string, int]{}}
+		var live []*callTag[string, int]
+		want := map[string]int{}
+		for step := range 20000 {
+			ten := tens[rng.IntN(len(tens))]
+			label := strconv.Itoa(rng.IntN(4)) // the usual few
+			if rng.IntN(4) == 0 {
+				label = strconv.Itoa(rng.IntN(3 * maxIdleLabels)) // and many, rarely
+			}
+			switch op := rng.IntN(3); {
+			case op == 0 || len(live) == 0:
+				live = append(live, lc.add(ten, label))
+				want[label]++
+			case op == 1:
+				i := rng.IntN(len(live))
+				want[live[i].label]--
+				live[i] = lc.retag(live[i], ten, label)
+				want[label]++
+			default:
+				i := rng.IntN(len(live))
+				want[live[i].label]--
+				lc.remove(live[i])
+				live[i] = live[len(live)-1]
+				live = live[:len(live)-1]
+			}
+			for _, g := range live {
+				require.Same(t, g, lc.tags[tagKey[string, int]{g.ten, g.label}], "seed %d step %d: a live tag not interned", seed, step)
+			}
+			if step%97 == 0 {
+				maps.DeleteFunc(want, func(_ string, n int) bool { return n == 0 })
+				require.Equal(t, want, lc.counts(), "seed %d step %d", seed, step)
+				require.Equal(t, len(live), lc.n)
+				idle := 0
+				for _, g := range lc.tags {
+					if g.n == 0 {
+						idle++
+					}
+				}
+				require.Equal(t, idle, lc.idle, "seed %d step %d: idle tags", seed, step)
+			}
+		}
+	}
 }
 
 // TestTicketSize pins the sizes the Ticket documentation states: a

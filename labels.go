@@ -61,13 +61,17 @@ func (lc *liveCalls[K, T]) count(ten *tenant[K, T], label string) *callTag[K, T]
 	if lc.tags == nil {
 		return &ten.tag
 	}
-	k := tagKey[K, T]{ten, label}
-	g := lc.tags[k]
-	switch {
-	case g == nil:
-		g = &callTag[K, T]{ten: ten, label: label}
-		lc.tags[k] = g
-	case g.n == 0:
+	g := ten.lastTag
+	if g == nil || g.label != label {
+		k := tagKey[K, T]{ten, label}
+		if g = lc.tags[k]; g == nil {
+			g = &callTag[K, T]{ten: ten, label: label}
+			lc.tags[k] = g
+			lc.idle++ // idle until counted, below
+		}
+		ten.lastTag = g
+	}
+	if g.n == 0 {
 		lc.idle--
 	}
 	g.n++
@@ -86,6 +90,9 @@ func (lc *liveCalls[K, T]) drop(g *callTag[K, T]) {
 		for k, g := range lc.tags {
 			if g.n == 0 {
 				delete(lc.tags, k)
+				if g.ten.lastTag == g {
+					g.ten.lastTag = nil // not to be counted again outside tags
+				}
 			}
 		}
 		lc.idle = 0

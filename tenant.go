@@ -32,6 +32,10 @@ type tenant[K comparable, T any] struct {
 	active     int    // index in queue.active, or -1
 	st         TenantStats
 	tag        callTag[K, T] // its calls' without Config.Label (liveCalls)
+	// lastTag is the tag with Config.Label its last call was counted
+	// under, while liveCalls keeps it: the next call of the tenant is
+	// most often of the same label, and is counted without a lookup.
+	lastTag *callTag[K, T]
 }
 
 func newTenant[K comparable, T any](name string, cfg TenantConfig) *tenant[K, T] {
