@@ -109,6 +109,18 @@ func TestSetOptionsDeadline(t *testing.T) {
 		res, _ := tk.Wait(t.Context())
 		assert.Equal(t, dispatch.StateExpired, res.State)
 
+		// A Timeout is a deadline that long after the Submit; with a later
+		// Deadline too, the earlier counts.
+		start := time.Now()
+		tk, err = w.Submit(t.Context(), e.get(t, "b"), status(replicas(2)), writer.SetOptions{Timeout: 50 * time.Millisecond, Deadline: start.Add(time.Hour)})
+		require.NoError(t, err)
+		res, _ = tk.Wait(t.Context())
+		assert.Equal(t, dispatch.StateExpired, res.State)
+		assert.Equal(t, 50*time.Millisecond, time.Since(start), "expired at its Timeout")
+		err = w.Set(e.get(t, "b"), status(replicas(3)), writer.SetOptions{Timeout: -time.Nanosecond})
+		require.ErrorIs(t, err, dispatch.ErrExpired, "a negative Timeout has passed already")
+		assert.ErrorContains(t, err, "SetOptions.Timeout")
+
 		_, err = w.Submit(t.Context(), e.get(t, "b"), status(replicas(1)), writer.SetOptions{Deadline: time.Now()})
 		require.ErrorIs(t, err, dispatch.ErrExpired, "a deadline already past is refused")
 		require.ErrorIs(t, w.Set(e.get(t, "b"), status(replicas(1)), writer.SetOptions{Deadline: time.Now().Add(-time.Second)}), dispatch.ErrExpired)

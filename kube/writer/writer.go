@@ -53,6 +53,11 @@ type SetOptions struct {
 	// Deadline, if set, ends the desire Expired if it has not been written
 	// by then (with Submit, the context's deadline counts too).
 	Deadline time.Time
+	// Timeout, if positive, is a deadline that long after the Set or
+	// Submit, on the dispatcher's own clock (dispatch.SubmitOptions.Timeout);
+	// with Deadline or the context's deadline too, the earliest counts. A
+	// negative one has passed already: the desire is refused (ErrExpired).
+	Timeout time.Duration
 	// Droppable lets a full writer shed this desire for a more urgent
 	// one (it ends Dropped): a routine write the next reconcile will make
 	// again.
@@ -154,7 +159,7 @@ func (w *Writer[O]) Set(obj O, d Desire[O], o SetOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := refused(context.Background(), o.Deadline); err != nil {
+	if err := refused(context.Background(), o); err != nil {
 		return err
 	}
 	if w.moot(p) {
@@ -174,7 +179,7 @@ func (w *Writer[O]) Submit(ctx context.Context, obj O, d Desire[O], o SetOptions
 	if err != nil {
 		return nil, err
 	}
-	if err := refused(ctx, o.Deadline); err != nil {
+	if err := refused(ctx, o); err != nil {
 		return nil, err
 	}
 	if w.moot(p) {
@@ -188,16 +193,18 @@ func (w *Writer[O]) Submit(ctx context.Context, obj O, d Desire[O], o SetOptions
 }
 
 // refused is the error for a submission whose context is done or whose
-// deadline has passed, as the dispatcher would give it.
-func refused(ctx context.Context, deadline time.Time) error {
+// deadline (o's) has passed, as the dispatcher would give it.
+func refused(ctx context.Context, o SetOptions) error {
 	err := ctx.Err()
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w", dispatch.ErrExpired, err)
 	case err != nil:
 		return fmt.Errorf("%w: %w", dispatch.ErrCanceled, err)
-	case !deadline.IsZero() && !time.Now().Before(deadline):
-		return fmt.Errorf("%w: SetOptions.Deadline %s has passed", dispatch.ErrExpired, deadline.Format(time.RFC3339Nano))
+	case o.Timeout < 0:
+		return fmt.Errorf("%w: SetOptions.Timeout %v is negative", dispatch.ErrExpired, o.Timeout)
+	case !o.Deadline.IsZero() && !time.Now().Before(o.Deadline):
+		return fmt.Errorf("%w: SetOptions.Deadline %s has passed", dispatch.ErrExpired, o.Deadline.Format(time.RFC3339Nano))
 	}
 	return nil
 }
@@ -219,7 +226,7 @@ func (w *Writer[O]) newOp(obj O, d Desire[O], o SetOptions) (*op[O], dispatch.Su
 	if !ok && o.Class != "" {
 		return nil, so, fmt.Errorf("writer: SetOptions.Class %q is not in Options.Classes", o.Class)
 	}
-	so = dispatch.SubmitOptions{Priority: prio, Deadline: o.Deadline, Tenant: o.Tenant, Droppable: o.Droppable}
+	so = dispatch.SubmitOptions{Priority: prio, Deadline: o.Deadline, Timeout: o.Timeout, Tenant: o.Tenant, Droppable: o.Droppable}
 	if so.Tenant == "" {
 		so.Tenant = w.tenantOf(obj)
 	}
