@@ -260,7 +260,13 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	}
 	h := d.lanes.hash(key) // outside the lock
 	d.lanes.prefetch(h)
-	now, deadline := d.postTime(&o)
+	// The clock, before the lock, when admission will need it (a deadline,
+	// a timeout, recent Posts that needed it: clockGuess). Otherwise admit
+	// reads it if it must: a Post into fire-and-forget posts never does.
+	var now, deadline int64
+	if !o.Deadline.IsZero() || o.Timeout != 0 || d.guess.pre.Load() {
+		now, deadline = d.clk.forPost(&o)
+	}
 	d.mu.Lock()
 	if d.mode == ModeSync {
 		d.mu.Unlock()
@@ -301,20 +307,6 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 		d.tell.submitted(label, &o, coalesced, err)
 	}
 	return err
-}
-
-// postTime returns a Post's deadline (0: none) and the clock, read before
-// the lock when admission will need it: for a deadline or a timeout, and
-// when recent Posts needed it (clockGuess). Otherwise now is 0 and admit
-// reads the clock only if it needs it; a Post that coalesces into a
-// pending key's fire-and-forget submissions does not.
-func (d *Dispatcher[K, T]) postTime(o *SubmitOptions) (now, deadline int64) {
-	deadline = d.clk.at(o.Deadline)
-	if deadline != 0 || o.Timeout != 0 || d.guess.pre.Load() {
-		now = d.clk.now()
-		deadline = within(deadline, now, o.Timeout)
-	}
-	return now, deadline
 }
 
 // Cancel ends every submission for key with Canceled, wrapping cause: the

@@ -33,6 +33,13 @@ func (tb *timebase) at(dl time.Time) int64 {
 	return max(int64(dl.Sub(tb.epoch)), 1)
 }
 
+// forPost reads the clock for a Post and returns it with the Post's
+// deadline (0: none): o's Deadline or Timeout, the earlier.
+func (tb *timebase) forPost(o *SubmitOptions) (now, deadline int64) {
+	now = tb.now()
+	return now, within(tb.at(o.Deadline), now, o.Timeout)
+}
+
 // within is deadline (0: none) brought forward to timeout after now, if
 // timeout is set (not 0) and that comes first; far timeouts saturate.
 func within(deadline, now int64, timeout time.Duration) int64 {
