@@ -133,12 +133,13 @@ type SubmitOptions struct {
 	// Deadline, if set, ends this submission Expired when it passes, as
 	// does the Submit context's.
 	Deadline time.Time
-	// Timeout, if positive, is a deadline that long after the submission:
-	// Deadline at time.Now().Add(Timeout), measured on the dispatcher's own
-	// monotonic clock, which the submission reads anyway, so the caller
-	// reads no clock for it. With Deadline or a context's deadline too, the
-	// earliest holds. A negative Timeout has passed already: the submission
-	// is refused with an error matching ErrExpired that names the field.
+	// Timeout, if positive, is a deadline that long after the submission,
+	// as Deadline at time.Now().Add(Timeout) would be, but measured on the
+	// dispatcher's own monotonic clock, read once by the submission (as a
+	// new key's needs it anyway), so the caller reads no clock for it. With
+	// Deadline or a context's deadline too, the earliest holds. A negative
+	// Timeout has passed already: the submission is refused with an error
+	// matching ErrExpired that names the field.
 	Timeout time.Duration
 	Tenant  string // who submits (a plugin, a call type): Config.Tenants
 	// Generation fences stale work for the key (the scheduling attempt): a
