@@ -230,7 +230,7 @@ func (d *Dispatcher[K, T]) admitTicket(ctx context.Context, s *submission[K, T],
 // Timeout's and ctx's. A ctx that can end is watched by one callback
 // registration, no goroutine: the callback takes the waiter out.
 func (d *Dispatcher[K, T]) ticketFor(ctx context.Context, o *SubmitOptions, now int64) (*Ticket[K, T], int64) {
-	deadline := within(d.clk.at(o.Deadline), now, o.Timeout)
+	deadline := d.clk.deadline(o, now)
 	if cd, ok := ctx.Deadline(); ok {
 		if c := d.clk.at(cd); deadline == 0 || c < deadline {
 			deadline = c
@@ -265,7 +265,8 @@ func (d *Dispatcher[K, T]) Post(key K, call T, o SubmitOptions) error {
 	// reads it if it must: a Post into fire-and-forget posts never does.
 	var now, deadline int64
 	if !o.Deadline.IsZero() || o.Timeout != 0 || d.guess.pre.Load() {
-		now, deadline = d.clk.forPost(&o)
+		now = d.clk.now()
+		deadline = d.clk.deadline(&o, now)
 	}
 	d.mu.Lock()
 	if d.mode == ModeSync {

@@ -33,24 +33,19 @@ func (tb *timebase) at(dl time.Time) int64 {
 	return max(int64(dl.Sub(tb.epoch)), 1)
 }
 
-// forPost reads the clock for a Post and returns it with the Post's
-// deadline (0: none): o's Deadline or Timeout, the earlier.
-func (tb *timebase) forPost(o *SubmitOptions) (now, deadline int64) {
-	now = tb.now()
-	return now, within(tb.at(o.Deadline), now, o.Timeout)
-}
-
-// within is deadline (0: none) brought forward to timeout after now, if
-// timeout is set (not 0) and that comes first; far timeouts saturate.
-func within(deadline, now int64, timeout time.Duration) int64 {
-	if timeout == 0 {
-		return deadline
+// deadline is o's deadline on the clock (0: none) for a submission made
+// at now: the earlier of its Deadline and its Timeout after now; far
+// timeouts saturate.
+func (tb *timebase) deadline(o *SubmitOptions, now int64) int64 {
+	dl := tb.at(o.Deadline)
+	if o.Timeout == 0 {
+		return dl
 	}
-	at := max(sat.Add(now, int64(timeout)), 1)
-	if deadline == 0 || at < deadline {
+	at := max(sat.Add(now, int64(o.Timeout)), 1)
+	if dl == 0 || at < dl {
 		return at
 	}
-	return deadline
+	return dl
 }
 
 // wall converts a time on the clock to wall-clock time.
