@@ -334,7 +334,7 @@ func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVict
 		return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
 	}
 	if d.lanes.Len() >= d.cfg.Capacity {
-		if capVictim = worst(d.q.victims, d.q.of(s.o.Priority, s.now), d.seq+1, nil); capVictim == nil {
+		if capVictim = d.q.victims.worst(d.q.of(s.o.Priority, s.now), d.seq+1); capVictim == nil {
 			return nil, nil, d.totals.refuse(BoundCapacity, d.lanes.Len())
 		}
 	}

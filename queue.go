@@ -18,10 +18,11 @@ import (
 //   - delayed: calls that may not run before a time (retry backoff), by that
 //     time. The clock moves them to ready when it comes.
 //   - victims: the calls that may be shed (evicted) when the dispatcher is
-//     full.
+//     full (victims.go).
 //
-// Each is a B-tree, so insert, remove and re-key are O(log n) and no index
-// keeps a timer, goroutine or context per entry: the clock's one timer,
+// Each is a B-tree, or (ready, victims) a B-tree beside runs of the calls
+// that arrived in order, so insert, remove and re-key are O(log n) at
+// worst, and no index keeps a timer, goroutine or context per entry: the clock's one timer,
 // armed for the earliest entry of delayed and of the waiters' deadlines
 // (waiters.go), drives both (see clock.go).
 type queue[K comparable, T any] struct {
@@ -33,8 +34,9 @@ type queue[K comparable, T any] struct {
 	// victims holds the calls that may be shed when the dispatcher is
 	// full: droppable, queued (ready or delayed), and alone in their lane,
 	// so that evicting one frees a key. It is in ready order; its maximum
-	// is the worst call: lowest effective priority, then newest.
-	victims *btree.BTreeG[entry[K, T]]
+	// is the worst call: lowest effective priority, then newest
+	// (victims.go).
+	victims victimIndex[K, T]
 	// due is the dispatcher's due list: an entry of delayed is also a time
 	// the clock must act at.
 	due *due.List
@@ -50,7 +52,7 @@ func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 	return queue[K, T]{
 		orderer: orderer{band: band, aging: aging},
 		delayed: btree.NewG(btreeDegree, delayedLess[K, T]),
-		victims: btree.NewG(btreeDegree, readyLess[K, T]),
+		victims: newVictimIndex[K, T](),
 	}
 }
 
@@ -116,7 +118,7 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 func (q *queue[K, T]) markVictim(c *call[K, T]) {
 	if c.is(fDroppable) && !c.is(fVictim) && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
 		e := entryOf(q.orderer, c)
-		q.victims.ReplaceOrInsert(e)
+		q.victims.insert(e)
 		if c.tag.ten.victims != nil {
 			c.tag.ten.victims.ReplaceOrInsert(e)
 		}
@@ -136,7 +138,7 @@ func (q *queue[K, T]) pin(c *call[K, T]) {
 func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
 	if c.is(fVictim) {
 		e := entryOf(q.orderer, c)
-		q.victims.Delete(e)
+		q.victims.delete(e)
 		if c.tag.ten.victims != nil {
 			c.tag.ten.victims.Delete(e)
 		}
@@ -144,9 +146,9 @@ func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
 	}
 }
 
-// worst returns the call of the victims index idx (the queue's, or a
-// tenant's) to evict for a newcomer that would sit at (order, seq): the
-// worst one other than except, if it is worse than the newcomer.
+// worst returns the call of a tenant's victims index idx to evict for a
+// newcomer that would sit at (order, seq): the worst one other than except,
+// if it is worse than the newcomer.
 func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], order orderKey, seq uint64, except *call[K, T]) *call[K, T] {
 	var w entry[K, T]
 	idx.Descend(func(x entry[K, T]) bool {
