@@ -239,6 +239,24 @@ func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], supersede 
 	return false, fmt.Errorf("%w: %w", ErrMergeRejected, err)
 }
 
+// moot asks Config.Moot about submission s, for a key that has no call:
+// a moot one ends Skipped here, and a panic in Moot refuses it.
+func (d *Dispatcher[K, T]) moot(s *submission[K, T], ob *outbox[K, T]) (bool, error) {
+	key, val := s.key, s.val
+	var moot bool
+	pe, _ := guard(callbackMoot, func() error {
+		moot = d.cfg.Moot(key, val)
+		return nil
+	}, exitAdmitUnlock(d, s.t, ob))
+	if pe != nil {
+		return false, pe
+	}
+	if moot {
+		d.waiters.skip(key, val, s.t, ob)
+	}
+	return moot, nil
+}
+
 // exitAdmitUnlock is what runs when a callback of admission (Merge, Follow)
 // ends the submitting goroutine: nothing was admitted, but what a
 // supersede ended is told. It runs with the lock held and releases it.
@@ -285,6 +303,11 @@ func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *o
 
 // admitNewKey places a submission for a key without a lane.
 func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) error {
+	if d.cfg.Moot != nil {
+		if moot, err := d.moot(s, ob); err != nil || moot {
+			return err
+		}
+	}
 	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
 		return d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}

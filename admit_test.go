@@ -506,3 +506,115 @@ func TestPostJoiningPosts(t *testing.T) {
 		})
 	})
 }
+
+// TestMoot: Config.Moot is asked, under the lock, about every submission
+// for a key with no call, and about no other; a moot one ends Skipped at
+// once, before any bound is checked, and nothing runs; a call in flight
+// or queued for the key means Moot is not asked and the submission goes on.
+func TestMoot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var mu sync.Mutex
+		var ran []int
+		var asked []int
+		d := newD(t, func(ctx context.Context, _ string, v int) error {
+			mu.Lock()
+			ran = append(ran, v)
+			mu.Unlock()
+			if v == 1 {
+				return g.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{Workers: 1, Capacity: 1, Moot: func(_ string, v int) bool {
+			asked = append(asked, v) // under the lock: no race
+			return v%2 == 0
+		}})
+		require.NoError(t, d.Post("k", 2, SubmitOptions{}), "a moot Post is not refused")
+		tk := submit(t, d, "k", 4, SubmitOptions{})
+		select {
+		case <-tk.Done():
+		default:
+			t.Fatal("a moot Submit's ticket is not told at once")
+		}
+		assert.Equal(t, StateSkipped, outcome(t, tk).State)
+		s := checkConservation(t, d)
+		assert.Zero(t, s.Keys, "a moot submission makes no call")
+		assert.Equal(t, 2, counts(s.Outcomes)[StateSkipped])
+
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()                                     // 1 runs: the key is busy, and the dispatcher full
+		require.NoError(t, d.Post("k", 6, SubmitOptions{})) // not asked: behind 1
+		require.NoError(t, d.Post("k", 8, SubmitOptions{})) // not asked: joins 6
+		require.NoError(t, d.Post("j", 10, SubmitOptions{}), "moot before the bound")
+		var be *BackpressureError
+		require.ErrorAs(t, d.Post("j", 11, SubmitOptions{}), &be, "a call that is not moot meets the bound")
+		g.open()
+		<-first.Done()
+		s = closeD(t, d)
+		assert.Equal(t, []int{2, 4, 1, 10, 11}, asked, "asked about the idle keys' submissions only")
+		assert.Equal(t, []int{1, 8}, ran, "nothing moot ran")
+		assert.Equal(t, 3, counts(s.Outcomes)[StateSkipped])
+		assert.Equal(t, uint64(1), s.Rejected)
+	})
+}
+
+// TestMootSync: in Sync mode a moot submission ends Skipped without
+// running; one that is not runs inline.
+func TestMootSync(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var ran atomic.Int64
+		d := newD(t, func(context.Context, string, int) error { ran.Add(1); return nil }, Config[string, int]{
+			Rollout: RolloutPolicy{Mode: ModeSync},
+			Moot:    func(_ string, v int) bool { return v == 0 },
+		})
+		require.NoError(t, d.Post("k", 0, SubmitOptions{}))
+		tk := submit(t, d, "k", 0, SubmitOptions{})
+		assert.Equal(t, StateSkipped, outcome(t, tk).State)
+		assert.Zero(t, ran.Load())
+		tk = submit(t, d, "k", 1, SubmitOptions{})
+		assert.Equal(t, StateSucceeded, outcome(t, tk).State)
+		assert.Equal(t, int64(1), ran.Load())
+		s := closeD(t, d)
+		assert.Equal(t, 2, counts(s.Outcomes)[StateSkipped])
+	})
+}
+
+// TestMootPanicAndGoexit: a Moot that panics or ends its goroutine refuses
+// the submission with a *PanicError, and leaves the key and the
+// dispatcher working.
+func TestMootPanicAndGoexit(t *testing.T) {
+	for _, how := range []string{"panic", "goexit"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newD(t, nopExec, Config[string, int]{Moot: func(_ string, v int) bool {
+					if v == 1 {
+						if how == "panic" {
+							panic("boom")
+						}
+						runtime.Goexit()
+					}
+					return false
+				}})
+				done := make(chan error, 1)
+				go func() {
+					var err error
+					defer func() { done <- err }()
+					_, err = d.Submit(bg, "k", 1, SubmitOptions{})
+				}()
+				err := <-done
+				if how == "panic" {
+					var pe *PanicError
+					require.ErrorAs(t, err, &pe)
+					assert.Equal(t, "moot", pe.Callback)
+				}
+				after := submit(t, d, "k", 2, SubmitOptions{})
+				<-after.Done()
+				assert.Equal(t, StateSucceeded, outcome(t, after).State, "the key is not wedged")
+				s := closeD(t, d)
+				if how == "panic" {
+					assert.Equal(t, uint64(1), s.Rejected)
+				}
+			})
+		})
+	}
+}

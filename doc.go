@@ -41,13 +41,14 @@
 // into the Dispatcher — no outcome is lost, no key is wedged, and Close
 // returns. A panic (or runtime.Goexit) in exec, NoOp, BeforeRetry or
 // Classify ends the call Failed with a *PanicError, never retried: exec may
-// have done half its work. In Merge it refuses the incoming submission; in
-// Amend's function Amend returns it; in OnDone, an Observer method or Label
-// it is counted (Stats.CallbackPanics). A blocked callback holds up only its
-// own goroutine: the clock that drives deadlines and backoffs runs no user
-// code. Merge and Amend's function run under the dispatcher's lock and must
-// not call it; any other callback may, and a call that would wait for its
-// own goroutine returns ErrReentrant.
+// have done half its work. In Merge, Follow or Moot it refuses the
+// incoming submission; in Amend's function Amend returns it; in OnDone, an
+// Observer method or Label it is counted (Stats.CallbackPanics). A blocked
+// callback holds up only its own goroutine: the clock that drives
+// deadlines and backoffs runs no user code. Merge, Follow, Moot and
+// Amend's function run under the dispatcher's lock and must not call it;
+// any other callback may, and a call that would wait for its own goroutine
+// returns ErrReentrant.
 //
 // A Dispatcher is safe for concurrent use. What the current implementation
 // costs per call is described in BENCHMARKS.md; a queued call holds

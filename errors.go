@@ -132,13 +132,14 @@ const (
 	callbackObserver    = "observer"
 	callbackAmend       = "amend"
 	callbackFollow      = "follow"
+	callbackMoot        = "moot"
 )
 
 // PanicError is the error of a callback that panicked or exited its
 // goroutine; the dispatcher recovered and went on (see the package
 // documentation, "Callbacks").
 type PanicError struct {
-	// Callback is "exec", "merge", "follow", "no_op", "label",
+	// Callback is "exec", "merge", "follow", "moot", "no_op", "label",
 	// "on_done", "classify", "before_retry", "observer" or "amend".
 	Callback string
 	Value    any // what was passed to panic, or ErrGoexit (runtime.Goexit)

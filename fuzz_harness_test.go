@@ -117,7 +117,7 @@ func fzRun(t *testing.T, data []byte) []string {
 		dc.Label = func(_ int, v int64) string { return fzLabel(v) }
 	}
 	if cfg.follow {
-		dc.Follow = fzFollow
+		dc.Follow, dc.Moot = fzFollow, fzMoot
 	}
 	if cfg.tenants {
 		dc.Tenants = map[string]dispatch.TenantConfig{}
@@ -173,6 +173,16 @@ func fzMerge(mode int, p, in int64) (int64, error) {
 		return 0, errFuzzMerge
 	}
 	return p + in, nil
+}
+
+// fzMoot is Config.Moot with follow on: a submission for a key without a
+// call is moot if its value is a multiple of 23, and Moot panics for a
+// multiple of 29.
+func fzMoot(_ int, v int64) bool {
+	if v%29 == 0 {
+		panic(fmt.Sprintf("fuzz: moot panics for %d", v))
+	}
+	return v%23 == 0
 }
 
 // fzFollow is Config.Follow with follow on. Incoming multiples of 9 are

@@ -213,6 +213,8 @@ const (
 	fzEvFollowAlone         = "follow: rewritten, the successor"
 	fzEvFollowMerged        = "follow: rewritten, merged into the pending call"
 	fzEvSupersedeInFlight   = "supersede while in flight: follow not asked"
+	fzEvMoot                = "moot: a new key's call skipped"
+	fzEvMootPanic           = "moot: panicked"
 	fzEvAdoptOutrank        = "adopt: outranked"
 	fzEvAdoptReplace        = "adopt: replaced"
 	fzEvAdoptOutrankEvict   = "adopt: outranked, quota evicted"
@@ -633,6 +635,22 @@ func (m *fzModel) admit(op fzOp, ten *fmTenant, val int64, deadline int64, mt *f
 
 // admitNewKey places a submission for a key without calls.
 func (m *fzModel) admitNewKey(op fzOp, ten *fmTenant, val int64, label string, deadline int64, mt *fmTicket) error {
+	// Config.Moot (fzMoot, with follow on) is asked first: a moot call is
+	// not made, and needs no room.
+	if m.cfg.follow {
+		switch {
+		case val%29 == 0:
+			m.note(fzEvMootPanic)
+			return fzPanicIn("moot")
+		case val%23 == 0:
+			m.note(fzEvMoot)
+			m.outcomes[dispatch.StateSkipped]++
+			if mt != nil {
+				mt.done, mt.state, mt.val, mt.waiters, mt.attempts, mt.class = true, dispatch.StateSkipped, val, 1, 0, "nil"
+			}
+			return nil
+		}
+	}
 	if mt != nil && m.tickets >= m.maxWaiters() {
 		return m.refuse(dispatch.BoundWaiters)
 	}

@@ -368,6 +368,16 @@ var fzRuleSeeds = []struct {
 			fzFinishOp(fzOK), fzFinishOp(fzOK))...),
 	},
 	{
+		// With Follow, Moot: 23, for a key without a call, is moot and
+		// ends Skipped, queuing nothing; Moot panics for 29, which is
+		// refused; 30 is queued and runs.
+		"moot",
+		[]string{fzEvMoot, fzEvMootPanic},
+		fzEncode(fzConfig{merge: 1, follow: true, capacity: 4, maxAttempts: 1}, fzSeq(
+			fzPad(22), fzSubmitOp(1, 0), fzPad(5), fzPostOp(2, 0), fzPostOp(3, 0),
+			fzFinishOp(fzOK))...),
+	},
+	{
 		// Tenant b may queue one call. Its submission of priority 5 takes
 		// over tenant a's pending call of k2: b's droppable post (k1) makes
 		// room, as the call would run before it; for k3, b's only call is

@@ -45,6 +45,16 @@ type Config[K comparable, T any] struct {
 	// dropped. Not asked for a newer generation. Fast, and never calling
 	// the Dispatcher, like Merge. nil: such submissions go on as they are.
 	Follow func(running, incoming T, pending bool) (T, error)
+	// Moot, if set, is asked under the lock about a submission for a key
+	// that has no call (nothing queued, out a backoff or in flight: Busy
+	// would report false). If it reports that the call would change
+	// nothing, no call is made: the submission ends Skipped at once (Post
+	// returns nil; a Ticket holds the outcome), before any bound is
+	// checked. Asked in the step that admits the call, it decides what
+	// Busy and a test before Post cannot: no call for the key is admitted
+	// between the two. A panic in it refuses the submission with the
+	// *PanicError. Fast, and never calling the Dispatcher, like Merge.
+	Moot func(key K, call T) bool
 	// NoOp reports a call that would change nothing: it ends Skipped
 	// without executing. It runs before each execution, and in Amend.
 	NoOp func(key K, call T) bool
