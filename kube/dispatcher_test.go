@@ -168,7 +168,7 @@ func TestPresetConfig(t *testing.T) {
 // the Config as given. A field the core adds fails here until the preset
 // decides which it is.
 func TestOptionsCoverConfig(t *testing.T) {
-	presets := map[string]bool{"Merge": true, "Follow": true, "NoOp": true, "Label": true, "BeforeRetry": true}
+	presets := map[string]bool{"Merge": true, "Follow": true, "Moot": true, "NoOp": true, "Label": true, "BeforeRetry": true}
 	opts := reflect.TypeFor[Options]()
 	check := func(path string, ft reflect.StructField) {
 		of, ok := opts.FieldByName(ft.Name)

@@ -30,7 +30,10 @@ var defaultPriorities = map[CallType]int{PodBinding: 20, PodDeletion: 10, PodSta
 // what makes a Call work — and have no field; so is the rule for a call
 // submitted while the pod's call is in flight (Config.Follow is not set):
 // it waits behind that call, and what the call in flight does when it
-// lands decides what is left of it.
+// lands decides what is left of it. Nor is the rule for a call that would
+// change nothing on an idle pod (Config.Moot is not set): it is queued,
+// and skipped when it would run (Config.NoOp), as a call behind another
+// is.
 type Options struct {
 	// Workers bounds the API calls in flight (Config.Workers). 0 means 16,
 	// kube-scheduler's default parallelism.
