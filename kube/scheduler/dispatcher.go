@@ -30,6 +30,10 @@ type Dispatcher struct {
 
 	pending pendingGauge
 	pace    *pacer // Options.PaceStatusPatches; nil: off
+	// epoch is the origin an execution's time is read from, as
+	// time.Since(epoch): the monotonic clock alone, where time.Now reads
+	// the wall clock too.
+	epoch time.Time
 }
 
 var _ fwk.APIDispatcher = (*Dispatcher)(nil)
@@ -57,6 +61,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 		relevances: relevances,
 		set:        set,
 		wire:       newWire(client),
+		epoch:      time.Now(),
 	}
 	d.core, err = dispatch.New(d.exec, d.coreConfig(o))
 	if err != nil {
@@ -145,13 +150,6 @@ func (d *Dispatcher) Submit(call fwk.APICall, opts fwk.APICallOptions) (*Ticket,
 
 func (d *Dispatcher) add(e *entry) error {
 	uid := e.call.UID()
-	if !d.core.Busy(uid) && e.call.IsNoOp() {
-		// Nothing queued or in flight to merge with: the call changes
-		// nothing. (A call that arrives for the object meanwhile comes
-		// after this one.)
-		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
-		return errNoEffect
-	}
 	d.pending.see(e.typ)
 	err := d.core.Post(uid, e, d.set.options(e.typ))
 	if err != nil {
@@ -167,6 +165,9 @@ func (d *Dispatcher) add(e *entry) error {
 		}
 		e.tell(err, dispatch.Outcome{})
 		return err
+	case e.moot.Load():
+		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
+		return errNoEffect
 	case e.lessInFlight.Load():
 		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessInFlight
@@ -267,13 +268,13 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	a.prepaid.Store(d.wire.metered)
 	m, paced := d.set.metrics, d.pace != nil && e.typ == podStatusPatch
 	timed := m != nil || paced // else nothing reads the execution's time
-	var start time.Time
+	var start time.Duration
 	if timed {
-		start = time.Now()
+		start = time.Since(d.epoch)
 	}
 	err := e.call.Execute(a, d.wire.client)
 	if timed {
-		elapsed := time.Since(start)
+		elapsed := time.Since(d.epoch) - start
 		if m != nil {
 			m.Executed(e.typ, err, elapsed)
 		}

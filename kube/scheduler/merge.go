@@ -37,6 +37,9 @@ type entry struct {
 	// own Add; a retry that absorbs the entry as its successor may set
 	// merged later, from a worker.
 	merged, skipped, lessInFlight, behind atomic.Bool
+	// moot says the call IsNoOp and its object had no call queued or in
+	// flight when it was admitted (mootCall): it was skipped.
+	moot atomic.Bool
 }
 
 func newEntry(call fwk.APICall, onFinish chan<- error) *entry {
@@ -114,6 +117,20 @@ func (d *Dispatcher) follow(running, incoming *entry, pending bool) (*entry, err
 		}
 	}
 	return incoming, nil
+}
+
+// mootCall is the core's Config.Moot: a call for an object with nothing
+// queued or in flight to merge with that IsNoOp changes nothing, and is
+// skipped (upstream's noOp && !inFlight, with no pending call). Asked
+// under the core's lock, in the step that admits the call, as upstream
+// asks it under its queue's lock: a call that arrives for the object
+// meanwhile comes after this one.
+func mootCall(_ types.UID, e *entry) bool {
+	if !e.call.IsNoOp() {
+		return false
+	}
+	e.moot.Store(true)
+	return true
 }
 
 // noOp is the core's Config.NoOp: the call's IsNoOp as last asked.

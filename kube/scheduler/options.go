@@ -260,6 +260,7 @@ func (d *Dispatcher) coreConfig(o Options) dispatch.Config[types.UID, *entry] {
 		AgingBand: s.band,
 		Merge:     d.merge,
 		Follow:    d.follow,
+		Moot:      mootCall,
 		NoOp:      noOp,
 		Label:     label,
 		OnDone:    d.done,

@@ -70,6 +70,7 @@ func TestRules(t *testing.T) {
 		name: "a first call runs",
 		run: func(t *testing.T, h *rulesHarness) {
 			require.NoError(t, h.add(h.call("a", typeLow, "1", "x")))
+			assert.Equal(t, []string{"noop? a"}, h.j.only("noop? a"), "IsNoOp asked once, as upstream asks it")
 			h.start()
 			assert.NoError(t, h.outcome("a"))
 			assert.Equal(t, []string{"execute a"}, h.j.only("execute"))
@@ -83,6 +84,7 @@ func TestRules(t *testing.T) {
 			assert.ErrorIs(t, err, fwk.ErrCallSkipped)
 			assert.ErrorIs(t, h.outcome("a"), fwk.ErrCallSkipped)
 			assert.Equal(t, 0, h.d.Stats().Keys, "nothing is queued")
+			assert.Equal(t, []string{"noop? a"}, h.j.only("noop? a"), "IsNoOp asked once")
 			h.start()
 			assert.Empty(t, h.j.only("execute"))
 		},
