@@ -165,19 +165,19 @@ func (d *Dispatcher) add(e *entry) error {
 		}
 		e.tell(err, dispatch.Outcome{})
 		return err
-	case e.moot.Load():
+	case e.is(aMoot):
 		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errNoEffect
-	case e.lessInFlight.Load():
+	case e.is(aLessInFlight):
 		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessInFlight
-	case e.skipped.Load():
+	case e.is(aSkipped):
 		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessRelevant
-	case e.merged.Load() && e.noop.Load():
+	case e.is(aMerged) && e.noop.Load():
 		d.dropNoOp(uid, e)
 		return errNoEffect
-	case !e.merged.Load() && !d.pacedOut(e.typ):
+	case !e.is(aMerged) && !d.pacedOut(e.typ):
 		d.wire.gate.added() // a call more waits to run
 	}
 	return nil
@@ -299,7 +299,7 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 	case dispatch.StateSucceeded:
 	case dispatch.StateSkipped:
 		err = errNoEffect
-		if e.skipped.Load() {
+		if e.is(aSkipped) {
 			err = errLessRelevant
 		}
 	case dispatch.StateFailed:

@@ -29,18 +29,39 @@ type entry struct {
 	// told so. Whoever tells takes it (Swap), so each is told once and an
 	// entry holds on to at most a short chain of others.
 	displaced atomic.Pointer[entry]
-	// merged says the core merged this entry into a pending call and the
-	// merge asked IsNoOp; skipped that the pending call was more relevant;
-	// lessInFlight that the call in flight was; behind that a call was in
-	// flight when it was admitted, so that the merge keeps it even if it
-	// IsNoOp. All are set under the core's lock, mostly during the entry's
-	// own Add; a retry that absorbs the entry as its successor may set
-	// merged later, from a worker.
-	merged, skipped, lessInFlight, behind atomic.Bool
-	// moot says the call IsNoOp and its object had no call queued or in
-	// flight when it was admitted (mootCall): it was skipped.
-	moot atomic.Bool
+	// seen is what the core's hooks found as the entry was admitted
+	// (admission), a bit each. Set under the core's lock, mostly during
+	// the entry's own Add (a retry that absorbs the entry as its successor
+	// may mark it merged later, from a worker); never cleared. One word
+	// for all of them keeps an entry in the allocator's 80-byte class.
+	seen atomic.Uint32
 }
+
+// admission is one thing the core's hooks found about an entry as it was
+// admitted (entry.seen).
+type admission uint32
+
+const (
+	// aMerged: the core merged the entry into a pending call, and the merge
+	// asked IsNoOp.
+	aMerged admission = 1 << iota
+	// aSkipped: the pending call was more relevant.
+	aSkipped
+	// aLessInFlight: the call in flight was more relevant.
+	aLessInFlight
+	// aBehind: a call was in flight when it was admitted, so that the merge
+	// keeps it even if it IsNoOp.
+	aBehind
+	// aMoot: the call IsNoOp and its object had no call queued or in
+	// flight when it was admitted (mootCall): it was skipped.
+	aMoot
+)
+
+// mark records that a was found about e.
+func (e *entry) mark(a admission) { e.seen.Or(uint32(a)) }
+
+// is reports whether a was found about e.
+func (e *entry) is(a admission) bool { return admission(e.seen.Load())&a != 0 }
 
 func newEntry(call fwk.APICall, onFinish chan<- error) *entry {
 	return &entry{call: call, typ: call.CallType(), onFinish: onFinish}
@@ -75,7 +96,7 @@ func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 	rp, ri := d.relevances[pending.typ], d.relevances[incoming.typ]
 	switch {
 	case ri < rp:
-		incoming.skipped.Store(true)
+		incoming.mark(aSkipped)
 		return pending, dispatch.SkipIncoming
 	case incoming.typ == pending.typ:
 		if err := incoming.call.Merge(pending.call); err != nil {
@@ -92,8 +113,8 @@ func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 // IsNoOp once, unless a call is in flight (then it runs whatever it is).
 func (e *entry) overwrite(pending *entry) {
 	e.displaced.Store(pending)
-	e.noop.Store(!e.behind.Load() && e.call.IsNoOp())
-	e.merged.Store(true)
+	e.noop.Store(!e.is(aBehind) && e.call.IsNoOp())
+	e.mark(aMerged)
 }
 
 // follow is the core's Config.Follow: how a call joins an object whose call
@@ -107,10 +128,10 @@ func (e *entry) overwrite(pending *entry) {
 // outcome.
 func (d *Dispatcher) follow(running, incoming *entry, pending bool) (*entry, error) {
 	if d.relevances[incoming.typ] < d.relevances[running.typ] {
-		incoming.lessInFlight.Store(true)
+		incoming.mark(aLessInFlight)
 		return incoming, dispatch.SkipIncoming
 	}
-	incoming.behind.Store(true)
+	incoming.mark(aBehind)
 	if !pending && incoming.typ == running.typ {
 		if err := incoming.call.Merge(running.call); err != nil {
 			return incoming, &mergeError{err}
@@ -129,7 +150,7 @@ func mootCall(_ types.UID, e *entry) bool {
 	if !e.call.IsNoOp() {
 		return false
 	}
-	e.moot.Store(true)
+	e.mark(aMoot)
 	return true
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
@@ -132,4 +133,11 @@ func TestCallTypeTenantAllocs(t *testing.T) {
 		assert.LessOrEqual(t, n, float64(callAllocsMax), "allocations per %s call", typ)
 		assert.Greater(t, unnamed, n, "an unnamed type's call makes its tenant again (%s)", typ)
 	}
+}
+
+// TestEntryFitsItsClass: the entry an Add allocates stays within the
+// allocator's 80-byte size class, as entry.seen's comment says: one word
+// more would put every call in the 96-byte class.
+func TestEntryFitsItsClass(t *testing.T) {
+	assert.LessOrEqual(t, unsafe.Sizeof(entry{}), uintptr(80))
 }
