@@ -339,6 +339,10 @@ func TestRules(t *testing.T) {
 			err := h.add(h.call("b", typeLow, "2", "x"))
 			assert.ErrorIs(t, err, dispatch.ErrClosed)
 			assert.ErrorIs(t, h.outcome("b"), dispatch.ErrClosed)
+			c := h.call("c", typeLow, "3")
+			c.noop = ptr(true)
+			assert.ErrorIs(t, h.add(c), dispatch.ErrClosed, "a no-op too, as the README says")
+			assert.ErrorIs(t, h.outcome("c"), dispatch.ErrClosed)
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
