@@ -257,8 +257,8 @@ func (d *Dispatcher[K, T]) moot(s *submission[K, T], ob *outbox[K, T]) (bool, er
 	return moot, nil
 }
 
-// exitAdmitUnlock is what runs when a callback of admission (Merge, Follow)
-// ends the submitting goroutine: nothing was admitted, but what a
+// exitAdmitUnlock is what runs when a callback of admission (Merge, Follow,
+// Moot) ends the submitting goroutine: nothing was admitted, but what a
 // supersede ended is told. It runs with the lock held and releases it.
 func exitAdmitUnlock[K comparable, T any](d *Dispatcher[K, T], t *Ticket[K, T], ob *outbox[K, T]) func(*PanicError) {
 	return func(*PanicError) {

@@ -64,18 +64,9 @@ func TestFollow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		var asked []followCall
-		var ran []int
-		g := newGate()
+		h := newHoldOne()
 		errNo := errors.New("no")
-		d := newD(t, func(ctx context.Context, _ string, v int) error {
-			mu.Lock()
-			ran = append(ran, v)
-			mu.Unlock()
-			if v == 1 {
-				return g.wait(ctx)
-			}
-			return nil
-		}, Config[string, int]{
+		d := newD(t, h.exec, Config[string, int]{
 			Workers: 1,
 			Merge:   func(p, i int) (int, error) { return p*1000 + i, nil },
 			Follow: func(running, incoming int, pending bool) (int, error) {
@@ -106,16 +97,14 @@ func TestFollow(t *testing.T) {
 		mu.Lock()
 		assert.Equal(t, []followCall{{1, 2, false}, {1, 3, false}, {1, 4, false}, {1, 5, true}}, asked)
 		mu.Unlock()
-		g.open()
+		h.gate.open()
 		for _, tk := range []*Ticket[string, int]{first, behind, merged} {
 			<-tk.Done()
 		}
 		<-newer.Done()
 		assert.Equal(t, StateStale, outcome(t, first).State, "superseded by generation 1")
 		assert.Equal(t, StateSucceeded, outcome(t, newer).State)
-		mu.Lock()
-		assert.Equal(t, []int{1, 6}, ran, "skipped and refused calls never ran; the newer generation replaced the successor")
-		mu.Unlock()
+		assert.Equal(t, []int{1, 6}, h.values(), "skipped and refused calls never ran; the newer generation replaced the successor")
 		closeD(t, d)
 	})
 }
@@ -414,18 +403,8 @@ func TestPostJoiningPosts(t *testing.T) {
 	t.Run("follow", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var asked []followCall
-			g := newGate()
-			var mu sync.Mutex
-			var vals []int
-			d := newD(t, func(ctx context.Context, _ string, v int) error {
-				mu.Lock()
-				vals = append(vals, v)
-				mu.Unlock()
-				if v == 1 {
-					return g.wait(ctx)
-				}
-				return nil
-			}, Config[string, int]{Workers: 1, Follow: func(running, incoming int, pending bool) (int, error) {
+			h := newHoldOne()
+			d := newD(t, h.exec, Config[string, int]{Workers: 1, Follow: func(running, incoming int, pending bool) (int, error) {
 				asked = append(asked, followCall{running, incoming, pending})
 				return incoming + 100, nil
 			}})
@@ -433,10 +412,10 @@ func TestPostJoiningPosts(t *testing.T) {
 			synctest.Wait() // 1 runs
 			post(t, d, "k", 2, SubmitOptions{})
 			post(t, d, "k", 3, SubmitOptions{}) // joins 2's posts, 1 still running
-			g.open()
+			h.gate.open()
 			closeD(t, d)
 			assert.Equal(t, []followCall{{1, 2, false}, {1, 3, true}}, asked, "Follow is asked about each Post behind the running call")
-			assert.Equal(t, []int{1, 103}, vals)
+			assert.Equal(t, []int{1, 103}, h.values())
 		})
 	})
 	t.Run("posts behind a ticket", func(t *testing.T) {
@@ -513,19 +492,9 @@ func TestPostJoiningPosts(t *testing.T) {
 // or queued for the key means Moot is not asked and the submission goes on.
 func TestMoot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
-		var mu sync.Mutex
-		var ran []int
+		h := newHoldOne()
 		var asked []int
-		d := newD(t, func(ctx context.Context, _ string, v int) error {
-			mu.Lock()
-			ran = append(ran, v)
-			mu.Unlock()
-			if v == 1 {
-				return g.wait(ctx)
-			}
-			return nil
-		}, Config[string, int]{Workers: 1, Capacity: 1, Moot: func(_ string, v int) bool {
+		d := newD(t, h.exec, Config[string, int]{Workers: 1, Capacity: 1, Moot: func(_ string, v int) bool {
 			asked = append(asked, v) // under the lock: no race
 			return v%2 == 0
 		}})
@@ -548,11 +517,11 @@ func TestMoot(t *testing.T) {
 		require.NoError(t, d.Post("j", 10, SubmitOptions{}), "moot before the bound")
 		var be *BackpressureError
 		require.ErrorAs(t, d.Post("j", 11, SubmitOptions{}), &be, "a call that is not moot meets the bound")
-		g.open()
+		h.gate.open()
 		<-first.Done()
 		s = closeD(t, d)
 		assert.Equal(t, []int{2, 4, 1, 10, 11}, asked, "asked about the idle keys' submissions only")
-		assert.Equal(t, []int{1, 8}, ran, "nothing moot ran")
+		assert.Equal(t, []int{1, 8}, h.values(), "nothing moot ran")
 		assert.Equal(t, 3, counts(s.Outcomes)[StateSkipped])
 		assert.Equal(t, uint64(1), s.Rejected)
 	})

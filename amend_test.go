@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -246,18 +245,8 @@ func TestAmendCount(t *testing.T) {
 // call may change what it was judged against), neither through Amend.
 func TestAmendNewest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
-		var mu sync.Mutex
-		var ran []int
-		d := newD(t, func(ctx context.Context, _ string, v int) error {
-			mu.Lock()
-			ran = append(ran, v)
-			mu.Unlock()
-			if v == 1 {
-				return g.wait(ctx)
-			}
-			return nil
-		}, Config[string, int]{
+		h := newHoldOne()
+		d := newD(t, h.exec, Config[string, int]{
 			Workers: 1,
 			NoOp:    func(_ string, v int) bool { return v == 0 },
 		})
@@ -289,20 +278,18 @@ func TestAmendNewest(t *testing.T) {
 		_, done := behind.Result()
 		assert.False(t, done, "a no-op judged while a call is in flight is not dropped")
 
-		g.open()
+		h.gate.open()
 		<-first.Done()
 		<-behind.Done()
 		assert.Equal(t, StateSucceeded, outcome(t, first).State)
 		assert.Equal(t, StateSkipped, outcome(t, behind).State, "its own test, before it starts, decides")
-		mu.Lock()
-		assert.Equal(t, []int{1}, ran, "1 ran as submitted")
-		mu.Unlock()
+		assert.Equal(t, []int{1}, h.values(), "1 ran as submitted")
 
 		// Nothing in flight: a no-op rewrite drops the pending call at once.
-		h := newGate()
+		hold := newGate()
 		d2 := newD(t, func(ctx context.Context, k string, _ int) error {
 			if k == "hold" {
-				return h.wait(ctx)
+				return hold.wait(ctx)
 			}
 			return nil
 		}, Config[string, int]{Workers: 1, NoOp: func(_ string, v int) bool { return v == 0 }})
@@ -316,7 +303,7 @@ func TestAmendNewest(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, found)
 		assert.Equal(t, StateSkipped, outcome(t, queued).State)
-		h.open()
+		hold.open()
 		closeD(t, d)
 		closeD(t, d2)
 	})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -218,6 +219,33 @@ func (g *gate) wait(ctx context.Context) error {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
+}
+
+// holdOne is an exec that records the values it runs, in order, and
+// holds the execution of value 1 until its gate opens.
+type holdOne struct {
+	gate *gate
+	mu   sync.Mutex
+	ran  []int
+}
+
+func newHoldOne() *holdOne { return &holdOne{gate: newGate()} }
+
+func (h *holdOne) exec(ctx context.Context, _ string, v int) error {
+	h.mu.Lock()
+	h.ran = append(h.ran, v)
+	h.mu.Unlock()
+	if v == 1 {
+		return h.gate.wait(ctx)
+	}
+	return nil
+}
+
+// values returns the values run so far, in order.
+func (h *holdOne) values() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.ran)
 }
 
 // holdKey is the key of the call that holdWorker keeps in flight.

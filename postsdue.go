@@ -109,13 +109,7 @@ func (p *postsDue[K, T]) remove(c *call[K, T]) {
 // half of it.
 func (p *postsDue[K, T]) tidy() {
 	if p.live == 0 {
-		if cap(p.run) > maxKeptRun {
-			p.run = nil
-		} else {
-			clear(p.run)
-			p.run = p.run[:0]
-		}
-		p.head = 0
+		p.run, p.head = emptyRun(p.run), 0
 		return
 	}
 	for !p.run[p.head].isLive() {
@@ -126,28 +120,55 @@ func (p *postsDue[K, T]) tidy() {
 	case n-p.live > p.live+minRunWaste:
 		p.squeeze()
 	case p.head >= minRunWaste && p.head > len(p.run)/2:
-		m := copy(p.run, p.run[p.head:])
-		clear(p.run[m:])
-		p.run, p.head = p.run[:m], 0
+		p.run, p.head = runToFront(p.run, p.head), 0
 	}
 }
 
 // squeeze moves the run's live entries to the front of its array, in
 // order, and lets a mostly empty array go for one of their size.
 func (p *postsDue[K, T]) squeeze() {
-	kept, reuse := p.run[:0], !(cap(p.run) > maxKeptRun && p.live < cap(p.run)/4)
-	if !reuse {
-		kept = make([]runEntry[K, T], 0, 2*p.live)
+	p.run, p.head = squeezeRun(p.run, p.head, p.live, runEntry[K, T].isLive), 0
+}
+
+// The helpers below keep a run: a slice in order, read from run[head:],
+// whose dead entries wait to be passed or squeezed out (postsDue, and the
+// victims index in victims.go).
+
+// emptyRun returns run emptied for reuse, or nil if its array is larger
+// than an emptied run keeps (maxKeptRun).
+func emptyRun[E any](run []E) []E {
+	if cap(run) > maxKeptRun {
+		return nil
 	}
-	for _, e := range p.run[p.head:] { // in place, writes trail the reads
-		if e.isLive() {
+	clear(run)
+	return run[:0]
+}
+
+// runToFront moves run[head:] to the front of its array.
+func runToFront[E any](run []E, head int) []E {
+	m := copy(run, run[head:])
+	clear(run[m:])
+	return run[:m]
+}
+
+// squeezeRun returns the live entries of run[head:], in order, at the
+// front of an array: run's own, cleared behind them, or, if run's array
+// is large and the live entries fill less than a quarter of it, a new one
+// twice their number.
+func squeezeRun[E any](run []E, head, live int, isLive func(E) bool) []E {
+	kept, reuse := run[:0], !(cap(run) > maxKeptRun && live < cap(run)/4)
+	if !reuse {
+		kept = make([]E, 0, 2*live)
+	}
+	for _, e := range run[head:] { // in place, writes trail the reads
+		if isLive(e) {
 			kept = append(kept, e)
 		}
 	}
 	if reuse {
-		clear(p.run[len(kept):])
+		clear(run[len(kept):])
 	}
-	p.run, p.head = kept, 0
+	return kept
 }
 
 // min returns the earliest call indexed, if any.

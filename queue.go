@@ -22,9 +22,9 @@ import (
 //
 // Each is a B-tree, or (ready, victims) a B-tree beside runs of the calls
 // that arrived in order, so insert, remove and re-key are O(log n) at
-// worst, and no index keeps a timer, goroutine or context per entry: the clock's one timer,
-// armed for the earliest entry of delayed and of the waiters' deadlines
-// (waiters.go), drives both (see clock.go).
+// worst, and no index keeps a timer, goroutine or context per entry: the
+// clock's one timer, armed for the earliest entry of delayed and of the
+// waiters' deadlines (waiters.go), drives both (see clock.go).
 type queue[K comparable, T any] struct {
 	orderer     // the ready order's band width and aging
 	nready  int // ready calls over all tenants

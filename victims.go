@@ -101,13 +101,7 @@ func (v *victimIndex[K, T]) find(e entry[K, T]) (int, bool) {
 // moved to the front of its array once the head has passed half of it.
 func (v *victimIndex[K, T]) tidy() {
 	if v.live == 0 {
-		if cap(v.run) > maxKeptRun {
-			v.run = nil
-		} else {
-			clear(v.run)
-			v.run = v.run[:0]
-		}
-		v.head = 0
+		v.run, v.head = emptyRun(v.run), 0
 		return
 	}
 	for v.run[v.head].c == nil {
@@ -123,28 +117,14 @@ func (v *victimIndex[K, T]) tidy() {
 	case k-v.live > v.live+minRunWaste:
 		v.squeeze()
 	case v.head >= minRunWaste && v.head > n/2:
-		m := copy(v.run, v.run[v.head:])
-		clear(v.run[m:])
-		v.run, v.head = v.run[:m], 0
+		v.run, v.head = runToFront(v.run, v.head), 0
 	}
 }
 
 // squeeze moves the run's live entries to the front of its array, in
 // order, and lets a mostly empty array go for one of their size.
 func (v *victimIndex[K, T]) squeeze() {
-	kept, reuse := v.run[:0], !(cap(v.run) > maxKeptRun && v.live < cap(v.run)/4)
-	if !reuse {
-		kept = make([]entry[K, T], 0, 2*v.live)
-	}
-	for _, e := range v.run[v.head:] { // in place, writes trail the reads
-		if e.c != nil {
-			kept = append(kept, e)
-		}
-	}
-	if reuse {
-		clear(v.run[len(kept):])
-	}
-	v.run, v.head = kept, 0
+	v.run, v.head = squeezeRun(v.run, v.head, v.live, func(e entry[K, T]) bool { return e.c != nil }), 0
 }
 
 // max returns the entry of the worst call indexed, if any.
