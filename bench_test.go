@@ -819,6 +819,49 @@ func BenchmarkTenants(b *testing.B) {
 	}
 }
 
+// BenchmarkDroppable measures BenchmarkSubmit's new-key Post of droppable
+// calls, 1 000 queued: each enters the victims index a full dispatcher
+// sheds from, the queue's (quota=none), and with a MaxQueued tenant's too
+// (quota=tenant). The calls are of one priority (levels=1, as the
+// drop-in's status patches), so that each is the newest of the index, or
+// of ten (levels=10), so that some are not.
+func BenchmarkDroppable(b *testing.B) {
+	const queued = 1000
+	for _, levels := range []int{1, 10} {
+		for _, quota := range []string{"none", "tenant"} {
+			b.Run(fmt.Sprintf("levels=%d/quota=%s", levels, quota), func(b *testing.B) {
+				var cfg Config[int, int]
+				tenant := ""
+				if quota == "tenant" {
+					tenant = "t"
+					cfg.Tenants = map[string]TenantConfig{tenant: {MaxQueued: 2 * queued}}
+				}
+				batch := benchBatch(queued)
+				prios := benchPrios(queued+batch, levels)
+				opts := func(i int) SubmitOptions {
+					return SubmitOptions{Priority: prios[i], Tenant: tenant, Droppable: true}
+				}
+				p := newParked(b, 0, queued+batch, prios, cfg)
+				for i := range queued {
+					if err := p.d.Post(i, i, opts(i)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				p.next = queued
+				runtime.GC()
+				k0 := p.next
+				n := loopBatched(b, batch, func(i int) {
+					if err := p.d.Post(k0+i, i, opts(queued+i%batch)); err != nil {
+						b.Fatal(err)
+					}
+				}, func(lo, hi int) { p.cancel(k0+lo, k0+hi) })
+				p.fresh(n)
+				p.close(b)
+			})
+		}
+	}
+}
+
 // BenchmarkRateLimit is BenchmarkThroughput's Post with 16 workers and a
 // rate limiter that always has a token, in each shape the dispatcher knows
 // (see RateLimiter): none; a *rate.Limiter of rate.Inf, which takes
