@@ -264,8 +264,7 @@ func (d *Dispatcher) SetMode(ctx context.Context, m dispatch.Mode) error {
 func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	d.tellDisplaced(e) // a retry may have absorbed e's predecessor
 	d.pending.kick()
-	a := &execCtx{Context: ctx, logs: d.logsCtx()}
-	a.prepaid.Store(d.wire.metered)
+	a := d.execCtxFor(ctx, e)
 	m, paced := d.set.metrics, d.pace != nil && e.typ == podStatusPatch
 	timed := m != nil || paced // else nothing reads the execution's time
 	var start time.Duration
@@ -339,21 +338,30 @@ func (d *Dispatcher) tellDisplaced(e *entry) {
 	}
 }
 
-// logsCtx returns a context that holds only the logger Start was given,
-// or klog's before Start.
-func (d *Dispatcher) logsCtx() context.Context {
-	if c := d.logs.Load(); c != nil {
-		return *c
+// execCtxFor returns the context an execution of e gets, around ctx, the
+// core's: e.first for e's first execution, which costs no allocation, and
+// one of its own for each later one (a retry), so that no execution's
+// context is reused.
+func (d *Dispatcher) execCtxFor(ctx context.Context, e *entry) *execCtx {
+	a := &e.first
+	if admission(e.seen.Or(uint32(aRan)))&aRan != 0 {
+		a = new(execCtx)
 	}
-	return klog.NewContext(context.Background(), klog.Background())
+	a.Context = ctx
+	if a.logs = d.logs.Load(); a.logs == nil { // before Start: klog's
+		logs := klog.NewContext(context.Background(), klog.Background())
+		a.logs = &logs
+	}
+	a.prepaid.Store(d.wire.metered)
+	return a
 }
 
-// execCtx is the context an execution's Execute gets, made in one
-// allocation: the core's context, with the logger (klog.FromContext) and
-// the meter's account (attemptKey) in front of its values.
+// execCtx is the context an execution's Execute gets: the core's context,
+// with the logger (klog.FromContext) and the meter's account (attemptKey)
+// in front of its values.
 type execCtx struct {
-	context.Context                 // the core's: deadline, cancellation, its values
-	logs            context.Context // holds only the logger
+	context.Context                  // the core's: deadline, cancellation, its values
+	logs            *context.Context // holds only the logger
 	attempt
 }
 
@@ -361,7 +369,7 @@ func (c *execCtx) Value(key any) any {
 	if key == (attemptKey{}) {
 		return &c.attempt
 	}
-	if v := c.logs.Value(key); v != nil {
+	if v := (*c.logs).Value(key); v != nil {
 		return v
 	}
 	return c.Context.Value(key)

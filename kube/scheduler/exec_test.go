@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -98,3 +99,78 @@ func (s *recordSink) Info(_ int, msg string, _ ...any) {
 func (s *recordSink) Error(error, string, ...any)    {}
 func (s *recordSink) WithValues(...any) logr.LogSink { return s }
 func (s *recordSink) WithName(string) logr.LogSink   { return s }
+
+// Every execution gets a context of its own, never reused: the first
+// one's lives in the entry, a retry's is new, and a context the first
+// execution handed on stays done, with its own account, while the retry
+// runs. Both carry the logger and an account of their own.
+func TestExecuteContextPerExecution(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recordSink{}
+		d, err := New(fake.NewClientset(), testRelevances, Options{})
+		require.NoError(t, err)
+		d.Start(logr.New(sink))
+		t.Cleanup(func() { require.NoError(t, d.Close(t.Context())) })
+
+		j := &journal{}
+		c := newCall(j, "a", podStatusPatch, "1", "x")
+		var ctxs []context.Context
+		c.exec = func(ctx context.Context, _ *testCall) error {
+			ctxs = append(ctxs, ctx) // executions of one call run one at a time
+			klog.FromContext(ctx).Info("execution", "n", len(ctxs))
+			if len(ctxs) == 1 {
+				ctx.Value(attemptKey{}).(*attempt).retryAfter.Store(int64(time.Second))
+				return apierrors.NewServiceUnavailable("busy")
+			}
+			assert.Error(t, ctxs[0].Err(), "the first execution's context stays done while the retry runs")
+			assert.NoError(t, ctx.Err())
+			return nil
+		}
+		tk, err := d.Submit(c, fwk.APICallOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		require.NoError(t, res.Err)
+		require.Len(t, ctxs, 2)
+		assert.Equal(t, 2, res.Outcome.Attempts)
+
+		assert.NotSame(t, ctxs[0], ctxs[1], "a context of its own for the retry")
+		first, ok := ctxs[0].(*execCtx)
+		require.True(t, ok)
+		a0 := ctxs[0].Value(attemptKey{}).(*attempt)
+		a1 := ctxs[1].Value(attemptKey{}).(*attempt)
+		assert.Same(t, &first.attempt, a0)
+		assert.NotSame(t, a0, a1, "an account of its own for each execution")
+		assert.Equal(t, int64(time.Second), a0.retryAfter.Load(), "the first's account, untouched by the retry")
+		assert.Zero(t, a1.retryAfter.Load())
+		assert.Error(t, ctxs[0].Err())
+		assert.Error(t, ctxs[1].Err(), "each ended with its execution")
+		n := 0
+		for _, m := range sink.messages() {
+			if m == "execution" {
+				n++
+			}
+		}
+		assert.Equal(t, 2, n, "each execution's line, on Start's logger")
+	})
+}
+
+// execCtxFor hands an entry's first execution the context the entry holds
+// and each later one a new one, leaving the first's bound to its own
+// execution; before Start, the logger is klog's.
+func TestExecCtxFor(t *testing.T) {
+	d, err := New(fake.NewClientset(), testRelevances, Options{})
+	require.NoError(t, err)
+	e := newEntry(newCall(&journal{}, "a", podBinding, "1"), nil)
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	cancel1()
+	a1 := d.execCtxFor(ctx1, e)
+	assert.Same(t, &e.first, a1, "the first execution's context is the entry's")
+	assert.True(t, e.is(aRan))
+	a2 := d.execCtxFor(context.Background(), e)
+	assert.NotSame(t, a1, a2, "a retry's is its own")
+	assert.Error(t, a1.Err(), "the first stays bound to its execution's context")
+	assert.NoError(t, a2.Err())
+	assert.NotNil(t, klog.FromContext(a1).GetSink(), "klog's logger before Start")
+	assert.False(t, a1.prepaid.Load(), "a fake clientset is not metered")
+}

@@ -30,15 +30,21 @@ type entry struct {
 	// entry holds on to at most a short chain of others.
 	displaced atomic.Pointer[entry]
 	// seen is what the core's hooks found as the entry was admitted
-	// (admission), a bit each. Set under the core's lock, mostly during
-	// the entry's own Add (a retry that absorbs the entry as its successor
-	// may mark it merged later, from a worker); never cleared. One word
-	// for all of them keeps an entry in the allocator's 80-byte class.
+	// (admission), a bit each, and whether it has run (aRan). Set under the
+	// core's lock, mostly during the entry's own Add (a retry that absorbs
+	// the entry as its successor may mark it merged later, from a worker),
+	// but for aRan, which its first execution sets; never cleared. One word
+	// for all of them keeps an entry in the allocator's 112-byte class.
 	seen atomic.Uint32
+	// first is the context of the entry's first execution (execCtxFor):
+	// kept in the entry, so that a call that runs once, as nearly every
+	// call does, allocates none. It is never reused: it stays bound to
+	// that execution's context, done once the execution ended.
+	first execCtx
 }
 
 // admission is one thing the core's hooks found about an entry as it was
-// admitted (entry.seen).
+// admitted (entry.seen), or, aRan, that it has begun to run.
 type admission uint32
 
 const (
@@ -55,6 +61,9 @@ const (
 	// aMoot: the call IsNoOp and its object had no call queued or in
 	// flight when it was admitted (mootCall): it was skipped.
 	aMoot
+	// aRan: an execution of the entry has begun, with e.first as its
+	// context (execCtxFor).
+	aRan
 )
 
 // mark records that a was found about e.
