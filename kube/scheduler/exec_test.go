@@ -171,6 +171,7 @@ func TestExecCtxFor(t *testing.T) {
 	assert.NotSame(t, a1, a2, "a retry's is its own")
 	assert.Error(t, a1.Err(), "the first stays bound to its execution's context")
 	assert.NoError(t, a2.Err())
-	assert.NotNil(t, klog.FromContext(a1).GetSink(), "klog's logger before Start")
+	require.NotNil(t, a1.logs, "before Start, a context holding klog's logger")
+	assert.NotPanics(t, func() { klog.FromContext(a1).Info("before Start") })
 	assert.False(t, a1.prepaid.Load(), "a fake clientset is not metered")
 }
