@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -60,7 +61,7 @@ type attemptEnd struct {
 	panicked  bool // err is a *PanicError the dispatcher recovered: never retried
 	class     Class
 	ran       bool // exec was called
-	skipped   bool // the no-op test said so
+	skipped   bool // the no-op test said so, or exec (SkipCall)
 	done      bool // the before-retry hook found the earlier attempt took effect
 	rebuilt   bool // the before-retry hook returned the value to run
 	hookErr   error
@@ -94,6 +95,10 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	case pe != nil:
 		a.panicked = true
 	case err != nil:
+		if errors.Is(err, SkipCall) {
+			a.err, a.skipped = nil, true
+			return
+		}
 		// An error from a call whose own context ended is the end of the
 		// call, not a verdict on the API: it is not classified or retried.
 		if a.callDone = a.callCtx.Err() != nil; a.callDone {

@@ -210,6 +210,51 @@ func TestNoOp(t *testing.T) {
 	})
 }
 
+// TestExecSkipCall: an exec that returns SkipCall, or wraps it, ends its
+// call Skipped — a success, not retried, the one execution counted — in
+// async and Sync mode alike; an error that is not it is still judged.
+func TestExecSkipCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hooks := &hookLog[string, int]{}
+		var runs atomic.Int32
+		exec := func(ctx context.Context, key string, v int) error {
+			runs.Add(1)
+			switch v {
+			case 1:
+				return SkipCall
+			case 2:
+				return fmt.Errorf("read %s: already so: %w", key, SkipCall)
+			}
+			return errors.New("boom")
+		}
+		d := newD(t, exec, Config[string, int]{
+			Classify: func(error) Class { return ClassPermanent },
+			OnDone:   hooks.add,
+		})
+		plain := submit(t, d, "plain", 1, prio(0))
+		wrapped := submit(t, d, "wrapped", 2, prio(0))
+		failed := submit(t, d, "failed", 3, prio(0))
+		synctest.Wait()
+		for _, tk := range []*Ticket[string, int]{plain, wrapped} {
+			r := outcome(t, tk)
+			assert.Equal(t, StateSkipped, r.State)
+			assert.NoError(t, r.Err)
+			assert.Equal(t, 1, r.Attempts, "it ran once, and is not retried")
+		}
+		assert.Equal(t, StateFailed, outcome(t, failed).State)
+		assert.Equal(t, []State{StateSkipped}, hooks.states("wrapped"))
+
+		require.NoError(t, d.SetMode(bg, ModeSync))
+		sync, err := d.Submit(bg, "sync", 1, SubmitOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, StateSkipped, outcome(t, sync).State, "inline, as on a worker")
+		assert.Equal(t, int32(4), runs.Load())
+		s := closeD(t, d)
+		assert.Equal(t, map[State]int{StateSkipped: 3, StateFailed: 1}, counts(s.Outcomes))
+		assert.Equal(t, uint64(4), s.Executions)
+	})
+}
+
 // TestSuccessor: a submission for a key whose call is in flight waits for
 // it (even with idle workers), coalesces with later ones, and when released
 // keeps its original enqueue time: it beats calls submitted later with an

@@ -61,6 +61,16 @@ var SkipIncoming = errors.New("dispatch: skip incoming call")
 //lint:ignore ST1012 a signal from Merge, like fs.SkipDir, never an error a caller receives
 var ReplacePending = errors.New("dispatch: replace pending call")
 
+// SkipCall, returned (or wrapped) by an ExecFunc, says the execution found
+// that the call would change nothing, and did nothing: the call ends
+// Skipped, as Config.NoOp would have ended it before it ran, and is not
+// retried. It is for a test that needs the execution's context — one that
+// reads the server, or runs code that may block — which Config.NoOp, run
+// without one, must not do. No caller ever receives it as an error.
+//
+//lint:ignore ST1012 a signal from exec, like fs.SkipDir, never an error a caller receives
+var SkipCall = errors.New("dispatch: skip call")
+
 // Bound names a limit that refused a submission or shed a queued call,
 // from a fixed set: safe as a metric label.
 type Bound string

@@ -56,7 +56,10 @@ type Config[K comparable, T any] struct {
 	// *PanicError. Fast, and never calling the Dispatcher, like Merge.
 	Moot func(key K, call T) bool
 	// NoOp reports a call that would change nothing: it ends Skipped
-	// without executing. It runs before each execution, and in Amend.
+	// without executing. It runs before each execution, and in Amend,
+	// with no context to end it: fast, never blocking, like Merge. A test
+	// that needs the execution's context belongs in exec, which returns
+	// SkipCall.
 	NoOp func(key K, call T) bool
 	// Classify judges a failed execution; an error from a call whose own
 	// context ended is never retried. nil means DefaultClassifier.

@@ -14,7 +14,8 @@ type State uint8
 const (
 	StateSucceeded State = iota + 1
 	// StateSkipped: not run, since it would change nothing (Config.NoOp,
-	// SkipIncoming); a success.
+	// SkipIncoming), or run and found so (exec returned SkipCall); a
+	// success.
 	StateSkipped
 	StateFailed // exec's error (or panic) was not retried, or retries ran out
 	StateCanceled
