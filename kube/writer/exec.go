@@ -15,53 +15,77 @@ import (
 // exec is the dispatcher's ExecFunc: it writes p's status, then its
 // object. The dispatcher took a token for the first request; every further
 // one (a read for a baseline, the object's write after the status's) takes
-// its own.
+// its own. The changes run here, under the execution's context, so that
+// one that blocks holds its write only until the write's deadline, its
+// cancellation (Forget) or Close. If no write of p was ever needed — every
+// target already as the change would make it — p ends Skipped
+// (dispatch.SkipCall).
 func (w *Writer[O]) exec(ctx context.Context, _ types.UID, p *op[O]) error {
 	ctx, n := withNote(ctx)
-	first := true
+	first, sent := true, false
 	for t := range numTargets {
 		if p.desire.change(t) == nil {
 			continue
 		}
-		if err := w.write(ctx, n, t, p, &first); err != nil {
+		wrote, err := w.write(ctx, n, t, p, &first)
+		if err != nil {
 			return err
 		}
+		sent = sent || wrote
+	}
+	if !sent && p.writes == 0 {
+		return dispatch.SkipCall
 	}
 	return nil
 }
 
-// write sends p's change of target t, unless it would change nothing.
-func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], first *bool) error {
+// write sends p's change of target t, unless it would change nothing, and
+// reports whether it sent it.
+func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], first *bool) (bool, error) {
 	base := w.base(p)
-	if isNil(base) && w.mode != ModeApply {
+	if p.reread || isNil(base) && (w.mode != ModeApply || w.applyRV) {
 		var err error
 		if base, err = w.read(ctx, n, p, first); err != nil {
-			return err
+			return false, err
+		}
+		if p.reread {
+			p.reread = false
+			w.n.conflicts.Add(1)
 		}
 	}
 	pr, err := w.prepare(ctx, t, base, p)
 	if err != nil {
-		return err
+		return false, err
+	}
+	var patch []byte
+	if !pr.noop && w.mode == ModePatch {
+		if patch, err = patchBody(t, pr.base, pr.desired, p.uid, p.strict); err != nil {
+			return false, permanent(err)
+		}
+		pr.noop = patch == nil // nothing to set after all: equal once encoded
 	}
 	if pr.noop {
-		w.n.noOps.Add(1)
+		if !p.counted[t] {
+			p.counted[t] = true
+			w.n.noOps.Add(1)
+		}
 		if isNil(p.out) {
 			p.out = base
 		}
-		return nil
+		return false, nil
 	}
 	if err := w.pay(ctx, first); err != nil {
-		return err
+		return false, err
 	}
 	w.n.writes.Add(1)
-	out, err := w.send(ctx, t, pr, p)
+	out, err := w.send(ctx, t, pr, p, patch)
 	if err != nil {
-		return w.failed(err, n)
+		return false, w.failed(err, n)
 	}
 	w.n.written.Add(1)
 	p.out, p.writes = out, p.writes+1
 	w.known.remember(p.uid, out)
-	return nil
+	return true, nil
 }
 
 // base is the newest object known for p: the server's last answer, or p's
@@ -157,10 +181,6 @@ func (w *Writer[O]) unchanged(t target, base, desired O) bool {
 	return err1 == nil && err2 == nil && subset(prune(part(t, cfg)), part(t, live))
 }
 
-// noOp is the dispatcher's NoOp: p changes nothing on the newest object
-// known. Its changes run until the writer is closing.
-func (w *Writer[O]) noOp(_ types.UID, p *op[O]) bool { return w.unneeded(w.stop, p) }
-
 // unneeded reports whether p changes nothing on the newest object known,
 // running its changes under ctx.
 func (w *Writer[O]) unneeded(ctx context.Context, p *op[O]) bool {
@@ -183,8 +203,9 @@ func (w *Writer[O]) unneeded(ctx context.Context, p *op[O]) bool {
 	return true
 }
 
-// send sends the write of pr, a change of target t.
-func (w *Writer[O]) send(ctx context.Context, t target, pr prepared[O], p *op[O]) (O, error) {
+// send sends the write of pr, a change of target t; ModePatch's patch is
+// patch.
+func (w *Writer[O]) send(ctx context.Context, t target, pr prepared[O], p *op[O], patch []byte) (O, error) {
 	sub := t.subresource()
 	switch w.mode {
 	case ModeUpdate:
@@ -193,15 +214,7 @@ func (w *Writer[O]) send(ctx context.Context, t target, pr prepared[O], p *op[O]
 		obj.SetResourceVersion(pr.base.GetResourceVersion())
 		return w.c.Update(ctx, obj, sub, metav1.UpdateOptions{FieldManager: w.manager})
 	case ModePatch:
-		body, err := patchBody(t, pr.base, pr.desired, p.uid, p.strict)
-		switch {
-		case err != nil:
-			var none O
-			return none, permanent(err)
-		case body == nil:
-			return pr.base, nil // nothing to set after all
-		}
-		return w.c.Patch(ctx, pr.base, types.JSONPatchType, body, sub, metav1.PatchOptions{FieldManager: w.manager})
+		return w.c.Patch(ctx, pr.base, types.JSONPatchType, patch, sub, metav1.PatchOptions{FieldManager: w.manager})
 	}
 	body, err := w.applyBody(t, pr, p)
 	if err != nil {
@@ -235,25 +248,17 @@ func (w *Writer[O]) failed(err error, n *note) error {
 }
 
 // beforeRetry is the dispatcher's BeforeRetry: a write refused as stale is
-// re-read, so that the change is applied again to the object as it is now
-// (and the no-op test judges against it). Other retries resend as they
-// are: the next attempt will tell.
-func (w *Writer[O]) beforeRetry(ctx context.Context, _ types.UID, p *op[O], lastErr error) (*op[O], bool, error) {
-	if w.judge(lastErr) != dispatch.ClassRecompute {
-		return p, false, nil
+// re-read first thing in its next execution, so that the change is applied
+// again to the object as it is now (and the no-op test judges against it);
+// the read takes that execution's token, and a read the server refuses
+// (a 429 with its Retry-After, say) is judged as any request is. Other
+// retries resend as they are: the next attempt will tell.
+func (w *Writer[O]) beforeRetry(_ context.Context, _ types.UID, p *op[O], lastErr error) (*op[O], bool, error) {
+	if w.judge(lastErr) == dispatch.ClassRecompute {
+		p.reread = true
+		p.strict = p.strict || w.mode == ModePatch
 	}
-	ctx, n := withNote(ctx)
-	first := false
-	_, err := w.read(ctx, n, p, &first)
-	switch {
-	case err == nil:
-		w.n.conflicts.Add(1)
-		p.strict = w.mode == ModePatch
-		return p, false, nil
-	case w.judge(err) == dispatch.ClassRetry:
-		return p, false, nil
-	}
-	return p, false, err
+	return p, false, nil
 }
 
 // judge is the dispatcher's Classify: the writer's own verdicts, then the

@@ -171,3 +171,43 @@ func TestFenceOnCustomResourceStatus(t *testing.T) {
 		})
 	}
 }
+
+// With ApplyResourceVersion, an apply carries the baseline's
+// resourceVersion: a desire given an object with none (its identity only),
+// or older than the writer's own last write, reads the object first, so the
+// write is fenced from a recreated object.
+func TestApplyResourceVersionFencesWithoutABaseline(t *testing.T) {
+	for _, variant := range []string{"identity", "stale informer"} {
+		t.Run(variant, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newDynEnv(t, widget("a"))
+				old := e.get(t, "a")
+				w, err := writer.New(e.c, writer.Options[*unstructured.Unstructured]{Mode: writer.ModeApply, ApplyResourceVersion: true})
+				require.NoError(t, err)
+				defer w.Close(t.Context())
+				given := old.DeepCopy()
+				switch variant {
+				case "identity":
+					given.SetResourceVersion("")
+				case "stale informer":
+					// The writer's own write, then its lane ends.
+					tk, err := w.Submit(t.Context(), old, writer.Desire[*unstructured.Unstructured]{Status: setPhase("Pending")}, writer.SetOptions{})
+					require.NoError(t, err)
+					_, err = tk.Wait(t.Context())
+					require.NoError(t, err)
+					settle(t, w)
+					synctest.Wait() // the lane's end reaches the writer (OnDone)
+				}
+				require.NoError(t, e.api.Recreate(widgetsGVR, widget("a")))
+				tk, err := w.Submit(t.Context(), given, writer.Desire[*unstructured.Unstructured]{Status: setPhase("Ready")}, writer.SetOptions{})
+				require.NoError(t, err)
+				_, err = tk.Wait(t.Context())
+				now := e.get(t, "a")
+				require.NotEqual(t, old.GetUID(), now.GetUID())
+				phase, _, _ := unstructured.NestedString(now.Object, "status", "phase")
+				assert.Empty(t, phase, "the write for the old UID landed on the new object")
+				assert.ErrorIs(t, err, writer.ErrReplaced)
+			})
+		})
+	}
+}

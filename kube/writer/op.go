@@ -2,6 +2,7 @@ package writer
 
 import (
 	"reflect"
+	"slices"
 	"sync"
 
 	"github.com/coalescer/dispatch"
@@ -21,10 +22,12 @@ type op[O Object] struct {
 	desire Desire[O]
 	class  string
 
-	prep   [numTargets]prepared[O] // the no-op test's work, reused to send
-	strict bool                    // ModePatch: a patch was refused; test the resourceVersion
-	out    O                       // the object as the server last returned it
-	writes int                     // write requests the server accepted
+	prep    [numTargets]prepared[O] // the no-op test's work, reused to send
+	strict  bool                    // ModePatch: a patch was refused; test the resourceVersion
+	reread  bool                    // a write was refused as stale: read before the next
+	counted [numTargets]bool        // its no-op on the target is in Stats.NoOps
+	out     O                       // the object as the server last returned it
+	writes  int                     // write requests the server accepted
 }
 
 // prepared is a change applied, and judged.
@@ -37,15 +40,24 @@ type prepared[O Object] struct {
 
 // mergeOps is the dispatcher's Merge: incoming, holding per target the
 // merge of its change with pending's, the newer of the two baselines, and
-// pending's progress (a write that landed before a retry).
+// pending's progress (a write that landed before a retry, a refusal that
+// calls for a read). The work Set's no-op test did for incoming's own
+// change is kept only for a target pending does not change: a merged
+// change has not run yet.
 func (w *Writer[O]) mergeOps(pending, incoming *op[O]) (*op[O], error) {
 	out := incoming
 	out.obj = newer(incoming.obj, pending.obj)
+	for t := range numTargets {
+		if pending.desire.change(t) != nil {
+			out.prep[t] = prepared[O]{}
+		}
+	}
 	out.desire = Desire[O]{
 		Status: w.mergeChange(pending.desire.Status, incoming.desire.Status),
 		Object: w.mergeChange(pending.desire.Object, incoming.desire.Object),
 	}
 	out.out, out.writes = pending.out, pending.writes
+	out.strict, out.reread = pending.strict, pending.reread
 	return out, nil
 }
 
@@ -123,8 +135,17 @@ type known[O Object] struct {
 	stamp uint64 // counts remembers: an entry's age
 
 	versions map[types.UID]version // of ended lanes
-	ring     []types.UID           // versions' keys, oldest first
+	// ring holds versions' keys, oldest first, each with the stamp of its
+	// version: an entry whose stamp is not its key's version's any more
+	// (the object's lane ended again since, or it was forgotten) is
+	// skipped, and dropped when the ring is compacted.
+	ring     []ringEntry
 	capacity int
+}
+
+type ringEntry struct {
+	uid   types.UID
+	stamp uint64
 }
 
 type entry[O Object] struct {
@@ -189,15 +210,24 @@ func (k *known[O]) end(uid types.UID, s uint64) {
 	if k.capacity <= 0 {
 		return
 	}
-	if len(k.ring) >= k.capacity {
+	k.versions[uid] = version{e.obj.GetResourceVersion(), e.stamp}
+	k.ring = append(k.ring, ringEntry{uid, e.stamp})
+	for len(k.versions) > k.capacity {
 		old := k.ring[0]
 		k.ring = k.ring[1:]
-		if v := k.versions[old]; v.stamp <= e.stamp {
-			delete(k.versions, old)
+		if k.live(old) {
+			delete(k.versions, old.uid)
 		}
 	}
-	k.versions[uid] = version{e.obj.GetResourceVersion(), e.stamp}
-	k.ring = append(k.ring, uid)
+	if len(k.ring) > 2*k.capacity {
+		k.ring = slices.DeleteFunc(slices.Clone(k.ring), func(r ringEntry) bool { return !k.live(r) })
+	}
+}
+
+// live reports whether r is its object's current version in the ring.
+func (k *known[O]) live(r ringEntry) bool {
+	v, ok := k.versions[r.uid]
+	return ok && v.stamp == r.stamp
 }
 
 func (k *known[O]) forget(uid types.UID) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -34,10 +35,9 @@ type Writer[O Object] struct {
 	classify func(error) dispatch.Class
 	known    known[O]
 	n        counters
-	// stop ends when Close gives up waiting: the changes the dispatcher's
-	// no-op test runs, which have no context of their own, end with it.
-	stop     context.Context
-	halt     context.CancelFunc
+	// closing is set once Close begins: Set and Submit refuse from then
+	// on, a desire already met too.
+	closing  atomic.Bool
 	changing changes
 }
 
@@ -84,7 +84,6 @@ func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
 		w.manager = defaultManager
 	}
 	w.known.init(capacityOf(o.Capacity))
-	w.stop, w.halt = context.WithCancel(context.Background())
 	d, err := dispatch.New(w.exec, w.config(&o))
 	if err != nil {
 		return nil, fmt.Errorf("writer: Options: %w", err)
@@ -102,7 +101,6 @@ func (w *Writer[O]) config(o *Options[O]) dispatch.Config[types.UID, *op[O]] {
 		Capacity:      o.Capacity,
 		MaxWaiters:    o.MaxWaiters,
 		Merge:         w.mergeOps,
-		NoOp:          w.noOp,
 		Classify:      w.judge,
 		BeforeRetry:   w.beforeRetry,
 		Retry:         o.retry(),
@@ -152,14 +150,15 @@ func urgent(classes map[string]int) int {
 //
 // Set returns an error, and queues nothing, for an obj without a UID or a
 // name, an empty desire, an unknown class, or when the writer is closed
-// (dispatch.ErrClosed) or full (dispatch.ErrBackpressure). The outcome
-// reaches Options.OnDone, the Observer and Stats.
+// (dispatch.ErrClosed) or full (dispatch.ErrBackpressure). The outcome of
+// a queued desire reaches Options.OnDone, the Observer and Stats; a desire
+// found met here reaches Stats alone.
 func (w *Writer[O]) Set(obj O, d Desire[O], o SetOptions) error {
 	p, so, err := w.newOp(obj, d, o)
 	if err != nil {
 		return err
 	}
-	if err := refused(context.Background(), o); err != nil {
+	if err := w.refused(context.Background(), o); err != nil {
 		return err
 	}
 	if w.moot(p) {
@@ -179,7 +178,7 @@ func (w *Writer[O]) Submit(ctx context.Context, obj O, d Desire[O], o SetOptions
 	if err != nil {
 		return nil, err
 	}
-	if err := refused(ctx, o); err != nil {
+	if err := w.refused(ctx, o); err != nil {
 		return nil, err
 	}
 	if w.moot(p) {
@@ -192,11 +191,15 @@ func (w *Writer[O]) Submit(ctx context.Context, obj O, d Desire[O], o SetOptions
 	return &Ticket[O]{t: t}, nil
 }
 
-// refused is the error for a submission whose context is done or whose
-// deadline (o's) has passed, as the dispatcher would give it.
-func refused(ctx context.Context, o SetOptions) error {
+// refused is the error for a submission to a closing writer, or whose
+// context is done or whose deadline (o's) has passed, as the dispatcher
+// would give it: Set's no-op test, which runs before the dispatcher sees
+// the desire, must not accept what the dispatcher would refuse.
+func (w *Writer[O]) refused(ctx context.Context, o SetOptions) error {
 	err := ctx.Err()
 	switch {
+	case w.closing.Load():
+		return dispatch.ErrClosed
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w", dispatch.ErrExpired, err)
 	case err != nil:
@@ -291,11 +294,9 @@ func (w *Writer[O]) Close(ctx context.Context) error {
 }
 
 func (w *Writer[O]) close(ctx context.Context) error {
+	w.closing.Store(true)
 	before := w.d.Stats().Outcomes[dispatch.StateClosed]
-	stop := context.AfterFunc(ctx, w.halt)
 	err := w.d.Close(ctx)
-	stop()
-	w.halt()
 	w.known.clear()
 	if err == nil {
 		return nil
