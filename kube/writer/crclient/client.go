@@ -71,11 +71,14 @@ func (a *adapter[O]) Get(ctx context.Context, obj O) (O, error) {
 func (a *adapter[O]) Update(ctx context.Context, obj O, sub string, opts metav1.UpdateOptions) (O, error) {
 	out, _ := obj.DeepCopyObject().(O)
 	var err error
+	// controller-runtime copies its own fields over Raw's (AsUpdateOptions),
+	// so the request's options go in both.
+	uo := client.UpdateOptions{Raw: &opts, DryRun: opts.DryRun, FieldManager: opts.FieldManager, FieldValidation: opts.FieldValidation}
 	switch sub {
 	case "":
-		err = a.c.Update(ctx, out, &client.UpdateOptions{Raw: &opts})
+		err = a.c.Update(ctx, out, &uo)
 	case "status":
-		err = a.c.Status().Update(ctx, out, &client.SubResourceUpdateOptions{UpdateOptions: client.UpdateOptions{Raw: &opts}})
+		err = a.c.Status().Update(ctx, out, &client.SubResourceUpdateOptions{UpdateOptions: uo})
 	default:
 		err = fmt.Errorf("crclient: cannot update subresource %q", sub)
 	}
