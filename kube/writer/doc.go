@@ -77,7 +77,12 @@
 //     changed one of those very fields (a list is one field); then one read
 //     and one patch tested against the read resourceVersion.
 //   - ModeApply: a server-side apply (Options.FieldManager) of the fields
-//     the change sets on an object holding only the identity. No read ever;
+//     the change sets on an object holding only the identity. The body is
+//     that object as JSON: for a typed object, every field whose JSON tag
+//     has no omitempty is sent, a zero one too (a PodDisruptionBudget's
+//     status counts, say), and is then this manager's; apply
+//     *unstructured.Unstructured objects (Dynamic) to send only what the
+//     change sets. No read (but with Options.ApplyResourceVersion, below);
 //     no conflict on fields this manager owns. A field another manager owns
 //     is a 409 that no re-read resolves: the write fails at once, unless
 //     Options.Force takes such fields over. Its no-op test is that every
@@ -119,8 +124,9 @@
 // So ModeUpdate and ModePatch are fenced everywhere; ModeApply is fenced by
 // the UID on every object endpoint and built-in type's status, but a
 // custom resource's status needs Options.ApplyResourceVersion (the apply
-// then also carries the baseline's resourceVersion, and a conflict is
-// re-read as in ModeUpdate). A fenced write, or a write to an object that
+// then also carries the baseline's resourceVersion, a desire without one —
+// its object given with none, or older than the writer's own last write —
+// reads the object first, and a conflict is re-read as in ModeUpdate). A fenced write, or a write to an object that
 // is gone, ends Failed with ErrReplaced or ErrGone and is not retried; the
 // writer reads the object to tell a refusal from a conflict when the answer
 // does not say. Call Forget from the informer's delete handler to end
@@ -148,7 +154,10 @@
 // it out first); a conflict is re-read and re-applied at once; the rest
 // fail. A desire ends exactly once, in one dispatch.State, told to its
 // Ticket, to Options.OnDone and to the Observer (a *dispatchprom.Observer
-// exports it to Prometheus, labelled by class and tenant). Stats counts
+// exports it to Prometheus, labelled by class and tenant) — but a desire
+// Set finds already met, with nothing queued for its object, which ends
+// there, Skipped, without reaching the queue: Stats counts it (Desires,
+// NoOps), and neither OnDone nor the Observer hears of it. Stats counts
 // what the writes cost: desires, writes sent and accepted, reads, no-ops,
 // conflicts re-applied, fenced writes.
 //
@@ -163,7 +172,9 @@
 // dispatch.ErrReentrant instead of waiting for itself. Set runs the change
 // once on the caller's goroutine to test for a no-op: a panic there is
 // recovered and the desire queued (its write then fails), but a change that
-// blocks there blocks Set.
+// blocks there blocks Set, and one that calls runtime.Goexit there ends the
+// caller's goroutine, as any code it runs could, before anything is
+// queued.
 //
 // # Concurrency
 //

@@ -85,9 +85,11 @@ type Options[O Object] struct {
 	// ApplyResourceVersion, in ModeApply, also sends the resourceVersion
 	// of the newest object the writer knows, so that the server refuses
 	// the apply if the object changed since; the writer then re-reads and
-	// applies again, as ModeUpdate does. It is the fence for a custom
-	// resource's status, whose apply ignores metadata.uid (see the
-	// package documentation), at ModeUpdate's cost in conflicts.
+	// applies again, as ModeUpdate does; a desire with no such object
+	// (given without a resourceVersion, or older than the writer's own
+	// last write) reads it first. It is the fence for a custom resource's
+	// status, whose apply ignores metadata.uid (see the package
+	// documentation), at ModeUpdate's cost in conflicts and reads.
 	ApplyResourceVersion bool
 
 	// Classes names the write classes and their priorities: a higher
