@@ -135,3 +135,40 @@ func TestClosedRefusesADesireAlreadyMet(t *testing.T) {
 		assert.Zero(t, w.Stats().Desires, "nothing accepted after Close")
 	})
 }
+
+// A write that did not run to its end reaches OnDone without an object,
+// as its Ticket does, though its requests were accepted (its status
+// landed, and its object's update, cut off by Forget, returned anyway):
+// Writes says so.
+func TestOnDoneObjectOnlyForAWriteRunToItsEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, deployment("a"))
+		var done []writer.Result[deploy]
+		w := newWriter(t, e, writer.Options[deploy]{OnDone: func(r writer.Result[deploy]) { done = append(done, r) }})
+		held := make(chan struct{})
+		e.api.Before(func(r fakeapi.Request) {
+			if r.Verb == "update" && r.Subresource == "" {
+				<-held
+			}
+		})
+		a := e.get(t, "a")
+		tk, err := w.Submit(t.Context(), a, writer.Desire[deploy]{
+			Status: replicas(3),
+			Object: func(d deploy) error { d.Labels = map[string]string{"x": "y"}; return nil },
+		}, writer.SetOptions{})
+		require.NoError(t, err)
+		synctest.Wait() // the status landed; the object's update is held
+		require.Equal(t, int32(3), e.get(t, "a").Status.Replicas)
+		require.True(t, w.Forget(a.UID))
+		res, err := tk.Wait(t.Context())
+		require.ErrorIs(t, err, writer.ErrGone)
+		assert.Nil(t, res.Object)
+		close(held)
+		synctest.Wait()
+		require.Len(t, done, 1)
+		assert.NotEqual(t, dispatch.StateSucceeded, done[0].State)
+		assert.Nil(t, done[0].Object, "%v: not run to its end", done[0].State)
+		assert.Equal(t, dispatch.StateStale, done[0].State)
+		assert.Equal(t, 2, done[0].Writes, "both updates were accepted")
+	})
+}

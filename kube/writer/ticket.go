@@ -35,7 +35,11 @@ func resultOf[O Object](r dispatch.Result[types.UID, *op[O]], callEnded bool) Re
 		callEnded = true
 	}
 	if p := r.Call; p != nil && callEnded {
-		out.Object, out.Writes = p.out, p.writes
+		out.Writes = p.writes
+		switch r.State {
+		case dispatch.StateSucceeded, dispatch.StateSkipped, dispatch.StateFailed:
+			out.Object = p.out // it ran to its end
+		}
 	}
 	return out
 }
