@@ -165,6 +165,8 @@ func TestNoOp(t *testing.T) {
 func TestMerge(t *testing.T) {
 	old, cur := newPod("p"), newPod("p")
 	old.ResourceVersion, cur.ResourceVersion = "1", "2"
+	bound := cur.DeepCopy()
+	bound.ResourceVersion, bound.Spec.NodeName = "3", "n1"
 	sched := unschedulable("0/3 nodes")
 	ready := v1.PodCondition{Type: v1.PodReady, Status: v1.ConditionFalse}
 	disrupt := v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}
@@ -198,6 +200,14 @@ func TestMerge(t *testing.T) {
 		{name: "binding onto a deletion is skipped", pending: Delete(old, nil), incoming: Bind(cur, "n1"), skip: true},
 		{name: "deletion keeps the older condition", pending: Delete(old, &disrupt), incoming: Delete(cur, nil), want: Delete(cur, &disrupt)},
 		{name: "newer deletion condition wins", pending: Delete(old, &disrupt), incoming: Delete(cur, &evict), want: Delete(cur, &evict)},
+		// The pending call was rebased onto a newer view (a write's
+		// response, a read) than the incoming one was built from: the
+		// merged call keeps that view, and the incoming call's fields.
+		{name: "the newer baseline is kept", pending: patch(cur, ptr("n1")), incoming: patch(old, nil, sched),
+			want: patch(cur, ptr("n1"), sched)},
+		{name: "a newer baseline that shows the pod bound drops a stale PodScheduled=False and nomination",
+			pending: patch(bound, nil, ready), incoming: patch(old, ptr("n2"), sched), want: patch(bound, nil, ready)},
+		{name: "a binding keeps the newer baseline", pending: Bind(cur, "n1"), incoming: Bind(old, "n2"), want: Bind(cur, "n2")},
 		{name: "a valid call replaces an invalid pending one", pending: Call{}, incoming: Bind(cur, "n1"), want: Bind(cur, "n1")},
 	}
 	for _, c := range cases {

@@ -3,10 +3,12 @@ package kube
 import (
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -282,5 +284,40 @@ func TestSkippedSubmissionDoesNotRaisePriority(t *testing.T) {
 		assert.Equal(t, []string{"q", "p"}, order, "p's binding kept its priority 1 < q's 10")
 		s := closeD(t, d)
 		assert.Equal(t, 1, int(s.Outcomes[dispatch.StateSkipped]))
+	})
+}
+
+// TestMergeKeepsTheNewerBaseline pins that two status patches combine into
+// one write, the newer one's fields winning, even when the pending patch's
+// baseline is newer than the incoming one's: a patch rebased onto the
+// response of the write before it, then merged with a patch built from an
+// informer that has not seen that write yet, is judged against the pod as
+// it now is. Judged against the older view, the merged patch — which clears
+// the nomination the first write set — would change nothing, end Skipped
+// and never be sent.
+func TestMergeKeepsTheNewerBaseline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sched := unschedulable("0/3 nodes")
+		pod := newPod("p")
+		pod.Status.Conditions = []v1.PodCondition{sched}
+		api := newFakeAPI(pod)
+		view := api.pod("p") // the informer's view, which stays behind
+		// A token every 10s: the second patch, rebased once the first
+		// lands, waits for its token while the third comes in.
+		d := newTestDispatcher(t, api, Options{Workers: 2, RateLimit: rate.NewLimiter(rate.Every(10*time.Second), 1)})
+		release := api.hold("patch/status", "p")
+
+		t1 := submit(t, d, PatchStatus(view, StatusPatch{NominatedNodeName: ptr("nodeA")}))
+		synctest.Wait() // held at the server
+		t2 := submit(t, d, PatchStatus(view, StatusPatch{NominatedNodeName: ptr("")}))
+		release()
+		require.Equal(t, dispatch.StateSucceeded, outcome(t, t1).State)
+		synctest.Wait() // the second patch is rebased onto the first's response
+		t3 := submit(t, d, PatchStatus(view, StatusPatch{Conditions: []v1.PodCondition{sched}}))
+
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, t2).State)
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, t3).State)
+		assert.Equal(t, 2, api.count("patch/status"))
+		assert.Empty(t, api.pod("p").Status.NominatedNodeName, "the later patches cleared the nomination")
 	})
 }

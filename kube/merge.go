@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 )
 
 // merge is the Config.Merge of kube calls: how a submission coalesces into
@@ -19,6 +20,13 @@ import (
 // what the newer one sets wins, what it leaves out is kept — and bindings
 // and deletions are replaced by the newer one (a deletion keeps the older
 // one's condition if the newer has none).
+//
+// Within a type, the merged call keeps the newer of the two baselines: the
+// incoming call's, unless the pending call's resourceVersion is the later
+// one — the pending call was rebased onto a write's response or a read
+// while the incoming one was built from a view that had not caught up.
+// Judged against the older view, a patch could find nothing to change that
+// the pod as it now is needs, and would end Skipped without being sent.
 //
 // It runs under the dispatcher's lock: it only assigns fields, and
 // allocates only when two patches' conditions combine.
@@ -38,6 +46,9 @@ func merge(pending, incoming Call) (Call, error) {
 		// through.
 		return incoming, dispatch.ReplacePending
 	}
+	if newer(pending.rv, incoming.rv) {
+		incoming = incoming.rebase(baseline{status: pending.base, rv: pending.rv, nodeName: pending.nodeName})
+	}
 	switch incoming.typ {
 	case PodStatusPatch:
 		return mergeStatus(pending, incoming), nil
@@ -49,9 +60,17 @@ func merge(pending, incoming Call) (Call, error) {
 	return incoming, nil
 }
 
-// mergeStatus combines two status patches: incoming's baseline (the newer
-// view of the pod) and the fields it sets, plus those of pending it does
-// not set.
+// newer reports whether resourceVersion a is later than b. Resource
+// versions compare as the integers they are (KEP-5504); one that is not
+// well formed, or empty, is never newer nor older than another.
+func newer(a, b string) bool {
+	cmp, err := resourceversion.CompareResourceVersion(a, b)
+	return err == nil && cmp > 0
+}
+
+// mergeStatus combines two status patches: incoming's baseline (by then the
+// newer of the two, see merge) and the fields it sets, plus those of
+// pending it does not set.
 func mergeStatus(pending, incoming Call) Call {
 	out := incoming
 	if !incoming.setNNN && pending.setNNN {
