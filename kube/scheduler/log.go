@@ -31,7 +31,11 @@ func newLogObserver(d *Dispatcher, next dispatch.Observer) logObserver {
 	return logObserver{Observer: next, d: d}
 }
 
+// OnRetry also kicks the pending gauge: the call waits again, now in its
+// backoff — and a retry that absorbed its successor may have moved the
+// count from one call type to another.
 func (o logObserver) OnRetry(e dispatch.Event, attempt int, delay time.Duration, err error) {
+	o.d.pending.kick()
 	o.d.log().V(4).Info("Retrying API call", "callType", e.Label, "attempt", attempt, "delay", delay, "err", err)
 	o.Observer.OnRetry(e, attempt, delay, err)
 }

@@ -29,7 +29,7 @@ type Metrics interface {
 }
 
 // pendingGauge keeps Metrics.Pending up to date. Events (an Add, an
-// execution's start, a call's end) kick it; one goroutine, started by
+// execution's start, a retry, a call's end) kick it; one goroutine, started by
 // Start, answers each batch of kicks by reading the core's count of each
 // call type's (tenant's) waiting calls — dispatch.Dispatcher.Queued, one
 // counter read under the core's lock per type, no allocation — and reports

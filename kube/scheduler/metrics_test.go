@@ -107,3 +107,40 @@ func TestMetrics(t *testing.T) {
 		assert.Equal(t, dispatch.ModeAsync, d.Mode())
 	})
 }
+
+// TestPendingCountsARetryInBackoff pins that Pending counts a call waiting
+// out a retry's backoff, shortly after it starts waiting: a binding that
+// failed with a retryable error is reported pending during its 10s backoff,
+// and no longer once it has run.
+func TestPendingCountsARetryInBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder()
+		d := newIdleDispatcher(t, Options{Workers: 2, Metrics: r,
+			Retry: dispatch.RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: dispatch.JitterNone, BudgetRatio: 1}})
+		d.Start(testLogger(t))
+		j := &journal{}
+		c := newCall(j, "flaky", podBinding, "1", "x")
+		failures := 1
+		c.exec = func(context.Context, *testCall) error {
+			time.Sleep(100 * time.Millisecond)
+			if failures > 0 {
+				failures--
+				return errRetryable
+			}
+			return nil
+		}
+		ch := make(chan error, 1)
+		require.NoError(t, d.Add(c, fwk.APICallOptions{OnFinish: ch}))
+		time.Sleep(time.Second) // the first attempt failed; the retry waits 10s
+		synctest.Wait()
+		require.Equal(t, 1, d.core.Queued(string(podBinding)), "the core counts the retry as waiting")
+		_, pending := r.snapshot()
+		assert.Equal(t, 1, pending[podBinding], "pending while the retry waits out its backoff")
+
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		require.NoError(t, <-ch)
+		_, pending = r.snapshot()
+		assert.Zero(t, pending[podBinding])
+	})
+}
