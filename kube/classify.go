@@ -1,9 +1,13 @@
 package kube
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"github.com/coalescer/dispatch"
 	"golang.org/x/net/http2"
@@ -57,10 +61,24 @@ func Classify(err error) dispatch.Class {
 		utilnet.IsConnectionReset(err),
 		utilnet.IsProbableEOF(err),
 		utilnet.IsHTTP2ConnectionLost(err),
-		isStreamReset(err):
+		isStreamReset(err),
+		transient(err):
 		return dispatch.ClassRetry
 	}
-	return dispatch.DefaultClassifier(err)
+	return dispatch.ClassPermanent
+}
+
+// transient reports the errors dispatch.DefaultClassifier retries for what
+// they are — a deadline, a refused or reset connection, a cut-off answer, a
+// network timeout — without its rule that any error carrying a delay is
+// retried: the delay does not change the class.
+func transient(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.As(err, &ne) && ne.Timeout()
 }
 
 // isStreamReset reports whether err is an HTTP/2 stream reset: the one

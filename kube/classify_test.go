@@ -23,7 +23,8 @@ import (
 
 // TestClassify covers every row of Classify's table with the errors
 // apimachinery makes, bare and wrapped as callers wrap them, and the
-// transport errors that come out of net/http.
+// transport errors that come out of net/http; each with a server's delay
+// attached too, which does not change its class.
 func TestClassify(t *testing.T) {
 	gr := schema.GroupResource{Resource: "pods"}
 	cause := errors.New("cause")
@@ -92,6 +93,9 @@ func TestClassify(t *testing.T) {
 			assert.Equal(t, c.want, Classify(c.err), "bare")
 			assert.Equal(t, c.want, Classify(fmt.Errorf("kube: bind: %w", c.err)), "wrapped with %%w")
 			assert.Equal(t, c.want, Classify(retryafter.FromStatus(c.err)), "as exec returns it")
+			// The server's delay does not change the class, whatever error
+			// it ends up attached to.
+			assert.Equal(t, c.want, Classify(retryafter.Wrap(c.err, time.Second)), "with a delay")
 		})
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube/internal/retryafter"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -281,10 +283,22 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 			d.pace.observe(elapsed)
 		}
 	}
-	if err != nil {
+	if err != nil && askedToWait(err) {
 		err = retryafter.Wrap(err, time.Duration(a.retryAfter.Load()))
 	}
 	return err
+}
+
+// askedToWait reports whether err is an answer a server sends with a
+// Retry-After — a 429 or a 5xx — so that the delay of the execution's last
+// response is carried to the backoff only with the error it came with.
+func askedToWait(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	code := status.Status().Code
+	return code == http.StatusTooManyRequests || code >= 500
 }
 
 // done is the core's completion hook: it tells the entry that ran (or

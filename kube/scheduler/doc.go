@@ -134,7 +134,9 @@
 // Retry-After is the backoff: on the derived clientset, the transport takes
 // the header off the response, so client-go's own loop — which would sleep
 // it out inside the execution and resend up to ten times — does not run,
-// and hands the delay to the dispatcher. A 409 fails the call (an
+// and hands the delay to the dispatcher with the error it came with: an
+// execution that ends with another error (a later response's, or its own)
+// is judged, and waits, as that error says. A 409 fails the call (an
 // fwk.APICall cannot be rebuilt from fresh state by the dispatcher).
 //
 // Upstream's PodStatusPatchCall and PodBindingCall also retry inside

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	"k8s.io/client-go/kubernetes"
@@ -355,7 +356,7 @@ func (g *gate) waiter() {
 // context Execute gets.
 type attempt struct {
 	prepaid    atomic.Bool  // the gate took this execution's first token
-	retryAfter atomic.Int64 // the server's last Retry-After, in ns; 0: none
+	retryAfter atomic.Int64 // the last response's Retry-After, in ns; 0: none
 }
 
 type attemptKey struct{}
@@ -397,11 +398,18 @@ func (m *meter) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := m.next.RoundTrip(req)
-	if a != nil && resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
-		if s, ok := retryafter.Header(resp.Header); ok {
-			resp.Header.Del("Retry-After")
-			a.retryAfter.Store(int64(s))
+	if a != nil {
+		// The delay is this response's: a later response without one (a
+		// success, another error) clears an earlier one's, which an error
+		// Execute returns after it is no answer to.
+		var delay time.Duration
+		if resp != nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
+			if s, ok := retryafter.Header(resp.Header); ok {
+				resp.Header.Del("Retry-After")
+				delay = s
+			}
 		}
+		a.retryAfter.Store(int64(delay))
 	}
 	return resp, err
 }
