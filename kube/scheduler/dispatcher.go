@@ -274,6 +274,10 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 		start = time.Since(d.epoch)
 	}
 	err := e.call.Execute(a, d.wire.client)
+	if err != nil {
+		f := err           // declared here: only a failure allocates it
+		e.failed.Store(&f) // its own outcome, if a retry absorbs its successor
+	}
 	if timed {
 		elapsed := time.Since(d.epoch) - start
 		if m != nil {
@@ -346,8 +350,14 @@ func callError(err error) error {
 }
 
 // tellDisplaced tells the entries e overwrote that they were.
+// One that was in flight as it was overwritten (aInFlight) is told the
+// error of its execution instead.
 func (d *Dispatcher) tellDisplaced(e *entry) {
 	for p := e.displaced.Swap(nil); p != nil; p = p.displaced.Swap(nil) {
+		if f := p.failed.Load(); f != nil && p.is(aInFlight) {
+			p.tell(*f, dispatch.Outcome{State: dispatch.StateFailed, Err: *f})
+			continue
+		}
 		p.tell(errOverwritten, dispatch.Outcome{})
 	}
 }

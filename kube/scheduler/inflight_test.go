@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -216,4 +217,60 @@ func TestSyncObjectReturnsNewestCallsSync(t *testing.T) {
 	assert.NoError(t, h.outcome("a"))
 	assert.NoError(t, h.outcome("b"))
 	assert.Equal(t, []string{"execute a", "execute b"}, h.j.only("execute"))
+}
+
+// TestInFlightCallEndsWithItsOwnOutcome pins that the call in flight is not
+// told it was overwritten: a call added while it is in flight runs after
+// it, and when the call in flight fails and its retry absorbs that call,
+// it ends with its own execution's error, as upstream's call in flight
+// does. A pending call — a retry waiting out its backoff — that a new call
+// replaces is told it was overwritten.
+func TestInFlightCallEndsWithItsOwnOutcome(t *testing.T) {
+	cases := []struct {
+		name     string
+		inFlight bool // the second call arrives during the first's execution, not its backoff
+		typ      fwk.APICallType
+		want     error
+	}{
+		{"a call of the same type behind it", true, typeLow, errRetryable},
+		{"a more relevant call behind it", true, typeHigh, errRetryable},
+		{"a call of the same type replacing its retry", false, typeLow, fwk.ErrCallOverwritten},
+		{"a more relevant call replacing its retry", false, typeHigh, fwk.ErrCallOverwritten},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newTestDispatcher(t, Options{Retry: dispatch.RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: dispatch.JitterNone, BudgetRatio: 1}})
+				j := &journal{}
+				first := newCall(j, "first", typeLow, "1", "x")
+				runs := 0
+				first.exec = func(context.Context, *testCall) error {
+					time.Sleep(100 * time.Millisecond)
+					if runs++; runs == 1 {
+						return errRetryable
+					}
+					return nil
+				}
+				chFirst, chNext := make(chan error, 2), make(chan error, 2)
+				require.NoError(t, d.Add(first, fwk.APICallOptions{OnFinish: chFirst}))
+				if c.inFlight {
+					time.Sleep(50 * time.Millisecond)
+				} else {
+					time.Sleep(time.Second) // its retry waits out the backoff
+				}
+				require.NoError(t, d.Add(newCall(j, "next", c.typ, "1", "y"), fwk.APICallOptions{OnFinish: chNext}))
+				time.Sleep(time.Minute)
+				synctest.Wait()
+
+				require.NoError(t, outcome(t, chNext))
+				err := outcome(t, chFirst)
+				assert.ErrorIs(t, err, c.want)
+				if c.want != fwk.ErrCallOverwritten {
+					assert.NotErrorIs(t, err, fwk.ErrCallOverwritten)
+				}
+				requireNoMore(t, chFirst)
+				requireNoMore(t, chNext)
+			})
+		})
+	}
 }

@@ -20,22 +20,28 @@ type entry struct {
 	onFinish chan<- error
 	ticket   *Ticket // nil unless the call came through Submit
 
-	told atomic.Bool // the outcome has been sent; it is sent once
 	// noop is the call's IsNoOp as of its Add, its last merge or its last
 	// SyncObject: the core's no-op test reads it, so IsNoOp is asked
 	// exactly where upstream asks it.
 	noop atomic.Bool
+	// seen is what the core's hooks found as the entry was admitted
+	// (admission), a bit each, whether it has run (aRan) and whether its
+	// outcome has been told (aTold). Set under the core's lock, mostly
+	// during the entry's own Add (a retry that absorbs the entry as its
+	// successor may mark it merged later, from a worker), but for aRan,
+	// which its first execution sets, and aTold; never cleared. One word
+	// for all of them, beside noop, keeps an entry in the allocator's
+	// 112-byte class.
+	seen atomic.Uint32
 	// displaced is the pending entry this one overwrote, until it has been
 	// told so. Whoever tells takes it (Swap), so each is told once and an
 	// entry holds on to at most a short chain of others.
 	displaced atomic.Pointer[entry]
-	// seen is what the core's hooks found as the entry was admitted
-	// (admission), a bit each, and whether it has run (aRan). Set under the
-	// core's lock, mostly during the entry's own Add (a retry that absorbs
-	// the entry as its successor may mark it merged later, from a worker),
-	// but for aRan, which its first execution sets; never cleared. One word
-	// for all of them keeps an entry in the allocator's 112-byte class.
-	seen atomic.Uint32
+	// failed is the error its last execution that failed returned, for a
+	// call absorbed by a successor that arrived while it was in flight
+	// (aInFlight): it is told that, its own outcome. Set only on a
+	// failure, by the execution.
+	failed atomic.Pointer[error]
 	// first is the context of the entry's first execution (execCtxFor):
 	// kept in the entry, so that a call that runs once, as nearly every
 	// call does, allocates none. It is never reused: it stays bound to
@@ -64,6 +70,13 @@ const (
 	// aRan: an execution of the entry has begun, with e.first as its
 	// context (execCtxFor).
 	aRan
+	// aInFlight: the entry was overwritten by a call that arrived while it
+	// was in flight, as its retry absorbed that call: it is told its own
+	// outcome, not that it was overwritten.
+	aInFlight
+	// aTold: the entry's outcome has been told (entry.tell); it is told
+	// once.
+	aTold
 )
 
 // mark records that a was found about e.
@@ -92,8 +105,9 @@ func (e *mergeError) Unwrap() error { return e.err }
 // same type absorbs the pending one through its own Merge, and replaces it
 // as the same operation, updated: a retry's attempts and backoff carry
 // over. Either way the pending entry is told it was overwritten (displaced,
-// by whoever tells next outside the lock), and the merged call's IsNoOp is
-// asked once.
+// by whoever tells next outside the lock) — unless it is the call in flight
+// the incoming one arrived behind, now a retry (see overwrite) — and the
+// merged call's IsNoOp is asked once.
 //
 // It runs under the core's lock, as upstream's merge runs under its queue's
 // lock: the calls' Merge and IsNoOp must be fast.
@@ -120,7 +134,15 @@ func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 
 // overwrite makes e the call that runs in pending's place, and asks it
 // IsNoOp once, unless a call is in flight (then it runs whatever it is).
+//
+// A pending entry that has run while e was admitted behind a call in flight
+// is that call, now a retry absorbing e (a pending call behind one in
+// flight never has run): it is told its own outcome, the error of the
+// execution e arrived during, as upstream's call in flight is.
 func (e *entry) overwrite(pending *entry) {
+	if e.is(aBehind) && pending.is(aRan) {
+		pending.mark(aInFlight)
+	}
 	e.displaced.Store(pending)
 	e.noop.Store(!e.is(aBehind) && e.call.IsNoOp())
 	e.mark(aMerged)

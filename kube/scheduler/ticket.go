@@ -61,7 +61,7 @@ func (t *Ticket) Result() (Result, bool) {
 // channel with upstream's non-blocking send. It reports whether this was
 // the first telling.
 func (e *entry) tell(err error, o dispatch.Outcome) bool {
-	if !e.told.CompareAndSwap(false, true) {
+	if admission(e.seen.Or(uint32(aTold)))&aTold != 0 {
 		return false
 	}
 	if t := e.ticket; t != nil {
