@@ -274,3 +274,35 @@ func TestInFlightCallEndsWithItsOwnOutcome(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeAskedOncePerAdd pins that a call's Merge is asked once per Add
+// with the object's newest call, as upstream asks it: a call that absorbs
+// the call in flight (follow) is not merged with it again when that call
+// fails and its retry absorbs the newcomer.
+func TestMergeAskedOncePerAdd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newTestDispatcher(t, Options{})
+		j := &journal{}
+		first := newCall(j, "first", typeLow, "1", "x")
+		runs := 0
+		first.exec = func(context.Context, *testCall) error {
+			time.Sleep(100 * time.Millisecond)
+			if runs++; runs == 1 {
+				return errRetryable
+			}
+			return nil
+		}
+		ch := make(chan error, 2)
+		require.NoError(t, d.Add(first, fwk.APICallOptions{}))
+		time.Sleep(50 * time.Millisecond) // first is in flight
+		next := newCall(j, "next", typeLow, "1", "y")
+		require.NoError(t, d.Add(next, fwk.APICallOptions{OnFinish: ch}))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		require.NoError(t, outcome(t, ch))
+		assert.Equal(t, []string{"merge next<-first"}, j.only("merge "), "Merge asked once for the pair")
+		assert.Equal(t, []string{"execute first", "execute next"}, j.only("execute "), "the retry runs the merged call")
+		assert.ElementsMatch(t, []string{"x", "y"}, next.fieldList())
+	})
+}

@@ -77,6 +77,10 @@ const (
 	// aTold: the entry's outcome has been told (entry.tell); it is told
 	// once.
 	aTold
+	// aAbsorbedInFlight: the entry, admitted behind a call in flight with
+	// none pending, absorbed that call through its Merge (follow). A retry
+	// of that call that absorbs the entry does not ask Merge again.
+	aAbsorbedInFlight
 )
 
 // mark records that a was found about e.
@@ -122,8 +126,13 @@ func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
 		incoming.mark(aSkipped)
 		return pending, dispatch.SkipIncoming
 	case incoming.typ == pending.typ:
-		if err := incoming.call.Merge(pending.call); err != nil {
-			return pending, &mergeError{err}
+		// A call that absorbed pending while it was in flight (follow) is
+		// merged with it again only by pending's retry: Merge was asked
+		// for this pair already, once, as upstream asks it.
+		if !incoming.is(aAbsorbedInFlight) || !pending.is(aRan) {
+			if err := incoming.call.Merge(pending.call); err != nil {
+				return pending, &mergeError{err}
+			}
 		}
 		incoming.overwrite(pending)
 		return incoming, nil
@@ -167,6 +176,7 @@ func (d *Dispatcher) follow(running, incoming *entry, pending bool) (*entry, err
 		if err := incoming.call.Merge(running.call); err != nil {
 			return incoming, &mergeError{err}
 		}
+		incoming.mark(aAbsorbedInFlight)
 	}
 	return incoming, nil
 }
