@@ -83,8 +83,8 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 // and merge and sync as usual; in dispatch.ModeSync, Add waits for Start
 // too. logger is given to every call's
 // Execute through its context (klog.FromContext) and receives the
-// dispatcher's own log lines. Start returns at once; calling it again does
-// nothing.
+// dispatcher's own log lines. Start returns at once; calling it again, or
+// after Close, does nothing.
 func (d *Dispatcher) Start(logger klog.Logger) {
 	if !d.started.CompareAndSwap(false, true) {
 		return
@@ -109,8 +109,16 @@ func (d *Dispatcher) Start(logger klog.Logger) {
 // call's context is cancelled — and returns when every execution has
 // returned and every goroutine it started has exited. It returns nil if
 // everything drained, else ctx's error. A cancelled ctx closes at once, as
-// upstream's Close does. It is idempotent.
+// upstream's Close does. Before Start nothing can run, so Close then also
+// ends what is queued at once, as a cancelled ctx does, whatever ctx is,
+// and a later Start does nothing. It is idempotent.
 func (d *Dispatcher) Close(ctx context.Context) error {
+	if d.started.CompareAndSwap(false, true) {
+		// Never started: what is queued would wait for Start forever.
+		c, cancel := context.WithCancel(ctx)
+		cancel()
+		ctx = c
+	}
 	err := d.core.Close(ctx)
 	d.wire.gate.close()
 	d.pending.stop()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -141,6 +142,44 @@ func TestTicketResults(t *testing.T) {
 				assert.ErrorIs(t, res.Err, tc.is)
 			}
 			assert.Equal(t, tc.state, res.Outcome.State)
+		})
+	}
+}
+
+// TestCloseBeforeStart pins that Close before Start returns at once,
+// whatever its context: nothing can run before Start, so what is queued
+// ends at once, each OnFinish getting an error matching dispatch.ErrClosed,
+// and a later Start runs nothing.
+func TestCloseBeforeStart(t *testing.T) {
+	for _, queued := range []bool{false, true} {
+		t.Run(fmt.Sprintf("queued=%t", queued), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newIdleDispatcher(t, Options{Timeout: -1}) // no deadline
+				j := &journal{}
+				ch := make(chan error, 1)
+				if queued {
+					require.NoError(t, d.Add(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: ch}))
+				}
+				done := make(chan error, 1)
+				go func() { done <- d.Close(context.Background()) }()
+				synctest.Wait()
+				select {
+				case err := <-done:
+					if !queued {
+						assert.NoError(t, err, "nothing to end")
+					}
+				default:
+					require.NoError(t, d.Close(canceled()))
+					<-done
+					t.Fatal("Close(context.Background()) before Start did not return")
+				}
+				if queued {
+					assert.ErrorIs(t, outcome(t, ch), dispatch.ErrClosed)
+				}
+				d.Start(testLogger(t))
+				synctest.Wait()
+				assert.Empty(t, j.only("execute "), "nothing runs after Close")
+			})
 		})
 	}
 }
