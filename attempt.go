@@ -23,6 +23,7 @@ type attempt[K comparable, T any] struct {
 	val     T
 	lastErr error // the previous attempt's error, if this is a retry
 	stop    context.CancelFunc
+	held    *tenant[K, T] // whose place c keeps until its attempt begins (holdPlace)
 	inline  bool          // run by a Sync-mode caller, not a worker
 	ev      Event         // for the observer, if any
 	n       int           // attempt number
@@ -112,6 +113,14 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	}
 }
 
+// unhold lets go of the place holdPlace kept, if any.
+func (a *attempt[K, T]) unhold() {
+	if t := a.held; t != nil {
+		t.held.Add(-1)
+		a.held = nil
+	}
+}
+
 // inlineToken waits for l's token for an inline (Sync-mode) attempt, and
 // reports whether it got one. A worker took its token before choosing the
 // call; an inline caller waits for one here, under the call's own context
@@ -191,9 +200,8 @@ func (a *attempt[K, T]) noOp(test func(K, T) bool) bool {
 // succeeded. A retryable failure sends the call back to the queue
 // (requeue); otherwise its waiters are told and it finishes. An attempt
 // abandoned before any of it ran is not an attempt: c waits again, in its
-// old place in the order — if its tenant still has room, as a retry must:
-// a submission may have taken the place c left while earlier outcomes
-// were told.
+// old place in the order, and in the place under its tenant's MaxQueued
+// that it held meanwhile (holdPlace).
 //
 // With calls ready, it wakes a worker: the tenant may have been at its
 // in-flight cap, and a worker that found it so went idle with nothing else
@@ -202,6 +210,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	if testHookUnderLock != nil {
 		testHookUnderLock()
 	}
+	a.unhold()
 	d.running--
 	c.tag.ten.inflight--
 	if d.q.nready > 0 {
@@ -218,10 +227,6 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	case c.orphaned():
 		d.conclude(c, a, c.endState, a.err, now, ob)
 	case a.abandoned:
-		if !d.roomForRetry(c, now, ob) {
-			d.conclude(c, a, StateFailed, &RetryError{Attempts: c.attempts(), Last: c.lastErr(), Reason: giveUpQuota}, now, ob)
-			break
-		}
 		d.requeue(c, c.lastErr(), now, now, ob)
 		d.wake.kick()
 	default:

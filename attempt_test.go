@@ -16,19 +16,15 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// TestAbandonedAttemptKeepsQuota: a call that a worker has taken leaves its
-// tenant's queued count (begin), and a worker whose goroutine a completion
-// hook ends (runtime.Goexit) while it tells earlier outcomes, before the
-// call's own user code ran, sends the call back to the queue untouched
-// (endAttempt's abandoned case, requeue). That return is not checked
-// against the tenant's MaxQueued, as a retry's is (roomForRetry): if a
-// submission of the tenant took the room the call left while the hook ran,
-// the tenant ends with more calls queued than its MaxQueued.
-//
-// Found by reading, for the soak's new invariant (no tenant's Queued above
-// its MaxQueued in any snapshot), which a hook's Goexit on a worker can
-// break in TestChaosSoak.
-func TestAbandonedAttemptKeepsQuota(t *testing.T) {
+// TestAbandonedAttemptKeepsItsPlace: a completion hook that ends the
+// worker's goroutine (runtime.Goexit) is counted (doc.go, "Callbacks") and
+// ends no other call. The worker had taken q1, the next call, and tells
+// the earlier outcome before q1's attempt begins: q1 keeps its place
+// under its tenant's MaxQueued meanwhile (TenantConfig.MaxQueued), so a
+// submission of the tenant is refused rather than taking it, and when the
+// hook exits, q1 goes back to the queue and runs — it is not failed for
+// want of room, and the tenant never holds more than MaxQueued.
+func TestAbandonedAttemptKeepsItsPlace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGate()
 		inHook, leaveHook := make(chan struct{}), make(chan struct{})
@@ -57,17 +53,24 @@ func TestAbandonedAttemptKeepsQuota(t *testing.T) {
 		synctest.Wait() // first is in flight
 		q1 := submit(t, d, "q1", 1, SubmitOptions{Tenant: "q"})
 		g.open()
-		// The worker ended first and took q1 (q's queued count is 0), and
-		// tells first's hook before q1's attempt begins.
+		// The worker ended first and took q1, and tells first's hook
+		// before q1's attempt begins: q1 still holds q's one place.
 		<-inHook
-		q2, err := d.Submit(bg, "q2", 2, SubmitOptions{Tenant: "q"})
-		require.NoError(t, err, "q has room: its only call is taken")
+		_, err := d.Submit(bg, "q2", 2, SubmitOptions{Tenant: "q"})
+		if be := (*BackpressureError)(nil); assert.ErrorAs(t, err, &be, "q1 holds q's place until its attempt begins") {
+			assert.Equal(t, BoundQuota, be.Bound)
+		}
 		close(leaveHook) // the hook exits the worker: q1 goes back, abandoned
 		synctest.Wait()
 		st := d.Stats().Tenants["q"]
-		assert.LessOrEqual(t, st.Queued, 1, "tenant q over its MaxQueued after an abandoned attempt: %+v", st)
-		waitAll(first, q1, q2) // the limiter's next tokens come within two virtual hours
-		closeD(t, d)
+		assert.Equal(t, 1, st.Queued+st.InFlight, "q1 is back in the queue (or running): %+v", st)
+		checkConservation(t, d)
+		waitAll(first, q1) // the limiter's next tokens come within two virtual hours
+		r := outcome(t, q1)
+		assert.Equal(t, StateSucceeded, r.State, "q1 ended %v after %d attempt(s): %v", r.State, r.Attempts, r.Err)
+		assert.Equal(t, 1, r.Attempts)
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.CallbackPanics, "the hook's Goexit is counted")
 	})
 }
 

@@ -1,6 +1,10 @@
 package dispatch
 
-import "github.com/google/btree"
+import (
+	"sync/atomic"
+
+	"github.com/google/btree"
+)
 
 // TenantStats are one tenant's figures in Stats: calls queued and
 // executing; submissions admitted and rejected, and calls shed.
@@ -28,10 +32,14 @@ type tenant[K comparable, T any] struct {
 	victims    *btree.BTreeG[entry[K, T]] // own calls that may be shed, if MaxQueued > 0
 	queued     int
 	inflight   int
-	pass       uint64 // stride scheduling: lowest pass is picked next among equals
-	active     int    // index in queue.active, or -1
-	st         TenantStats
-	tag        callTag[K, T] // its calls' without Config.Label (liveCalls)
+	// held counts the places kept for calls a worker has taken whose
+	// attempt has not begun (runRelock): taken without the lock, and read
+	// by overQuota under it.
+	held   atomic.Int32
+	pass   uint64 // stride scheduling: lowest pass is picked next among equals
+	active int    // index in queue.active, or -1
+	st     TenantStats
+	tag    callTag[K, T] // its calls' without Config.Label (liveCalls)
 	// lastTag is the tag with Config.Label its last call was counted
 	// under, while liveCalls keeps it: the next call of the tenant is
 	// most often of the same label, and is counted without a lookup.
@@ -60,9 +68,10 @@ func (t *tenant[K, T]) capped() bool {
 }
 
 // overQuota reports whether one more queued call would exceed the quota,
-// counting freed calls about to leave.
+// counting freed calls about to leave, and the places held for calls
+// taken whose attempt has not begun.
 func (t *tenant[K, T]) overQuota(freed int) bool {
-	return t.cfg.MaxQueued > 0 && t.queued-freed >= t.cfg.MaxQueued
+	return t.cfg.MaxQueued > 0 && t.queued+int(t.held.Load())-freed >= t.cfg.MaxQueued
 }
 
 // tenants are the tenants with calls, and the configured ones, by name.
@@ -139,7 +148,10 @@ type TenantConfig struct {
 	// call — or another tenant's pending call that a submission of this
 	// one takes over, by outranking or replacing it — evicts the tenant's
 	// worst droppable queued call if it would run before it, else the
-	// submission is refused with BoundQuota.
+	// submission is refused with BoundQuota. A call a worker has taken
+	// keeps its place until its attempt begins (while the worker tells
+	// earlier outcomes, and Observer.OnStart), so that a callback that
+	// ends the worker's goroutine sends it back to the queue, never out.
 	MaxQueued   int
 	MaxInFlight int // caps its executions: at the cap its calls are passed over
 	// Weight shares workers among tenants whose best ready calls are at

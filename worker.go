@@ -99,6 +99,7 @@ func (rn *runner) stock() {
 // It returns the clock reading its attempt ended at.
 func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {
 	a := d.begin(c, now, rn)
+	d.holdPlace(c, &a, ob)
 	d.mu.Unlock()
 	ended := false
 	defer func() {
@@ -124,9 +125,24 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 		a.site = callbackObserver
 		d.tell.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 	}
+	a.unhold()
 	a.execute(&d.cfg, d.exec, &d.clk)
 	ended = true
 	return d.settleAttemptLock(c, &a, ob, rn)
+}
+
+// holdPlace keeps c's place under its tenant's MaxQueued, which begin
+// gave up, while user code that is not c's runs before c's attempt
+// begins: the earlier outcomes ob holds, and the observer's OnStart. If
+// that code ends the goroutine, c goes back to the queue (endAttempt) —
+// into the place it held, which a submission meanwhile could not take.
+// The place is let go without the lock as the attempt begins (unhold).
+func (d *Dispatcher[K, T]) holdPlace(c *call[K, T], a *attempt[K, T], ob *outbox[K, T]) {
+	t := c.tag.ten
+	if t.cfg.MaxQueued > 0 && (d.cfg.Observer != nil || len(ob.hooks) > 0 || len(ob.notes) > 0) {
+		t.held.Add(1)
+		a.held = t
+	}
 }
 
 // settleAttemptLock ends the attempt's contexts and records its end. It is
