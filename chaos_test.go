@@ -1411,9 +1411,6 @@ func (c *chaos) checkResult(r Result[int, []uint64], where string) {
 		c.checkPanicError(pe, where)
 		switch {
 		case pe.Callback == callbackExec, pe.Callback == callbackNoOp, pe.Callback == callbackBeforeRetry, pe.Callback == callbackClassify:
-		case pe.Callback == callbackObserver && pe.Value == ErrGoexit:
-			// OnStart exited the worker about to execute: the attempt it
-			// interrupted ends Failed.
 		default:
 			c.errorf("%s: a call ended by a panic of %q, which ends no call: %v", where, pe.Callback, pe)
 		}

@@ -92,9 +92,10 @@ func (rn *runner) stock() {
 //
 // If a callback ends the goroutine (runtime.Goexit), the attempt is ended
 // on the way out, so that no outcome is lost and the key is not wedged:
-// while earlier outcomes are told (ob, before any of c's own user code
-// runs), c goes back to the queue untouched — the hook that exited was not
-// c's; during c's attempt, the attempt ends Failed with a *PanicError.
+// while earlier outcomes are told (ob) or the observer hears of the start
+// (OnStart), before any of c's own user code runs, c goes back to the
+// queue untouched — an observer's or hook's exit is only counted, and ends
+// no call; during c's attempt, the attempt ends Failed with a *PanicError.
 //
 // It returns the clock reading its attempt ended at.
 func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {
@@ -122,7 +123,6 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 	}()
 	d.tell.deliver(ob)
 	if obs := d.cfg.Observer; obs != nil {
-		a.site = callbackObserver
 		d.tell.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 	}
 	a.unhold()

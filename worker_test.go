@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -54,4 +55,89 @@ func TestTokensKeepWorkersBusy(t *testing.T) {
 			})
 		}
 	}
+}
+
+// startExit is an observer whose OnStart panics or ends its goroutine
+// (runtime.Goexit) the first time it is called.
+type startExit struct {
+	NopObserver
+	goexit bool
+	calls  atomic.Int32
+	// If set, the first OnStart closes inStart and waits for leave.
+	inStart, leave chan struct{}
+}
+
+func (o *startExit) OnStart(Event, int, time.Duration) {
+	if o.calls.Add(1) > 1 {
+		return
+	}
+	if o.inStart != nil {
+		close(o.inStart)
+		<-o.leave
+	}
+	if o.goexit {
+		runtime.Goexit()
+	}
+	panic("observer: start")
+}
+
+// TestOnStartPanicOrGoexitIsCounted: a panic or runtime.Goexit in an
+// Observer method is counted (Stats.CallbackPanics) and ends no call
+// (doc.go, "Callbacks"). OnStart runs before any of the call's own user
+// code: after a panic the attempt goes on; after a Goexit, which ends the
+// goroutine that was to execute the call, the call goes back to the queue
+// untouched and runs later — exec runs once, the call succeeds after one
+// attempt, and a tenant at its MaxQueued keeps the call's place meanwhile.
+func TestOnStartPanicOrGoexitIsCounted(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		for _, goexit := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/goexit=%v", mode, goexit), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					var ran atomic.Int32
+					done := make(chan Result[string, int], 1)
+					d := newD(t, func(context.Context, string, int) error { ran.Add(1); return nil }, Config[string, int]{
+						Workers:  1,
+						Observer: &startExit{goexit: goexit},
+						OnDone:   func(r Result[string, int]) { done <- r },
+						Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+						Rollout:  RolloutPolicy{Mode: mode},
+					})
+					// In Sync mode the submitting goroutine executes the call,
+					// and OnStart's Goexit ends it.
+					go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{Tenant: "t"}) }()
+					r := <-done
+					assert.Equal(t, StateSucceeded, r.State, "ended %v: %v", r.State, r.Err)
+					assert.Equal(t, 1, r.Attempts)
+					assert.Equal(t, int32(1), ran.Load(), "exec runs once")
+					s := closeD(t, d)
+					assert.Equal(t, uint64(1), s.CallbackPanics)
+				})
+			})
+		}
+	}
+}
+
+// TestOnStartGoexitKeepsPlace: while OnStart runs, before the call's own
+// user code, the call keeps its place under its tenant's MaxQueued
+// (TenantConfig.MaxQueued): a submission of the tenant is refused, and
+// when OnStart ends the worker the call goes back into its place and runs.
+func TestOnStartGoexitKeepsPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &startExit{goexit: true, inStart: make(chan struct{}), leave: make(chan struct{})}
+		d := newD(t, nopExec, Config[string, int]{
+			Workers:  1,
+			Observer: obs,
+			Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+		})
+		tk := submit(t, d, "k", 1, SubmitOptions{Tenant: "t"})
+		<-obs.inStart
+		_, err := d.Submit(bg, "other", 1, SubmitOptions{Tenant: "t"})
+		assert.ErrorIs(t, err, ErrBackpressure, "k holds t's place until its attempt begins")
+		close(obs.leave)
+		r := outcome(t, waitFor(t, tk))
+		assert.Equal(t, StateSucceeded, r.State, "ended %v: %v", r.State, r.Err)
+		assert.LessOrEqual(t, d.Stats().Tenants["t"].Queued, 1)
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.CallbackPanics)
+	})
 }
