@@ -105,6 +105,12 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 		if a.callDone = a.callCtx.Err() != nil; a.callDone {
 			return
 		}
+		// The attempt's own timer ended it (RetryPolicy.AttemptTimeout):
+		// retried, whatever the classifier makes of the error it caused.
+		if a.ctx.Err() != nil {
+			a.class = ClassRetry
+			return
+		}
 		a.site = callbackClassify
 		if pe, _ := guard(callbackClassify, func() error { a.class = cfg.Classify(err); return nil }, nil); pe != nil {
 			a.err = fmt.Errorf("%w (judging the error: %w)", pe, err)

@@ -62,7 +62,9 @@ type Config[K comparable, T any] struct {
 	// SkipCall.
 	NoOp func(key K, call T) bool
 	// Classify judges a failed execution; an error from a call whose own
-	// context ended is never retried. nil means DefaultClassifier.
+	// context ended is never retried, and one from an attempt that
+	// outlived RetryPolicy.AttemptTimeout is retried without asking it.
+	// nil means DefaultClassifier.
 	Classify func(error) Class
 	Retry    RetryPolicy
 	// OnDone fires once per finished call, after its waiters were told:

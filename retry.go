@@ -262,7 +262,7 @@ type RetryPolicy struct {
 	Multiplier     float64
 	Jitter         Jitter
 	// AttemptTimeout, if set, bounds one execution; a timed-out attempt
-	// is retried like ClassRetry.
+	// is retried like ClassRetry, whatever Config.Classify would say.
 	AttemptTimeout time.Duration
 	// BudgetRatio (default 0.2; math.Inf(1): none) caps retries at this
 	// fraction of the first attempts of the last BudgetWindow (default

@@ -405,6 +405,39 @@ func TestAttemptTimeoutRetried(t *testing.T) {
 	})
 }
 
+// TestAttemptTimeoutRetriedWhateverClassify: RetryPolicy.AttemptTimeout's
+// promise, "a timed-out attempt is retried like ClassRetry", holds with a
+// classifier that judges every error permanent, whatever error the
+// timed-out exec returns: the classifier is not asked about it.
+func TestAttemptTimeoutRetriedWhateverClassify(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		for name, wrap := range map[string]func(error) error{
+			"ctx.Err": func(err error) error { return err },
+			"its own": func(error) error { return errors.New("api: request abandoned") },
+		} {
+			t.Run(fmt.Sprintf("%v/%s", mode, name), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					var calls, judged atomic.Int32
+					res, _ := runOnce(t, func(ctx context.Context, _ string, _ int) error {
+						if calls.Add(1) == 1 {
+							<-ctx.Done() // the API hangs; the attempt times out
+							return wrap(ctx.Err())
+						}
+						return nil
+					}, Config[string, int]{
+						Classify: func(error) Class { judged.Add(1); return ClassPermanent },
+						Retry:    RetryPolicy{AttemptTimeout: time.Second, Jitter: JitterNone},
+						Rollout:  RolloutPolicy{Mode: mode},
+					}, SubmitOptions{})
+					assert.Equal(t, StateSucceeded, res.State, "timed-out attempt not retried: %v", res.Err)
+					assert.Equal(t, 2, res.Attempts)
+					assert.Equal(t, int32(0), judged.Load(), "the classifier is not asked about a timed-out attempt")
+				})
+			})
+		}
+	}
+}
+
 // TestPanicNotRetried: a panic in exec ends the call Failed with a
 // *PanicError at once, however many attempts are left.
 func TestPanicNotRetried(t *testing.T) {
