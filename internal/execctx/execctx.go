@@ -61,9 +61,11 @@ const (
 	expired
 )
 
-// afterFunc is one registration of AfterFunc.
+// afterFunc is one registration of AfterFunc, at afters[i] while it
+// waits.
 type afterFunc struct {
 	f       func()
+	i       int
 	stopped bool
 }
 
@@ -191,8 +193,8 @@ func (ctx *Ctx) AfterFunc(f func()) (stop func() bool) {
 		go f()
 		return func() bool { return false }
 	}
-	a := &afterFunc{f: f}
 	x := ctx.more()
+	a := &afterFunc{f: f, i: len(x.afters)}
 	x.afters = append(x.afters, a)
 	ctx.mu.Unlock()
 	return func() bool {
@@ -202,7 +204,27 @@ func (ctx *Ctx) AfterFunc(f func()) (stop func() bool) {
 			return false
 		}
 		a.stopped = true
+		x.drop(a)
 		return true
+	}
+}
+
+// drop takes stopped registration a out of afters, so that neither it nor
+// what its f holds (a derived context, cancelled and let go) stays
+// reachable until ctx is cancelled, however many a long execution
+// derives: the order of afters is of no account, so the last takes a's
+// place. Once a quarter full, the slice shrinks by half, so that a burst of
+// derived contexts does not leave its peak behind. ctx.mu is held.
+func (x *extra) drop(a *afterFunc) {
+	last := len(x.afters) - 1
+	if a.i != last {
+		x.afters[a.i] = x.afters[last]
+		x.afters[a.i].i = a.i
+	}
+	x.afters[last] = nil
+	x.afters = x.afters[:last]
+	if c := cap(x.afters); c > 32 && last <= c/4 {
+		x.afters = append(make([]*afterFunc, 0, c/2), x.afters...)
 	}
 }
 
@@ -237,11 +259,9 @@ func (ctx *Ctx) Cancel(cause error, expire bool) {
 	if x := ctx.x; x != nil {
 		afters := x.afters
 		x.afters = nil
-		for _, a := range afters {
-			if !a.stopped {
-				a.stopped = true
-				run = append(run, a.f)
-			}
+		for _, a := range afters { // each still waits: stop drops its own
+			a.stopped = true
+			run = append(run, a.f)
 		}
 	}
 	ctx.mu.Unlock()

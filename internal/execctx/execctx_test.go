@@ -120,6 +120,55 @@ func TestDerivedContexts(t *testing.T) {
 	})
 }
 
+// TestStoppedAfterFuncDropped pins that a context derived from a Ctx and
+// cancelled is let go, as a context.WithCancelCause parent lets go of it:
+// stop takes its registration out at once, rather than leaving it (and the
+// derived context its f holds) until the Ctx is cancelled. stop still
+// reports whether it stopped f, and every f not stopped runs once.
+func TestStoppedAfterFuncDropped(t *testing.T) {
+	ctx := New(time.Time{}, "")
+	for range 10000 {
+		_, cancel := context.WithCancel(ctx)
+		cancel()
+	}
+	assert.Zero(t, len(ctx.x.afters), "derived and cancelled: nothing held")
+
+	// Stopped in any order among live ones, with a burst to shrink from.
+	const n = 1000
+	runs := make([]int, n)
+	stops := make([]func() bool, n)
+	for i := range n {
+		stops[i] = ctx.AfterFunc(func() { runs[i]++ })
+	}
+	stopped := func(i int) bool { return i%5 != 0 }
+	for i := 1; i < n; i += 2 { // odd ones from the front, even from the back
+		if stopped(i) {
+			require.True(t, stops[i](), "stop before cancellation reports true")
+			require.False(t, stops[i](), "and only the first time")
+		}
+	}
+	for i := n - 2; i >= 0; i -= 2 {
+		if stopped(i) {
+			require.True(t, stops[i]())
+		}
+	}
+	live := len(ctx.x.afters)
+	assert.Equal(t, n/5, live, "only the registrations not stopped are held")
+	assert.Less(t, cap(ctx.x.afters), n, "the burst's peak is not kept")
+	ctx.Cancel(errors.New("end"), false)
+	ran := 0
+	for i := range n {
+		if stopped(i) {
+			assert.Zero(t, runs[i], "a stopped f never runs")
+			continue
+		}
+		assert.Equal(t, 1, runs[i], "f runs once")
+		assert.False(t, stops[i](), "nothing to stop once run")
+		ran++
+	}
+	assert.Equal(t, live, ran)
+}
+
 // TestDoneRace asks for Done from many goroutines while another cancels:
 // every one gets the same channel, closed (run with -race).
 func TestDoneRace(t *testing.T) {
