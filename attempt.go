@@ -73,16 +73,17 @@ type attemptEnd struct {
 
 // execute runs one attempt outside the lock: the before-retry hook (on a
 // retry), the no-op test, a rate-limiter token, exec, and the classifier.
-// A panic in any of them ends the call Failed with a *PanicError, never
-// retried: exec may have done half of its side effect.
-func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *timebase) {
+// A panic in any of them but the rate limiter ends the call Failed with a
+// *PanicError, never retried: exec may have done half of its side effect.
+// The limiter's is a failed wait for a token (inlineToken).
+func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *timebase, tl *teller[K, T]) {
 	if a.lastErr != nil && cfg.BeforeRetry != nil && !a.beforeRetry(cfg.BeforeRetry) {
 		return
 	}
 	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
 		return
 	}
-	if l := cfg.RateLimit; l != nil && a.inline && !a.inlineToken(l) {
+	if l := cfg.RateLimit; l != nil && a.inline && !a.inlineToken(l, tl) {
 		return
 	}
 	a.site = callbackExec
@@ -131,9 +132,14 @@ func (a *attempt[K, T]) unhold() {
 // reports whether it got one. A worker took its token before choosing the
 // call; an inline caller waits for one here, under the call's own context
 // (not AttemptTimeout's, which bounds one execution). It fails only when
-// that context ends, which ends the call.
-func (a *attempt[K, T]) inlineToken(l RateLimiter) bool {
-	if err := tokens.Wait(a.callCtx, l); err != nil {
+// that context ends, which ends the call. A Wait that panics has failed,
+// and is tried again after a back-off (teller.waitToken); one that ends
+// the goroutine has made no attempt: the call waits in the queue again
+// (runRelock), for a worker to take a token for it.
+func (a *attempt[K, T]) inlineToken(l RateLimiter, tl *teller[K, T]) bool {
+	a.site = callbackRateLimit
+	wait := func(ctx context.Context) error { return tl.waitToken(ctx, l, func() {}) }
+	if err := tokens.Wait(a.callCtx, wait); err != nil {
 		a.err = fmt.Errorf("dispatch: rate limiter: %w", err)
 		a.callDone = true
 		return false

@@ -143,6 +143,7 @@ const (
 	callbackAmend       = "amend"
 	callbackFollow      = "follow"
 	callbackMoot        = "moot"
+	callbackRateLimit   = "rate_limit"
 )
 
 // PanicError is the error of a callback that panicked or exited its
@@ -150,7 +151,8 @@ const (
 // documentation, "Callbacks").
 type PanicError struct {
 	// Callback is "exec", "merge", "follow", "moot", "no_op", "label",
-	// "on_done", "classify", "before_retry", "observer" or "amend".
+	// "on_done", "classify", "before_retry", "observer", "amend" or
+	// "rate_limit" (the RateLimiter).
 	Callback string
 	Value    any // what was passed to panic, or ErrGoexit (runtime.Goexit)
 	Stack    []byte

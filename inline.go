@@ -67,7 +67,7 @@ func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
 				d.expireUnfinishable(c, now, ob) // finish takes it out of the ready index
 				continue
 			}
-			if probe, ok := d.gate.mayStart(now, false, &ob.notes); ok {
+			if probe, ok := d.gate.mayStart(now, nil, &ob.notes); ok {
 				d.q.remove(c)
 				c.enter(csTaken)
 				c.mark(fProbe, probe)

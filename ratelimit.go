@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"runtime/debug"
 
 	"github.com/coalescer/dispatch/internal/tokens"
 )
@@ -34,6 +35,16 @@ import (
 // grants again; the dispatcher asks again at least once a second, so a
 // change takes effect within a second and nothing spins.
 //
+// The limiter is user code (package documentation, "Callbacks"). A Wait
+// that panics has failed, and is tried again after a back-off; one that
+// exits its goroutine (runtime.Goexit) has granted nothing: the fetching
+// goroutine is replaced, and a Sync-mode call goes back to the queue,
+// where a worker takes a token for it. Allow, TryAccept, QPS and ReserveN
+// are called under the dispatcher's lock, so they must not block or call
+// the Dispatcher; one that panics or exits its goroutine grants nothing
+// for a second (an Allow-shaped limiter's Wait may still). Each of these
+// is counted in Stats.CallbackPanics.
+//
 // With a Kubernetes client, let the dispatcher enforce the QPS and open up
 // the clientset's bucket (rest.Config QPS −1): a bucket behind the workers
 // makes a bind wait behind every status patch holding a worker.
@@ -51,29 +62,75 @@ type RateLimiter interface {
 // free workers reserved for urgent calls) stays held for the next call
 // that can: at most as many as the workers free when it was fetched. A
 // Wait that fails (other than by Close) is tried again after a back-off
-// (tokens.FailureBackoff), so that a limiter that refuses at once cannot
-// make it spin. It takes the lock itself.
+// (tokens.Tokens.Failed), so that a limiter that refuses at once cannot
+// make it spin; so is one that panics, and one that exits the goroutine,
+// by the goroutine that takes its place (spawn). It takes the lock itself,
+// and holds it except while it waits: nothing of it is held when the
+// limiter ends the goroutine.
 func (d *Dispatcher[K, T]) fetcher() {
-	failures := 0
+	l := d.gate.tokens.Limiter()
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	for !d.stopped {
 		if !d.gate.tokens.WantFetch(min(d.q.nready, d.gate.limit()-d.gate.running)) {
 			d.fetchCond.Wait()
 			continue
 		}
 		d.mu.Unlock()
-		err := d.gate.tokens.Limiter().Wait(d.base)
-		if err != nil && d.base.Err() == nil {
-			failures++
-			tokens.Pause(d.base, tokens.FailureBackoff(failures))
-		}
+		err := d.tell.waitToken(d.base, l, d.fetchFailed)
 		d.mu.Lock()
-		if err != nil {
-			continue // closing (base is cancelled), or after the back-off
+		switch {
+		case err == nil:
+			d.gate.tokens.Fetched()
+			d.wake.worker()
+		case d.base.Err() == nil:
+			pause := d.gate.tokens.Failed()
+			d.mu.Unlock()
+			tokens.Pause(d.base, pause)
+			d.mu.Lock()
 		}
-		failures = 0
-		d.gate.tokens.Fetched()
-		d.wake.worker()
+		// else closing: base is cancelled, and stopped is about to be set
+	}
+	d.mu.Unlock()
+}
+
+// fetchFailed backs off, before the fetcher's goroutine ends, when the
+// limiter's Wait ended it: the goroutine that takes its place waits
+// again after the back-off a failed Wait gets. It takes the lock itself.
+func (d *Dispatcher[K, T]) fetchFailed() {
+	d.mu.Lock()
+	pause := d.gate.tokens.Failed()
+	d.mu.Unlock()
+	tokens.Pause(d.base, pause)
+}
+
+// waitToken waits once on l under ctx, without the lock. l is user code:
+// a panic in its Wait is a failed Wait, counted as a callback's
+// (Stats.CallbackPanics); if Wait ends the goroutine, that is counted too,
+// and onExit runs on the way out.
+func (tl *teller[K, T]) waitToken(ctx context.Context, l RateLimiter, onExit func()) error {
+	pe, err := guard(callbackRateLimit, func() error { return l.Wait(ctx) }, func(pe *PanicError) {
+		tl.contain(pe)
+		onExit()
+	})
+	tl.contain(pe)
+	return err
+}
+
+// limiterFault is told that a method of the limiter that a worker asked
+// for a token under the lock (next, startGate.mayStart) panicked with v,
+// or (v nil) ended the goroutine. Either is counted as a callback's
+// panic (Stats.CallbackPanics); the limiter grants nothing for a while
+// (tokens.Fault). On an exit nothing of a call was taken yet: it releases
+// the lock and tells what the worker's outbox ob holds, and spawn puts a
+// new worker in its place.
+func (d *Dispatcher[K, T]) limiterFault(v any, ob *outbox[K, T]) {
+	exit := v == nil
+	if exit {
+		v = ErrGoexit
+	}
+	d.tell.contain(&PanicError{Callback: callbackRateLimit, Value: v, Stack: debug.Stack()})
+	if exit {
+		d.mu.Unlock()
+		d.tell.deliver(ob)
 	}
 }

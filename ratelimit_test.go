@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -386,4 +387,119 @@ func TestAllowBeforeFetcher(t *testing.T) {
 		assert.Equal(t, 25+held2, lim.waits.Load()+lim.allows.Load(), "one token per execution, or held")
 		closeD(t, d)
 	})
+}
+
+// faultyLimiter is a rate limiter, user code, whose method of the shape
+// under test misbehaves — panics, or exits its goroutine as t.FailNow in
+// a fake does — on its first call (every call if always), and grants a
+// token at once otherwise.
+type faultyLimiter struct {
+	fault  func()
+	always bool
+	calls  atomic.Int64
+}
+
+func (f *faultyLimiter) call() {
+	if f.calls.Add(1) == 1 || f.always {
+		f.fault()
+	}
+}
+
+func (f *faultyLimiter) Wait(context.Context) error { f.call(); return nil }
+
+type (
+	faultyAllow struct{ *faultyLimiter } // Allow misbehaves; Wait grants
+	faultyTry   struct{ *faultyLimiter } // TryAccept misbehaves; Wait grants
+)
+
+func (f faultyAllow) Allow() bool                { f.call(); return true }
+func (f faultyAllow) Wait(context.Context) error { return nil }
+func (f faultyTry) TryAccept() bool              { f.call(); return true }
+func (f faultyTry) QPS() float32                 { return 1 }
+func (f faultyTry) Wait(context.Context) error   { return nil }
+
+// limiterFaults are what a faulty limiter does: panic, or exit its
+// goroutine.
+var limiterFaults = []struct {
+	name  string
+	fault func()
+	value any // the *PanicError's Value
+}{
+	{"panic", func() { panic("limiter broke") }, "limiter broke"},
+	{"goexit", runtime.Goexit, ErrGoexit},
+}
+
+// TestLimiterFaults pins that a RateLimiter, user code, may panic or exit
+// its goroutine (package documentation, "Callbacks"; RateLimiter) without
+// losing an outcome, wedging the key or ending the process: in Wait —
+// called by the fetcher goroutine, or by a Sync-mode caller for its own
+// token — and in Allow or TryAccept, which a worker calls under the lock.
+// Either is counted (Stats.CallbackPanics) and the limiter is asked again
+// later: the call gets its token, runs, and Close returns.
+func TestLimiterFaults(t *testing.T) {
+	shapes := []struct {
+		name string
+		mode Mode
+		lim  func(*faultyLimiter) RateLimiter
+	}{
+		{"wait/async", ModeAsync, func(f *faultyLimiter) RateLimiter { return f }},
+		{"wait/sync", ModeSync, func(f *faultyLimiter) RateLimiter { return f }},
+		{"allow", ModeAsync, func(f *faultyLimiter) RateLimiter { return faultyAllow{f} }},
+		{"try", ModeAsync, func(f *faultyLimiter) RateLimiter { return faultyTry{f} }},
+	}
+	for _, sh := range shapes {
+		for _, fl := range limiterFaults {
+			t.Run(sh.name+"/"+fl.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					done := make(chan Result[string, int], 1)
+					d := newD(t, nopExec, Config[string, int]{
+						Workers: 1, RateLimit: sh.lim(&faultyLimiter{fault: fl.fault}),
+						Rollout: RolloutPolicy{Mode: sh.mode},
+						OnDone:  func(r Result[string, int]) { done <- r },
+					})
+					// A Sync-mode caller that the limiter ends never
+					// returns from Submit: the outcome is read from OnDone.
+					go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{}) }()
+					r := <-done
+					assert.Equal(t, StateSucceeded, r.State, "%v", r.Err)
+					s := closeD(t, d)
+					assert.Equal(t, uint64(1), s.CallbackPanics)
+					if pe := s.LastCallbackPanic; assert.NotNil(t, pe) {
+						assert.Equal(t, "rate_limit", pe.Callback)
+						assert.Equal(t, fl.value, pe.Value)
+						if sh.mode == ModeSync {
+							assert.Contains(t, string(pe.Stack), "inlineToken", "the caller's own Wait")
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestLimiterAlwaysFaulting pins that a RateLimiter whose Wait panics or
+// exits its goroutine every time holds every execution, as one whose Wait
+// fails does (RateLimiter), and is asked again after a back-off — the
+// fetcher that takes an exited one's place included — rather than in a
+// spin; a call ends at its deadline, and Close returns.
+func TestLimiterAlwaysFaulting(t *testing.T) {
+	for _, fl := range limiterFaults {
+		t.Run(fl.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := &faultyLimiter{fault: fl.fault, always: true}
+				var runs atomic.Int32
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
+					Config[string, int]{Workers: 2, RateLimit: lim})
+				tk, err := d.Submit(bg, "k", 1, SubmitOptions{Deadline: time.Now().Add(10 * time.Second)})
+				require.NoError(t, err)
+				<-tk.Done()
+				assert.ErrorIs(t, outcome(t, tk).Err, ErrExpired)
+				assert.Zero(t, runs.Load(), "ran without a token")
+				calls := lim.calls.Load()
+				assert.Less(t, calls, int64(100), "Wait asked %d times in 10s", calls)
+				s := closeD(t, d)
+				assert.Equal(t, uint64(calls), s.CallbackPanics)
+			})
+		})
+	}
 }

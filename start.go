@@ -109,6 +109,7 @@ func (c *call[K, T]) unfinishable(g *startGate, now int64) bool {
 // the way (the deadline check), and the next one considered.
 func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 	g := &d.gate
+	fault := func(v any) { d.limiterFault(v, ob) }
 	for d.q.nready > 0 && g.running < g.limit() {
 		ten := d.q.pick(now)
 		if ten == nil {
@@ -131,7 +132,7 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			// woken when a low call ends (endAttempt).
 			return nil
 		}
-		probe, ok := g.mayStart(now, true, &ob.notes)
+		probe, ok := g.mayStart(now, fault, &ob.notes)
 		if !ok {
 			return nil
 		}
@@ -151,13 +152,16 @@ func (d *Dispatcher[K, T]) expireUnfinishable(c *call[K, T], now int64, ob *outb
 	d.finish(c, StateExpired, errUnfinishable, now, ob)
 }
 
-// mayStart takes a rate-limiter token (if token: an inline execution waits
-// for its own) and the circuit breaker's leave for an execution to start
-// now, or neither; the clock or the token fetcher then wakes a worker to
-// look again. probe: it runs as the half-open breaker's probe.
-func (g *startGate) mayStart(now int64, token bool, ob *notes) (probe, ok bool) {
+// mayStart takes a rate-limiter token (if fault is set: an inline
+// execution waits for its own) and the circuit breaker's leave for an
+// execution to start now, or neither; the clock or the token fetcher then
+// wakes a worker to look again. probe: it runs as the half-open breaker's
+// probe. fault is told if the limiter panics or exits the goroutine
+// (tokens.Fault).
+func (g *startGate) mayStart(now int64, fault tokens.Fault, ob *notes) (probe, ok bool) {
+	token := fault != nil
 	if token {
-		if ok, at := g.tokens.Ready(now); !ok {
+		if ok, at := g.tokens.Ready(now, fault); !ok {
 			g.lookAgainAt(at)
 			return false, false
 		}

@@ -90,7 +90,7 @@ type Stats struct {
 	// QueueWait (to the first execution) and ExecTime: the last minute.
 	QueueWait, ExecTime Quantiles
 	// CallbackPanics counts contained panics and runtime.Goexit calls of
-	// OnDone, Observer methods and Label.
+	// OnDone, Observer methods, Label and the RateLimiter.
 	CallbackPanics    uint64
 	LastCallbackPanic *PanicError
 	// FallbackReason says why the fallback last switched ("" if never).

@@ -95,7 +95,9 @@ func (rn *runner) stock() {
 // while earlier outcomes are told (ob) or the observer hears of the start
 // (OnStart), before any of c's own user code runs, c goes back to the
 // queue untouched — an observer's or hook's exit is only counted, and ends
-// no call; during c's attempt, the attempt ends Failed with a *PanicError.
+// no call — and so it does if the rate limiter's Wait, in a Sync-mode
+// caller, exited: exec did not run; during the rest of c's attempt, the
+// attempt ends Failed with a *PanicError.
 //
 // It returns the clock reading its attempt ended at.
 func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {
@@ -110,7 +112,7 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 		if ended {
 			return
 		}
-		if a.site == "" {
+		if a.site == "" || a.site == callbackRateLimit {
 			a.abandoned = true
 		} else {
 			a.panicked = true
@@ -126,7 +128,7 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 		d.tell.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 	}
 	a.unhold()
-	a.execute(&d.cfg, d.exec, &d.clk)
+	a.execute(&d.cfg, d.exec, &d.clk, &d.tell)
 	ended = true
 	return d.settleAttemptLock(c, &a, ob, rn)
 }

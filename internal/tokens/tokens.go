@@ -15,7 +15,9 @@
 // takes effect within it and nothing spins.
 //
 // Tokens is not safe for concurrent use: its owner guards it with its
-// lock. The limiter itself is called under that lock, except Wait.
+// lock. The limiter itself is called under that lock, except Wait; a
+// method of it that panics there, or exits the goroutine, is told to the
+// owner (Fault) and counts as a limiter that grants nothing for now.
 package tokens
 
 import (
@@ -75,7 +77,16 @@ type Tokens struct {
 	r     *rate.Reservation // outstanding reservation, due at at
 	at    int64             // when r is due, or when to try again; 0: now
 	fetch bool              // the fetching goroutine should wait for one
+	fails int               // the fetching goroutine's failed Waits in a row
 }
+
+// Fault is told that a method of the limiter that Ready called, under its
+// caller's lock, ended abnormally: it panicked with v, or (v nil) exited
+// the goroutine (runtime.Goexit). The limiter then grants nothing for now
+// and is asked again within MaxWait, so that one that keeps failing
+// cannot make the owner spin. On an exit, the goroutine ends when Fault
+// returns: Fault must finish the caller's work, and release its lock.
+type Fault func(v any)
 
 // New returns the tokens of l (nil: no limit), on a clock of ns since
 // epoch.
@@ -96,11 +107,49 @@ func (t *Tokens) NeedsFetcher() bool { return t.l != nil && t.res == nil && t.tr
 // Ready reports whether a token is available at now, taking one from the
 // limiter if it can without blocking. If not, it returns when to look
 // again (WhenFetched: when the fetching goroutine delivers one), never more
-// than MaxWait ahead.
-func (t *Tokens) Ready(now int64) (bool, int64) {
+// than MaxWait ahead. fault is told if the limiter panics or exits the
+// goroutine.
+func (t *Tokens) Ready(now int64, fault Fault) (bool, int64) {
 	switch {
 	case t.l == nil || t.held > 0:
 		return true, 0
+	case t.res == nil && t.try == nil && t.allow == nil:
+		t.fetch = true
+		return false, WhenFetched
+	}
+	return t.ask(now, fault)
+}
+
+// ask is Ready for a limiter it can ask without blocking: it asks, and
+// contains what the limiter's methods, user code, do.
+func (t *Tokens) ask(now int64, fault Fault) (ok bool, at int64) {
+	returned := false
+	defer func() {
+		if !returned {
+			ok, at = t.faulted(now, recover(), fault)
+		}
+	}()
+	ok, at = t.asked(now)
+	returned = true
+	return ok, at
+}
+
+// faulted records that the limiter, asked at now, panicked with v or
+// (v nil) exited the goroutine: it grants nothing until MaxWait has
+// passed, but a token the fetching goroutine brings. It tells fault, last
+// (on an exit, fault releases the lock), and returns what Ready returns.
+func (t *Tokens) faulted(now int64, v any, fault Fault) (ok bool, at int64) {
+	t.at, at = now+MaxWait, now+MaxWait
+	if t.allow != nil {
+		t.fetch, at = true, WhenFetched
+	}
+	fault(v)
+	return false, at
+}
+
+// asked is what ask asks.
+func (t *Tokens) asked(now int64) (bool, int64) {
+	switch {
 	case t.res != nil:
 		return t.readyReserved(now)
 	case t.try != nil:
@@ -116,7 +165,7 @@ func (t *Tokens) Ready(now int64) (bool, int64) {
 		}
 		return false, t.at
 	}
-	if t.allow != nil && t.allow.Allow() {
+	if now >= t.at && t.allow.Allow() {
 		t.held++
 		return true, 0
 	}
@@ -187,7 +236,16 @@ func (t *Tokens) WantFetch(ahead int) bool {
 }
 
 // Fetched hands over a token the fetching goroutine got.
-func (t *Tokens) Fetched() { t.held++ }
+func (t *Tokens) Fetched() { t.held, t.fails = t.held+1, 0 }
+
+// Failed records that a Wait of the fetching goroutine failed (returned
+// an error, panicked, or exited the goroutine, which a new one then
+// replaces), and returns how long to pause before the next:
+// FailureBackoff of the failures in a row.
+func (t *Tokens) Failed() time.Duration {
+	t.fails++
+	return FailureBackoff(t.fails)
+}
 
 // Held returns how many tokens are granted and not yet spent.
 func (t *Tokens) Held() int { return t.held }
@@ -231,13 +289,14 @@ func IsNil(l Limiter) bool {
 	return false
 }
 
-// Wait waits for a token of l under ctx, for an execution that runs
-// inline. A Wait that fails while ctx lives (a limiter of burst 0, say) is
-// tried again after a back-off, as the fetching goroutine does; only the
-// end of ctx ends the wait with an error.
-func Wait(ctx context.Context, l Limiter) error {
+// Wait waits for a token under ctx, for an execution that runs inline, by
+// wait: the limiter's Wait, as its owner calls it. A Wait that fails while
+// ctx lives (a limiter of burst 0, say) is tried again after a back-off,
+// as the fetching goroutine does; only the end of ctx ends the wait with
+// an error.
+func Wait(ctx context.Context, wait func(context.Context) error) error {
 	for failures := 1; ; failures++ {
-		err := l.Wait(ctx)
+		err := wait(ctx)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
