@@ -62,7 +62,8 @@ type FallbackPolicy struct {
 	MinSamples      int
 	MaxCircuitOpen  time.Duration // the circuit stayed not closed longer ("circuit_open")
 	// ReturnAfter, if set, switches back to ModeAsync this long after a
-	// fallback (reason "cool_down"); else only SetMode does.
+	// fallback (reason "cool_down"), unless SetMode was called meanwhile;
+	// else only SetMode does.
 	ReturnAfter time.Duration
 }
 

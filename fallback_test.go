@@ -199,3 +199,67 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestFallbackCoolDownSparesManualMode pins README's promise that a
+// fallback returns to Async "only when a person calls SetMode — or after
+// ReturnAfter": the cool-down undoes the fallback's own switch, never a
+// mode a person set since. After an automatic fallback, a person either
+// turns the gate on and off again, or re-asserts Sync; Sync traffic goes on
+// well past ReturnAfter, and the dispatcher stays Sync.
+func TestFallbackCoolDownSparesManualMode(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		manual []Mode
+		want   []string
+	}{
+		{"async then sync", []Mode{ModeAsync, ModeSync},
+			[]string{"async->sync backlog", "sync->async manual", "async->sync manual"}},
+		{"sync re-asserted", []Mode{ModeSync},
+			[]string{"async->sync backlog"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				var mu sync.Mutex
+				var changes []string
+				d := newD(t, func(_ context.Context, k string, _ int) error {
+					if k != "later" {
+						<-release
+					}
+					return nil
+				}, Config[string, int]{
+					Workers: 1,
+					Observer: &modeLog{f: func(from, to Mode, reason string) {
+						mu.Lock()
+						defer mu.Unlock()
+						changes = append(changes, fmt.Sprintf("%v->%v %s", from, to, reason))
+					}},
+					Rollout: RolloutPolicy{Fallback: &FallbackPolicy{
+						MaxBacklog:  1,
+						Window:      10 * time.Second,
+						ReturnAfter: time.Minute,
+					}},
+				})
+				for i := range 3 {
+					require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
+				}
+				time.Sleep(2 * time.Second)
+				require.Equal(t, ModeSync, d.Mode(), "the automatic fallback")
+				close(release)
+				for _, m := range tc.manual {
+					time.Sleep(5 * time.Second)
+					require.NoError(t, d.SetMode(t.Context(), m))
+				}
+				for range 2 * 60 { // Sync traffic wakes the fallback's checks
+					require.NoError(t, d.Post("later", 0, SubmitOptions{}))
+					time.Sleep(time.Second)
+				}
+				assert.Equal(t, ModeSync, d.Mode())
+				closeD(t, d)
+				mu.Lock()
+				defer mu.Unlock()
+				assert.Equal(t, tc.want, changes)
+			})
+		})
+	}
+}

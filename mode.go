@@ -53,6 +53,9 @@ const reasonManual = "manual"
 // a switch never loses a call or runs one twice. Called from a callback on
 // one of the dispatcher's goroutines, SetMode switches without waiting for
 // the drain (which may need that goroutine) and returns ErrReentrant.
+// SetMode also cancels the return to ModeAsync that an automatic fallback
+// scheduled (FallbackPolicy.ReturnAfter): the mode a person sets stays
+// until SetMode is called again or, in ModeAsync, a threshold is crossed.
 func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if m > ModeSync {
 		return fmt.Errorf("dispatch: SetMode(%d): unknown mode", m)
@@ -62,6 +65,9 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if d.drain.closing {
 		d.mu.Unlock()
 		return ErrClosed
+	}
+	if f := d.fallback; f != nil {
+		f.CancelReturn() // the cool-down undoes a fallback, not a person
 	}
 	d.switchMode(m, reasonManual, &ob)
 	d.mu.Unlock()

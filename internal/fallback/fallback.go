@@ -3,7 +3,8 @@
 // starts (and which waited too long) in sliding windows, and, checked every
 // tenth of its window, reports a threshold crossed — backlog, failure
 // ratio, queue-wait p99, time the circuit stayed open — or, after a
-// fallback, that the cool-down return is due.
+// fallback, that the cool-down return is due, unless the owner's mode was
+// set by hand since (CancelReturn).
 //
 // While nothing it watches can change — asynchronous with no live call and
 // no circuit held open, or synchronous with no return due — it parks, so
@@ -143,6 +144,11 @@ func (f *State) Check(now int64, in Facts) (Switch, string) {
 	}
 	return ToSync, code
 }
+
+// CancelReturn drops the cool-down return a fallback armed, if any: the
+// owner's mode was set by hand, and a person's choice is not undone by an
+// earlier fallback's timer. A later fallback arms its own.
+func (f *State) CancelReturn() { f.returnAt = 0 }
 
 // Next returns the time of the next check after Check, or 0 if the
 // fallback parks: in (as the switch left it) shows nothing it watches can

@@ -88,3 +88,27 @@ func TestRatios(t *testing.T) {
 	assert.Equal(t, ToSync, sw)
 	assert.Equal(t, ReasonCircuitOpen, code)
 }
+
+// TestCancelReturn: once the owner's mode is set by hand, the cool-down
+// return an earlier fallback armed is not due, and the fallback parks; a
+// later fallback arms a return of its own.
+func TestCancelReturn(t *testing.T) {
+	f := New(Policy{Window: 10 * time.Second, MaxBacklog: 1, MinSamples: 20, ReturnAfter: 5 * time.Second})
+	now := 100 * sec
+	f.Start(now)
+	sw, _ := f.Check(now, Facts{Live: 3, Backlog: 2})
+	require.Equal(t, ToSync, sw)
+	f.CancelReturn()
+	sync := Facts{Sync: true}
+	sw, _ = f.Check(now+time.Minute.Nanoseconds(), sync)
+	assert.Equal(t, Stay, sw, "no return after the mode was set by hand")
+	assert.Zero(t, f.Next(sync), "nothing to watch: parked")
+
+	f.Wake(now + 2*time.Minute.Nanoseconds())
+	busy := Facts{Live: 3, Backlog: 2}
+	sw, _ = f.Check(now+2*time.Minute.Nanoseconds(), busy)
+	require.Equal(t, ToSync, sw)
+	sw, code := f.Check(now+2*time.Minute.Nanoseconds()+6*sec, sync)
+	assert.Equal(t, ToAsync, sw, "a later fallback returns")
+	assert.Equal(t, ReasonCoolDown, code)
+}
