@@ -114,6 +114,7 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 	n.tag.ten.queued--
 	d.tenants.forgetIdle(n.tag.ten)
 	d.calls.remove(n.tag)
+	d.handover.ended(n.seq)
 	d.q.reprioritize(c)
 }
 

@@ -31,8 +31,9 @@ var (
 	// ErrMergeRejected: Merge refused (its error is wrapped), or the
 	// idempotency keys differ.
 	ErrMergeRejected = errors.New("dispatch: merge rejected")
-	// ErrFallback: RolloutPolicy.CancelQueued ended the queued call on a
-	// switch to ModeSync; run it on the synchronous path yourself.
+	// ErrFallback: a switch to ModeSync ended the queued call
+	// (RolloutPolicy.CancelQueued, or SetMode's ctx ended before the
+	// workers drained it); run it on the synchronous path yourself.
 	ErrFallback = errors.New("dispatch: switched to synchronous mode; take the synchronous path")
 	// ErrAttemptEnded is the context.Cause of an execution's context once
 	// exec returned, if nothing ended it earlier; never an outcome's error.

@@ -96,6 +96,7 @@ func (d *Dispatcher[K, T]) finish(c *call[K, T], st State, err error, now int64,
 // observer event.
 func (d *Dispatcher[K, T]) report(c *call[K, T], st State, err error, now int64, ob *outbox[K, T]) {
 	d.calls.remove(c.tag)
+	d.handover.ended(c.seq)
 	d.totals.calls[st]++
 	if d.fallback != nil {
 		d.fallback.Finished(now, st == StateFailed)

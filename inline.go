@@ -16,6 +16,7 @@ import (
 // event e, was accepted. It is called with the lock held and returns
 // without it, once t has its outcome.
 func (d *Dispatcher[K, T]) runSyncUnlock(t *Ticket[K, T], e Event, coalesced bool, ob *outbox[K, T]) {
+	t.inline = true // no drain's cancellation ends its call (cancelQueued)
 	if d.cfg.Observer != nil {
 		// Told by deliver, which contains it: not through observe, whose
 		// own containment would count a Goexit twice.
@@ -26,6 +27,15 @@ func (d *Dispatcher[K, T]) runSyncUnlock(t *Ticket[K, T], e Event, coalesced boo
 	// The outcome is recorded; if a worker ran the call (a retry it picked
 	// up first), it may still be telling the ticket.
 	<-t.Done()
+}
+
+// awaitedInline reports whether a Sync-mode caller waits for c: one of its
+// live tickets was submitted in Sync mode. It walks the tickets: cold
+// paths only.
+func (c *call[K, T]) awaitedInline() bool {
+	inline := false
+	c.eachTicket(func(t *Ticket[K, T]) { inline = inline || t.inline })
+	return inline
 }
 
 // runsHere reports whether a Sync-mode submission for key would wait for

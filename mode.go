@@ -45,14 +45,19 @@ const reasonManual = "manual"
 
 // SetMode switches the dispatcher between ModeAsync and ModeSync at run
 // time — the feature gate's lever, and the manual rollback. In ModeSync
-// each submission runs inline in its caller. What was queued is ended
-// Canceled with ErrFallback at once if Config.Rollout.CancelQueued is set;
-// otherwise the workers drain it while SetMode waits, until ctx ends: then
-// it cancels the rest the same way and returns ctx's error. Calls in
-// flight run to their end. Every submission sees one mode or the other, so
-// a switch never loses a call or runs one twice. Called from a callback on
-// one of the dispatcher's goroutines, SetMode switches without waiting for
-// the drain (which may need that goroutine) and returns ErrReentrant.
+// each submission runs inline in its caller. What was queued before the
+// switch is ended Canceled with ErrFallback at once if
+// Config.Rollout.CancelQueued is set; otherwise the workers drain it while
+// SetMode waits, until ctx ends: then it cancels the rest the same way and
+// returns ctx's error. Calls in flight run to their end, and a call that a
+// Sync-mode caller runs or waits for (its own submission, or a queued call
+// it coalesced into) is never cancelled: it is on the synchronous path
+// already. Every submission sees one mode or the other, so a switch never
+// loses a call or runs one twice. Called from a callback on one of the
+// dispatcher's goroutines, SetMode switches without waiting for the drain
+// (which may need that goroutine) and returns ErrReentrant. Setting the
+// mode the dispatcher is in switches nothing: SetMode returns nil at once,
+// waits for and cancels nothing, and the observer is not told.
 // SetMode also cancels the return to ModeAsync that an automatic fallback
 // scheduled (FallbackPolicy.ReturnAfter): the mode a person sets stays
 // until SetMode is called again or, in ModeAsync, a threshold is crossed.
@@ -69,24 +74,47 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if f := d.fallback; f != nil {
 		f.CancelReturn() // the cool-down undoes a fallback, not a person
 	}
+	if d.mode == m {
+		d.mu.Unlock()
+		return nil // nothing to switch, nor to drain
+	}
 	d.switchMode(m, reasonManual, &ob)
+	upTo := d.handover.upTo
 	d.mu.Unlock()
 	d.tell.deliver(&ob)
 	if m == ModeAsync || d.cfg.Rollout.CancelQueued {
 		return nil
 	}
-	return d.awaitDrain(ctx)
+	return d.awaitDrain(ctx, upTo)
 }
 
-// awaitDrain waits until the calls queued before a switch to Sync mode
-// have run, or ctx ends (then cancelling them), or the mode is switched
-// back. It takes the lock itself.
-func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
+// handover is what a switch to Sync mode leaves to the workers: the calls
+// that arrived before it, whose arrival numbers (call.seq) are at most
+// upTo, and how many of them have not ended. SetMode's drain waits for
+// those alone, and cancels only those: every call made after the switch
+// is a Sync-mode caller's, which the caller runs or waits for itself.
+type handover struct {
+	upTo uint64
+	left int
+}
+
+// ended counts the end of a call that arrived as seq. For a dispatcher
+// never switched to Sync mode (upTo 0) it is one comparison that fails.
+func (h *handover) ended(seq uint64) {
+	if seq <= h.upTo {
+		h.left--
+	}
+}
+
+// awaitDrain waits until the calls handed over by the switch to Sync mode
+// that ended at upTo have ended, or ctx ends (then cancelling those still
+// queued), or the mode is switched again. It takes the lock itself.
+func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context, upTo uint64) error {
 	var ob outbox[K, T]
 	checked := false
 	for {
 		d.mu.Lock()
-		if d.mode != ModeSync || d.q.nready+d.q.delayed.Len()+d.gate.running == 0 /* the workers' backlog */ {
+		if d.mode != ModeSync || d.handover.upTo != upTo || d.handover.left == 0 {
 			d.mu.Unlock()
 			return nil
 		}
@@ -104,7 +132,7 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context) error {
 		case <-ch:
 		case <-ctx.Done():
 			d.mu.Lock()
-			if d.mode == ModeSync {
+			if d.mode == ModeSync && d.handover.upTo == upTo {
 				d.cancelQueued(d.clk.now(), &ob)
 			}
 			d.mu.Unlock()
@@ -129,8 +157,12 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 		return
 	}
 	d.mode = m
-	if m == ModeSync && d.cfg.Rollout.CancelQueued {
-		d.cancelQueued(d.clk.now(), ob)
+	if m == ModeSync {
+		// Every live call arrived before the switch.
+		d.handover = handover{upTo: d.seq, left: d.calls.n}
+		if d.cfg.Rollout.CancelQueued {
+			d.cancelQueued(d.clk.now(), ob)
+		}
 	}
 	if m == ModeAsync {
 		d.wake.workers() // queued successors and retries run on workers again
@@ -146,11 +178,19 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	}
 }
 
-// cancelQueued ends every queued call (ready, in backoff, or waiting behind
-// its key's in-flight call) with Canceled and ErrFallback. Calls in flight
-// are left to finish.
+// cancelQueued ends the calls handed over to the workers by the last
+// switch to Sync mode that are still queued (ready, in backoff, or waiting
+// behind their key's in-flight call) with Canceled and ErrFallback, but
+// for those a Sync-mode caller waits for: ErrFallback would tell that
+// caller to take the path it is on. Calls in flight are left to finish.
 func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
-	for _, l := range slices.Collect(d.lanes.all()) { // endLane releases lanes
-		d.endLane(l, StateCanceled, errFallbackCanceled, now, queuedOnly, ob)
+	upTo := d.handover.upTo
+	for _, l := range slices.Collect(d.lanes.all()) { // finish releases lanes
+		for _, c := range [2]*call[K, T]{l.pending, l.running} { // as endLane
+			if c != nil && c.state != csRunning && !c.orphaned() && c.seq <= upTo && !c.awaitedInline() {
+				d.waiters.settleAll(c, StateCanceled, errFallbackCanceled, now, onTime, ob)
+				d.finish(c, StateCanceled, errFallbackCanceled, now, ob)
+			}
+		}
 	}
 }

@@ -373,3 +373,164 @@ func TestSetModeValidation(t *testing.T) {
 	closeD(t, d)
 	assert.ErrorIs(t, d.SetMode(bg, ModeSync), ErrClosed)
 }
+
+// TestSetModeSameModeIsNoOp pins SetMode's "Setting the mode the
+// dispatcher is in switches nothing: SetMode returns nil at once, waits for
+// and cancels nothing, and the observer is not told". In Sync, a caller
+// sleeps out its own call's retry backoff; a SetMode(ModeSync) re-asserting
+// the gate (a config reload) has nothing of the workers' to drain, and must
+// neither wait for that backoff nor end the call with ErrFallback.
+func TestSetModeSameModeIsNoOp(t *testing.T) {
+	bothModes(t, func(t *testing.T, mode Mode) {
+		var execs atomic.Int32
+		var changes atomic.Int32
+		d := newD(t, func(context.Context, string, int) error {
+			if execs.Add(1) == 1 {
+				return syscall.ECONNRESET // retried once, after 10s
+			}
+			return nil
+		}, Config[string, int]{
+			Workers:  1,
+			Retry:    RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: JitterNone},
+			Rollout:  RolloutPolicy{Mode: mode},
+			Observer: &modeLog{f: func(Mode, Mode, string) { changes.Add(1) }},
+		})
+		done := make(chan *Ticket[string, int], 1)
+		submitAside(t, d, "k", 1, done)
+		time.Sleep(time.Second)
+		require.Equal(t, int32(1), execs.Load(), "the call waits out its backoff")
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		t0 := time.Now()
+		require.NoError(t, d.SetMode(ctx, mode))
+		assert.Zero(t, time.Since(t0), "SetMode to the current mode returns at once")
+		tk := <-done
+		if mode == ModeAsync {
+			waitAll(tk)
+		}
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, StateSucceeded, res.State)
+		assert.Equal(t, 2, res.Attempts)
+		assert.Zero(t, changes.Load(), "no switch, nothing told")
+		closeD(t, d)
+	})
+}
+
+// TestSetModeDrainLeavesSyncCallersAlone pins SetMode's "a call that a
+// Sync-mode caller runs or waits for (its own submission, or a queued call
+// it coalesced into) is never cancelled": when the drain's ctx ends, only
+// the calls queued before the switch that no Sync caller waits for end
+// Canceled with ErrFallback. After the switch, one Sync caller waits
+// behind its key's call in flight (a call of its own), and another
+// coalesces into a call queued before the switch; both end Succeeded once
+// the workers are free, as does the Async waiter of the coalesced call.
+func TestSetModeDrainLeavesSyncCallersAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := newGate()
+		d := newD(t, func(ctx context.Context, _ string, v int) error {
+			if v == 0 {
+				return release.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{Workers: 2})
+		runA := submit(t, d, "a", 0, SubmitOptions{}) // in flight, held
+		runB := submit(t, d, "b", 0, SubmitOptions{}) // in flight, held
+		synctest.Wait()
+		behindA := submit(t, d, "a", 1, SubmitOptions{}) // queued behind a's call
+		queued := submit(t, d, "q", 1, SubmitOptions{})  // queued: no worker free
+
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		switched := make(chan error, 1)
+		go func() { switched <- d.SetMode(ctx, ModeSync) }()
+		synctest.Wait()
+		require.Equal(t, ModeSync, d.Mode())
+		inline := make(chan *Ticket[string, int], 2)
+		submitAside(t, d, "a", 2, inline) // Sync: coalesces into a's queued call
+		submitAside(t, d, "b", 2, inline) // Sync: a call of its own, behind b's
+		synctest.Wait()
+
+		time.Sleep(20 * time.Second)
+		require.ErrorIs(t, <-switched, context.DeadlineExceeded)
+		res, err := queued.Wait(t.Context())
+		assert.Equal(t, StateCanceled, res.State)
+		require.ErrorIs(t, err, ErrFallback)
+
+		release.open()
+		tickets := []*Ticket[string, int]{runA, runB, behindA, <-inline, <-inline}
+		waitAll(tickets...)
+		assert.Equal(t, map[State]int{StateSucceeded: 5}, tally(t, tickets...))
+		closeD(t, d)
+	})
+}
+
+// TestSetModeDrainWaitsForHandedOverOnly pins awaitDrain's "the calls
+// queued before a switch to Sync mode": SetMode returns once those have
+// run, though a Sync-mode caller's own call still waits out a retry
+// backoff, and a worker may run that retry meanwhile.
+func TestSetModeDrainWaitsForHandedOverOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var inlineExecs atomic.Int32
+		d, _, release := holdWorker(t, func(_ context.Context, k string, _ int) error {
+			if k == "inline" && inlineExecs.Add(1) == 1 {
+				return syscall.ECONNRESET // retried after 10s
+			}
+			return nil
+		}, Config[string, int]{Retry: RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: JitterNone}})
+		queued := submit(t, d, "queued", 0, SubmitOptions{})
+		switched := make(chan error, 1)
+		go func() { switched <- d.SetMode(t.Context(), ModeSync) }()
+		synctest.Wait()
+		inline := make(chan *Ticket[string, int], 1)
+		submitAside(t, d, "inline", 0, inline)
+		synctest.Wait()
+		require.Equal(t, int32(1), inlineExecs.Load(), "the Sync caller's call waits out its backoff")
+
+		t0 := time.Now()
+		release()
+		require.NoError(t, <-switched)
+		assert.Zero(t, time.Since(t0), "the drain waited for the Sync caller's backoff")
+		assert.Equal(t, StateSucceeded, outcome(t, queued).State)
+		assert.Equal(t, StateSucceeded, outcome(t, <-inline).State)
+		closeD(t, d)
+	})
+}
+
+// TestSetModeReassertSyncSparesDrain pins "Setting the mode the dispatcher
+// is in ... waits for and cancels nothing": while one SetMode(ModeSync)
+// drains the queue, a second one (a config reload re-asserting the gate)
+// with a short deadline returns nil at once and leaves the drain to the
+// first, which the queued call then completes.
+func TestSetModeReassertSyncSparesDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+		queued := submit(t, d, "queued", 0, SubmitOptions{})
+		switched := make(chan error, 1)
+		go func() { switched <- d.SetMode(t.Context(), ModeSync) }()
+		synctest.Wait()
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		t0 := time.Now()
+		require.NoError(t, d.SetMode(ctx, ModeSync))
+		assert.Zero(t, time.Since(t0))
+		time.Sleep(time.Minute)
+		release()
+		require.NoError(t, <-switched)
+		assert.Equal(t, StateSucceeded, outcome(t, queued).State, "not cancelled by the re-assertion")
+		closeD(t, d)
+	})
+}
+
+// submitAside submits key from a goroutine of its own, as a Sync-mode
+// caller whose Submit returns only once its call has ended, and sends the
+// ticket to out.
+func submitAside(t *testing.T, d *Dispatcher[string, int], key string, v int, out chan<- *Ticket[string, int]) {
+	go func() {
+		tk, err := d.Submit(t.Context(), key, v, SubmitOptions{})
+		assert.NoError(t, err)
+		out <- tk
+	}()
+}

@@ -134,8 +134,9 @@ type StartPolicy struct {
 // ModeAsync, drains on a switch, and never falls back by itself.
 type RolloutPolicy struct {
 	Mode Mode // at start-up: the feature gate's position
-	// CancelQueued makes a switch to ModeSync end the queued calls at
-	// once, Canceled with ErrFallback, instead of letting workers drain them.
+	// CancelQueued makes a switch to ModeSync end the calls queued before
+	// it at once, Canceled with ErrFallback, instead of letting workers
+	// drain them (SetMode).
 	CancelQueued bool
 	Fallback     *FallbackPolicy
 }

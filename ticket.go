@@ -41,6 +41,9 @@ type Ticket[K comparable, T any] struct {
 	// tickets on one call would take 160 GiB.)
 	idx   int32
 	state ticketState // guarded by d.mu
+	// inline is set for a submission made in Sync mode, whose submitter
+	// runs its call or waits for it. Guarded by d.mu.
+	inline bool
 }
 
 // ticketWatch is the part of a Ticket that only one with a deadline or a
