@@ -18,9 +18,9 @@ import (
 // Sync-mode caller waiting out a backoff or the breaker's cool-down
 // (inline.go), and the back-off between failed Waits of a limiter that can
 // only be waited on (ratelimit.go, internal/tokens). The clock runs no
-// user code — the hooks and observer events of what it ends go to the
-// notifier — so a slow callback cannot make a deadline late. It takes the
-// lock itself.
+// user code — it tells the waiters of what it ends, then hands the hooks
+// and observer events to the notifier — so a slow callback cannot make a
+// deadline late. It takes the lock itself.
 func (d *Dispatcher[K, T]) clock() {
 	defer d.clk.timer.Stop()
 	var ob outbox[K, T]
@@ -33,11 +33,7 @@ func (d *Dispatcher[K, T]) clock() {
 		d.mu.Lock()
 		d.tick(d.clk.now(), &ob)
 		d.due.Rearm()
-		if ob.handOff(&d.notify) {
-			d.notifyCond.Signal()
-		}
-		d.mu.Unlock()
-		d.tell.deliver(&ob) // tickets only
+		d.handOverUnlock(&ob)
 	}
 }
 

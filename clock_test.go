@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -378,4 +379,67 @@ func runDutyPair(t *testing.T, a duty, atA time.Duration, b duty, atB time.Durat
 	b.check(r, atB, gateOf(b, atB, b))
 	close(r.release)
 	closeD(t, r.d)
+}
+
+// stallCtx is a Submit context that is never done and lets go slowly: it
+// has an AfterFunc method of its own (see context.AfterFunc), and the
+// function that unregisters the dispatcher's watch from it — called as the
+// ticket is told — waits until release is closed. So it holds whoever
+// tells the ticket between ending the call and telling the ticket.
+type stallCtx struct {
+	context.Context
+	done     chan struct{}
+	stopping chan struct{} // closed once the watch is being unregistered
+	release  chan struct{}
+}
+
+func newStallCtx() *stallCtx {
+	return &stallCtx{Context: bg, done: make(chan struct{}), stopping: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (c *stallCtx) Done() <-chan struct{} { return c.done }
+
+func (c *stallCtx) AfterFunc(func()) func() bool {
+	return func() bool {
+		close(c.stopping)
+		<-c.release
+		return true
+	}
+}
+
+// TestClockTellsBeforeHooks: OnDone fires after its call's waiters were
+// told (Config.OnDone), for a call the clock ends too: the clock tells the
+// ticket whose deadline passed before the notifier may run the hook, even
+// when telling it takes a while.
+func TestClockTellsBeforeHooks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var tk atomic.Pointer[Ticket[string, int]]
+		told := make(chan bool, 1)
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{OnDone: func(r Result[string, int]) {
+			if r.Key == "k" {
+				_, ok := tk.Load().Result()
+				told <- ok
+			}
+		}})
+		ctx := newStallCtx()
+		unstall := sync.OnceFunc(func() { close(ctx.release) })
+		// On failure too: Close waits for the clock.
+		defer unstall()
+		k, err := d.Submit(ctx, "k", 1, SubmitOptions{Timeout: time.Second}) // queued behind the held call
+		require.NoError(t, err)
+		tk.Store(k)
+		time.Sleep(time.Second) // the deadline passes: the clock ends the call
+		synctest.Wait()
+		<-ctx.stopping // the clock is telling the ticket
+		select {
+		case <-told:
+			t.Fatal("OnDone ran before the clock told its call's ticket")
+		default:
+		}
+		unstall()
+		assert.True(t, <-told, "OnDone ran before its call's ticket was told")
+		assert.Equal(t, StateExpired, outcome(t, k).State)
+		release()
+		closeD(t, d)
+	})
 }

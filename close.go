@@ -41,13 +41,21 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 	d.stop()
 	d.wg.Wait()
 	d.mu.Lock()
-	for d.running > 0 { // calls running inline, in Sync-mode callers
+	// Calls running inline, in Sync-mode callers, and outcomes on their
+	// way to the notifier from goroutines Close does not own (a Submit
+	// context's watch).
+	for d.running > 0 || d.drain.handing > 0 {
 		ch := d.wake.kicked()
 		d.mu.Unlock()
 		<-ch
 		d.mu.Lock()
 	}
+	// What reached the notifier after it exited is told here, so that no
+	// hook is lost and none runs after Close returns.
+	var ob outbox[K, T]
+	ob, d.notify = d.notify, ob
 	d.mu.Unlock()
+	d.tell.deliver(&ob)
 	return err
 }
 

@@ -228,6 +228,47 @@ func TestCloseDoneContext(t *testing.T) {
 	})
 }
 
+// TestCloseRunsLastHooks: a call the clock ends just as Close stops the
+// dispatcher still gets its completion hook, after its ticket was told and
+// before Close returns, though the notifier that runs the clock's hooks has
+// exited by the time the clock hands it over: Close runs it.
+func TestCloseRunsLastHooks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var tk atomic.Pointer[Ticket[string, int]]
+		hooks := make(chan bool, 2)
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{OnDone: func(r Result[string, int]) {
+			if r.Key == "k" {
+				_, ok := tk.Load().Result()
+				hooks <- ok
+			}
+		}})
+		ctx := newStallCtx()
+		unstall := sync.OnceFunc(func() { close(ctx.release) })
+		// On failure too: Close waits for the clock.
+		defer unstall()
+		k, err := d.Submit(ctx, "k", 1, SubmitOptions{Timeout: time.Second}) // queued behind the held call
+		require.NoError(t, err)
+		tk.Store(k)
+		time.Sleep(time.Second) // the deadline passes: the clock ends the call
+		synctest.Wait()
+		<-ctx.stopping // and is telling its ticket
+		release()
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(bg) }()
+		synctest.Wait() // Close has stopped the notifier, and waits for the clock
+		unstall()
+		require.NoError(t, <-closed)
+		select {
+		case ok := <-hooks:
+			assert.True(t, ok, "OnDone ran before its call's ticket was told")
+		default:
+			t.Fatal("Close returned without running the hook of the call the clock ended")
+		}
+		assert.Empty(t, hooks, "OnDone ran twice")
+		assert.Equal(t, StateExpired, outcome(t, k).State)
+	})
+}
+
 // TestCloseUnused: a Dispatcher that never ran anything closes at once, and
 // refuses submissions afterwards.
 func TestCloseUnused(t *testing.T) {

@@ -125,26 +125,11 @@ type teller[K comparable, T any] struct {
 }
 
 // deliver wakes a worker if ob says so, and tells everything in ob, in
-// order: tickets (which runs no user code), then hooks, then observer
-// events; a panic in a hook or an observer method is contained and
-// counted. It must be called without the lock, and leaves ob empty for
-// reuse.
+// order: tickets (tellWaiters), then hooks, then observer events; a panic
+// in a hook or an observer method is contained and counted. It must be
+// called without the lock, and leaves ob empty for reuse.
 func (tl *teller[K, T]) deliver(ob *outbox[K, T]) {
-	if ob.wake {
-		ob.wake = false
-		tl.workers.Signal()
-	}
-	for i, t := range ob.tickets {
-		t.stopWatch()
-		t.tell()
-		ob.tickets[i] = nil
-	}
-	ob.tickets = ob.tickets[:0]
-	for i, s := range ob.shares {
-		s.tellAll()
-		ob.shares[i] = nil
-	}
-	ob.shares = ob.shares[:0]
+	tl.tellWaiters(ob)
 	// If a callback ends this goroutine, tell the rest on its way out.
 	rest := func(pe *PanicError) {
 		tl.contain(pe)
@@ -166,6 +151,29 @@ func (tl *teller[K, T]) deliver(ob *outbox[K, T]) {
 		tl.contain(pe)
 	}
 	ob.notes, ob.nn = ob.notes[:0], 0
+}
+
+// tellWaiters wakes a worker if ob says so and tells ob's tickets and
+// shares, leaving the hooks and observer events. It runs no user code, but
+// for the function that unregisters a ticket's watch from a Submit context
+// with an AfterFunc method of its own (see context.AfterFunc). It must be
+// called without the lock.
+func (tl *teller[K, T]) tellWaiters(ob *outbox[K, T]) {
+	if ob.wake {
+		ob.wake = false
+		tl.workers.Signal()
+	}
+	for i, t := range ob.tickets {
+		t.stopWatch()
+		t.tell()
+		ob.tickets[i] = nil
+	}
+	ob.tickets = ob.tickets[:0]
+	for i, s := range ob.shares {
+		s.tellAll()
+		ob.shares[i] = nil
+	}
+	ob.shares = ob.shares[:0]
 }
 
 // guard runs f, user code of kind cb, and returns f's error. A panic in f
@@ -244,17 +252,48 @@ func (tl *teller[K, T]) submitted(label string, o *SubmitOptions, coalesced bool
 	tl.observe(func() { obs.OnSubmit(e, coalesced) })
 }
 
-// handOff moves ob's hooks and observer events to to, the notifier's
-// outbox, leaving ob's tickets (telling them runs no user code) to the
-// caller. It reports whether it moved any.
-func (ob *outbox[K, T]) handOff(to *outbox[K, T]) bool {
-	if len(ob.hooks) == 0 && len(ob.notes) == 0 {
-		return false
+// handOverUnlock ends a critical section of a goroutine that must run no
+// user code, and releases the lock: the clock, which a slow callback would
+// make late, or the goroutine context.AfterFunc starts for a Submit
+// context, which Close cannot wait for. It tells ob's waiters itself, and
+// only then hands ob's hooks and observer events to the notifier, since a
+// hook must find its call's waiters told (Config.OnDone). Until they are
+// handed over, drain.handing holds Close, which tells whatever reaches the
+// notifier after it has exited.
+func (d *Dispatcher[K, T]) handOverUnlock(ob *outbox[K, T]) {
+	switch {
+	case len(ob.hooks) == 0 && len(ob.notes) == 0:
+		d.mu.Unlock()
+	case len(ob.tickets) == 0 && len(ob.shares) == 0:
+		ob.handOff(&d.notify)
+		d.notifyCond.Signal()
+		d.mu.Unlock()
+	default:
+		d.drain.handing++
+		d.mu.Unlock()
+		defer d.handOff(ob) // even if a context's stop function ends the goroutine
 	}
+	d.tell.tellWaiters(ob)
+}
+
+// handOff hands ob's hooks and observer events, whose waiters
+// handOverUnlock has told, to the notifier. It takes the lock itself.
+func (d *Dispatcher[K, T]) handOff(ob *outbox[K, T]) {
+	d.mu.Lock()
+	ob.handOff(&d.notify)
+	d.notifyCond.Signal()
+	if d.drain.handed() {
+		d.wake.kick() // Close waits for it
+	}
+	d.mu.Unlock()
+}
+
+// handOff moves ob's hooks and observer events to to, the notifier's
+// outbox, leaving ob's tickets to the caller.
+func (ob *outbox[K, T]) handOff(to *outbox[K, T]) {
 	to.hooks = append(to.hooks, ob.hooks...)
 	to.notes = append(to.notes, ob.notes...)
 	clear(ob.hooks)
 	clear(ob.notes)
 	ob.hooks, ob.notes = ob.hooks[:0], ob.notes[:0]
-	return true
 }

@@ -170,13 +170,24 @@ func (d *Dispatcher[K, T]) conclude(c *call[K, T], a *attempt[K, T], st State, e
 	d.finish(c, st, err, now, ob)
 }
 
-// drain is Close's drain: whether admission has stopped, and the channel
-// that tells Close that nothing is left to run. Guarded by the
-// Dispatcher's lock.
+// drain is Close's drain: whether admission has stopped, the channel that
+// tells Close that nothing is left to run, and the outcomes on their way to
+// the notifier. Guarded by the Dispatcher's lock.
 type drain struct {
 	closing bool          // admission has stopped
 	done    chan struct{} // closed when closing finds nothing left to run
 	told    bool          // done is closed
+	// handing counts the goroutines between ending calls and handing
+	// their hooks and observer events to the notifier (handOverUnlock).
+	// Close waits for them: they may be goroutines it does not own.
+	handing int
+}
+
+// handed records that one handOverUnlock has handed over what it held,
+// and reports whether Close is to be told that none is left.
+func (dr *drain) handed() bool {
+	dr.handing--
+	return dr.handing == 0 && dr.closing
 }
 
 // begin stops admission; keys is how many are tracked.
