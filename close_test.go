@@ -228,6 +228,62 @@ func TestCloseDoneContext(t *testing.T) {
 	})
 }
 
+// TestCloseWaitsForContextCallbacks: Close returns after every goroutine
+// the dispatcher started has exited. That holds for the completion hook and
+// the observer event of a call whose last waiter left as its Submit context
+// ended: they run on the notifier, which Close waits for, not on the
+// goroutine context.AfterFunc starts, which it cannot — and only once that
+// waiter was told.
+func TestCloseWaitsForContextCallbacks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  func(f func()) Config[string, int]
+	}{
+		{"OnDone", func(f func()) Config[string, int] {
+			return Config[string, int]{OnDone: func(Result[string, int]) { f() }}
+		}},
+		{"Observer", func(f func()) Config[string, int] {
+			return Config[string, int]{Observer: &funcObserver{finish: func(Event, Outcome) { f() }}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var tk atomic.Pointer[Ticket[string, int]]
+				told, unblock := make(chan bool, 1), make(chan struct{})
+				unblockOnce := sync.OnceFunc(func() { close(unblock) })
+				// On failure too: the callback must end.
+				defer unblockOnce()
+				var ran atomic.Bool
+				d, _, release := holdWorker(t, nopExec, c.cfg(func() {
+					if ran.CompareAndSwap(false, true) { // the call of "k": the held call ends later
+						_, ok := tk.Load().Result()
+						told <- ok
+						<-unblock
+					}
+				}))
+				ctx, cancel := context.WithCancel(bg)
+				k, err := d.Submit(ctx, "k", 1, SubmitOptions{}) // queued behind the held call
+				require.NoError(t, err)
+				tk.Store(k)
+				cancel() // its only waiter leaves: the call ends
+				assert.True(t, <-told, "the callback ran before the waiter was told")
+				assert.Equal(t, StateCanceled, outcome(t, k).State)
+				release()
+				closed := make(chan error, 1)
+				go func() { closed <- d.Close(bg) }()
+				synctest.Wait()
+				select {
+				case <-closed:
+					t.Fatal("Close returned while the callback was still running")
+				default:
+				}
+				unblockOnce()
+				require.NoError(t, <-closed)
+			})
+		})
+	}
+}
+
 // TestCloseRunsLastHooks: a call the clock ends just as Close stops the
 // dispatcher still gets its completion hook, after its ticket was told and
 // before Close returns, though the notifier that runs the clock's hooks has

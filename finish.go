@@ -19,20 +19,15 @@ import (
 	"github.com/coalescer/dispatch/internal/due"
 )
 
-// leave ends ticket t alone with st: its ticket was cancelled, its context
-// ended, or its deadline passed. If it was its call's last waiter, the call
-// finishes. It takes the lock itself.
-func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
-	var ob outbox[K, T]
-	d.mu.Lock()
+// leave ends ticket t alone with st: its ticket was cancelled or its
+// context ended. If it was its call's last waiter, the call finishes.
+func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error, ob *outbox[K, T]) {
 	switch {
 	case t.state == tsNew: // Submit has not admitted it yet; it will see this and refuse
 		t.state = tsDone
 	case !t.ended():
-		d.dismiss(t, st, err, d.clk.now(), &ob)
+		d.dismiss(t, st, err, d.clk.now(), ob)
 	}
-	d.mu.Unlock()
-	d.tell.deliver(&ob)
 }
 
 // dismiss is leave under the lock, at now.

@@ -10,8 +10,9 @@ type Event struct {
 }
 
 // Observer receives events, concurrently, outside the lock, on the
-// goroutine that caused each, or for the clock's (a deadline, a fallback)
-// on the notifier goroutine. Methods may be added: embed NopObserver.
+// goroutine that caused each, or on the notifier goroutine for those of
+// the clock (a deadline, a fallback) and of a Submit context that ended.
+// Methods may be added: embed NopObserver.
 type Observer interface {
 	OnSubmit(e Event, coalesced bool) // accepted, merged into a pending call or not
 	OnReject(e Event, err error)

@@ -269,18 +269,30 @@ func (t *Ticket[K, T]) Result() (Result[K, T], bool) {
 	return Result[K, T]{}, false
 }
 
-// ctxDone is the AfterFunc of t's Submit context: the waiter leaves.
+// ctxDone is the AfterFunc of t's Submit context: the waiter leaves. It
+// runs on a goroutine that context.AfterFunc started and Close cannot wait
+// for, so the hooks and observer events of the call it may end go to the
+// notifier (handOverUnlock).
 func (t *Ticket[K, T]) ctxDone(ctx context.Context) {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		t.d.leave(t, StateExpired, ErrExpired)
-		return
+	st, err := StateExpired, ErrExpired
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		st, err = StateCanceled, canceledErr(context.Cause(ctx))
 	}
-	t.d.leave(t, StateCanceled, canceledErr(context.Cause(ctx)))
+	d := t.d
+	var ob outbox[K, T]
+	d.mu.Lock()
+	d.leave(t, st, err, &ob)
+	d.handOverUnlock(&ob)
 }
 
 // Cancel ends this submission Canceled, unless it has ended. The call goes
 // on for its other waiters; without any, a pending call is removed and a
 // running call's context is cancelled.
 func (t *Ticket[K, T]) Cancel() {
-	t.d.leave(t, StateCanceled, ErrCanceled)
+	d := t.d
+	var ob outbox[K, T]
+	d.mu.Lock()
+	d.leave(t, StateCanceled, ErrCanceled, &ob)
+	d.mu.Unlock()
+	d.tell.deliver(&ob)
 }
