@@ -82,7 +82,7 @@ func TestMaxWaitersCountsSyncPosts(t *testing.T) {
 // TestClockEventsOnNotifier: an observer stuck in the OnFinish of an
 // expired call does not hold up the next deadline.
 func TestClockEventsOnNotifier(t *testing.T) {
-	docSays(t, "Observer", "or for the clock's (a deadline, a fallback) on the notifier goroutine")
+	docSays(t, "Observer", "or on the notifier goroutine for those of the clock (a deadline, a fallback)")
 	docSays(t, "", "A blocked callback holds up only its own goroutine: the clock that drives deadlines and backoffs runs no user code.")
 	synctest.Test(t, func(t *testing.T) {
 		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
