@@ -3,6 +3,7 @@ package dispatch
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"time"
 
@@ -521,17 +522,14 @@ type postsWaiter struct {
 	at int64
 }
 
-// orderKey is a call's place in the ready order: lower runs first. hi is
-// the call's priority band, complemented (^band = −band−1, no overflow) so
-// that a higher band sorts first; lo is its virtual time within the band,
-// enq − offset×aging (see orderer.of), as an order-preserving unsigned number.
-// Both are exact for every int priority: nothing saturates, and within the
-// dispatcher's clock range (below 2⁶² ns, 146 years after New) and the
-// band's span (settings.band) nothing overflows.
-type orderKey struct {
-	hi int64
-	lo uint64
-}
+// orderKey is a call's place in the ready order, lower first: a 128-bit
+// unsigned number, hi then lo, that folds the call's band and its virtual
+// time within the band into one (orderer.base). It is exact for every int
+// priority, every band width and every aging interval: nothing saturates
+// or is narrowed, so a band boundary is where the user put it. It assumes
+// only that enqueue times are within ±2⁶² ns (maxEnq), which the
+// dispatcher's clock is (146 years after New).
+type orderKey struct{ hi, lo uint64 }
 
 func (a orderKey) less(b orderKey) bool {
 	if a.hi != b.hi {
@@ -540,20 +538,73 @@ func (a orderKey) less(b orderKey) bool {
 	return a.lo < b.lo
 }
 
-// orderKeyOf is the order of a call of priority prio enqueued at enq, with
-// bands of width levels and aging ns per level: band descending, then the
-// virtual time enq − off×aging ascending, where off is prio's offset in its
-// band. With width 1 (strict priority) off is 0: priority, then arrival.
-// The caller keeps |enq| ≤ 2⁶² and (width−1)×aging ≤ 2⁶² (maxBandSpan), so
-// the virtual time fits in an int64.
-func orderKeyOf(enq, prio, width, aging int64) orderKey {
-	b, off := band.Of(prio, width)
-	return orderKey{^b, uint64(enq-off*aging) ^ 1<<63}
+// plus returns k + d; the caller keeps the sum below 2¹²⁸.
+func (k orderKey) plus(d uint64) orderKey {
+	lo, carry := bits.Add64(k.lo, d, 0)
+	return orderKey{k.hi + carry, lo}
 }
 
-// maxBandSpan bounds how much virtual time a band spans, (width−1)×aging:
-// a band is narrowed to fit (settings), so that orderKeyOf cannot overflow.
-const maxBandSpan = 1 << 62
+// minus returns k − d; the caller keeps it non-negative.
+func (k orderKey) minus(d uint64) orderKey {
+	lo, borrow := bits.Sub64(k.lo, d, 0)
+	return orderKey{k.hi - borrow, lo}
+}
+
+// maxEnq bounds the enqueue times an order is computed for: |enq| ≤ maxEnq.
+const maxEnq = 1 << 62
+
+// sinceMinEnq is enq's distance from −maxEnq, exact in [0, 2⁶³].
+func sinceMinEnq(enq int64) uint64 { return uint64(enq) + maxEnq }
+
+// orderer computes ready orders: a call's band first, higher bands first,
+// then its virtual time within the band, enq − off×aging, off being its
+// priority's offset in the band, so that a call gains one level per aging
+// interval it waits over the calls of its band and never passes a call of
+// a higher band. One static key orders calls of every age: nothing is
+// re-sorted as time passes. A call's order is not kept in the call: it is
+// computed from its effective priority and enqueue time, which change only
+// as the call is re-keyed (queue.rekey), so an index finds the entry it
+// holds again.
+//
+// Virtual time needs up to 127 bits (off and aging each up to 2⁶³), and the
+// band 64, but not both at once: a band of width w leaves 2⁶⁴/w bands, so
+// the key is (top − band)×span + (virtual time − its least), span being
+// the virtual times one band holds, which fits in 128 bits for every width
+// and aging.
+type orderer struct {
+	band, aging int64
+	top         int64    // the highest band, MaxInt64 / band
+	span        orderKey // (band − 1)×aging + 2⁶³ + 1: virtual times in a band
+}
+
+func newOrderer(width, aging int64) orderer {
+	hi, lo := bits.Mul64(uint64(width-1), uint64(aging))
+	return orderer{
+		band: width, aging: aging,
+		top:  math.MaxInt64 / width,
+		span: orderKey{hi, lo}.plus(1<<63 + 1),
+	}
+}
+
+// base returns the order of a call of priority prio enqueued at −maxEnq;
+// the order at enq is base(prio).plus(sinceMinEnq(enq)).
+func (o orderer) base(prio int) orderKey {
+	b, off := band.Of(int64(prio), o.band)
+	down := uint64(o.top) - uint64(b) // bands above b's, < 2⁶⁴
+	hi, lo := bits.Mul64(down, o.span.lo)
+	hi += down * o.span.hi
+	// The levels the priority is below the band's top one, in virtual
+	// time: a lower offset runs later, as a later arrival does.
+	lhi, llo := bits.Mul64(uint64(o.band-1-off), uint64(o.aging))
+	lo, carry := bits.Add64(lo, llo, 0)
+	return orderKey{hi + lhi + carry, lo}
+}
+
+// of computes the ready order of a call with effective priority prio and
+// enqueue time enq.
+func (o orderer) of(prio int, enq int64) orderKey {
+	return o.base(prio).plus(sinceMinEnq(enq))
+}
 
 // entry is a call's place in a ready-ordered index (a tenant's ready index,
 // or a victims index). The order is held in the entry itself, so that a B-tree
@@ -564,23 +615,6 @@ type entry[K comparable, T any] struct {
 	order orderKey
 	seq   uint64
 	c     *call[K, T]
-}
-
-// orderer computes ready orders (orderKeyOf): a priority band's width,
-// and the aging in ns per level within it. A call's order is not kept in
-// the call: it is computed from its effective priority and enqueue time,
-// which change only as the call is re-keyed (queue.rekey), so an index
-// finds the entry it holds again.
-type orderer struct{ band, aging int64 }
-
-// of computes the ready order of a call with effective priority prio and
-// enqueue time enq: its band first, then, within the band, the virtual
-// time enq − offset×aging, so that a call gains one level per aging
-// interval it waits over the calls of its band and never passes a call of
-// a higher band. One static key orders calls of every age: nothing is
-// re-sorted as time passes.
-func (o orderer) of(prio int, enq int64) orderKey {
-	return orderKeyOf(enq, int64(prio), o.band, o.aging)
 }
 
 // entryOf returns c's entry in a ready-ordered index.

@@ -207,8 +207,7 @@ var fzAgings = [16]time.Duration{0, time.Millisecond, 3 * time.Millisecond, time
 // fzBands are the priority band widths (Config.AgingBand) paired with
 // fzAgings, index for index: 1 (strict priority) with aging 0, the
 // default 10 with most, and narrow, wide and all-but-unbounded bands with
-// the others — the widest narrowed by the dispatcher to what its clock can
-// span.
+// the others.
 var fzBands = [16]int{1, 10, 2, 10,
 	10, 10, 10, 10,
 	3, 10, 1 << 20, 1000,

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
 	"slices"
 	"strings"
@@ -290,11 +289,8 @@ func (m *fzModel) labels() map[string]int {
 	return n
 }
 
-// width is the band width the dispatcher works with: Config.AgingBand,
-// narrowed so that a band spans at most 2⁶² ns of aging, as its docs say.
-func (m *fzModel) width() int64 {
-	return min(int64(m.cfg.band), (1<<62)/m.aging()+1)
-}
+// width is the band width: Config.AgingBand, however wide.
+func (m *fzModel) width() int64 { return int64(m.cfg.band) }
 
 // aging is the aging interval in ns: Config.Aging, or its default.
 func (m *fzModel) aging() int64 {
@@ -398,7 +394,7 @@ func (m *fzModel) bestOf(t *fmTenant) *fmCall {
 
 // level is a ready call's level now, as the pick across tenants compares
 // it: its band, then its offset in the band plus one per aging interval
-// waited (saturating); with bands of one priority, the band alone.
+// waited; with bands of one priority, the band alone.
 func (m *fzModel) level(c *fmCall) (band, lift *big.Int) {
 	band, off := new(big.Int).DivMod(big.NewInt(int64(c.prio)), big.NewInt(m.width()), new(big.Int))
 	if m.width() == 1 {
@@ -407,11 +403,7 @@ func (m *fzModel) level(c *fmCall) (band, lift *big.Int) {
 	if m.now < c.enq {
 		panic("fzModel: a call enqueued in the future")
 	}
-	lift = off.Add(off, new(big.Int).Div(big.NewInt(m.now-c.enq), big.NewInt(m.aging())))
-	if lift.Cmp(big.NewInt(math.MaxInt64)) > 0 {
-		lift.SetInt64(math.MaxInt64)
-	}
-	return band, lift
+	return band, off.Add(off, new(big.Int).Div(big.NewInt(m.now-c.enq), big.NewInt(m.aging())))
 }
 
 // pick is the tenant whose best ready call runs next, and that call: the

@@ -87,7 +87,7 @@ type Config[K comparable, T any] struct {
 	// about (q−p+1) × Aging while workers keep up; under overload, behind
 	// every call at q queued before it or within (q−p) × Aging after it.
 	// At equal levels tenants take turns by TenantConfig.Weight, then
-	// arrival decides. A band spans at most 2⁶² ns of aging.
+	// arrival decides.
 	AgingBand int
 	// Label names a call's kind for the Observer and Stats.Labels, from a
 	// small fixed set; it runs once per submission, outside the lock. A call
@@ -197,7 +197,7 @@ const (
 type settings[K comparable, T any] struct {
 	Config[K, T]
 	aging int64 // ns per priority level within a band
-	band  int64 // width of a priority band, narrowed to maxBandSpan
+	band  int64 // width of a priority band: AgingBand
 	// urgent is the first priority of Start.UrgentPriority's band: a call
 	// at or above it is urgent. Aging never makes a call urgent, as aging
 	// stays within bands.
@@ -250,7 +250,7 @@ func (s *settings[K, T]) ordering() error {
 	s.Aging = cmp.Or(s.Aging, defaultAging)
 	s.AgingBand = cmp.Or(s.AgingBand, defaultAgingBand)
 	s.aging = int64(s.Aging)
-	s.band = min(int64(s.AgingBand), maxBandSpan/s.aging+1)
+	s.band = int64(s.AgingBand)
 	return nil
 }
 

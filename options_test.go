@@ -249,3 +249,40 @@ func TestFallbackWindow(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestUrgentBandIsTheUsers: StartPolicy.ReservedWorkers "are kept for calls
+// whose priority (never raised by aging) is in UrgentPriority's band or
+// above", the band of Config.AgingBand levels, however wide: a call at the
+// last priority of the band below never takes the kept worker, and one at
+// UrgentPriority does.
+func TestUrgentBandIsTheUsers(t *testing.T) {
+	for _, tc := range []struct {
+		width int
+		aging time.Duration
+	}{
+		{10, time.Second}, {1e9, 10 * time.Second}, {1e9, time.Nanosecond},
+		{math.MaxInt, time.Nanosecond}, {math.MaxInt, math.MaxInt64},
+	} {
+		t.Run(fmt.Sprintf("band=%d/aging=%v", tc.width, tc.aging), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				d := newD(t, func(ctx context.Context, _ string, _ int) error { return g.wait(ctx) }, Config[string, int]{
+					Workers: 2, AgingBand: tc.width, Aging: tc.aging,
+					Start: StartPolicy{ReservedWorkers: 1, UrgentPriority: tc.width},
+				})
+				tks := []*Ticket[string, int]{
+					submit(t, d, "a", 0, prio(tc.width-1)),
+					submit(t, d, "b", 0, prio(tc.width-1)),
+				}
+				synctest.Wait()
+				assert.Equal(t, 1, d.Stats().InFlight, "a call of the band below took the kept worker")
+				tks = append(tks, submit(t, d, "urgent", 0, prio(tc.width)))
+				synctest.Wait()
+				assert.Equal(t, 2, d.Stats().InFlight, "the urgent call did not take the kept worker")
+				g.open()
+				waitAll(tks...)
+				closeD(t, d)
+			})
+		})
+	}
+}

@@ -5,7 +5,6 @@ import (
 
 	"github.com/coalescer/dispatch/internal/band"
 	"github.com/coalescer/dispatch/internal/due"
-	"github.com/coalescer/dispatch/internal/sat"
 )
 
 // queue holds the ordered indexes the dispatcher schedules from, and the
@@ -50,7 +49,7 @@ const btreeDegree = 32
 
 func newQueue[K comparable, T any](aging, band int64) queue[K, T] {
 	return queue[K, T]{
-		orderer: orderer{band: band, aging: aging},
+		orderer: newOrderer(band, aging),
 		delayed: btree.NewG(btreeDegree, delayedLess[K, T]),
 		victims: newVictimIndex[K, T](),
 	}
@@ -228,10 +227,13 @@ func (q *queue[K, T]) promote(now int64) int {
 
 // level is a ready call's effective priority at now: its band, and its
 // lift within the band — its offset there plus one per aging interval
-// waited, floor((now − enq) / aging), saturating. With strict priority
-// (bands of width 1) the lift is 0.
+// waited, floor((now − enq) / aging), exact: the offset and the intervals
+// are each below 2⁶³. A call enqueued after now (its clock read raced
+// the one of now) has not waited. With strict priority (bands of width 1)
+// the lift is 0.
 type level struct {
-	band, lift int64
+	band int64
+	lift uint64
 }
 
 func (a level) less(b level) bool {
@@ -246,12 +248,7 @@ func (q *queue[K, T]) level(c *call[K, T], now int64) level {
 	if q.band == 1 {
 		return level{b, 0}
 	}
-	waited := now - c.enq
-	age := waited / q.aging
-	if waited%q.aging != 0 && waited < 0 {
-		age-- // floor
-	}
-	return level{b, sat.Add(off, age)}
+	return level{b, uint64(off) + uint64(max(now-c.enq, 0)/q.aging)}
 }
 
 // pick chooses the tenant whose best ready call runs next: the highest

@@ -43,6 +43,12 @@ func refCmp(e1, p1, e2, p2, width, aging int64) int {
 	return v1.Cmp(v2)
 }
 
+// orderKeyOf is the order of a call of priority prio enqueued at enq, with
+// bands of width levels and aging ns per level.
+func orderKeyOf(enq, prio, width, aging int64) orderKey {
+	return newOrderer(width, aging).of(int(prio), enq)
+}
+
 func keyCmp(a, b orderKey) int {
 	switch {
 	case a.less(b):
@@ -62,12 +68,12 @@ var extremes = []int64{
 // TestOrderKey (internal) checks the ready index's sort key against the
 // contract, computed with math/big, on ordinary and extreme priorities,
 // for every band width and aging interval the dispatcher can be
-// configured with (the width narrowed as settings narrows it), and
-// enqueue times within the dispatcher's clock range.
+// configured with, however wide, and enqueue times within the
+// dispatcher's clock range.
 func TestOrderKey(t *testing.T) {
 	widths := []int64{1, 2, 10, 1000, 1 << 40, math.MaxInt64}
 	agings := []int64{1, 1e6, 1e9, 5e9, 1 << 40, math.MaxInt64}
-	enqs := []int64{0, 1, 1e9, 1 << 40, 1<<62 - 1, 1 << 62}
+	enqs := []int64{-1 << 62, -1, 0, 1, 1e9, 1 << 40, 1<<62 - 1, 1 << 62}
 	r := rand.New(rand.NewPCG(1, 2))
 	check := func(e1, p1, e2, p2, width, aging int64) {
 		t.Helper()
@@ -78,7 +84,6 @@ func TestOrderKey(t *testing.T) {
 	}
 	for _, w := range widths {
 		for _, a := range agings {
-			w := min(w, maxBandSpan/a+1) // as settings narrows it
 			for _, p1 := range extremes {
 				for _, p2 := range extremes {
 					check(enqs[r.IntN(len(enqs))], p1, enqs[r.IntN(len(enqs))], p2, w, a)
@@ -100,7 +105,10 @@ func TestOrderKeyBands(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 100_000 {
 		aging := 1 + r.Int64N(math.MaxInt64)
-		width := min(1+r.Int64N(1000), maxBandSpan/aging+1)
+		width := 1 + r.Int64N(1000)
+		if r.IntN(2) == 0 {
+			width = 1 + r.Int64N(math.MaxInt64)
+		}
 		e1, e2 := r.Int64N(1<<62), r.Int64N(1<<62)
 		p1, p2 := pickInt64(r), pickInt64(r)
 		b1, _ := band.Of(p1, width)
@@ -160,6 +168,7 @@ func refLess(width, aging int64) func(a, b qEntry) int {
 func TestQueueReadyOrder(t *testing.T) {
 	for _, tc := range []struct{ width, aging int64 }{
 		{1, int64(time.Second)}, {2, 1}, {10, int64(time.Second)}, {1 << 40, 1}, {2, 1 << 62},
+		{1e9, int64(10 * time.Second)}, {math.MaxInt64, math.MaxInt64},
 	} {
 		width, aging := tc.width, tc.aging
 		t.Run(fmt.Sprintf("band=%d/aging=%v", width, time.Duration(aging)), func(t *testing.T) {
@@ -452,6 +461,50 @@ func TestAgedStormNeverPassesBinding(t *testing.T) {
 				checkConservation(t, d)
 			})
 		})
+	}
+}
+
+// TestBandEdgeNeverOvertaken: Config.AgingBand "groups priorities into
+// bands of this many levels … A call never runs before a ready call of a
+// higher band, however long it waited", at any width and aging: the last
+// priority of a band, long aged, runs after the first of the band above,
+// and before the one below it in its band. Wide bands once moved their
+// boundaries (narrowed to what 64 bits of virtual time hold): at width 1e9
+// and aging 10s, 1e9−1 and 1e9 shared a band. Each case runs with the calls
+// in one tenant (the ready index's order) and in a tenant each (the pick's
+// levels), at the largest widths and agings too.
+func TestBandEdgeNeverOvertaken(t *testing.T) {
+	for _, tc := range []struct {
+		width int
+		aging time.Duration
+	}{
+		{1, time.Nanosecond}, {2, time.Nanosecond}, {10, time.Second},
+		{1e9, 10 * time.Second}, {1e9, time.Nanosecond}, {1e9, math.MaxInt64},
+		{math.MaxInt, time.Nanosecond}, {math.MaxInt, time.Second}, {math.MaxInt, math.MaxInt64},
+	} {
+		for _, tenants := range []bool{false, true} {
+			t.Run(fmt.Sprintf("band=%d/aging=%v/tenants=%v", tc.width, tc.aging, tenants), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					f := newFixture[string, int]()
+					d, _, release := holdWorker(t, f.exec, Config[string, int]{AgingBand: tc.width, Aging: tc.aging})
+					tenant := func(name string) string {
+						if tenants {
+							return name
+						}
+						return ""
+					}
+					top := tc.width // the first priority of band 1
+					below := submit(t, d, "below", 0, SubmitOptions{Priority: top - 2, Tenant: tenant("a")})
+					last := submit(t, d, "last", 0, SubmitOptions{Priority: top - 1, Tenant: tenant("b")})
+					time.Sleep(time.Hour) // 3.6e12 levels of aging at 1ns
+					first := submit(t, d, "first", 0, SubmitOptions{Priority: top, Tenant: tenant("c")})
+					release()
+					waitAll(below, last, first)
+					assert.Equal(t, []string{"first", "last", "below"}, f.keys())
+					closeD(t, d)
+				})
+			})
+		}
 	}
 }
 

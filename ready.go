@@ -23,8 +23,8 @@ import (
 //
 // A run holds its calls alone, 8 bytes each: within a run their order is
 // the order they were appended in, and a call's order key is the run's
-// band and shift applied to its enqueue time (fifoRun.entryOf), so a
-// head is compared without computing its band. The B-tree's entries carry
+// priority's order plus its enqueue time (fifoRun.entryOf), so a head is
+// compared without computing its band. The B-tree's entries carry
 // the order key, so that its comparisons do not read the calls.
 //
 // A call taken out of a run anywhere but its head leaves a hole (a nil
@@ -58,19 +58,18 @@ type readyIndex[K comparable, T any] struct {
 type fifoRun[K comparable, T any] struct {
 	num  uint8 // its place in readyIndex.runs, from 1 (call.run)
 	prio int
-	// hi and shift make the order key of a call of priority prio from its
-	// enqueue time: orderKey{hi, enq − shift}, shift being prio's offset
-	// in its band times the aging (orderKeyOf). Set by the run's first
-	// call (holdFor), as the run's priority is.
-	hi, shift int64
-	chunks    [][]*call[K, T] // every one full but the last; chunks[0][0] is at position base
-	spare     []*call[K, T]   // a drained chunk, kept for the next while the run is not empty
-	last      entry[K, T]     // the order of the last call appended, without the call, which may have left since
-	base      int
-	head      int // the first position not yet consumed
-	tail      int // one past the last position appended
-	live      int
-	holes     int // in [head, tail)
+	// order makes the order key of a call of priority prio from its
+	// enqueue time (orderer.base). Set by the run's first call (holdFor),
+	// as the run's priority is.
+	order  orderKey
+	chunks [][]*call[K, T] // every one full but the last; chunks[0][0] is at position base
+	spare  []*call[K, T]   // a drained chunk, kept for the next while the run is not empty
+	last   entry[K, T]     // the order of the last call appended, without the call, which may have left since
+	base   int
+	head   int // the first position not yet consumed
+	tail   int // one past the last position appended
+	live   int
+	holes  int // in [head, tail)
 }
 
 // runChunk is how many entries a chunk of a FIFO run holds: 512 calls of
@@ -182,12 +181,12 @@ func (r *readyIndex[K, T]) popMin() *call[K, T] {
 // holdFor makes the empty run f hold the calls of c's priority; e is c's
 // entry.
 func (f *fifoRun[K, T]) holdFor(c *call[K, T], e entry[K, T]) {
-	f.prio, f.hi, f.shift = c.prio, e.order.hi, c.enq-int64(e.order.lo^1<<63)
+	f.prio, f.order = c.prio, e.order.minus(sinceMinEnq(c.enq))
 }
 
 // entryOf returns the entry of c, a call in the run.
 func (f *fifoRun[K, T]) entryOf(c *call[K, T]) entry[K, T] {
-	return entry[K, T]{orderKey{f.hi, uint64(c.enq-f.shift) ^ 1<<63}, c.seq, c}
+	return entry[K, T]{f.order.plus(sinceMinEnq(c.enq)), c.seq, c}
 }
 
 func (f *fifoRun[K, T]) append(c *call[K, T], e entry[K, T]) {
