@@ -131,15 +131,18 @@ func (ts *tenants[K, T]) forgetIdle(t *tenant[K, T]) {
 }
 
 // count records a submission's admission or refusal: err says which.
+// Either way the submission may have left t without a call — refused,
+// skipped (Config.Moot, SkipIncoming), or coalesced into another tenant's
+// call — and t is forgotten then, as it would be when its last call ended.
 func (ts *tenants[K, T]) count(t *tenant[K, T], err error, totals *counters) {
 	totals.submitted++
 	if err != nil {
 		totals.rejected++
 		t.st.Rejected++
-		ts.forgetIdle(t)
-		return
+	} else {
+		t.st.Admitted++
 	}
-	t.st.Admitted++
+	ts.forgetIdle(t)
 }
 
 // TenantConfig bounds one tenant; its zero value bounds nothing, weight 1.

@@ -410,3 +410,57 @@ func TestRefusedAdoptionRestoresIdempotencyKey(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestCallLessTenantsForgotten: Stats.Tenants "holds the configured
+// tenants, and others while they have calls", and tenants Config.Tenants
+// does not name are "forgotten again when they have no call left … so
+// memory stays bounded whatever names callers make up" — also when an
+// admitted submission makes no call of its tenant: skipped (Config.Moot,
+// Merge's SkipIncoming) or coalesced into another tenant's call, whether
+// by Post's fast path or by Submit.
+func TestCallLessTenantsForgotten(t *testing.T) {
+	const names = 1000
+	for _, tc := range []struct {
+		name string
+		cfg  Config[string, int]
+	}{
+		{"moot", Config[string, int]{Moot: func(k string, _ int) bool { return k != holdKey }}},
+		{"skip incoming", Config[string, int]{Merge: func(int, int) (int, error) { return 0, SkipIncoming }}},
+		{"coalesced", Config[string, int]{Tenants: map[string]TenantConfig{"kept": {}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d, _, release := holdWorker(t, nopExec, tc.cfg)
+				if tc.cfg.Moot == nil { // a pending call, more urgent, of the tenant of no name
+					require.NoError(t, d.Post("k", 1, SubmitOptions{Priority: 5}))
+				}
+				tks := []*Ticket[string, int]{}
+				for i := range names {
+					o := SubmitOptions{Tenant: fmt.Sprint("t", i)}
+					if i%2 == 0 {
+						require.NoError(t, d.Post("k", 1, o))
+					} else {
+						tks = append(tks, submit(t, d, "k", 1, o))
+					}
+				}
+				want := []string{""}
+				if tc.cfg.Tenants != nil {
+					want = append(want, "kept")
+				}
+				assert.ElementsMatch(t, want, keysOf(d.Stats().Tenants), "tenants without a call, while the call waits")
+				release()
+				waitAll(tks...)
+				assert.ElementsMatch(t, want, keysOf(d.Stats().Tenants), "tenants without a call, after it ran")
+				closeD(t, d)
+			})
+		})
+	}
+}
+
+func keysOf[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
