@@ -270,7 +270,7 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 			continue
 		}
 		lvl := q.level(t.ready.min().c, now)
-		if best == nil || bestLvl.less(lvl) || (lvl == bestLvl && t.pass < best.pass) {
+		if best == nil || bestLvl.less(lvl) || (lvl == bestLvl && passBefore(t.pass, best.pass)) {
 			best, bestLvl = t, lvl
 		}
 	}
@@ -292,11 +292,19 @@ func (q *queue[K, T]) popFrom(t *tenant[K, T]) *call[K, T] {
 	return c
 }
 
+// passBefore reports whether pass a comes before pass b. Passes grow by up
+// to 2³² a pick and wrap around 2⁶⁴ after as few as 2³² picks; compared
+// as a difference, they keep their order across the wrap while they are
+// within 2⁶³ of each other (2³¹ picks of a weight-1 tenant).
+func passBefore(a, b uint64) bool { return int64(a-b) < 0 }
+
 // activate adds t to the tenants with ready calls. A tenant returning from
 // idle starts at the current pass, so it cannot claim the service it did
 // not use while idle.
 func (q *queue[K, T]) activate(t *tenant[K, T]) {
-	t.pass = max(t.pass, q.vpass)
+	if passBefore(t.pass, q.vpass) {
+		t.pass = q.vpass
+	}
 	t.active = len(q.active)
 	q.active = append(q.active, t)
 }

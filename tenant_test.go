@@ -464,3 +464,40 @@ func keysOf[V any](m map[string]V) []string {
 	}
 	return ks
 }
+
+// TestStridePassWraps (internal): TenantConfig.Weight shares workers "by
+// stride scheduling: each pick advances a tenant's pass by 2³²/Weight (at
+// least 1), lowest first". A weight-1 tenant's pass wraps around 2⁶⁴ after
+// 2³² picks (five days at 10 000 a second); tenants of equal weight still
+// take turns across the wrap. The passes start where a long-running
+// dispatcher's are.
+func TestStridePassWraps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var ran []byte
+		exec := func(_ context.Context, k string, _ int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			ran = append(ran, k[0])
+			return nil
+		}
+		d, _, release := holdWorker(t, exec, Config[string, int]{
+			Tenants: map[string]TenantConfig{"A": {Weight: 1}, "B": {Weight: 1}},
+		})
+		const uptime = ^uint64(0) - 3<<32 // three picks each before the wrap
+		d.mu.Lock()
+		d.q.vpass = uptime
+		d.tenants.get("A").pass = uptime
+		d.tenants.get("B").pass = uptime
+		d.mu.Unlock()
+		for i := range 8 {
+			require.NoError(t, d.Post(fmt.Sprint("A", i), 0, SubmitOptions{Tenant: "A"}))
+			require.NoError(t, d.Post(fmt.Sprint("B", i), 0, SubmitOptions{Tenant: "B"}))
+		}
+		release()
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Equal(t, "ABABABABABABABAB", string(ran), "equal weights at one level take turns")
+		closeD(t, d)
+	})
+}
