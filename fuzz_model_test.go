@@ -153,9 +153,7 @@ type fzModel struct {
 	submitted, rejected, coalesced, executions, staleExecs, retries, alreadyDone uint64
 
 	// Tenants, and the pick among them: active lists the tenants with
-	// ready calls in the order queue.pick scans them (a tenant joins at
-	// the end; one that leaves takes the last one's place); vpass is the
-	// pass of the tenant picked last.
+	// ready calls; vpass is the pass of the tenant picked last.
 	tenants []*fmTenant
 	active  []*fmTenant
 	vpass   uint64
@@ -226,7 +224,7 @@ const (
 	fzEvQuotaRetryGiveUp    = "quota: a retry gave up"
 	fzEvPickLevel           = "pick: tenants told apart by level"
 	fzEvPickPass            = "pick: tenants at one level told apart by pass"
-	fzEvPickOrder           = "pick: tenants at one level and pass told apart by their order"
+	fzEvPickOrder           = "pick: tenants at one level and pass told apart by their calls' order"
 	fzEvCapacityEvict       = "capacity: evicted"
 	fzEvAdoptOnRetryAbsorb  = "adopt: a retry absorbed a more urgent successor"
 	fzEvAdoptOnRetryReplace = "adopt: a retry replaced by its successor"
@@ -408,7 +406,7 @@ func (m *fzModel) level(c *fmCall) (band, lift *big.Int) {
 
 // pick is the tenant whose best ready call runs next, and that call: the
 // highest level; among tenants at one level, the lowest pass; then the
-// first in the active list.
+// call that comes first in the ready order (arrival).
 func (m *fzModel) pick() (*fmTenant, *fmCall) {
 	if len(m.active) == 1 {
 		return m.active[0], m.bestOf(m.active[0])
@@ -433,7 +431,9 @@ func (m *fzModel) pick() (*fmTenant, *fmCall) {
 			}
 		default:
 			m.note(fzEvPickOrder)
-			continue
+			if !m.less(c, bc) {
+				continue
+			}
 		}
 		bt, bc, bb, bl = t, c, b, l
 	}

@@ -406,7 +406,7 @@ var fzRuleSeeds = []struct {
 	},
 	{
 		// The pick across tenants: a (weight 2) and b start at one pass,
-		// so the active list's order decides; then a's pass is ahead; then
+		// so their calls' arrival decides; then a's pass is ahead; then
 		// a's call of priority 0, aged 3ms, outranks b's of priority 1.
 		"pick",
 		[]string{fzEvPickOrder, fzEvPickPass, fzEvPickLevel},

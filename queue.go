@@ -254,7 +254,9 @@ func (q *queue[K, T]) level(c *call[K, T], now int64) level {
 // pick chooses the tenant whose best ready call runs next: the highest
 // effective level wins; among tenants whose best calls are at the same level,
 // the one with the lowest stride pass (so workers are shared in proportion to
-// weights). Tenants at their in-flight cap are passed over. It returns nil
+// weights); at equal passes, the one whose best call comes first in the
+// ready order (arrival), never the tenants' order in active, which
+// deactivate shuffles. Tenants at their in-flight cap are passed over. It returns nil
 // if no tenant may run.
 func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 	if len(q.active) == 1 {
@@ -265,13 +267,16 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 	}
 	var best *tenant[K, T]
 	var bestLvl level
+	var bestE entry[K, T]
 	for _, t := range q.active {
 		if t.capped() {
 			continue
 		}
-		lvl := q.level(t.ready.min().c, now)
-		if best == nil || bestLvl.less(lvl) || (lvl == bestLvl && passBefore(t.pass, best.pass)) {
-			best, bestLvl = t, lvl
+		e := t.ready.min()
+		lvl := q.level(e.c, now)
+		if best == nil || bestLvl.less(lvl) || lvl == bestLvl &&
+			(passBefore(t.pass, best.pass) || t.pass == best.pass && readyLess(e, bestE)) {
+			best, bestLvl, bestE = t, lvl, e
 		}
 	}
 	return best

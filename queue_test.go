@@ -581,3 +581,22 @@ func TestStarvationUnderOverload(t *testing.T) {
 		t.Logf("p waited %v under 1.5× overload (the bound with workers keeping up: %v)", wait, (dp+1)*aging)
 	})
 }
+
+// TestEqualLevelArrival: Config.AgingBand: "At equal levels tenants take
+// turns by TenantConfig.Weight, then arrival decides." B and A (weight 1,
+// neither picked yet: equal passes) each have a call at one level; B's
+// arrived first and runs first, however the tenants left by others (C's
+// call cancelled) are kept internally.
+func TestEqualLevelArrival(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{})
+		for _, k := range []string{"C", "B", "A"} {
+			require.NoError(t, d.Post(k, 0, SubmitOptions{Tenant: k}))
+		}
+		require.True(t, d.Cancel("C", nil))
+		release()
+		assert.Equal(t, []string{"B", "A"}, f.keys())
+		closeD(t, d)
+	})
+}
