@@ -407,30 +407,41 @@ func (c *stallCtx) AfterFunc(func()) func() bool {
 	}
 }
 
+// stalledExpiry sets up a call "k", queued behind a held worker with a
+// one-second deadline and a stallCtx, whose OnDone sends on hooks whether
+// its ticket had been told; it returns once the clock has ended the call
+// and is telling its ticket, held there until unstall. release lets the
+// held worker go; unstall is deferred to the test's end too, as Close
+// waits for the clock.
+func stalledExpiry(t *testing.T, hooks chan bool) (d *Dispatcher[string, int], k *Ticket[string, int], unstall, release func()) {
+	t.Helper()
+	var tk atomic.Pointer[Ticket[string, int]]
+	d, _, release = holdWorker(t, nopExec, Config[string, int]{OnDone: func(r Result[string, int]) {
+		if r.Key == "k" {
+			_, ok := tk.Load().Result()
+			hooks <- ok
+		}
+	}})
+	ctx := newStallCtx()
+	unstall = sync.OnceFunc(func() { close(ctx.release) })
+	t.Cleanup(unstall)
+	k, err := d.Submit(ctx, "k", 1, SubmitOptions{Timeout: time.Second})
+	require.NoError(t, err)
+	tk.Store(k)
+	time.Sleep(time.Second) // the deadline passes: the clock ends the call
+	synctest.Wait()
+	<-ctx.stopping // the clock is telling the ticket
+	return d, k, unstall, release
+}
+
 // TestClockTellsBeforeHooks: OnDone fires after its call's waiters were
 // told (Config.OnDone), for a call the clock ends too: the clock tells the
 // ticket whose deadline passed before the notifier may run the hook, even
 // when telling it takes a while.
 func TestClockTellsBeforeHooks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var tk atomic.Pointer[Ticket[string, int]]
 		told := make(chan bool, 1)
-		d, _, release := holdWorker(t, nopExec, Config[string, int]{OnDone: func(r Result[string, int]) {
-			if r.Key == "k" {
-				_, ok := tk.Load().Result()
-				told <- ok
-			}
-		}})
-		ctx := newStallCtx()
-		unstall := sync.OnceFunc(func() { close(ctx.release) })
-		// On failure too: Close waits for the clock.
-		defer unstall()
-		k, err := d.Submit(ctx, "k", 1, SubmitOptions{Timeout: time.Second}) // queued behind the held call
-		require.NoError(t, err)
-		tk.Store(k)
-		time.Sleep(time.Second) // the deadline passes: the clock ends the call
-		synctest.Wait()
-		<-ctx.stopping // the clock is telling the ticket
+		d, k, unstall, release := stalledExpiry(t, told)
 		select {
 		case <-told:
 			t.Fatal("OnDone ran before the clock told its call's ticket")

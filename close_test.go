@@ -290,24 +290,8 @@ func TestCloseWaitsForContextCallbacks(t *testing.T) {
 // exited by the time the clock hands it over: Close runs it.
 func TestCloseRunsLastHooks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var tk atomic.Pointer[Ticket[string, int]]
 		hooks := make(chan bool, 2)
-		d, _, release := holdWorker(t, nopExec, Config[string, int]{OnDone: func(r Result[string, int]) {
-			if r.Key == "k" {
-				_, ok := tk.Load().Result()
-				hooks <- ok
-			}
-		}})
-		ctx := newStallCtx()
-		unstall := sync.OnceFunc(func() { close(ctx.release) })
-		// On failure too: Close waits for the clock.
-		defer unstall()
-		k, err := d.Submit(ctx, "k", 1, SubmitOptions{Timeout: time.Second}) // queued behind the held call
-		require.NoError(t, err)
-		tk.Store(k)
-		time.Sleep(time.Second) // the deadline passes: the clock ends the call
-		synctest.Wait()
-		<-ctx.stopping // and is telling its ticket
+		d, k, unstall, release := stalledExpiry(t, hooks)
 		release()
 		closed := make(chan error, 1)
 		go func() { closed <- d.Close(bg) }()

@@ -297,3 +297,10 @@ func (ob *outbox[K, T]) handOff(to *outbox[K, T]) {
 	clear(ob.notes)
 	ob.hooks, ob.notes = ob.hooks[:0], ob.notes[:0]
 }
+
+// handed records that one handOverUnlock has handed over what it held,
+// and reports whether Close is to be told that none is left.
+func (dr *drain) handed() bool {
+	dr.handing--
+	return dr.handing == 0 && dr.closing
+}

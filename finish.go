@@ -19,15 +19,36 @@ import (
 	"github.com/coalescer/dispatch/internal/due"
 )
 
-// leave ends ticket t alone with st: its ticket was cancelled or its
-// context ended. If it was its call's last waiter, the call finishes.
-func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error, ob *outbox[K, T]) {
+// leave ends ticket t alone with st: it was cancelled (Ticket.Cancel), and
+// what that ends is told on the caller's goroutine. If t was its call's
+// last waiter, the call finishes.
+func (d *Dispatcher[K, T]) leave(t *Ticket[K, T], st State, err error) {
+	var ob outbox[K, T]
+	d.mu.Lock()
+	d.leaveLocked(t, st, err, &ob)
+	d.mu.Unlock()
+	d.tell.deliver(&ob)
+}
+
+// leaveLocked is leave under the lock.
+func (d *Dispatcher[K, T]) leaveLocked(t *Ticket[K, T], st State, err error, ob *outbox[K, T]) {
 	switch {
 	case t.state == tsNew: // Submit has not admitted it yet; it will see this and refuse
 		t.state = tsDone
 	case !t.ended():
 		d.dismiss(t, st, err, d.clk.now(), ob)
 	}
+}
+
+// leaveAside is leave for a goroutine that must run no user code (a
+// Submit context's AfterFunc, which Close cannot wait for): it takes the
+// lock, tells the tickets, and hands the hooks and observer events to the
+// notifier (handOverUnlock).
+func (d *Dispatcher[K, T]) leaveAside(t *Ticket[K, T], st State, err error) {
+	var ob outbox[K, T]
+	d.mu.Lock()
+	d.leaveLocked(t, st, err, &ob)
+	d.handOverUnlock(&ob)
 }
 
 // dismiss is leave under the lock, at now.
@@ -178,13 +199,6 @@ type drain struct {
 	handing int
 }
 
-// handed records that one handOverUnlock has handed over what it held,
-// and reports whether Close is to be told that none is left.
-func (dr *drain) handed() bool {
-	dr.handing--
-	return dr.handing == 0 && dr.closing
-}
-
 // begin stops admission; keys is how many are tracked.
 func (dr *drain) begin(keys int) {
 	if !dr.closing {
@@ -198,5 +212,23 @@ func (dr *drain) left(keys int) {
 	if dr.closing && keys == 0 && !dr.told {
 		dr.told = true
 		close(dr.done)
+	}
+}
+
+// handover (SetMode, mode.go) is what a switch to Sync mode leaves to the workers: the calls
+// that arrived before it, whose arrival numbers (call.seq) are at most
+// upTo, and how many of them have not ended. SetMode's drain waits for
+// those alone, and cancels only those: every call made after the switch
+// is a Sync-mode caller's, which the caller runs or waits for itself.
+type handover struct {
+	upTo uint64
+	left int
+}
+
+// ended counts the end of a call that arrived as seq. For a dispatcher
+// never switched to Sync mode (upTo 0) it is one comparison that fails.
+func (h *handover) ended(seq uint64) {
+	if seq <= h.upTo {
+		h.left--
 	}
 }

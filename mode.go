@@ -88,24 +88,6 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	return d.awaitDrain(ctx, upTo)
 }
 
-// handover is what a switch to Sync mode leaves to the workers: the calls
-// that arrived before it, whose arrival numbers (call.seq) are at most
-// upTo, and how many of them have not ended. SetMode's drain waits for
-// those alone, and cancels only those: every call made after the switch
-// is a Sync-mode caller's, which the caller runs or waits for itself.
-type handover struct {
-	upTo uint64
-	left int
-}
-
-// ended counts the end of a call that arrived as seq. For a dispatcher
-// never switched to Sync mode (upTo 0) it is one comparison that fails.
-func (h *handover) ended(seq uint64) {
-	if seq <= h.upTo {
-		h.left--
-	}
-}
-
 // awaitDrain waits until the calls handed over by the switch to Sync mode
 // that ended at upTo have ended, or ctx ends (then cancelling those still
 // queued), or the mode is switched again. It takes the lock itself.

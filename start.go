@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"runtime/debug"
 	"sync"
 
 	"github.com/coalescer/dispatch/internal/adaptive"
@@ -235,5 +236,24 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 		if obs := d.cfg.Observer; obs != nil && to != from {
 			ob.notes.add(func() { obs.OnLimitChange(from, to) })
 		}
+	}
+}
+
+// limiterFault is told that a method of the limiter that a worker asked
+// for a token under the lock (next, startGate.mayStart) panicked with v,
+// or (v nil) ended the goroutine. Either is counted as a callback's
+// panic (Stats.CallbackPanics); the limiter grants nothing for a while
+// (tokens.Fault). On an exit nothing of a call was taken yet: it releases
+// the lock and tells what the worker's outbox ob holds, and spawn puts a
+// new worker in its place.
+func (d *Dispatcher[K, T]) limiterFault(v any, ob *outbox[K, T]) {
+	exit := v == nil
+	if exit {
+		v = ErrGoexit
+	}
+	d.tell.contain(&PanicError{Callback: callbackRateLimit, Value: v, Stack: debug.Stack()})
+	if exit {
+		d.mu.Unlock()
+		d.tell.deliver(ob)
 	}
 }

@@ -278,21 +278,12 @@ func (t *Ticket[K, T]) ctxDone(ctx context.Context) {
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		st, err = StateCanceled, canceledErr(context.Cause(ctx))
 	}
-	d := t.d
-	var ob outbox[K, T]
-	d.mu.Lock()
-	d.leave(t, st, err, &ob)
-	d.handOverUnlock(&ob)
+	t.d.leaveAside(t, st, err)
 }
 
 // Cancel ends this submission Canceled, unless it has ended. The call goes
 // on for its other waiters; without any, a pending call is removed and a
 // running call's context is cancelled.
 func (t *Ticket[K, T]) Cancel() {
-	d := t.d
-	var ob outbox[K, T]
-	d.mu.Lock()
-	d.leave(t, StateCanceled, ErrCanceled, &ob)
-	d.mu.Unlock()
-	d.tell.deliver(&ob)
+	t.d.leave(t, StateCanceled, ErrCanceled)
 }
