@@ -242,15 +242,7 @@ func TestInFlightCallEndsWithItsOwnOutcome(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				d := newTestDispatcher(t, Options{Retry: dispatch.RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: dispatch.JitterNone, BudgetRatio: 1}})
 				j := &journal{}
-				first := newCall(j, "first", typeLow, "1", "x")
-				runs := 0
-				first.exec = func(context.Context, *testCall) error {
-					time.Sleep(100 * time.Millisecond)
-					if runs++; runs == 1 {
-						return errRetryable
-					}
-					return nil
-				}
+				first := failsOnce(j, "first")
 				chFirst, chNext := make(chan error, 2), make(chan error, 2)
 				require.NoError(t, d.Add(first, fwk.APICallOptions{OnFinish: chFirst}))
 				if c.inFlight {
@@ -283,15 +275,7 @@ func TestMergeAskedOncePerAdd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newTestDispatcher(t, Options{})
 		j := &journal{}
-		first := newCall(j, "first", typeLow, "1", "x")
-		runs := 0
-		first.exec = func(context.Context, *testCall) error {
-			time.Sleep(100 * time.Millisecond)
-			if runs++; runs == 1 {
-				return errRetryable
-			}
-			return nil
-		}
+		first := failsOnce(j, "first")
 		ch := make(chan error, 2)
 		require.NoError(t, d.Add(first, fwk.APICallOptions{}))
 		time.Sleep(50 * time.Millisecond) // first is in flight
@@ -305,4 +289,19 @@ func TestMergeAskedOncePerAdd(t *testing.T) {
 		assert.Equal(t, []string{"execute first", "execute next"}, j.only("execute "), "the retry runs the merged call")
 		assert.ElementsMatch(t, []string{"x", "y"}, next.fieldList())
 	})
+}
+
+// failsOnce is a call of typeLow on object "1" whose execution takes
+// 100 ms and fails retryably the first time, then succeeds.
+func failsOnce(j *journal, name string) *testCall {
+	c := newCall(j, name, typeLow, "1", "x")
+	runs := 0
+	c.exec = func(context.Context, *testCall) error {
+		time.Sleep(100 * time.Millisecond)
+		if runs++; runs == 1 {
+			return errRetryable
+		}
+		return nil
+	}
+	return c
 }
