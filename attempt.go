@@ -28,6 +28,9 @@ type attempt[K comparable, T any] struct {
 	ev      Event         // for the observer, if any
 	n       int           // attempt number
 	wait    time.Duration // queue wait
+	// observed: the observer hears of its start (OnStart), unless OnStart
+	// ended the goroutine maxStartExits times in a row before it.
+	observed bool
 	attemptEnd
 }
 
@@ -38,7 +41,7 @@ type attempt[K comparable, T any] struct {
 // made under it, and begin takes it. The call keeps its last one between
 // attempts. So a queued call that has not started holds none of
 // it, and an execution makes one allocation, as its context alone would:
-// 72 bytes on a 64-bit platform, one allocation of 80
+// 80 bytes on a 64-bit platform, one allocation of 80
 // (TestExecutionSizeDoc).
 type execution struct {
 	ctx    execctx.Ctx
@@ -52,12 +55,23 @@ type sofar struct {
 	attempts   int
 	firstStart int64 // the clock reading the call first started at
 	runTime    time.Duration
+	// startExits counts the times in a row Observer.OnStart ended the
+	// goroutine before the call's next attempt began (maxStartExits).
+	startExits uint8
 }
+
+// maxStartExits is how many times in a row Observer.OnStart may end the
+// goroutine before one attempt of a call begins: each sends the call back
+// to the queue untouched, and the attempt after the last begins without
+// OnStart, so that an OnStart that always exits cannot hold a call back
+// forever.
+const maxStartExits = 3
 
 // attemptEnd is what an attempt brings back.
 type attemptEnd struct {
 	site      string // the user code of this call running, or last run; "" before any
 	abandoned bool   // the goroutine ended before any of it ran: no attempt was made
+	startExit bool   // abandoned by Observer.OnStart (maxStartExits)
 	err       error
 	panicked  bool // err is a *PanicError the dispatcher recovered: never retried
 	class     Class
@@ -151,8 +165,9 @@ func (a *attempt[K, T]) inlineToken(l RateLimiter, tl *teller[K, T]) bool {
 // its execution e (begin), set up here: cancelled when c loses its
 // waiters or the dispatcher closes, reporting the latest deadline of c's
 // live waiters (none if any waiter has none), carrying the idempotency
-// key. inline: run by a Sync-mode caller; observed: the observer hears of
-// it; timeout: RetryPolicy.AttemptTimeout.
+// key. inline: run by a Sync-mode caller; observed: an observer is set,
+// which hears of it unless its OnStart exited too often (maxStartExits);
+// timeout: RetryPolicy.AttemptTimeout.
 func (c *call[K, T]) newAttempt(e *execution, clk *timebase, inline, observed bool, timeout time.Duration) attempt[K, T] {
 	var dl time.Time
 	if at := c.execDeadline(); at != 0 {
@@ -161,7 +176,7 @@ func (c *call[K, T]) newAttempt(e *execution, clk *timebase, inline, observed bo
 	ctx := &e.ctx
 	ctx.Init(dl, c.idem())
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: c.lane.key, val: c.val, lastErr: c.lastErr(), inline: inline}
-	if observed {
+	if a.observed = observed && e.startExits < maxStartExits; a.observed {
 		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(e.firstStart-c.enq)
 	}
 	if timeout > 0 {
@@ -273,8 +288,15 @@ func (a *attemptEnd) outcome(attempts int) (st State, err error, final bool) {
 }
 
 // account adds what attempt a did to c: its run time, the value a
-// before-retry hook rebuilt, an execution.
+// before-retry hook rebuilt, an execution, an exit of Observer.OnStart
+// (maxStartExits).
 func (c *call[K, T]) account(a *attempt[K, T]) {
+	switch {
+	case a.startExit:
+		c.exec.startExits++
+	case !a.abandoned: // the attempt began: OnStart is told of the next
+		c.exec.startExits = 0
+	}
 	c.exec.runTime += a.runTime
 	if a.rebuilt {
 		c.val = a.val

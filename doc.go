@@ -43,9 +43,11 @@
 // Classify ends the call Failed with a *PanicError, never retried: exec may
 // have done half its work. In Merge, Follow or Moot it refuses the
 // incoming submission; in Amend's function Amend returns it; in OnDone, an
-// Observer method or Label it is counted (Stats.CallbackPanics); in the
-// RateLimiter it is counted too, and no token is granted by it (see
-// RateLimiter). A blocked
+// Observer method or Label it is counted (Stats.CallbackPanics) — an
+// Observer.OnStart that exits sends its call back to the queue untouched,
+// three times in a row at most before one attempt, which then begins
+// without it; in the RateLimiter it is counted too, and no token is
+// granted by it (see RateLimiter). A blocked
 // callback holds up only its own goroutine: the clock that drives
 // deadlines and backoffs runs no user code. Merge, Follow, Moot and
 // Amend's function run under the dispatcher's lock and must not call it;

@@ -421,3 +421,12 @@ func memberDoc(typ *doc.Type, name string) (string, error) {
 	}
 	return "", fmt.Errorf("%s has no method or field %q", typ.Name, name)
 }
+
+// TestOnStartExitsDoc keeps the number of Observer.OnStart's exits in a row
+// that the docs state true to maxStartExits (TestOnStartAlwaysExiting).
+func TestOnStartExitsDoc(t *testing.T) {
+	n := map[int]string{2: "two", 3: "three", 4: "four", 5: "five"}[maxStartExits]
+	require.NotEmpty(t, n, "maxStartExits %d has no word here", maxStartExits)
+	docSays(t, "Observer.OnStart", "after "+n+" such exits in a row, the attempt begins without OnStart")
+	docSays(t, "", "sends its call back to the queue untouched, "+n+" times in a row at most before one attempt")
+}

@@ -16,7 +16,13 @@ type Event struct {
 type Observer interface {
 	OnSubmit(e Event, coalesced bool) // accepted, merged into a pending call or not
 	OnReject(e Event, err error)
-	OnStart(e Event, attempt int, queueWait time.Duration) // attempt counts from 1
+	// OnStart runs as an attempt is about to begin, on the goroutine that
+	// executes it; attempt counts from 1. If it ends that goroutine
+	// (runtime.Goexit), the call goes back to the queue untouched, to be
+	// taken again; after three such exits in a row, the attempt begins
+	// without OnStart, so that one that always exits cannot hold a call
+	// back forever. A retry tells OnStart again.
+	OnStart(e Event, attempt int, queueWait time.Duration)
 	OnRetry(e Event, attempt int, delay time.Duration, err error)
 	OnDrop(e Event, b Bound)     // a queued call was shed
 	OnFinish(e Event, o Outcome) // a call ended: what OnDone sees

@@ -97,14 +97,16 @@ func (rn *runner) stock() {
 // queue untouched — an observer's or hook's exit is only counted, and ends
 // no call — and so it does if the rate limiter's Wait, in a Sync-mode
 // caller, exited: exec did not run; during the rest of c's attempt, the
-// attempt ends Failed with a *PanicError.
+// attempt ends Failed with a *PanicError. OnStart's exits are counted on
+// c: after maxStartExits in a row, c's attempt begins without it, so that
+// an OnStart that always exits does not send c back forever.
 //
 // It returns the clock reading its attempt ended at.
 func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {
 	a := d.begin(c, now, rn)
 	d.holdPlace(c, &a, ob)
 	d.mu.Unlock()
-	ended := false
+	ended, starting := false, false
 	defer func() {
 		if r := recover(); r != nil {
 			crash(r) // the dispatcher's own code panicked, perhaps under the lock
@@ -113,7 +115,7 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 			return
 		}
 		if a.site == "" || a.site == callbackRateLimit {
-			a.abandoned = true
+			a.abandoned, a.startExit = true, starting
 		} else {
 			a.panicked = true
 			a.err = &PanicError{Callback: a.site, Value: ErrGoexit, Stack: debug.Stack()}
@@ -124,8 +126,10 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 		d.tell.deliver(ob)
 	}()
 	d.tell.deliver(ob)
-	if obs := d.cfg.Observer; obs != nil {
+	if obs := d.cfg.Observer; a.observed {
+		starting = true
 		d.tell.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
+		starting = false
 	}
 	a.unhold()
 	a.execute(&d.cfg, d.exec, &d.clk, &d.tell)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -140,4 +141,74 @@ func TestOnStartGoexitKeepsPlace(t *testing.T) {
 		s := closeD(t, d)
 		assert.Equal(t, uint64(1), s.CallbackPanics)
 	})
+}
+
+// startAlwaysExits is an observer whose OnStart panics or ends its
+// goroutine (runtime.Goexit) every time — up to giveUp calls, so that a
+// dispatcher that would take the call again forever still lets the test
+// end, and fail.
+type startAlwaysExits struct {
+	NopObserver
+	goexit bool
+	calls  atomic.Int32
+}
+
+const giveUp = 100
+
+func (o *startAlwaysExits) OnStart(Event, int, time.Duration) {
+	if o.calls.Add(1) > giveUp {
+		return
+	}
+	if o.goexit {
+		runtime.Goexit()
+	}
+	panic("observer: start")
+}
+
+// TestOnStartAlwaysExiting: an Observer.OnStart that always ends its
+// goroutine cannot hold a call back forever. Each exit sends the call back
+// to the queue untouched and is counted (Stats.CallbackPanics), as a
+// one-off exit is; after maxStartExits of them in a row before one attempt,
+// that attempt begins without OnStart, and the call runs and ends as exec
+// says — an observer's exit ends no call. The count starts again with each
+// attempt, so a retry tells OnStart again. One that always panics is
+// counted once per attempt, and the attempt goes on.
+func TestOnStartAlwaysExiting(t *testing.T) {
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		for _, goexit := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/goexit=%v", mode, goexit), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					var ran atomic.Int32
+					obs := &startAlwaysExits{goexit: goexit}
+					done := make(chan Result[string, int], 1)
+					d := newD(t, func(context.Context, string, int) error {
+						if ran.Add(1) == 1 {
+							return syscall.ECONNRESET // retried once
+						}
+						return nil
+					}, Config[string, int]{
+						Workers:  1,
+						Observer: obs,
+						Retry:    noJitter(2),
+						OnDone:   func(r Result[string, int]) { done <- r },
+						Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+						Rollout:  RolloutPolicy{Mode: mode},
+					})
+					go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{Tenant: "t"}) }()
+					r := <-done
+					assert.Equal(t, StateSucceeded, r.State, "ended %v: %v", r.State, r.Err)
+					assert.Equal(t, 2, r.Attempts)
+					assert.Equal(t, int32(2), ran.Load(), "exec runs once per attempt")
+					perAttempt := 1
+					if goexit {
+						perAttempt = maxStartExits
+					}
+					assert.Equal(t, int32(2*perAttempt), obs.calls.Load(), "OnStart calls")
+					s := closeD(t, d)
+					assert.Equal(t, uint64(2*perAttempt), s.CallbackPanics)
+					assert.Zero(t, s.Tenants["t"].Queued)
+				})
+			})
+		}
+	}
 }
