@@ -387,3 +387,25 @@ func TestDispatcherRejectDoneContext(t *testing.T) {
 	assert.Equal(t, float64(s.Rejected), sum(t, h.reg, "dispatch_rejected_total"), "rejected")
 	assert.Equal(t, 1.0, h.value(t, "dispatch_rejected_total", "call_type", "bind", "reason", "canceled"))
 }
+
+// TestDispatcherInvalidUTF8Labels: a call type or tenant that is not valid
+// UTF-8 (a label derived from raw bytes, say) is exported as "other". As a
+// label value it would fail the Observer's events, and then every scrape
+// of the registry, for as long as the value stays known.
+func TestDispatcherInvalidUTF8Labels(t *testing.T) {
+	h := newHarness(t, dispatch.Config[string, call]{})
+	ctx := t.Context()
+	tk, err := h.d.Submit(ctx, "k", call{typ: "bind\xff"}, dispatch.SubmitOptions{Tenant: "plugin-\xfe"})
+	require.NoError(t, err)
+	_, err = tk.Wait(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.d.Close(ctx))
+
+	_, err = h.reg.Gather()
+	require.NoError(t, err, "the scrape fails")
+	s := h.d.Stats()
+	assert.Zero(t, s.CallbackPanics, "observer panics: %v", s.LastCallbackPanic)
+	assert.Equal(t, 1.0, h.value(t, "dispatch_submissions_total", "call_type", "other", "tenant", "other"))
+	assert.Equal(t, 1.0, h.value(t, "dispatch_async_api_call_execution_total", "call_type", "other", "result", "succeeded"))
+	lint(t, h.reg)
+}

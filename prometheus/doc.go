@@ -32,7 +32,8 @@
 // FallbackPolicy name), and a value outside them is exported as "other". As
 // a safety net, each of call_type and tenant takes at most
 // Options.MaxLabelValues distinct values; later ones are exported as
-// "other".
+// "other", and so is a value that is not valid UTF-8, which no exposition
+// format can carry.
 //
 // # Example
 //

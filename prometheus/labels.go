@@ -3,6 +3,7 @@ package dispatchprom
 import (
 	"errors"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/coalescer/dispatch"
 )
@@ -15,8 +16,10 @@ const overflow = "other"
 // values; later newcomers become overflow. It guards the registry against a
 // Config.Label function or tenant scheme that is not as small as promised: a
 // series per key would grow without end and take the monitoring down with
-// it. It is safe for concurrent use; the common case (a value already seen)
-// is one lock-free map read.
+// it. A value that is not valid UTF-8, which no exposition format can
+// carry, is overflow too: as a label value it would make every scrape of
+// the registry fail. It is safe for concurrent use; the common case (a
+// value already seen) is one lock-free map read.
 type bounded struct {
 	max  int // < 0: unbounded
 	seen sync.Map
@@ -27,6 +30,9 @@ type bounded struct {
 func (b *bounded) value(v string) string {
 	if _, ok := b.seen.Load(v); ok {
 		return v
+	}
+	if !utf8.ValidString(v) {
+		return overflow
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
