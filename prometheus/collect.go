@@ -55,10 +55,16 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 
 // pendingByType is s's pending calls by call-type label value. Types seen
 // before but idle now are 0: a series that vanished would read as "no
-// data", not as "none pending", and alerts on it would go quiet.
+// data", not as "none pending", and alerts on it would go quiet. Without
+// Config.Label, Stats.Labels is nil and every call's label is "": the
+// pending calls are all the calls queued or in flight.
 func (o *Observer) pendingByType(s dispatch.Stats) map[string]int {
 	pending := make(map[string]int, len(s.Labels))
 	o.callTypes.each(func(ct string) { pending[ct] = 0 })
+	if s.Labels == nil {
+		pending[o.callTypes.value("")] += s.Ready + s.Delayed + s.Successors + s.InFlight
+		return pending
+	}
 	for l, n := range s.Labels {
 		pending[o.callTypes.value(l)] += n
 	}

@@ -409,3 +409,33 @@ func TestDispatcherInvalidUTF8Labels(t *testing.T) {
 	assert.Equal(t, 1.0, h.value(t, "dispatch_async_api_call_execution_total", "call_type", "other", "result", "succeeded"))
 	lint(t, h.reg)
 }
+
+// TestDispatcherPendingWithoutLabel: without Config.Label every call's
+// call_type is "", and pending_async_api_calls counts them all, rather than
+// reading 0 while calls wait.
+func TestDispatcherPendingWithoutLabel(t *testing.T) {
+	obs, err := NewObserver(Options{})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(obs))
+	gate, started := make(chan struct{}), make(chan string, 4)
+	d, err := dispatch.New(func(_ context.Context, key string, _ int) error {
+		started <- key
+		<-gate
+		return nil
+	}, dispatch.Config[string, int]{Workers: 1, Observer: obs})
+	require.NoError(t, err)
+	obs.SetStats(d.Stats)
+
+	for _, k := range []string{"a", "b", "c"} {
+		require.NoError(t, d.Post(k, 0, dispatch.SubmitOptions{}))
+	}
+	<-started // one runs, two wait
+	assert.Equal(t, 3.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", ""))
+	assert.Equal(t, 3.0, value(t, reg, "dispatch_submissions_total", "call_type", ""))
+
+	close(gate)
+	require.NoError(t, d.Close(t.Context()))
+	assert.Equal(t, 0.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", ""))
+	lint(t, reg)
+}

@@ -23,17 +23,17 @@
 //     tracked keys, per-tenant queued and in-flight calls, mode and breaker
 //     state.
 //
-// Labels are bounded: call_type is the dispatch.Config.Label label, tenant is
-// SubmitOptions.Tenant, and every other label (result, reason, from, to,
-// state, direction) takes values from a small fixed set. Keys and error text
-// never become label values: reasons take their values from the
-// dispatcher's own vocabularies (the dispatch.Bound constants, the sentinel
-// errors, and the mode-change reasons that Observer.OnModeChange and
-// FallbackPolicy name), and a value outside them is exported as "other". As
-// a safety net, each of call_type and tenant takes at most
-// Options.MaxLabelValues distinct values; later ones are exported as
-// "other", and so is a value that is not valid UTF-8, which no exposition
-// format can carry.
+// Labels are bounded: call_type is the dispatch.Config.Label label ("" for
+// every call without one), tenant is SubmitOptions.Tenant, and every other
+// label (result, reason, from, to, state, direction) takes values from a
+// small fixed set. Keys and error text never become label values: reasons
+// take their values from the dispatcher's own vocabularies (the
+// dispatch.Bound constants, the sentinel errors, and the mode-change
+// reasons that Observer.OnModeChange and FallbackPolicy name), and a value
+// outside them is exported as "other". As a safety net, each of call_type
+// and tenant takes at most Options.MaxLabelValues distinct values; later
+// ones are exported as "other", and so is a value that is not valid UTF-8,
+// which no exposition format can carry.
 //
 // # Example
 //
