@@ -54,13 +54,17 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 }
 
 // pendingByType is s's pending calls by call-type label value. Types seen
-// before but idle now are 0: a series that vanished would read as "no
-// data", not as "none pending", and alerts on it would go quiet. Without
+// before but idle now are 0, "other" included once a type became it: a
+// series that vanished would read as "no data", not as "none pending", and
+// alerts on it would go quiet. Without
 // Config.Label, Stats.Labels is nil and every call's label is "": the
 // pending calls are all the calls queued or in flight.
 func (o *Observer) pendingByType(s dispatch.Stats) map[string]int {
 	pending := make(map[string]int, len(s.Labels))
 	o.callTypes.each(func(ct string) { pending[ct] = 0 })
+	if o.callTypes.overflowed() {
+		pending[overflow] = 0
+	}
 	if s.Labels == nil {
 		pending[o.callTypes.value("")] += s.Ready + s.Delayed + s.Successors + s.InFlight
 		return pending
@@ -76,6 +80,9 @@ func (o *Observer) pendingByType(s dispatch.Stats) map[string]int {
 func (o *Observer) byTenant(s dispatch.Stats) map[string]dispatch.TenantStats {
 	out := make(map[string]dispatch.TenantStats, len(s.Tenants))
 	o.tenants.each(func(t string) { out[t] = dispatch.TenantStats{} })
+	if o.tenants.overflowed() {
+		out[overflow] = dispatch.TenantStats{}
+	}
 	for name, ts := range s.Tenants {
 		t := o.tenants.value(name)
 		q := out[t]

@@ -82,7 +82,8 @@
 // the kind of fallback threshold crossed (backlog, failure_ratio,
 // queue_wait, circuit_open); the fallback's full message, with its measured
 // values, is in dispatch.Stats.FallbackReason. The gauges exist only while a
-// Stats source is set.
+// Stats source is set; a call type or tenant seen once, "other" included,
+// keeps its gauges, at 0 while idle.
 //
 // # Rolling out
 //

@@ -3,6 +3,7 @@ package dispatchprom
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/coalescer/dispatch"
@@ -25,6 +26,9 @@ type bounded struct {
 	seen sync.Map
 	mu   sync.Mutex // serialises admissions, so n is exact
 	n    int
+	// over is set once a value has become overflow: from then on overflow
+	// is a value seen, like an admitted one.
+	over atomic.Bool
 }
 
 func (b *bounded) value(v string) string {
@@ -32,6 +36,7 @@ func (b *bounded) value(v string) string {
 		return v
 	}
 	if !utf8.ValidString(v) {
+		b.over.Store(true)
 		return overflow
 	}
 	b.mu.Lock()
@@ -40,6 +45,7 @@ func (b *bounded) value(v string) string {
 		return v
 	}
 	if b.max >= 0 && b.n >= b.max {
+		b.over.Store(true)
 		return overflow
 	}
 	b.seen.Store(v, struct{}{})
@@ -54,6 +60,9 @@ func (b *bounded) each(f func(string)) {
 		return true
 	})
 }
+
+// overflowed reports whether any value has become overflow.
+func (b *bounded) overflowed() bool { return b.over.Load() }
 
 // knownBounds and knownSwitches are the dispatcher's own vocabularies: the
 // Bound constants, and the mode-change reasons Observer.OnModeChange and

@@ -312,3 +312,28 @@ func TestLimitMetrics(t *testing.T) {
 	assert.Equal(t, 2.0, value(t, reg, "dispatch_below_reserve_in_flight_calls"))
 	lint(t, reg)
 }
+
+// TestOverflowSeriesStay: once a call type or tenant has been exported as
+// "other", its gauges stay, at 0 when idle, like those of the values seen
+// by name, rather than vanishing and reading as "no data".
+func TestOverflowSeriesStay(t *testing.T) {
+	obs, reg := newTestObserver(t, Options{MaxLabelValues: 1})
+	obs.OnSubmit(dispatch.Event{Label: "bind", Tenant: "plugin-a"}, false)
+	obs.OnSubmit(dispatch.Event{Label: "status-patch", Tenant: "plugin-b"}, false) // both past the bound
+	busy := dispatch.Stats{
+		Labels:  map[string]int{"bind": 1, "status-patch": 2},
+		Tenants: map[string]dispatch.TenantStats{"plugin-a": {Queued: 1}, "plugin-b": {Queued: 1, InFlight: 1}},
+	}
+	obs.SetStats(func() dispatch.Stats { return busy })
+	assert.Equal(t, 2.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", "other"))
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_tenant_queued_calls", "tenant", "other"))
+	assert.Equal(t, 1.0, value(t, reg, "dispatch_tenant_in_flight_calls", "tenant", "other"))
+
+	obs.SetStats(func() dispatch.Stats { return dispatch.Stats{Labels: map[string]int{}} })
+	assert.Equal(t, 0.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", "bind"))
+	assert.Equal(t, 0.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", "other"))
+	assert.Equal(t, 0.0, value(t, reg, "dispatch_tenant_queued_calls", "tenant", "plugin-a"))
+	assert.Equal(t, 0.0, value(t, reg, "dispatch_tenant_queued_calls", "tenant", "other"))
+	assert.Equal(t, 0.0, value(t, reg, "dispatch_tenant_in_flight_calls", "tenant", "other"))
+	lint(t, reg)
+}
