@@ -156,7 +156,7 @@ func TestDispatcherMetrics(t *testing.T) {
 dispatch_async_api_call_execution_total{call_type="bind",result="failed"} 1
 dispatch_async_api_call_execution_total{call_type="bind",result="succeeded"} 3
 dispatch_async_api_call_execution_total{call_type="status",result="dropped"} 1
-# HELP dispatch_async_api_call_attempts_total Executions started (API attempts, retries included), by call type.
+# HELP dispatch_async_api_call_attempts_total Attempts begun (retries included), by call type; one that Config.NoOp or BeforeRetry ends runs no exec.
 # TYPE dispatch_async_api_call_attempts_total counter
 dispatch_async_api_call_attempts_total{call_type="bind"} 5
 # HELP dispatch_coalesced_total Submissions merged into a call already pending for their key, by call type.
@@ -437,5 +437,41 @@ func TestDispatcherPendingWithoutLabel(t *testing.T) {
 	close(gate)
 	require.NoError(t, d.Close(t.Context()))
 	assert.Equal(t, 0.0, value(t, reg, "dispatch_pending_async_api_calls", "call_type", ""))
+	lint(t, reg)
+}
+
+// TestAttemptsCountNoOpAttempts: an attempt that Config.NoOp ends is
+// begun (the observer is told of it) but runs no exec, so attempts_total
+// counts it where Stats.Executions does not, as the metric's help says.
+func TestAttemptsCountNoOpAttempts(t *testing.T) {
+	obs, err := NewObserver(Options{})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(obs))
+	ran := 0
+	d, err := dispatch.New(func(context.Context, string, int) error {
+		ran++
+		return nil
+	}, dispatch.Config[string, int]{Workers: 1, Observer: obs, NoOp: func(_ string, v int) bool { return v == 0 }})
+	require.NoError(t, err)
+	obs.SetStats(d.Stats)
+	for i, k := range []string{"skipped", "run"} {
+		tk, err := d.Submit(t.Context(), k, i, dispatch.SubmitOptions{})
+		require.NoError(t, err)
+		_, err = tk.Wait(t.Context())
+		require.NoError(t, err)
+	}
+	require.NoError(t, d.Close(t.Context()))
+
+	assert.Equal(t, 1, ran)
+	assert.Equal(t, uint64(1), d.Stats().Executions)
+	assert.Equal(t, 2.0, sum(t, reg, "dispatch_async_api_call_attempts_total"), "both attempts begun")
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() == "dispatch_async_api_call_attempts_total" {
+			assert.Contains(t, f.GetHelp(), "one that Config.NoOp or BeforeRetry ends runs no exec")
+		}
+	}
 	lint(t, reg)
 }

@@ -54,7 +54,7 @@
 //
 //	async_api_call_execution_total{call_type,result}             counter: finished calls by terminal state
 //	async_api_call_execution_duration_seconds{call_type,result}  histogram: exec time of finished calls that ran
-//	async_api_call_attempts_total{call_type}                     counter: executions started, retries included
+//	async_api_call_attempts_total{call_type}                     counter: attempts begun, retries included (one that Config.NoOp or BeforeRetry ends runs no exec)
 //	pending_async_api_calls{call_type}                           gauge: calls queued or in flight
 //	queue_wait_seconds{call_type}                                histogram: enqueue to first execution
 //	submissions_total{call_type,tenant}                          counter: submissions, accepted or rejected

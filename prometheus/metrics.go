@@ -35,7 +35,7 @@ func (o *Observer) newCounters(m *metrics) {
 	o.finished = m.counter("async_api_call_execution_total",
 		"Calls finished, by call type and terminal state (result). A call that coalesced several submissions counts once.", "call_type", "result")
 	o.attempts = m.counter("async_api_call_attempts_total",
-		"Executions started (API attempts, retries included), by call type.", "call_type")
+		"Attempts begun (retries included), by call type; one that Config.NoOp or BeforeRetry ends runs no exec.", "call_type")
 	o.submissions = m.counter("submissions_total",
 		"Submissions (Submit and Post), accepted or rejected, by call type and tenant.", "call_type", "tenant")
 	o.coalesced = m.counter("coalesced_total",

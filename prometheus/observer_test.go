@@ -58,7 +58,7 @@ func TestObserverEvents(t *testing.T) {
 	obs.OnCircuitChange(dispatch.CircuitHalfOpen, dispatch.CircuitClosed)
 
 	const want = `
-# HELP scheduler_async_api_call_attempts_total Executions started (API attempts, retries included), by call type.
+# HELP scheduler_async_api_call_attempts_total Attempts begun (retries included), by call type; one that Config.NoOp or BeforeRetry ends runs no exec.
 # TYPE scheduler_async_api_call_attempts_total counter
 scheduler_async_api_call_attempts_total{call_type="bind",dispatcher="test"} 2
 scheduler_async_api_call_attempts_total{call_type="status-patch",dispatcher="test"} 1
