@@ -156,7 +156,12 @@ func (d *Dispatcher) Post(c Call, o SubmitOptions) error {
 // call's new baseline: the newest view of the pod, which the no-op test and
 // the patch are computed against and whose resourceVersion a status patch
 // sends as its precondition. If the call then has nothing left to change,
-// it ends Skipped for every waiter, at once. A pod bound to another node
+// it ends Skipped for every waiter, at once. A pod older than the call's
+// baseline (by resourceVersion: the call was rebased onto the response of
+// the write before it, or a read, that the informer has not delivered yet)
+// is projected but does not become the baseline, as when two calls merge:
+// judged against the older view, the call could find nothing to change
+// that the pod as it now is needs, and end Skipped unsent. A pod bound to another node
 // than its pending binding's is returned as it is: a pod's node never
 // changes once set, so the server's truth wins over a binding that cannot
 // land (it ends Failed when it runs). It is kube-scheduler's
@@ -180,7 +185,10 @@ func (d *Dispatcher) SyncObject(pod *v1.Pod) (*v1.Pod, error) {
 		if c.Err() != nil {
 			return c, c.Err()
 		}
-		pending = c.rebase(b)
+		pending = c
+		if !newer(c.rv, b.rv) { // as merge does: the newer baseline stays
+			pending = c.rebase(b)
+		}
 		return pending, nil
 	})
 	if err != nil || !found {

@@ -42,10 +42,12 @@
 // refused by the server instead of landing; the dispatcher then reads the
 // pod back and rebuilds the patch, dropping a PodScheduled=False or a
 // nomination once the pod is bound. Dispatcher.SyncObject refreshes a pending
-// call's baseline from your informer and tells you how the pod will look
-// once the call lands; where the informer already shows what the server
-// decided — the pod bound to another node than a pending binding's — the
-// server's truth wins over a call that cannot land.
+// call's baseline from your informer (unless the call already holds a newer
+// view: the response of the write before it, which the informer has not
+// delivered yet) and tells you how the pod will look once the call lands;
+// where the informer already shows what the server decided — the pod bound
+// to another node than a pending binding's — the server's truth wins over a
+// call that cannot land.
 //
 // # Errors and retries
 //

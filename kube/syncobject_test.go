@@ -3,10 +3,12 @@ package kube
 import (
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -217,4 +219,73 @@ func TestSyncObject(t *testing.T) {
 			f.release()
 		})
 	})
+}
+
+// TestSyncObjectKeepsTheNewerBaseline pins that SyncObject does not rebase
+// a pending status patch onto a pod older than the baseline the patch
+// already holds — the response of the write before it, which the informer
+// has not delivered yet — as merge does not (TestMergeKeepsTheNewerBaseline).
+// Rebased onto the older view, a patch could find nothing to change that
+// the pod as it now is needs, and end Skipped unsent; or carry the older
+// resourceVersion as its precondition and be refused, read back and sent
+// again. Either way the pod given is the one projected: it is what the
+// caller holds.
+func TestSyncObjectKeepsTheNewerBaseline(t *testing.T) {
+	ready := v1.PodCondition{Type: "example.com/Ready", Status: v1.ConditionTrue}
+	for _, c := range []struct {
+		name   string
+		p      StatusPatch                        // the pending patch, built from the informer's view
+		got    func(t *testing.T, got *v1.Pod)    // the informer's view, projected
+		server func(t *testing.T, server *v1.Pod) // once the pending patch has landed
+	}{
+		{
+			name: "a patch the older view finds moot is still sent",
+			p:    StatusPatch{NominatedNodeName: ptr("")},
+			got:  func(t *testing.T, got *v1.Pod) { assert.Empty(t, got.Status.NominatedNodeName) },
+			server: func(t *testing.T, server *v1.Pod) {
+				assert.Empty(t, server.Status.NominatedNodeName, "the pending patch cleared the nomination the first one set")
+			},
+		},
+		{
+			name: "a patch keeps the newer resourceVersion as its precondition",
+			p:    StatusPatch{Conditions: []v1.PodCondition{ready}},
+			got: func(t *testing.T, got *v1.Pod) {
+				assert.NotNil(t, findCondition(&got.Status, ready.Type))
+				assert.Empty(t, got.Status.NominatedNodeName, "the pod given, projected: not the newer baseline")
+			},
+			server: func(t *testing.T, server *v1.Pod) {
+				assert.NotNil(t, findCondition(&server.Status, ready.Type))
+				assert.Equal(t, "nodeA", server.Status.NominatedNodeName)
+			},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI(newPod("p"))
+				view := api.pod("p") // the informer's view, which stays behind
+				// A token every 10s: the second patch, rebased once the
+				// first lands, waits for its token while SyncObject comes.
+				d := newTestDispatcher(t, api, Options{Workers: 2, RateLimit: rate.NewLimiter(rate.Every(10*time.Second), 1)})
+				release := api.hold("patch/status", "p")
+
+				t1 := submit(t, d, PatchStatus(view, StatusPatch{NominatedNodeName: ptr("nodeA")}))
+				synctest.Wait() // held at the server
+				t2 := submit(t, d, PatchStatus(view, c.p))
+				release()
+				require.Equal(t, dispatch.StateSucceeded, outcome(t, t1).State)
+				synctest.Wait() // the second patch is rebased onto the first's response
+
+				got, err := d.SyncObject(view) // an informer event from before the first write
+				require.NoError(t, err)
+				_, done := t2.Result()
+				assert.False(t, done, "still pending")
+				c.got(t, got)
+
+				assert.Equal(t, dispatch.StateSucceeded, outcome(t, t2).State)
+				assert.Equal(t, 2, api.count("patch/status"), "each patch sent once")
+				assert.Zero(t, api.count("get/"), "nothing refused and read back")
+				c.server(t, api.pod("p"))
+			})
+		})
+	}
 }
