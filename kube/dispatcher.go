@@ -161,10 +161,10 @@ func (d *Dispatcher) Post(c Call, o SubmitOptions) error {
 // the write before it, or a read, that the informer has not delivered yet)
 // is projected but does not become the baseline, as when two calls merge:
 // judged against the older view, the call could find nothing to change
-// that the pod as it now is needs, and end Skipped unsent. A pod bound to another node
-// than its pending binding's is returned as it is: a pod's node never
-// changes once set, so the server's truth wins over a binding that cannot
-// land (it ends Failed when it runs). It is kube-scheduler's
+// that the pod as it now is needs, and end Skipped unsent. A pod bound to
+// another node than its pending binding's is returned as it is: a pod's
+// node never changes once set, so the server's truth wins over a binding
+// that cannot land (it ends Failed when it runs). It is kube-scheduler's
 // APIDispatcher.SyncObject, for an informer's update handler or the
 // scheduler's cache.
 //
