@@ -315,7 +315,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 	if err != nil {
 		return err
 	}
-	if s.o.Droppable && d.gate.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.gate.breaker.State() == breaker.Open {
+	if s.o.Droppable && d.gate.breaker != nil && d.cfg.Breaker.RefuseDroppable && d.gate.breaker.StateAt(s.now) == breaker.Open {
 		return ErrCircuitOpen
 	}
 	if quotaVictim != nil {

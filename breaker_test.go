@@ -169,3 +169,39 @@ func TestBreakerRefusesDroppable(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestBreakerCooldownEndsInStats: once the cool-down has passed, the next
+// call would probe, so Stats reports the circuit half-open though no call
+// arrived to ask, and RefuseDroppable no longer refuses: the droppable call
+// is the probe. The observer hears the move when the probe starts.
+func TestBreakerCooldownEndsInStats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &flaky{down: true}
+		obs := &breakerLog{}
+		d := newD(t, f.exec, Config[string, int]{
+			Workers:  1,
+			Retry:    RetryPolicy{MaxAttempts: 1},
+			Breaker:  &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: 10 * time.Second, RefuseDroppable: true},
+			Observer: obs,
+		})
+		<-submit(t, d, "fail", 0, SubmitOptions{}).Done()
+		synctest.Wait()
+		require.Equal(t, CircuitOpen, d.Stats().Circuit)
+
+		time.Sleep(10*time.Second - time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, CircuitOpen, d.Stats().Circuit, "still cooling down")
+
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, CircuitHalfOpen, d.Stats().Circuit, "the cool-down is over: the next call probes")
+
+		f.set(false)
+		require.NoError(t, d.Post("droppable", 0, SubmitOptions{Droppable: true}), "the probe is not refused")
+		synctest.Wait()
+		assert.Equal(t, CircuitClosed, d.Stats().Circuit, "the probe succeeded")
+		assert.Equal(t, 2, f.n())
+		assert.Equal(t, []string{"closed>open", "open>half_open", "half_open>closed"}, obs.all())
+		closeD(t, d)
+	})
+}

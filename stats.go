@@ -79,7 +79,10 @@ type Stats struct {
 	Executions, StaleExecutions, Retries, AlreadyDone, Unfinishable uint64
 	// Concurrency is the executions allowed now; BelowReserve, non-urgent ones.
 	Concurrency, Reserved, BelowReserve int
-	Circuit                             Circuit
+	// Circuit is the breaker's state as the next call finds it: half-open
+	// as soon as an open circuit's cool-down is over (the observer hears
+	// of the move when that call starts).
+	Circuit Circuit
 	// Backpressure counts refusals, and Shed calls dropped to make room,
 	// by bound, each holding every bound as a key.
 	Backpressure, Shed map[Bound]uint64
@@ -133,7 +136,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	}
 	s.Successors = d.calls.n - s.Ready - s.Delayed - s.InFlight
 	if d.gate.breaker != nil {
-		s.Circuit = Circuit(d.gate.breaker.State())
+		s.Circuit = Circuit(d.gate.breaker.StateAt(now))
 	}
 	for _, b := range bounds {
 		s.Backpressure[b], s.Shed[b] = t.refused[b.index()], t.shed[b.index()]

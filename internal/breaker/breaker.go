@@ -74,6 +74,16 @@ func New(p Policy) *Breaker { return &Breaker{p: p, win: window.New(p.Window)} }
 // State returns the current state.
 func (b *Breaker) State() State { return b.state }
 
+// StateAt returns the state an execution asking at now finds: half-open
+// once an open breaker's cool-down is over, though the move is made, and
+// its Change returned, only when Admit is asked.
+func (b *Breaker) StateAt(now int64) State {
+	if b.state == Open && now >= b.openUntil {
+		return HalfOpen
+	}
+	return b.state
+}
+
 // OpenUntil is, while open, when the breaker goes half-open.
 func (b *Breaker) OpenUntil() int64 { return b.openUntil }
 

@@ -85,3 +85,22 @@ func TestProbers(t *testing.T) {
 	ok, _, _ = b.Admit(b.OpenUntil())
 	assert.True(t, ok, "the probe's slot is free again")
 }
+
+// TestStateAt: once the cool-down is over, an open breaker is half-open to
+// whoever asks, though it moves, and says so, only when Admit is asked.
+func TestStateAt(t *testing.T) {
+	b := New(policy)
+	now := int64(time.Hour)
+	assert.Equal(t, Closed, b.StateAt(now))
+	for range 3 {
+		b.Record(now, Failed)
+	}
+	at := b.OpenUntil()
+	assert.Equal(t, Open, b.StateAt(at-1), "still cooling down")
+	assert.Equal(t, HalfOpen, b.StateAt(at), "what the next execution finds")
+	assert.Equal(t, Open, b.State(), "StateAt moves nothing")
+	ok, probe, ch := b.Admit(at)
+	require.True(t, ok && probe)
+	assert.Equal(t, Change{Open, HalfOpen}, ch)
+	assert.Equal(t, HalfOpen, b.StateAt(at))
+}
