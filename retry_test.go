@@ -708,3 +708,114 @@ func TestPanicUnderLockCrashes(t *testing.T) {
 		})
 	}
 }
+
+// retryDelays records the delays the observer hears a retry wait.
+type retryDelays struct {
+	NopObserver
+	mu     sync.Mutex
+	delays []time.Duration
+}
+
+func (o *retryDelays) OnRetry(_ Event, _ int, d time.Duration, _ error) {
+	o.mu.Lock()
+	o.delays = append(o.delays, d)
+	o.mu.Unlock()
+}
+
+func (o *retryDelays) all() []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]time.Duration(nil), o.delays...)
+}
+
+// TestRetryAfterExtremes: a server's Retry-After at the edge of the
+// duration range, or just past the call's deadline, never wraps into the
+// past. Without a deadline the retry waits as long as the clock can say
+// (MaxBackoff does not cap it; it only caps the hold on other calls), and
+// the observer hears a positive delay; with one, a Retry-After past it
+// ends the call at once as Failed, matching ErrExpired, while one that
+// ends just before it runs the retry then. In both modes, with and
+// without the adaptive limit's hold.
+func TestRetryAfterExtremes(t *testing.T) {
+	const dl = time.Hour
+	tests := []struct {
+		name     string
+		hint     time.Duration
+		deadline bool
+		retried  bool // the retry runs (at the hint)
+	}{
+		{"MaxInt64", math.MaxInt64, false, false},
+		{"MaxInt64-1", math.MaxInt64 - 1, false, false},
+		{"MaxInt64 with deadline", math.MaxInt64, true, false},
+		{"MaxInt64-1 with deadline", math.MaxInt64 - 1, true, false},
+		{"deadline+1ns", dl + time.Nanosecond, true, false},
+		{"at the deadline", dl, true, false},
+		{"deadline-1ns", dl - time.Nanosecond, true, true},
+	}
+	for _, tt := range tests {
+		for _, mode := range []Mode{ModeAsync, ModeSync} {
+			for _, adaptive := range []bool{false, true} {
+				name := fmt.Sprintf("%s/%v/adaptive=%v", tt.name, mode, adaptive)
+				t.Run(name, func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						s := newScript(hintErr(tt.hint))
+						obs := &retryDelays{}
+						cfg := Config[string, int]{
+							Workers: 1, Retry: RetryPolicy{MaxAttempts: 3, MaxBackoff: time.Second},
+							Observer: obs, Rollout: RolloutPolicy{Mode: mode},
+						}
+						if adaptive {
+							cfg.Start.Adaptive = &AdaptivePolicy{}
+						}
+						d := newD(t, s.exec, cfg)
+						var o SubmitOptions
+						if tt.deadline {
+							o.Deadline = time.Now().Add(dl)
+						}
+						t0 := time.Now()
+						tks := make(chan *Ticket[string, int], 1)
+						go func() { tks <- submit(t, d, "k", 1, o) }() // Sync: Submit runs the call
+						synctest.Wait()
+						switch {
+						case tt.retried:
+							tk := <-tks
+							<-tk.Done()
+							assert.Equal(t, StateSucceeded, outcome(t, tk).State)
+							assert.Equal(t, []time.Duration{0, tt.hint}, s.at, "the retry ran at its Retry-After")
+							assert.Equal(t, []time.Duration{tt.hint}, obs.all())
+						case tt.deadline:
+							tk := <-tks
+							r := outcome(t, tk)
+							assert.Equal(t, StateFailed, r.State)
+							assert.ErrorIs(t, r.Err, ErrExpired)
+							var re *RetryError
+							require.ErrorAs(t, r.Err, &re)
+							assert.Equal(t, giveUpDeadline, re.Reason)
+							assert.Equal(t, t0, time.Now(), "ended at once")
+							assert.Equal(t, int32(1), s.calls.Load())
+							assert.Empty(t, obs.all())
+						default:
+							time.Sleep(1000 * time.Hour)
+							synctest.Wait()
+							assert.Equal(t, int32(1), s.calls.Load(), "retried before its Retry-After")
+							delays := obs.all()
+							require.Len(t, delays, 1)
+							assert.Greater(t, delays[0], 100*365*24*time.Hour, "the delay heard wrapped or was capped")
+							if mode == ModeAsync {
+								assert.Equal(t, 1, d.Stats().Delayed)
+							}
+						}
+						ctx, cancel := context.WithCancel(bg)
+						cancel()
+						_ = d.Close(ctx)
+						if !tt.retried && !tt.deadline {
+							tk := <-tks
+							assert.Equal(t, StateClosed, outcome(t, tk).State)
+						}
+						checkConservation(t, d)
+					})
+				})
+			}
+		}
+	}
+}
