@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -606,5 +607,145 @@ func TestSyncObserverGoexitOnTheCaller(t *testing.T) {
 				assert.Equal(t, uint64(1), s.CallbackPanics)
 			})
 		})
+	}
+}
+
+// trapObserver is an observer one of whose methods (which) misbehaves
+// once, as act says: panics, exits its goroutine, blocks until release, or
+// calls back into the Dispatcher (Close with a deadline, or Stats and Post).
+type trapObserver struct {
+	which, act string
+	d          *Dispatcher[string, int]
+	release    chan struct{}
+	fired      atomic.Bool
+	closeErr   chan error
+}
+
+func (o *trapObserver) hit(m string) {
+	if m != o.which || o.fired.Swap(true) {
+		return
+	}
+	switch o.act {
+	case "panic":
+		panic("trap")
+	case "goexit":
+		runtime.Goexit()
+	case "block":
+		<-o.release
+	case "close":
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		o.closeErr <- o.d.Close(ctx)
+	case "call":
+		_ = o.d.Stats()
+		_ = o.d.Post("reentrant", 1, SubmitOptions{})
+	}
+}
+
+func (o *trapObserver) OnSubmit(Event, bool)                     { o.hit("OnSubmit") }
+func (o *trapObserver) OnReject(Event, error)                    { o.hit("OnReject") }
+func (o *trapObserver) OnStart(Event, int, time.Duration)        { o.hit("OnStart") }
+func (o *trapObserver) OnRetry(Event, int, time.Duration, error) { o.hit("OnRetry") }
+func (o *trapObserver) OnDrop(Event, Bound)                      { o.hit("OnDrop") }
+func (o *trapObserver) OnFinish(Event, Outcome)                  { o.hit("OnFinish") }
+func (o *trapObserver) OnModeChange(Mode, Mode, string)          { o.hit("OnModeChange") }
+func (o *trapObserver) OnCircuitChange(Circuit, Circuit)         { o.hit("OnCircuitChange") }
+func (o *trapObserver) OnLimitChange(int, int)                   { o.hit("OnLimitChange") }
+
+// TestObserverMisbehaves: whichever Observer method panics, exits its
+// goroutine, blocks or calls back into the Dispatcher, in either mode, no
+// outcome is lost and no key is wedged: Close with a deadline returns with
+// nothing live. One that blocks on a goroutine Close waits for (a worker,
+// the notifier, a Sync-mode caller running its call) holds Close past its
+// deadline until it returns, as an exec that ignores its context does;
+// Close then returns nil if everything drained, else the context's error.
+// Close called from one returns
+// ErrReentrant there, or does its work on a goroutine it does not wait for.
+func TestObserverMisbehaves(t *testing.T) {
+	docSays(t, "", "Close, though, waits for it if it blocks a goroutine Close waits for (a worker, the notifier, a Sync-mode caller running its call), past the end of Close's context, as for an exec that ignores its context.")
+	docSays(t, "Dispatcher.Close", "(an exec that ignores its context, or a callback blocked on one of those goroutines, holds Close up)")
+	methods := []string{"OnSubmit", "OnReject", "OnStart", "OnRetry", "OnDrop", "OnFinish", "OnModeChange", "OnCircuitChange", "OnLimitChange"}
+	for _, which := range methods {
+		for _, act := range []string{"panic", "goexit", "block", "close", "call"} {
+			for _, mode := range []Mode{ModeAsync, ModeSync} {
+				t.Run(fmt.Sprintf("%s/%s/%v", which, act, mode), func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						o := &trapObserver{which: which, act: act, release: make(chan struct{}), closeErr: make(chan error, 1)}
+						var fails atomic.Int32
+						d := newD(t, func(ctx context.Context, k string, _ int) error {
+							if k == "fail" && fails.Add(1) == 1 {
+								return retryAfterErr{10 * time.Millisecond} // a retry, the breaker, the limit
+							}
+							return nil
+						}, Config[string, int]{
+							Workers: 2, Capacity: 2, Retry: noJitter(3),
+							Breaker:  &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second},
+							Start:    StartPolicy{Adaptive: &AdaptivePolicy{}},
+							Observer: o, Rollout: RolloutPolicy{Mode: mode},
+						})
+						o.d = d
+						var wg sync.WaitGroup
+						submitter := func(k string, so SubmitOptions) {
+							wg.Go(func() { // a Sync-mode Submit runs the call
+								if tk, err := d.Submit(context.Background(), k, 1, so); err == nil {
+									<-tk.Done()
+								}
+							})
+							synctest.Wait()
+						}
+						submitter("fail", SubmitOptions{})
+						submitter("exp", SubmitOptions{Deadline: time.Now().Add(5 * time.Millisecond), Droppable: true})
+						submitter("x", SubmitOptions{Droppable: true}) // refused: no room
+						submitter("y", SubmitOptions{Priority: 5})     // sheds a droppable call
+						submitter("z", SubmitOptions{Priority: 5})
+						time.Sleep(2 * time.Second)
+						synctest.Wait()
+						wg.Go(func() { _ = d.SetMode(context.Background(), 1-mode) })
+						time.Sleep(time.Second)
+						synctest.Wait()
+						require.True(t, o.fired.Load(), "the workload never reached %s", which)
+
+						ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+						defer cancel()
+						closed := make(chan error, 1)
+						go func() { closed <- d.Close(ctx) }()
+						time.Sleep(2 * time.Second)
+						synctest.Wait()
+						var err error
+						select {
+						case err = <-closed:
+						default:
+							require.Equal(t, "block", act, "Close did not return by its deadline")
+							close(o.release)
+							err = <-closed // nil if everything drained before the deadline
+						}
+						if err != nil {
+							assert.ErrorIs(t, err, context.DeadlineExceeded)
+						}
+						if act == "block" {
+							select {
+							case <-o.release:
+							default:
+								close(o.release) // it blocked a goroutine Close does not wait for
+							}
+						}
+						wg.Wait()
+						if act == "close" {
+							err := <-o.closeErr
+							if err != nil && !errors.Is(err, ErrReentrant) {
+								assert.ErrorIs(t, err, context.DeadlineExceeded)
+							}
+						}
+						s := checkConservation(t, d)
+						assert.Zero(t, s.Live, "live submissions after Close")
+						assert.Zero(t, s.Keys, "tracked keys after Close")
+						assert.Zero(t, s.InFlight, "in-flight calls after Close")
+						if act == "panic" || act == "goexit" {
+							assert.Equal(t, uint64(1), s.CallbackPanics)
+						}
+					})
+				})
+			}
+		}
 	}
 }

@@ -49,7 +49,10 @@
 // without it; in the RateLimiter it is counted too, and no token is
 // granted by it (see RateLimiter). A blocked
 // callback holds up only its own goroutine: the clock that drives
-// deadlines and backoffs runs no user code. Merge, Follow, Moot and
+// deadlines and backoffs runs no user code. Close, though, waits for it
+// if it blocks a goroutine Close waits for (a worker, the notifier, a
+// Sync-mode caller running its call), past the end of Close's context, as
+// for an exec that ignores its context. Merge, Follow, Moot and
 // Amend's function run under the dispatcher's lock and must not call it;
 // any other callback may, and a call that would wait for its own goroutine
 // returns ErrReentrant.
