@@ -9,6 +9,8 @@
 package retryafter
 
 import (
+	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -54,14 +56,19 @@ func Strip(err error) error {
 }
 
 // Header reads a Retry-After header in whole seconds, as client-go does
-// (an HTTP date is not read, nor by client-go).
+// (an HTTP date is not read, nor by client-go). A delay too long for a
+// time.Duration (about 292 years), however many digits it has, is read as
+// the longest one, rather than wrapping round to a short or negative delay.
 func Header(h http.Header) (time.Duration, bool) {
 	v := h.Get("Retry-After")
 	if v == "" {
 		return 0, false
 	}
-	s, err := strconv.Atoi(v)
-	if err != nil || s < 0 {
+	s, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange) && s > 0, err == nil && s > math.MaxInt64/int64(time.Second):
+		return math.MaxInt64, true
+	case err != nil || s < 0:
 		return 0, false
 	}
 	return time.Duration(s) * time.Second, true

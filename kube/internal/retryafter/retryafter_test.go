@@ -2,6 +2,7 @@ package retryafter
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -11,12 +12,17 @@ import (
 )
 
 func TestHeader(t *testing.T) {
-	for v, want := range map[string]time.Duration{"7": 7 * time.Second, "0": 0} {
+	longest := time.Duration(math.MaxInt64)
+	for v, want := range map[string]time.Duration{
+		"7": 7 * time.Second, "0": 0,
+		"9223372036": 9223372036 * time.Second, // the longest that fits
+		"+7":         7 * time.Second, "9223372037": longest, "9223372036854775807": longest, "99999999999999999999999": longest,
+	} {
 		d, ok := Header(http.Header{"Retry-After": {v}})
 		assert.True(t, ok, v)
 		assert.Equal(t, want, d, v)
 	}
-	for _, v := range []string{"", "-1", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"} {
+	for _, v := range []string{"", "-1", "-99999999999999999999999", " 7", "1.5", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"} {
 		_, ok := Header(http.Header{"Retry-After": {v}})
 		assert.False(t, ok, "%q", v)
 	}
