@@ -2,11 +2,14 @@ package dispatch
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // liveHeapAfterDeriving derives n contexts from parent, cancelling each at
@@ -50,5 +53,58 @@ func TestDerivedContextsLetGo(t *testing.T) {
 		assert.LessOrEqual(t, g, stdlib+n*16,
 			"live heap after %d contexts derived from exec's and cancelled: %d B (from a context.WithCancelCause: %d B)", n, g, stdlib)
 		closeD(t, d)
+	})
+}
+
+// TestFarDeadlineExecContext: a waiter's deadline past the year 2262 (a
+// Timeout of the largest Duration, or a context's deadline that far) gives
+// exec a context whose deadline is far off too, never one long past: a
+// context exec derives with a timeout of its own, and
+// RetryPolicy.AttemptTimeout, still end the attempt on time.
+func TestFarDeadlineExecContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		far, cancel := context.WithTimeout(bg, time.Duration(math.MaxInt64))
+		defer cancel()
+		for name, sub := range map[string]struct {
+			ctx context.Context
+			o   SubmitOptions
+		}{
+			"Timeout":  {bg, SubmitOptions{Timeout: time.Duration(math.MaxInt64)}},
+			"Deadline": {bg, SubmitOptions{Deadline: time.Now().AddDate(300, 0, 0)}},
+			"context":  {far, SubmitOptions{}},
+		} {
+			start := time.Now()
+			var deadline time.Time
+			d := newD(t, func(ctx context.Context, _ string, _ int) error {
+				deadline, _ = ctx.Deadline()
+				req, cancel := context.WithTimeout(ctx, time.Second)
+				defer cancel()
+				<-req.Done()
+				return nil
+			}, Config[string, int]{})
+			tk, err := d.Submit(sub.ctx, "k", 1, sub.o)
+			require.NoError(t, err, name)
+			time.Sleep(time.Second)
+			synctest.Wait()
+			r, ok := tk.Result()
+			require.True(t, ok, "%s: the request's one-second timeout did not end it", name)
+			assert.Equal(t, StateSucceeded, r.State, name)
+			assert.True(t, deadline.After(start.AddDate(200, 0, 0)), "%s: exec's deadline %v", name, deadline)
+
+			// An AttemptTimeout ends the attempt too.
+			d2 := newD(t, func(ctx context.Context, _ string, _ int) error {
+				<-ctx.Done()
+				return ctx.Err()
+			}, Config[string, int]{Retry: RetryPolicy{MaxAttempts: 1, AttemptTimeout: time.Second}})
+			tk2, err := d2.Submit(sub.ctx, "k", 1, sub.o)
+			require.NoError(t, err, name)
+			time.Sleep(time.Second)
+			synctest.Wait()
+			r2, ok := tk2.Result()
+			require.True(t, ok, "%s: AttemptTimeout did not end the attempt", name)
+			assert.Equal(t, StateFailed, r2.State, name)
+			closeD(t, d)
+			closeD(t, d2)
+		}
 	})
 }

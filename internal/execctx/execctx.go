@@ -16,6 +16,7 @@ package execctx
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,7 +82,9 @@ var _ context.Context = (*Ctx)(nil)
 
 // New returns a live context with deadline (zero: none) whose Value for
 // IdemKey{} is idem ("" reads as nil). The deadline keeps its wall-clock
-// reading only.
+// reading only, within the years 1678 to 2262 that Unix nanoseconds hold:
+// a later one reads as the last instant they hold, an earlier one as the
+// first, so that a far deadline never reads as one long past.
 func New(deadline time.Time, idem string) *Ctx {
 	ctx := &Ctx{}
 	ctx.Init(deadline, idem)
@@ -93,11 +96,32 @@ func New(deadline time.Time, idem string) *Ctx {
 // is never reused.
 func (ctx *Ctx) Init(deadline time.Time, idem string) {
 	if !deadline.IsZero() {
-		ctx.deadline = deadline.UnixNano()
+		ctx.deadline = unixNano(deadline)
 	}
 	if idem != "" {
 		ctx.x = &extra{idem: idem}
 	}
+}
+
+// Unix nanoseconds' range, as times.
+var (
+	lastNano  = time.Unix(0, math.MaxInt64)
+	firstNano = time.Unix(0, math.MinInt64)
+)
+
+// unixNano is t in Unix nanoseconds, saturated to their range (UnixNano
+// wraps around outside it), and never 0, which means no deadline.
+func unixNano(t time.Time) int64 {
+	switch {
+	case t.After(lastNano):
+		return math.MaxInt64
+	case t.Before(firstNano):
+		return math.MinInt64
+	}
+	if n := t.UnixNano(); n != 0 {
+		return n
+	}
+	return -1 // the Unix epoch, long past: a nanosecond earlier
 }
 
 // more returns ctx's extra, making it; ctx.mu is held.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -33,6 +34,23 @@ func TestLiveContext(t *testing.T) {
 	_, ok = New(time.Time{}, "").Deadline()
 	assert.False(t, ok, "zero deadline: none")
 	assert.Nil(t, New(time.Time{}, "").Value(IdemKey{}), "no idempotency key reads as nil")
+}
+
+// TestDeadlineSaturates: a deadline outside what Unix nanoseconds hold
+// reads as the nearest one they hold, not wrapped around to the other
+// side; the Unix epoch itself is still a deadline.
+func TestDeadlineSaturates(t *testing.T) {
+	for _, c := range []struct{ in, want time.Time }{
+		{time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC), time.Unix(0, math.MaxInt64)},
+		{time.Unix(0, math.MaxInt64).Add(time.Duration(math.MaxInt64)), time.Unix(0, math.MaxInt64)},
+		{time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), time.Unix(0, math.MinInt64)},
+		{time.Unix(0, 0), time.Unix(0, -1)},
+		{time.Unix(100, 5), time.Unix(100, 5)},
+	} {
+		got, ok := New(c.in, "").Deadline()
+		require.True(t, ok, "%v", c.in)
+		assert.True(t, got.Equal(c.want), "%v read as %v, want %v", c.in, got, c.want)
+	}
 }
 
 func TestCancel(t *testing.T) {
