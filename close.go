@@ -14,11 +14,12 @@ import (
 // every goroutine the dispatcher started has exited and every execution —
 // on a worker or inline in a Sync-mode caller — has returned (an exec that
 // ignores its context, or a callback blocked on one of those goroutines,
-// holds Close up): nil if everything drained, else ctx's error. Close is idempotent and safe to call concurrently. Called
-// from a callback on a goroutine Close would wait for (exec on a worker, a
-// completion hook, an observer method), it ends whatever remains with
-// Closed at once and returns ErrReentrant; the dispatcher's goroutines exit
-// as their callbacks return.
+// holds Close up): nil if everything drained, else ctx's error. Close is
+// idempotent and safe to call concurrently. Called from a callback on a
+// goroutine Close would wait for (exec on a worker, a completion hook, an
+// observer method), it ends whatever remains with Closed at once and
+// returns ErrReentrant; the dispatcher's goroutines exit as their
+// callbacks return.
 func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 	if d.reentrant() {
 		d.stop()
