@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -473,5 +474,9 @@ func TestAttemptsCountNoOpAttempts(t *testing.T) {
 			assert.Contains(t, f.GetHelp(), "one that Config.NoOp or BeforeRetry ends runs no exec")
 		}
 	}
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(doc), "\n//", "\n")), " ")
+	assert.Contains(t, text, "An attempt that Config.NoOp or BeforeRetry ends has begun but runs no exec: attempts_total counts it, dispatch.Stats.Executions does not.")
 	lint(t, reg)
 }

@@ -54,7 +54,7 @@
 //
 //	async_api_call_execution_total{call_type,result}             counter: finished calls by terminal state
 //	async_api_call_execution_duration_seconds{call_type,result}  histogram: exec time of finished calls that ran
-//	async_api_call_attempts_total{call_type}                     counter: attempts begun, retries included (one that Config.NoOp or BeforeRetry ends runs no exec)
+//	async_api_call_attempts_total{call_type}                     counter: attempts begun, retries included
 //	pending_async_api_calls{call_type}                           gauge: calls queued or in flight
 //	queue_wait_seconds{call_type}                                histogram: enqueue to first execution
 //	submissions_total{call_type,tenant}                          counter: submissions, accepted or rejected
@@ -81,7 +81,9 @@
 // bound (capacity, quota). The mode-change reason is manual, cool_down, or
 // the kind of fallback threshold crossed (backlog, failure_ratio,
 // queue_wait, circuit_open); the fallback's full message, with its measured
-// values, is in dispatch.Stats.FallbackReason. The gauges exist only while a
+// values, is in dispatch.Stats.FallbackReason. An attempt that Config.NoOp
+// or BeforeRetry ends has begun but runs no exec: attempts_total counts it,
+// dispatch.Stats.Executions does not. The gauges exist only while a
 // Stats source is set; a call type or tenant seen once, "other" included,
 // keeps its gauges, at 0 while idle.
 //
