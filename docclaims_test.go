@@ -83,7 +83,7 @@ func TestMaxWaitersCountsSyncPosts(t *testing.T) {
 // expired call does not hold up the next deadline.
 func TestClockEventsOnNotifier(t *testing.T) {
 	docSays(t, "Observer", "or on the notifier goroutine for those of the clock (a deadline, a fallback)")
-	docSays(t, "", "A blocked callback holds up only its own goroutine: the clock that drives deadlines and backoffs runs no user code.")
+	docSays(t, "", "A blocked callback that runs outside the lock holds up only its own goroutine: the clock that drives deadlines and backoffs runs no user code.")
 	synctest.Test(t, func(t *testing.T) {
 		obs := &blockingObserver{gate: make(chan struct{}), in: make(chan struct{})}
 		block := make(chan struct{})
