@@ -256,7 +256,8 @@ func (q *queue[K, T]) level(c *call[K, T], now int64) level {
 // the one with the lowest stride pass (so workers are shared in proportion to
 // weights); at equal passes, the one whose best call comes first in the
 // ready order (arrival), never the tenants' order in active, which
-// deactivate shuffles. Tenants at their in-flight cap are passed over. It returns nil
+// deactivate shuffles. Tenants at their in-flight cap are passed over, and
+// bank no more share for it than their cap's worth of picks. It returns nil
 // if no tenant may run.
 func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 	if len(q.active) == 1 {
@@ -270,6 +271,14 @@ func (q *queue[K, T]) pick(now int64) *tenant[K, T] {
 	var bestE entry[K, T]
 	for _, t := range q.active {
 		if t.capped() {
+			// Passed over, it keeps the lead that takes back the workers
+			// its own executions free as they end, and banks no more: its
+			// pass trails the current one by at most a pick per execution
+			// its cap allows, so that a cap lifted or raised does not give
+			// it every worker until its pass catches up with the others'.
+			if floor := q.vpass - uint64(min(t.cfg.MaxInFlight, maxWorkers))*t.stride; passBefore(t.pass, floor) {
+				t.pass = floor
+			}
 			continue
 		}
 		e := t.ready.min()

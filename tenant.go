@@ -155,8 +155,12 @@ type TenantConfig struct {
 	// keeps its place until its attempt begins (while the worker tells
 	// earlier outcomes, and Observer.OnStart), so that a callback that
 	// ends the worker's goroutine sends it back to the queue, never out.
-	MaxQueued   int
-	MaxInFlight int // caps its executions: at the cap its calls are passed over
+	MaxQueued int
+	// MaxInFlight caps its executions: at the cap its calls are passed
+	// over. The tenant then takes back the workers its executions free
+	// as they end, but banks no more share of the workers (Weight) for
+	// the time it spent at the cap.
+	MaxInFlight int
 	// Weight shares workers among tenants whose best ready calls are at
 	// one band and level (Config.AgingBand), by stride scheduling: each pick
 	// advances a tenant's pass by 2³²/Weight (at least 1), lowest first.

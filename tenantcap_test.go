@@ -71,3 +71,40 @@ func TestSetTenantMaxInFlightUnnamed(t *testing.T) {
 		assert.Equal(t, 2, r.peak["patch"])
 	})
 }
+
+// TestCappedTenantBanksNoCredit: a tenant held at its in-flight cap, its
+// calls passed over, does not bank the picks it was passed over for: when
+// its cap is lifted it shares the workers with another tenant of the same
+// weight from then on, rather than taking every worker until its pass
+// catches up with the other's.
+func TestCappedTenantBanksNoCredit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder(10 * time.Millisecond)
+		d := newD(t, r.exec, Config[string, int]{
+			Workers:  4,
+			Capacity: 10000,
+			Tenants:  map[string]TenantConfig{"a": {MaxInFlight: 1}},
+		})
+		for i := range 2000 {
+			require.NoError(t, d.Post(fmt.Sprint("a/", i), 0, SubmitOptions{Tenant: "a"}))
+			require.NoError(t, d.Post(fmt.Sprint("b/", i), 0, SubmitOptions{Tenant: "b"}))
+		}
+		time.Sleep(time.Second) // b runs on three workers, a on one
+		synctest.Wait()
+		require.NoError(t, d.SetTenantMaxInFlight("a", 0))
+		r.mu.Lock()
+		from := len(r.order)
+		r.mu.Unlock()
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		r.mu.Lock()
+		n := map[string]int{}
+		for _, k := range r.order[from:] {
+			n[tenantOf(k)]++
+		}
+		r.mu.Unlock()
+		assert.InDelta(t, n["a"], n["b"], float64(n["a"]+n["b"])/4, "starts after the cap was lifted: %v", n)
+		assert.Positive(t, n["b"])
+		closeD(t, d)
+	})
+}
