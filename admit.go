@@ -149,11 +149,25 @@ func (d *Dispatcher[K, T]) joinMerged(c *call[K, T], s *submission[K, T], victim
 		d.shed(victim, BoundQuota, s.now, ob)
 		d.tenants.keep(s.ten)
 	}
+	ten, prio := c.tag.ten, c.prio
 	if (replaced || s.o.Priority > c.prio) && (s.ten != c.tag.ten || s.label != c.tag.label) {
 		d.adopt(c, s.ten, s.label)
 	}
 	d.waiters.join(&d.q, c, s.t, s.o.Priority, s.now, s.deadline)
 	d.totals.coalesced++
+	if mayStartNow(c, ten, prio) {
+		d.wake.workerLater(&ob.wake, d.mode == ModeAsync)
+	}
+}
+
+// mayStartNow reports whether ready call c, of tenant ten and priority
+// prio before a submission joined it, may now start where no worker could
+// take it before: it became urgent (the reservation), or moved to another
+// tenant (its in-flight cap). A worker that found every call it could take
+// held back went idle, and nothing else would wake it until an execution
+// ends.
+func mayStartNow[K comparable, T any](c *call[K, T], ten *tenant[K, T], prio int) bool {
+	return c.state == csReady && (c.tag.ten != ten || c.prio > prio)
 }
 
 // postInto is admission's short way for a Post without a deadline, whose
@@ -187,10 +201,14 @@ func (d *Dispatcher[K, T]) postInto(l *lane[K, T], val T, o *SubmitOptions, ten 
 	}
 	// join's two steps for a post, spelled out: join itself is not
 	// inlined, and its short case (joinPosts) is.
+	prio := c.prio
 	if !d.waiters.joinPosts(c, o.Priority, now) {
 		d.waiters.joinAny(&d.q, c, nil, o.Priority, now, 0)
 	}
 	d.totals.coalesced++
+	if mayStartNow(c, ten, prio) {
+		d.wake.worker()
+	}
 	return true
 }
 

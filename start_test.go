@@ -315,3 +315,62 @@ func TestStartCheckLearnsSpeedUp(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestMergeThatMayStartWakesWorker: a ready call that no worker could take
+// — passed over for the reservation, or for its tenant's in-flight cap —
+// starts at once when a submission merged into it lets it: one that makes
+// it urgent (Submit or Post), or one of another tenant that takes it over.
+// It does not wait for an execution that runs long to end first.
+func TestMergeThatMayStartWakesWorker(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config[string, int]
+		low  SubmitOptions // the running call's and the waiting one's
+		join func(d *Dispatcher[string, int]) error
+	}{
+		{
+			name: "made urgent by Submit",
+			cfg:  Config[string, int]{Workers: 2, Start: StartPolicy{ReservedWorkers: 1, UrgentPriority: 10}},
+			join: func(d *Dispatcher[string, int]) error {
+				_, err := d.Submit(bg, "k", 2, SubmitOptions{Priority: 10})
+				return err
+			},
+		},
+		{
+			name: "made urgent by Post",
+			cfg:  Config[string, int]{Workers: 2, Start: StartPolicy{ReservedWorkers: 1, UrgentPriority: 10}},
+			join: func(d *Dispatcher[string, int]) error { return d.Post("k", 2, SubmitOptions{Priority: 10}) },
+		},
+		{
+			name: "taken over by an uncapped tenant",
+			cfg:  Config[string, int]{Workers: 2, Tenants: map[string]TenantConfig{"patch": {MaxInFlight: 1}}},
+			low:  SubmitOptions{Tenant: "patch"},
+			join: func(d *Dispatcher[string, int]) error {
+				_, err := d.Submit(bg, "k", 2, SubmitOptions{Priority: 10, Tenant: "bind"})
+				return err
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				log := newStartLog()
+				d := newD(t, log.exec(time.Hour), tc.cfg)
+				require.NoError(t, d.Post("slow", 1, tc.low))
+				synctest.Wait()
+				require.NoError(t, d.Post("k", 1, tc.low))
+				synctest.Wait()
+				_, started := log.startOf("k")
+				require.False(t, started, "k waits: the one worker it may use is busy")
+				joined := time.Now()
+				require.NoError(t, tc.join(d))
+				synctest.Wait()
+				start, ok := log.startOf("k")
+				require.True(t, ok, "k starts on the free worker once it may")
+				assert.Equal(t, joined, start)
+				assert.Equal(t, 2, d.Stats().InFlight)
+				closeD(t, d)
+			})
+		})
+	}
+}
