@@ -79,20 +79,21 @@ func (t *tenant[K, T]) overQuota(freed int) bool {
 // have no call left (forgetIdle), so memory stays bounded whatever names
 // callers make up. Guarded by the Dispatcher's lock.
 type tenants[K comparable, T any] struct {
-	byName     map[string]*tenant[K, T]
-	none       *tenant[K, T] // the tenant of submissions that name none
-	configured map[string]TenantConfig
-	rest       TenantConfig // of the tenants Config.Tenants does not name
+	byName map[string]*tenant[K, T]
+	none   *tenant[K, T] // the tenant of submissions that name none
+	rest   TenantConfig  // of the tenants Config.Tenants does not name
 }
 
 // newTenants returns the tenants configured by named and rest, each
-// reported from the start.
+// reported from the start. The named ones are made here, as named says
+// now, and kept for good: named itself is not kept, so that the caller
+// may change or reuse its map while the dispatcher runs.
 func newTenants[K comparable, T any](named map[string]TenantConfig, rest TenantConfig) tenants[K, T] {
-	ts := tenants[K, T]{byName: map[string]*tenant[K, T]{}, configured: named, rest: rest}
-	ts.none = ts.get("")
-	for name := range named {
-		ts.get(name)
+	ts := tenants[K, T]{byName: map[string]*tenant[K, T]{}, rest: rest}
+	for name, cfg := range named {
+		ts.add(name, cfg, true)
 	}
+	ts.none = ts.get("")
 	return ts
 }
 
@@ -103,14 +104,17 @@ func (ts *tenants[K, T]) get(name string) *tenant[K, T] {
 	}
 	t := ts.byName[name]
 	if t == nil {
-		cfg, ok := ts.configured[name]
-		if !ok {
-			cfg = ts.rest
-		}
-		t = newTenant[K, T](name, cfg)
-		t.configured = ok || name == ""
-		ts.byName[name] = t
+		t = ts.add(name, ts.rest, name == "")
 	}
+	return t
+}
+
+// add makes the tenant named name, with cfg; a configured one is kept
+// while idle.
+func (ts *tenants[K, T]) add(name string, cfg TenantConfig, configured bool) *tenant[K, T] {
+	t := newTenant[K, T](name, cfg)
+	t.configured = configured
+	ts.byName[name] = t
 	return t
 }
 

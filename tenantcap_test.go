@@ -108,3 +108,28 @@ func TestCappedTenantBanksNoCredit(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestTenantsConfigTakenAtNew: New takes Config.Tenants as it is then: a
+// tenant the caller adds to its map afterwards is not configured by it
+// (it takes Config.DefaultTenant's settings), and the caller may go on
+// using its map — for another dispatcher, say — while this one runs.
+func TestTenantsConfigTakenAtNew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder(100 * time.Millisecond)
+		tenants := map[string]TenantConfig{"a": {MaxInFlight: 1}}
+		d := newD(t, r.exec, Config[string, int]{Workers: 4, Tenants: tenants})
+		tenants["b"] = TenantConfig{MaxInFlight: 1}
+		for i := range 4 {
+			require.NoError(t, d.Post(fmt.Sprint("a/", i), 0, SubmitOptions{Tenant: "a"}))
+			require.NoError(t, d.Post(fmt.Sprint("b/", i), 0, SubmitOptions{Tenant: "b"}))
+		}
+		synctest.Wait()
+		s := d.Stats()
+		assert.Equal(t, 1, s.Tenants["a"].InFlight, "a's cap, given to New")
+		assert.Equal(t, 3, s.Tenants["b"].InFlight, "b is not capped: added after New")
+		closeD(t, d)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		assert.Equal(t, 3, r.peak["b"])
+	})
+}
