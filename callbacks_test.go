@@ -662,7 +662,7 @@ func (o *trapObserver) OnLimitChange(int, int)                   { o.hit("OnLimi
 // Close called from one returns
 // ErrReentrant there, or does its work on a goroutine it does not wait for.
 func TestObserverMisbehaves(t *testing.T) {
-	docSays(t, "", "Close, though, waits for it if it blocks a goroutine Close waits for (a worker, the notifier, a Sync-mode caller running its call), past the end of Close's context, as for an exec that ignores its context.")
+	docSays(t, "", "Close, though, waits for a callback that blocks a goroutine Close waits for (a worker, the notifier, a Sync-mode caller running its call), past the end of Close's context, as for an exec that ignores its context.")
 	docSays(t, "Dispatcher.Close", "(an exec that ignores its context, or a callback blocked on one of those goroutines, holds Close up)")
 	methods := []string{"OnSubmit", "OnReject", "OnStart", "OnRetry", "OnDrop", "OnFinish", "OnModeChange", "OnCircuitChange", "OnLimitChange"}
 	for _, which := range methods {
@@ -748,4 +748,47 @@ func TestObserverMisbehaves(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestBlockedOnDoneHoldsTheNextCall: a worker tells the completion hooks
+// of the call it ended after taking its next call, so an OnDone that
+// blocks holds up that call too, while another worker is free, until it
+// returns — as the package doc says, for the trip through the lock it
+// saves per call.
+func TestBlockedOnDoneHoldsTheNextCall(t *testing.T) {
+	docSays(t, "", "On a worker, that includes the call it has taken next: a worker tells the completion hooks and observer events of the call it ended after taking its next call, in one trip through the lock, so one that blocks there holds that call up too (no other worker starts it meanwhile)")
+	synctest.Test(t, func(t *testing.T) {
+		log := newStartLog()
+		service := map[string]time.Duration{"long": 20 * time.Millisecond, "x": 10 * time.Millisecond}
+		exec := func(ctx context.Context, k string, v int) error {
+			return log.exec(service[k])(ctx, k, v)
+		}
+		hook := make(chan struct{})
+		d := newD(t, exec, Config[string, int]{
+			Workers: 2,
+			OnDone: func(r Result[string, int]) {
+				if r.Key == "x" {
+					<-hook
+				}
+			},
+		})
+		start := time.Now()
+		require.NoError(t, d.Post("long", 1, SubmitOptions{}))
+		require.NoError(t, d.Post("x", 1, SubmitOptions{}))
+		synctest.Wait()
+		c := submit(t, d, "c", 1, SubmitOptions{})
+		time.Sleep(25 * time.Millisecond) // x ended at 10ms, long at 20ms
+		synctest.Wait()
+		_, started := log.startOf("c")
+		assert.False(t, started, "c waits for x's hook, on the worker that took it")
+		s := d.Stats()
+		assert.Zero(t, s.Ready, "c was taken")
+		assert.Equal(t, 1, s.InFlight, "c counts as running")
+		close(hook)
+		<-c.Done()
+		at, ok := log.startOf("c")
+		require.True(t, ok)
+		assert.Equal(t, 25*time.Millisecond, at.Sub(start), "c started as x's hook returned")
+		closeD(t, d)
+	})
 }

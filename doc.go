@@ -40,26 +40,30 @@
 // code. Whatever one does — panic, exit its goroutine, block, call back
 // into the Dispatcher — no outcome is lost, no key is wedged, and Close
 // returns once no callback blocks a goroutine it waits for; the few that
-// run under the dispatcher's lock (below) must neither block nor call it. A panic (or runtime.Goexit) in exec, NoOp, BeforeRetry or
-// Classify ends the call Failed with a *PanicError, never retried: exec may
-// have done half its work. In Merge, Follow or Moot it refuses the
-// incoming submission; in Amend's function Amend returns it; in OnDone, an
-// Observer method or Label it is counted (Stats.CallbackPanics) — an
-// Observer.OnStart that exits sends its call back to the queue untouched,
-// three times in a row at most before one attempt, which then begins
-// without it; in the RateLimiter it is counted too, and no token is
-// granted by it (see RateLimiter). A blocked callback that runs outside
-// the lock holds up only its own goroutine: the clock that drives
-// deadlines and backoffs runs no user code. Close, though, waits for it
-// if it blocks a goroutine Close waits for (a worker, the notifier, a
+// run under the dispatcher's lock (below) must neither block nor call it. A
+// panic (or runtime.Goexit) in exec, NoOp, BeforeRetry or Classify ends the
+// call Failed with a *PanicError, never retried: exec may have done half
+// its work. In Merge, Follow or Moot it refuses the incoming submission; in
+// Amend's function Amend returns it; in OnDone, an Observer method or Label
+// it is counted (Stats.CallbackPanics) — an Observer.OnStart that exits
+// sends its call back to the queue untouched, three times in a row at most
+// before one attempt, which then begins without it; in the RateLimiter it
+// is counted too, and no token is granted by it (see RateLimiter). A
+// blocked callback that runs outside the lock holds up only its own
+// goroutine: the clock that drives deadlines and backoffs runs no user
+// code. On a worker, that includes the call it has taken next: a worker
+// tells the completion hooks and observer events of the call it ended after
+// taking its next call, in one trip through the lock, so one that blocks
+// there holds that call up too (no other worker starts it meanwhile); hand
+// slow work to a goroutine of your own. Close, though, waits for a callback
+// that blocks a goroutine Close waits for (a worker, the notifier, a
 // Sync-mode caller running its call), past the end of Close's context, as
 // for an exec that ignores its context. Merge, Follow, Moot, Amend's
 // function and the RateLimiter's Allow, TryAccept, QPS and ReserveN run
 // under the dispatcher's lock: while one runs, nothing else in the
-// dispatcher moves, and one that calls the Dispatcher waits for itself
-// for ever. They must be fast and must not call it; any other callback
-// may, and a call that would wait for its own goroutine returns
-// ErrReentrant.
+// dispatcher moves, and one that calls the Dispatcher waits for itself for
+// ever. They must be fast and must not call it; any other callback may, and
+// a call that would wait for its own goroutine returns ErrReentrant.
 //
 // A Dispatcher is safe for concurrent use. What the current implementation
 // costs per call is described in BENCHMARKS.md; a queued call holds
