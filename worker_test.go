@@ -59,20 +59,23 @@ func TestTokensKeepWorkersBusy(t *testing.T) {
 }
 
 // startExit is an observer whose OnStart panics or ends its goroutine
-// (runtime.Goexit) the first time it is called.
+// (runtime.Goexit) the first times it is called (the first, if times is
+// 0) and returns after.
 type startExit struct {
 	NopObserver
 	goexit bool
+	times  int32
 	calls  atomic.Int32
 	// If set, the first OnStart closes inStart and waits for leave.
 	inStart, leave chan struct{}
 }
 
 func (o *startExit) OnStart(Event, int, time.Duration) {
-	if o.calls.Add(1) > 1 {
+	n := o.calls.Add(1)
+	if n > max(o.times, 1) {
 		return
 	}
-	if o.inStart != nil {
+	if o.inStart != nil && n == 1 {
 		close(o.inStart)
 		<-o.leave
 	}
@@ -80,6 +83,28 @@ func (o *startExit) OnStart(Event, int, time.Duration) {
 		runtime.Goexit()
 	}
 	panic("observer: start")
+}
+
+// runStarting submits one call of tenant t (MaxQueued 1) to a one-worker
+// dispatcher in mode, with obs and retry, from a goroutine of its own (in
+// Sync mode that goroutine executes the call, and OnStart's Goexit ends
+// it). exec is told how many times it has run, this time included. It
+// returns the call's outcome, how many times exec ran, and Stats after
+// Close.
+func runStarting(t *testing.T, mode Mode, obs Observer, retry RetryPolicy, exec func(n int32) error) (Result[string, int], int32, Stats) {
+	var ran atomic.Int32
+	done := make(chan Result[string, int], 1)
+	d := newD(t, func(context.Context, string, int) error { return exec(ran.Add(1)) }, Config[string, int]{
+		Workers:  1,
+		Observer: obs,
+		Retry:    retry,
+		OnDone:   func(r Result[string, int]) { done <- r },
+		Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+		Rollout:  RolloutPolicy{Mode: mode},
+	})
+	go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{Tenant: "t"}) }()
+	r := <-done
+	return r, ran.Load(), closeD(t, d)
 }
 
 // TestOnStartPanicOrGoexitIsCounted: a panic or runtime.Goexit in an
@@ -94,23 +119,10 @@ func TestOnStartPanicOrGoexitIsCounted(t *testing.T) {
 		for _, goexit := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/goexit=%v", mode, goexit), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					var ran atomic.Int32
-					done := make(chan Result[string, int], 1)
-					d := newD(t, func(context.Context, string, int) error { ran.Add(1); return nil }, Config[string, int]{
-						Workers:  1,
-						Observer: &startExit{goexit: goexit},
-						OnDone:   func(r Result[string, int]) { done <- r },
-						Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
-						Rollout:  RolloutPolicy{Mode: mode},
-					})
-					// In Sync mode the submitting goroutine executes the call,
-					// and OnStart's Goexit ends it.
-					go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{Tenant: "t"}) }()
-					r := <-done
+					r, ran, s := runStarting(t, mode, &startExit{goexit: goexit}, RetryPolicy{}, func(int32) error { return nil })
 					assert.Equal(t, StateSucceeded, r.State, "ended %v: %v", r.State, r.Err)
 					assert.Equal(t, 1, r.Attempts)
-					assert.Equal(t, int32(1), ran.Load(), "exec runs once")
-					s := closeD(t, d)
+					assert.Equal(t, int32(1), ran, "exec runs once")
 					assert.Equal(t, uint64(1), s.CallbackPanics)
 				})
 			})
@@ -143,27 +155,10 @@ func TestOnStartGoexitKeepsPlace(t *testing.T) {
 	})
 }
 
-// startAlwaysExits is an observer whose OnStart panics or ends its
-// goroutine (runtime.Goexit) every time — up to giveUp calls, so that a
-// dispatcher that would take the call again forever still lets the test
-// end, and fail.
-type startAlwaysExits struct {
-	NopObserver
-	goexit bool
-	calls  atomic.Int32
-}
-
+// giveUp is how often a startExit of TestOnStartAlwaysExiting exits:
+// always, as far as the dispatcher can tell, yet a dispatcher that would
+// take the call again forever still lets the test end, and fail.
 const giveUp = 100
-
-func (o *startAlwaysExits) OnStart(Event, int, time.Duration) {
-	if o.calls.Add(1) > giveUp {
-		return
-	}
-	if o.goexit {
-		runtime.Goexit()
-	}
-	panic("observer: start")
-}
 
 // TestOnStartAlwaysExiting: an Observer.OnStart that always ends its
 // goroutine cannot hold a call back forever. Each exit sends the call back
@@ -178,33 +173,21 @@ func TestOnStartAlwaysExiting(t *testing.T) {
 		for _, goexit := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/goexit=%v", mode, goexit), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					var ran atomic.Int32
-					obs := &startAlwaysExits{goexit: goexit}
-					done := make(chan Result[string, int], 1)
-					d := newD(t, func(context.Context, string, int) error {
-						if ran.Add(1) == 1 {
+					obs := &startExit{goexit: goexit, times: giveUp}
+					r, ran, s := runStarting(t, mode, obs, noJitter(2), func(n int32) error {
+						if n == 1 {
 							return syscall.ECONNRESET // retried once
 						}
 						return nil
-					}, Config[string, int]{
-						Workers:  1,
-						Observer: obs,
-						Retry:    noJitter(2),
-						OnDone:   func(r Result[string, int]) { done <- r },
-						Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
-						Rollout:  RolloutPolicy{Mode: mode},
 					})
-					go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{Tenant: "t"}) }()
-					r := <-done
 					assert.Equal(t, StateSucceeded, r.State, "ended %v: %v", r.State, r.Err)
 					assert.Equal(t, 2, r.Attempts)
-					assert.Equal(t, int32(2), ran.Load(), "exec runs once per attempt")
+					assert.Equal(t, int32(2), ran, "exec runs once per attempt")
 					perAttempt := 1
 					if goexit {
 						perAttempt = maxStartExits
 					}
 					assert.Equal(t, int32(2*perAttempt), obs.calls.Load(), "OnStart calls")
-					s := closeD(t, d)
 					assert.Equal(t, uint64(2*perAttempt), s.CallbackPanics)
 					assert.Zero(t, s.Tenants["t"].Queued)
 				})
