@@ -140,14 +140,20 @@ type call struct {
 	updates int    // statusPatch: submissions merged into this call
 }
 
-var errNoMerge = errors.New("only status patches merge")
-
-// mergeStatus folds an incoming status patch into the pending one: the
-// newest condition wins, the updates add up. Anything else is refused, so a
-// bind is never merged away.
+// mergeStatus folds an incoming call into its pod's pending one, for every
+// write to a pod shares the pod's key: a bind replaces a pending status
+// patch (the pod is scheduled, so its PodScheduled=False is moot), a status
+// patch behind a pending bind is moot, and two status patches fold into
+// one: the newest condition wins, the updates add up. A bind is never
+// merged away. (This run binds pods the storm never patches, as in
+// kubernetes/kubernetes#135900, so only patches meet here; a scheduler's
+// pods meet the other two cases too.)
 func mergeStatus(pending, incoming call) (call, error) {
-	if pending.kind != statusPatch || incoming.kind != statusPatch {
-		return pending, errNoMerge
+	switch {
+	case incoming.kind == bind:
+		return incoming, dispatch.ReplacePending
+	case pending.kind == bind:
+		return pending, dispatch.SkipIncoming
 	}
 	incoming.updates += pending.updates
 	return incoming, nil
