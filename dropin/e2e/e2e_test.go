@@ -21,7 +21,7 @@
 // the tests -run selects: .ci/run runs TestMaterialise and
 // TestAPIDispatcherPackage in a step of their own, which builds no
 // kube-apiserver; the whole package, cold, took 25m50s on two cores, too
-// much of CI's budget (see the module's README).
+// much of CI's budget (kube/scheduler/README.md, "Tests").
 package e2e
 
 import (
