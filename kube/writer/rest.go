@@ -2,7 +2,9 @@ package writer
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -23,10 +25,11 @@ import (
 //     it: a Ready condition would wait behind every routine write that
 //     already holds a worker.
 //   - For the writer's requests only, a 429 or 5xx answer's Retry-After
-//     header is handed to the writer instead of to client-go, which would
-//     otherwise sleep it out and resend inside the worker, up to ten times;
-//     the writer waits it out in its queue, holding no worker. Other
-//     requests made with the config are left as client-go makes them.
+//     header, and a read's broken connection, are handed to the writer
+//     instead of to client-go, which would otherwise sleep them out and
+//     resend inside the worker, up to ten times; the writer waits them out
+//     in its queue, holding no worker. Other requests made with the config
+//     are left as client-go makes them.
 //
 // Build the writer's client from it, and let the rest of the program keep
 // its own config and limits:
@@ -56,6 +59,9 @@ type tap struct{ next http.RoundTripper }
 func (t *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
 	n, _ := req.Context().Value(noteKey{}).(*note)
+	if n != nil && err != nil && req.Method == http.MethodGet {
+		return resp, &hidden{err} // client-go resends a read whose connection broke, after a sleep
+	}
 	if n == nil || resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500) {
 		return resp, err
 	}
@@ -70,9 +76,31 @@ func (t *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 // tap.
 func (t *tap) WrappedRoundTripper() http.RoundTripper { return t.next }
 
+// hidden is the transport error of a writer's read, as the tap hands it to
+// client-go: of no type and no text client-go resends a read for (a reset
+// or closed connection, an EOF), so that the read fails at once and the
+// writer retries it in its queue. reveal takes the error back.
+type hidden struct{ err error }
+
+func (*hidden) Error() string { return "writer: the read failed in transport" }
+
+// reveal returns err with the transport error the tap hid put back.
+func reveal(err error) error {
+	var h *hidden
+	if !errors.As(err, &h) {
+		return err
+	}
+	if ue, ok := errors.AsType[*url.Error](err); ok && ue.Err == h {
+		return &url.Error{Op: ue.Op, URL: ue.URL, Err: h.err}
+	}
+	return h.err
+}
+
 // withDelay wraps err with the delay the server asked for: the header the
-// tap took, or a Status's details.retryAfterSeconds.
+// tap took, or a Status's details.retryAfterSeconds. A transport error the
+// tap hid is put back first.
 func withDelay(err error, n *note) error {
+	err = reveal(err)
 	if d := time.Duration(n.retryAfter.Load()); d > 0 {
 		return retryafter.Wrap(err, d)
 	}

@@ -1,0 +1,146 @@
+package writer_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+
+	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/writer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// wire is an API server for one Deployment, default/web, served in memory
+// (no sockets, so that it runs in a synctest bubble) to client-go's real
+// clients: each request is answered by the next fault queued for its
+// method and path, else as a server would, minimally.
+type wire struct {
+	mu     sync.Mutex
+	obj    *appsv1.Deployment
+	faults map[string][]func(http.ResponseWriter) error // "GET", "PUT /status", "PATCH"
+	seen   []string
+}
+
+func newWire() *wire {
+	return &wire{
+		obj: &appsv1.Deployment{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "uid-1", ResourceVersion: "1"},
+		},
+		faults: map[string][]func(http.ResponseWriter) error{},
+	}
+}
+
+func (s *wire) fail(key string, f func(http.ResponseWriter) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults[key] = append(s.faults[key], f)
+}
+
+func (s *wire) requests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+func (s *wire) RoundTrip(r *http.Request) (*http.Response, error) {
+	key := r.Method
+	if strings.HasSuffix(r.URL.Path, "/status") {
+		key += " /status"
+	}
+	if r.Body != nil {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}
+	rec := httptest.NewRecorder()
+	s.mu.Lock()
+	s.seen = append(s.seen, key)
+	var f func(http.ResponseWriter) error
+	if q := s.faults[key]; len(q) > 0 {
+		f, s.faults[key] = q[0], q[1:]
+	}
+	if f == nil && r.Method != http.MethodGet { // a write: a new resourceVersion
+		rv, _ := strconv.Atoi(s.obj.ResourceVersion)
+		s.obj.ResourceVersion = strconv.Itoa(rv + 1)
+	}
+	body, _ := json.Marshal(s.obj)
+	s.mu.Unlock()
+	if f != nil {
+		if err := f(rec); err != nil {
+			return nil, err
+		}
+	} else {
+		rec.Header().Set("Content-Type", "application/json")
+		_, _ = rec.Write(body)
+	}
+	resp := rec.Result()
+	resp.Request = r
+	return resp, nil
+}
+
+func (s *wire) config() *rest.Config {
+	return writer.RESTConfig(&rest.Config{Host: "http://apiserver.invalid", Transport: s})
+}
+
+func connReset(http.ResponseWriter) error { return syscall.ECONNRESET }
+
+// wireTyped is the writer's adapter of client-go's typed client over s.
+func wireTyped(t *testing.T, s *wire) writer.Client[deploy] {
+	cs, err := kubernetes.NewForConfig(s.config())
+	require.NoError(t, err)
+	return writer.Typed(func(ns string) writer.TypedClient[deploy] { return cs.AppsV1().Deployments(ns) })
+}
+
+// A broken connection under the writer's read is retried by the writer, in
+// its queue: client-go does not resend it asleep in the worker.
+func TestBrokenReadRetriedInTheQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newWire()
+		s.fail("GET", connReset)
+		w, err := writer.New(wireTyped(t, s), writer.Options[deploy]{})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		given := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "uid-1"}} // no resourceVersion: read first
+		tk, err := w.Submit(t.Context(), given, status(replicas(2)), writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		t.Log(s.requests(), res.Attempts, w.Stats().Reads)
+		assert.Equal(t, dispatch.StateSucceeded, res.State)
+		assert.Equal(t, 2, res.Attempts, "the writer retried the read")
+		assert.Equal(t, uint64(2), w.Stats().Reads, "each read sent is the writer's")
+		assert.Equal(t, []string{"GET", "GET", "PUT /status"}, s.requests())
+
+		// A connection that stays broken: the writer's attempts, each one
+		// read, and the outcome's error is the transport's.
+		s = newWire()
+		for range 3 {
+			s.fail("GET", connReset)
+		}
+		w2, err := writer.New(wireTyped(t, s), writer.Options[deploy]{Retry: dispatch.RetryPolicy{MaxAttempts: 3}})
+		require.NoError(t, err)
+		defer w2.Close(t.Context())
+		tk, err = w2.Submit(t.Context(), given, status(replicas(2)), writer.SetOptions{})
+		require.NoError(t, err)
+		res, err = tk.Wait(t.Context())
+		require.ErrorIs(t, err, syscall.ECONNRESET)
+		var ue *url.Error
+		require.ErrorAs(t, err, &ue)
+		assert.Contains(t, err.Error(), "connection reset by peer")
+		assert.Equal(t, dispatch.StateFailed, res.State)
+		assert.Equal(t, 3, res.Attempts)
+		assert.Equal(t, []string{"GET", "GET", "GET"}, s.requests())
+	})
+}
