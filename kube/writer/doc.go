@@ -129,7 +129,10 @@
 // reads the object first, and a conflict is re-read as in ModeUpdate). A fenced write, or a write to an object that
 // is gone, ends Failed with ErrReplaced or ErrGone and is not retried; the
 // writer reads the object to tell a refusal from a conflict when the answer
-// does not say. Call Forget from the informer's delete handler to end
+// does not say, and to tell a status write's 404 from a resource without a
+// status subresource (a custom resource whose definition declares none is
+// answered as a deleted object is), whose write fails with an error saying
+// so, not ErrGone. Call Forget from the informer's delete handler to end
 // what waits at once.
 //
 // # Order, rate, tenants

@@ -1,7 +1,9 @@
 package writer
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/coalescer/dispatch"
@@ -67,4 +69,18 @@ func testFailed(err error) bool {
 	}
 	d := status.Status().Details
 	return d == nil || len(d.Causes) == 0
+}
+
+// statusNotFound judges a status write answered 404: the apiserver answers
+// so for an object that is gone, and alike (naming the object) for a
+// resource that has no status subresource — a custom resource whose
+// definition declares none. A read tells them apart: a missing object, or
+// one of another UID, ends the write as read does; one that is there ends
+// it with an error saying so, which no retry mends and which is not the
+// server's 404 (that the object is gone, say, for apierrors.IsNotFound).
+func (w *Writer[O]) statusNotFound(ctx context.Context, n *note, p *op[O], first *bool, err error) error {
+	if _, rerr := w.read(ctx, n, p, first); rerr != nil {
+		return rerr
+	}
+	return permanent(fmt.Errorf("writer: the status of %s cannot be written: its resource has no status subresource (the server answered the write: %v)", key(p.obj), err))
 }

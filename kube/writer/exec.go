@@ -79,6 +79,9 @@ func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], firs
 	}
 	w.n.writes.Add(1)
 	out, err := w.send(ctx, t, pr, p, patch)
+	if t == targetStatus && apierrors.IsNotFound(err) {
+		return false, w.statusNotFound(ctx, n, p, first, err)
+	}
 	if err != nil {
 		return false, w.failed(err, n)
 	}

@@ -22,7 +22,8 @@ type Stats struct {
 	NoOps uint64
 	// Writes counts write requests sent (update, patch, apply), Written
 	// those the server accepted, and Reads the reads: for a desire with no
-	// baseline, or after a write refused as stale.
+	// baseline, after a write refused as stale, or after a status write
+	// answered 404 (is the object gone, or its status subresource?).
 	Writes, Written, Reads uint64
 	// Conflicts counts writes refused as stale (409, a failed patch test)
 	// whose change was applied again to a fresh read.

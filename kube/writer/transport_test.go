@@ -18,7 +18,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -143,4 +146,75 @@ func TestBrokenReadRetriedInTheQueue(t *testing.T) {
 		assert.Equal(t, 3, res.Attempts)
 		assert.Equal(t, []string{"GET", "GET", "GET"}, s.requests())
 	})
+}
+
+func statusAnswer(code int, reason metav1.StatusReason, details *metav1.StatusDetails) func(http.ResponseWriter) error {
+	return func(w http.ResponseWriter) error {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		return json.NewEncoder(w).Encode(metav1.Status{
+			TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+			Status:   metav1.StatusFailure, Code: int32(code), Reason: reason, Details: details, Message: string(reason),
+		})
+	}
+}
+
+func wireDynamic(t *testing.T, s *wire) writer.Client[*unstructured.Unstructured] {
+	dc, err := dynamic.NewForConfig(s.config())
+	require.NoError(t, err)
+	return writer.Dynamic(dc.Resource(deploymentsGVR))
+}
+
+// A status written to a resource with no status subresource — a custom
+// resource whose definition declares none — is answered 404 naming the
+// object, as its deletion would be (apiextensions-apiserver's
+// crdHandler): the object is there, so the write fails saying why, not
+// ErrGone, and is not retried.
+func TestStatusOfAResourceWithoutTheSubresource(t *testing.T) {
+	for _, mode := range []writer.Mode{writer.ModeUpdate, writer.ModePatch, writer.ModeApply} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newWire()
+				notFound := statusAnswer(http.StatusNotFound, metav1.StatusReasonNotFound, &metav1.StatusDetails{Name: "web", Group: "apps", Kind: "deployments"})
+				s.fail("PUT /status", notFound)
+				s.fail("PATCH /status", notFound)
+				w, err := writer.New(wireDynamic(t, s), writer.Options[*unstructured.Unstructured]{Mode: mode})
+				require.NoError(t, err)
+				defer w.Close(t.Context())
+				given := &unstructured.Unstructured{}
+				given.SetAPIVersion("apps/v1")
+				given.SetKind("Deployment")
+				given.SetNamespace("default")
+				given.SetName("web")
+				given.SetUID("uid-1")
+				given.SetResourceVersion("1")
+				tk, err := w.Submit(t.Context(), given, writer.Desire[*unstructured.Unstructured]{Status: func(u *unstructured.Unstructured) error {
+					return unstructured.SetNestedField(u.Object, "Ready", "status", "phase")
+				}}, writer.SetOptions{})
+				require.NoError(t, err)
+				res, err := tk.Wait(t.Context())
+				t.Log(err, s.requests())
+				assert.Equal(t, dispatch.StateFailed, res.State)
+				assert.NotErrorIs(t, err, writer.ErrGone, "the object is there")
+				assert.False(t, apierrors.IsNotFound(err), "not to be ignored as a deleted object's")
+				assert.ErrorContains(t, err, "no status subresource")
+				assert.Equal(t, 1, res.Attempts)
+				assert.Zero(t, w.Stats().Gone)
+
+				// The object deleted: the read says so.
+				s.fail("PUT /status", notFound)
+				s.fail("PATCH /status", notFound)
+				s.fail("GET", notFound)
+				tk, err = w.Submit(t.Context(), given, writer.Desire[*unstructured.Unstructured]{Status: func(u *unstructured.Unstructured) error {
+					return unstructured.SetNestedField(u.Object, "Gone", "status", "phase")
+				}}, writer.SetOptions{})
+				require.NoError(t, err)
+				res, err = tk.Wait(t.Context())
+				assert.Equal(t, dispatch.StateFailed, res.State)
+				assert.ErrorIs(t, err, writer.ErrGone)
+				assert.True(t, apierrors.IsNotFound(err))
+				assert.Equal(t, uint64(1), w.Stats().Gone)
+			})
+		})
+	}
 }
