@@ -10,6 +10,8 @@ import (
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube/internal/preset"
 	"golang.org/x/time/rate"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // Mode is how a Writer sends a desire, what a write costs in requests, and
@@ -76,7 +78,8 @@ const (
 type Options[O Object] struct {
 	Mode Mode
 	// FieldManager names the writer in managedFields (every mode) and is
-	// the field manager of ModeApply. "" means "dispatch-writer".
+	// the field manager of ModeApply. "" means "dispatch-writer"; the API
+	// server's rule holds (at most 128 printable characters).
 	FieldManager string
 	// Force, in ModeApply, takes over fields another manager owns instead
 	// of failing with a conflict. Only for fields this controller alone
@@ -172,11 +175,14 @@ const (
 // check reports a bad setting of the writer's own, naming its field; the
 // settings passed to the core are the core's to check.
 func (o *Options[O]) check() error {
+	badManager := metav1validation.ValidateFieldManager(o.FieldManager, field.NewPath("FieldManager"))
 	switch {
 	case o.Mode > ModeApply:
 		return optErr("Mode", fmt.Sprintf("%d is not a Mode", o.Mode))
 	case o.Tenancy > TenancyKind:
 		return optErr("Tenancy", fmt.Sprintf("%d is not a Tenancy", o.Tenancy))
+	case len(badManager) > 0:
+		return fmt.Errorf("writer: Options.%v (the API server would refuse every write)", badManager.ToAggregate())
 	case o.Force && o.Mode != ModeApply:
 		return optErr("Force", "is for ModeApply only")
 	case o.ApplyResourceVersion && o.Mode != ModeApply:

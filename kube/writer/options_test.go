@@ -2,6 +2,7 @@ package writer_test
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -21,6 +22,8 @@ func TestBadOptionsNameTheField(t *testing.T) {
 		"Options.Mode":                 {Mode: 3},
 		"Options.Tenancy":              {Tenancy: 3},
 		"Options.Force":                {Force: true},
+		"Options.FieldManager long":    {FieldManager: strings.Repeat("m", 129)},
+		"Options.FieldManager tab":     {FieldManager: "my\tctl"},
 		"Options.ApplyResourceVersion": {ApplyResourceVersion: true},
 		"Options.QPS NaN":              {QPS: math.NaN()},
 		"Options.QPS +Inf":             {QPS: math.Inf(1)},
