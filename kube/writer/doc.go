@@ -46,8 +46,9 @@
 // Set if that is newer (a larger resourceVersion): the baseline. The
 // change is applied to a copy of the baseline; if the result equals the
 // baseline in the part written (the status; or the body, labels,
-// annotations, finalizers and owner references) — nil and empty equal,
-// timestamps compared as instants — nothing is sent: no request, no new
+// annotations, finalizers and owner references) — nil and empty equal
+// (in an unstructured object, a null and an absent key too), timestamps
+// compared as instants — nothing is sent: no request, no new
 // resourceVersion, no watch event, no reconcile triggered by the
 // controller's own write. Set runs that test at once when the object has
 // nothing queued, and then queues nothing at all (no queue slot, no

@@ -2,6 +2,7 @@ package writer
 
 import (
 	"reflect"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -51,7 +52,7 @@ func same(t target, a, b Object) bool {
 func sameStatus(a, b runtime.Object) bool {
 	if ua, ok := a.(*unstructured.Unstructured); ok {
 		ub, _ := b.(*unstructured.Unstructured)
-		return equality.Semantic.DeepEqual(ua.Object["status"], ub.Object["status"])
+		return sameContent(ua.Object["status"], ub.Object["status"])
 	}
 	fa, _ := statusField(a)
 	fb, _ := statusField(b)
@@ -91,11 +92,63 @@ func sameBody(a, b Object) bool {
 // sameKeys reports whether every body key of a has b's value.
 func sameKeys(a, b map[string]any) bool {
 	for k, v := range a {
-		if bodyKey(k) && !equality.Semantic.DeepEqual(v, b[k]) {
+		if bodyKey(k) && !sameContent(v, b[k]) {
 			return false
 		}
 	}
 	return true
+}
+
+// sameContent is the no-op test's equality of an unstructured object's
+// values, as equality.Semantic is a typed object's: nil and empty maps and
+// lists are equal, and so are a null value and an absent key (a nil
+// pointer's JSON without omitempty, which an API server prunes from a
+// custom resource, or keeps to the same meaning); numbers by value.
+func sameContent(a, b any) bool {
+	if empty(a) || empty(b) {
+		return empty(a) && empty(b)
+	}
+	switch x := a.(type) {
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, v := range x {
+			if !sameContent(v, y[k]) {
+				return false
+			}
+		}
+		for k, v := range y {
+			if _, ok := x[k]; !ok && !empty(v) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		y, ok := b.([]any)
+		return ok && slices.EqualFunc(x, y, sameContent)
+	}
+	return sameScalar(a, b)
+}
+
+// empty reports whether v is null, an empty list, or a map of empty
+// values only.
+func empty(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case map[string]any:
+		for _, e := range x {
+			if !empty(e) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		return len(x) == 0
+	}
+	return false
 }
 
 // bodyKey reports whether a top-level key of an object is its body.

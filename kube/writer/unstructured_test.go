@@ -1,0 +1,72 @@
+package writer_test
+
+import (
+	"testing"
+	"testing/synctest"
+
+	"github.com/coalescer/dispatch/kube/writer"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// An unstructured desire that the object meets but for nulls and empty
+// lists — a status built as a Go struct and converted
+// (runtime.DefaultUnstructuredConverter gives a nil pointer or a zero
+// time without omitempty as null), which a custom resource's API server
+// prunes — is a no-op, as a typed object's nil and empty are: nothing is
+// sent, however often the controller makes it again. A real change still
+// is. (ModeApply judges by its own rule: the configuration, pruned of
+// nulls, already live.)
+func TestUnstructuredNullIsAbsent(t *testing.T) {
+	for _, mode := range []writer.Mode{writer.ModeUpdate, writer.ModePatch} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				wd := widget("a")
+				require.NoError(t, unstructured.SetNestedField(wd.Object, "Ready", "status", "phase"))
+				require.NoError(t, unstructured.SetNestedField(wd.Object, int64(2), "spec", "size"))
+				e := newDynEnv(t, wd)
+				w, err := writer.New(e.c, writer.Options[*unstructured.Unstructured]{Mode: mode})
+				require.NoError(t, err)
+				defer w.Close(t.Context())
+				type status struct {
+					Phase      string    `json:"phase"`
+					Message    *string   `json:"message"`
+					Conditions []string  `json:"conditions"`
+					Extra      *struct{} `json:"extra,omitempty"`
+				}
+				st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&status{Phase: "Ready"})
+				require.NoError(t, err)
+				require.Contains(t, st, "message") // null
+				met := writer.Desire[*unstructured.Unstructured]{
+					Status: func(u *unstructured.Unstructured) error {
+						u.Object["status"] = runtime.DeepCopyJSON(st)
+						return nil
+					},
+					Object: func(u *unstructured.Unstructured) error {
+						spec, _ := u.Object["spec"].(map[string]any)
+						if spec == nil {
+							spec = map[string]any{}
+							u.Object["spec"] = spec
+						}
+						spec["size"], spec["owner"], spec["ports"] = int64(2), nil, []any{}
+						spec["template"] = map[string]any{"labels": nil}
+						return nil
+					},
+				}
+				for range 3 {
+					require.NoError(t, w.Set(e.get(t, "a"), met, writer.SetOptions{}))
+				}
+				assert.Equal(t, uint64(6), w.Stats().NoOps, "nothing to write, three times over, per target")
+				assert.Empty(t, e.api.Requests())
+
+				tk, err := w.Submit(t.Context(), e.get(t, "a"), writer.Desire[*unstructured.Unstructured]{Status: setPhase("Done")}, writer.SetOptions{})
+				require.NoError(t, err)
+				res, err := tk.Wait(t.Context())
+				require.NoError(t, err)
+				assert.Equal(t, 1, res.Writes)
+			})
+		})
+	}
+}
