@@ -31,7 +31,12 @@ import (
 //
 // c's scheme names the apiVersion and kind of a server-side apply
 // (writer.ModeApply) for a typed object.
+//
+// A nil c gives a nil Client, which writer.New refuses.
 func New[O client.Object](c client.Client, reader client.Reader) writer.Client[O] {
+	if c == nil {
+		return nil
+	}
 	if reader == nil {
 		reader = c
 	}

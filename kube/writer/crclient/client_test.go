@@ -191,3 +191,10 @@ func (f readerFunc) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 func (readerFunc) List(context.Context, client.ObjectList, ...client.ListOption) error {
 	return errors.New("not used")
 }
+
+// A nil controller-runtime client is refused by writer.New, as a nil
+// writer.Client is, instead of panicking in every write.
+func TestNilClientRefused(t *testing.T) {
+	_, err := writer.New(crclient.New[deploy](nil, nil), writer.Options[deploy]{})
+	assert.ErrorContains(t, err, "client is nil")
+}
