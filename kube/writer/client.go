@@ -52,7 +52,12 @@ type statusUpdater[O Object] interface {
 // Build the clientset from RESTConfig, so that the writer's requests take
 // no token of a client-side bucket behind its own priority order, and a
 // server's Retry-After is waited out in the writer's queue.
+//
+// A nil of gives a nil Client, which New refuses.
 func Typed[O Object](of func(namespace string) TypedClient[O]) Client[O] {
+	if of == nil {
+		return nil
+	}
 	return typed[O]{of}
 }
 
@@ -90,7 +95,12 @@ func (c typed[O]) Patch(ctx context.Context, obj O, pt types.PatchType, data []b
 //
 // Namespaced and cluster-scoped resources alike: the object's namespace,
 // if any, is used. Build the client from RESTConfig (see Typed).
+//
+// A nil r gives a nil Client, which New refuses.
 func Dynamic(r dynamic.NamespaceableResourceInterface) Client[*unstructured.Unstructured] {
+	if r == nil {
+		return nil
+	}
 	return dyn{r}
 }
 

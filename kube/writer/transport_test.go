@@ -218,3 +218,12 @@ func TestStatusOfAResourceWithoutTheSubresource(t *testing.T) {
 		})
 	}
 }
+
+// Typed and Dynamic given nothing give a nil Client, which New refuses,
+// instead of one that panics in every write.
+func TestNilAdaptersRefused(t *testing.T) {
+	_, err := writer.New(writer.Typed[deploy](nil), writer.Options[deploy]{})
+	assert.ErrorContains(t, err, "client is nil")
+	_, err = writer.New(writer.Dynamic(nil), writer.Options[*unstructured.Unstructured]{})
+	assert.ErrorContains(t, err, "client is nil")
+}
