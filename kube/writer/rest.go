@@ -60,7 +60,10 @@ func (t *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
 	n, _ := req.Context().Value(noteKey{}).(*note)
 	if n != nil && err != nil && req.Method == http.MethodGet {
-		return resp, &hidden{err} // client-go resends a read whose connection broke, after a sleep
+		if _, ok := err.(*hidden); !ok { // hidden already by a tap below (RESTConfig twice)
+			err = &hidden{err} // client-go resends a read whose connection broke, after a sleep
+		}
+		return resp, err
 	}
 	if n == nil || resp == nil || (resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500) {
 		return resp, err

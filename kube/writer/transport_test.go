@@ -145,6 +145,24 @@ func TestBrokenReadRetriedInTheQueue(t *testing.T) {
 		assert.Equal(t, dispatch.StateFailed, res.State)
 		assert.Equal(t, 3, res.Attempts)
 		assert.Equal(t, []string{"GET", "GET", "GET"}, s.requests())
+
+		// Through a config RESTConfig made twice: the same.
+		s = newWire()
+		for range 3 {
+			s.fail("GET", connReset)
+		}
+		cs, err := kubernetes.NewForConfig(writer.RESTConfig(s.config()))
+		require.NoError(t, err)
+		twice := writer.Typed(func(ns string) writer.TypedClient[deploy] { return cs.AppsV1().Deployments(ns) })
+		w3, err := writer.New(twice, writer.Options[deploy]{Retry: dispatch.RetryPolicy{MaxAttempts: 3}})
+		require.NoError(t, err)
+		defer w3.Close(t.Context())
+		tk, err = w3.Submit(t.Context(), given, status(replicas(2)), writer.SetOptions{})
+		require.NoError(t, err)
+		res, err = tk.Wait(t.Context())
+		require.ErrorIs(t, err, syscall.ECONNRESET)
+		assert.Equal(t, 3, res.Attempts)
+		assert.Equal(t, []string{"GET", "GET", "GET"}, s.requests())
 	})
 }
 
