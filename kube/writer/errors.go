@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 
 	"github.com/coalescer/dispatch"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // The fence's verdicts: a write that ends Failed with one of these (or
@@ -59,7 +61,8 @@ func hasCause(err error, is func(error) bool, match func(metav1.StatusCause) boo
 // testFailed reports whether the server refused a JSON patch because one
 // of its tests failed (or a path it tested is missing): the apiserver
 // answers that with a 422 of its generic message and no field causes,
-// where a validation error names its fields. Every path a ModePatch patch
+// where a validation error names its fields and an admission webhook's
+// refusal says it in a message of its own. Every path a ModePatch patch
 // touches is tested first, so this is the answer to a changed object, not
 // to an invalid one.
 func testFailed(err error) bool {
@@ -67,9 +70,14 @@ func testFailed(err error) bool {
 	if !apierrors.IsInvalid(err) || !errors.As(err, &status) {
 		return false
 	}
-	d := status.Status().Details
-	return d == nil || len(d.Causes) == 0
+	s := status.Status()
+	return (s.Details == nil || len(s.Details.Causes) == 0) && s.Message == patchRefused
 }
+
+// patchRefused is the message of the apiserver's answer to a JSON patch it
+// could not apply (its patch handler's apierrors.NewGenericServerResponse,
+// of code 422).
+var patchRefused = apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", "", 0, false).ErrStatus.Message
 
 // statusNotFound judges a status write answered 404: the apiserver answers
 // so for an object that is gone, and alike (naming the object) for a

@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -244,4 +245,60 @@ func TestNilAdaptersRefused(t *testing.T) {
 	assert.ErrorContains(t, err, "client is nil")
 	_, err = writer.New(writer.Dynamic(nil), writer.Options[*unstructured.Unstructured]{})
 	assert.ErrorContains(t, err, "client is nil")
+}
+
+// A ModePatch patch refused 422 by an admission webhook — its own message,
+// no field causes — is final, as in the other modes: only the apiserver's
+// answer to a failed JSON patch test (a 422 of its generic message) is
+// re-read and patched again.
+func TestPatchRefusedByAWebhookIsFinal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newWire()
+		denied := func(w http.ResponseWriter) error {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return json.NewEncoder(w).Encode(metav1.Status{
+				TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+				Status:   metav1.StatusFailure, Code: http.StatusUnprocessableEntity,
+				Message: `admission webhook "replicas.example.com" denied the request: replicas must be odd`,
+			})
+		}
+		for range 10 {
+			s.fail("PATCH /status", denied)
+		}
+		w, err := writer.New(wireTyped(t, s), writer.Options[deploy]{Mode: writer.ModePatch})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		given := deployment("web")
+		given.UID, given.ResourceVersion = "uid-1", "1"
+		tk, err := w.Submit(t.Context(), given, status(replicas(2)), writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		assert.Equal(t, dispatch.StateFailed, res.State)
+		assert.True(t, apierrors.IsInvalid(err), "%v", err)
+		assert.ErrorContains(t, err, "replicas must be odd")
+		assert.Equal(t, 1, res.Attempts)
+		assert.Equal(t, []string{"PATCH /status"}, s.requests())
+		assert.Zero(t, w.Stats().Conflicts)
+
+		// The apiserver's answer to a failed test is still re-read.
+		s = newWire()
+		s.fail("PATCH /status", func(w http.ResponseWriter) error {
+			e := apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", "testing value /status/replicas failed", 0, false)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			st := e.ErrStatus
+			st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
+			return json.NewEncoder(w).Encode(st)
+		})
+		w2, err := writer.New(wireTyped(t, s), writer.Options[deploy]{Mode: writer.ModePatch})
+		require.NoError(t, err)
+		defer w2.Close(t.Context())
+		tk, err = w2.Submit(t.Context(), given, status(replicas(2)), writer.SetOptions{})
+		require.NoError(t, err)
+		res, err = tk.Wait(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 2, res.Attempts)
+		assert.Equal(t, []string{"PATCH /status", "GET", "PATCH /status"}, s.requests())
+	})
 }
