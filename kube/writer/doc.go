@@ -154,9 +154,9 @@
 // kube.Classify judges the API's errors (Options.Classify to replace it):
 // 429, 5xx, timeouts and broken connections are retried with backoff in
 // the queue, never asleep in a worker — a server's Retry-After is the
-// backoff (with a client built from RESTConfig, client-go does not sleep
-// it out first); a conflict is re-read and re-applied at once; the rest
-// fail. A desire ends exactly once, in one dispatch.State, told to its
+// backoff (with a client built from RESTConfig, client-go neither sleeps
+// it out first nor resends a read whose connection broke); a conflict is
+// re-read and re-applied at once; the rest fail. A desire ends exactly once, in one dispatch.State, told to its
 // Ticket, to Options.OnDone and to the Observer (a *dispatchprom.Observer
 // exports it to Prometheus, labelled by class and tenant) — but a desire
 // Set finds already met, with nothing queued for its object, which ends
