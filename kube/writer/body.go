@@ -136,7 +136,7 @@ func (w *Writer[O]) kindOf(objs ...O) (schema.GroupVersionKind, error) {
 	if gvks, _, err := scheme.Scheme.ObjectKinds(objs[0]); err == nil && len(gvks) > 0 {
 		return gvks[0], nil
 	}
-	return schema.GroupVersionKind{}, fmt.Errorf("writer: cannot tell the apiVersion and kind of %T for an apply: set them on the objects given to Set", objs[0])
+	return schema.GroupVersionKind{}, fmt.Errorf("writer: cannot tell the apiVersion and kind of %T for an apply: add the type to k8s.io/client-go/kubernetes/scheme.Scheme (its package's AddToScheme), or set them on copies of the objects given to Set", objs[0])
 }
 
 // prune returns a copy of m without nulls and empty maps: the fields an

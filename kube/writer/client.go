@@ -53,6 +53,12 @@ type statusUpdater[O Object] interface {
 // no token of a client-side bucket behind its own priority order, and a
 // server's Retry-After is waited out in the writer's queue.
 //
+// A ModeApply names the apiVersion and kind of the object; for a typed
+// object whose TypeMeta is empty (as informers and typed clients leave
+// it), they are looked up in client-go's scheme
+// (k8s.io/client-go/kubernetes/scheme.Scheme): add a custom resource's
+// type to it.
+//
 // A nil of gives a nil Client, which New refuses.
 func Typed[O Object](of func(namespace string) TypedClient[O]) Client[O] {
 	if of == nil {

@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -300,5 +301,41 @@ func TestPatchRefusedByAWebhookIsFinal(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 2, res.Attempts)
 		assert.Equal(t, []string{"PATCH /status", "GET", "PATCH /status"}, s.requests())
+	})
+}
+
+// gadget is a custom resource's Go type, in no scheme the writer knows.
+type gadget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Status            struct {
+		Phase string `json:"phase,omitempty"`
+	} `json:"status,omitempty"`
+}
+
+func (g *gadget) DeepCopyObject() runtime.Object {
+	c := *g
+	g.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	return &c
+}
+
+type gadgets struct{ writer.TypedClient[*gadget] }
+
+// An apply of a typed object whose kind the writer cannot tell — its
+// TypeMeta empty, as informers and typed clients leave it, and its type in
+// no scheme the writer reads — fails saying how to tell it: by adding the
+// type to client-go's scheme, not by writing to the informer's objects.
+func TestApplyKindUnknownSaysHow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, err := writer.New(writer.Typed(func(string) writer.TypedClient[*gadget] { return gadgets{} }), writer.Options[*gadget]{Mode: writer.ModeApply})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		g := &gadget{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "g", UID: "uid-1", ResourceVersion: "1"}}
+		tk, err := w.Submit(t.Context(), g, writer.Desire[*gadget]{Status: func(g *gadget) error { g.Status.Phase = "Ready"; return nil }}, writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		assert.Equal(t, dispatch.StateFailed, res.State)
+		assert.ErrorContains(t, err, "*writer_test.gadget")
+		assert.ErrorContains(t, err, "k8s.io/client-go/kubernetes/scheme")
 	})
 }
