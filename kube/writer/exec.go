@@ -79,7 +79,7 @@ func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], firs
 	}
 	w.n.writes.Add(1)
 	out, err := w.send(ctx, t, pr, p, patch)
-	if t == targetStatus && apierrors.IsNotFound(err) {
+	if err != nil && t == targetStatus && apierrors.IsNotFound(err) {
 		return false, w.statusNotFound(ctx, n, p, first, err)
 	}
 	if err != nil {
