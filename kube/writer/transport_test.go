@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -338,4 +339,32 @@ func TestApplyKindUnknownSaysHow(t *testing.T) {
 		assert.ErrorContains(t, err, "*writer_test.gadget")
 		assert.ErrorContains(t, err, "k8s.io/client-go/kubernetes/scheme")
 	})
+}
+
+// A status desire for a type without a status (no field Status) fails,
+// saying so, in every mode, and sends nothing: not a write that panics in
+// the writer's own comparison, nor one that ends Skipped as though the
+// object met it.
+func TestStatusDesireOfATypeWithoutOne(t *testing.T) {
+	for _, mode := range []writer.Mode{writer.ModeUpdate, writer.ModePatch, writer.ModeApply} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cs, api, c := configMaps(t, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "c"}})
+				w, err := writer.New(c, writer.Options[cm]{Mode: mode})
+				require.NoError(t, err)
+				defer w.Close(t.Context())
+				d := writer.Desire[cm]{Status: func(c cm) error { c.Data = map[string]string{"a": "b"}; return nil }}
+				require.NoError(t, w.Set(getCM(t, cs, "c"), d, writer.SetOptions{}))
+				tk, err := w.Submit(t.Context(), getCM(t, cs, "c"), d, writer.SetOptions{})
+				require.NoError(t, err)
+				res, err := tk.Wait(t.Context())
+				assert.Equal(t, dispatch.StateFailed, res.State)
+				assert.ErrorContains(t, err, "Desire.Status for default/c: *v1.ConfigMap has no status")
+				var pe *dispatch.PanicError
+				assert.NotErrorAs(t, err, &pe)
+				assert.Equal(t, 1, res.Attempts)
+				assert.Empty(t, api.Requests())
+			})
+		})
+	}
 }
