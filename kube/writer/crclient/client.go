@@ -20,14 +20,18 @@ import (
 //
 // The writer reads an object only when it needs the live one: after a
 // write refused as stale, or for a desire given without a
-// resourceVersion. A manager's default client (mgr.GetClient()) reads
-// from the informer cache, which may not have caught up: give
-// mgr.GetAPIReader() as reader. And give c no client-side rate limit of
-// its own, so the writer's priority order holds (writer.RESTConfig;
-// controller-runtime's own config.GetConfig already turns client-go's
-// limit off): build it with
+// resourceVersion. Give c no client-side rate limit of its own, so the
+// writer's priority order holds, and a server's Retry-After is waited out
+// in the writer's queue: build it from writer.RESTConfig,
 //
 //	c, err := client.New(writer.RESTConfig(cfg), client.Options{Scheme: scheme})
+//
+// Such a client reads from the API server: give a nil reader. A manager's
+// default client (mgr.GetClient()) reads from the informer cache, which
+// may not have caught up: give it a reader made as c is above — not
+// mgr.GetAPIReader(), whose config leaves a throttled read's Retry-After,
+// and a read's broken connection, to client-go, which waits them out and
+// resends inside the writer's worker.
 //
 // c's scheme names the apiVersion and kind of a server-side apply
 // (writer.ModeApply) for a typed object.

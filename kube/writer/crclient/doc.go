@@ -10,7 +10,7 @@
 // see its documentation.
 //
 //	c, err := client.New(writer.RESTConfig(mgr.GetConfig()), client.Options{Scheme: mgr.GetScheme()})
-//	w, err := writer.New(crclient.New[*v1.Widget](c, mgr.GetAPIReader()), writer.Options[*v1.Widget]{
+//	w, err := writer.New(crclient.New[*v1.Widget](c, nil), writer.Options[*v1.Widget]{
 //		Classes: map[string]int{"ready": 10, "routine": 0},
 //	})
 //	defer w.Close(ctx)
