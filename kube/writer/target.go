@@ -101,10 +101,13 @@ func sameKeys(a, b map[string]any) bool {
 }
 
 // sameContent is the no-op test's equality of an unstructured object's
-// values, as equality.Semantic is a typed object's: nil and empty maps and
-// lists are equal, and so are a null value and an absent key (a nil
-// pointer's JSON without omitempty, which an API server prunes from a
-// custom resource, or keeps to the same meaning); numbers by value.
+// values, as equality.Semantic is a typed object's: a null value, an
+// absent key and an empty list are equal (a nil pointer's or nil slice's
+// JSON without omitempty, which an API server prunes from a custom
+// resource, or keeps to the same meaning); numbers by value. An empty map
+// is not null: in unstructured form it may be a struct whose presence
+// means something (a volume's `emptyDir: {}`), which a typed object's nil
+// pointer and empty struct tell apart too.
 func sameContent(a, b any) bool {
 	if empty(a) || empty(b) {
 		return empty(a) && empty(b)
@@ -133,18 +136,10 @@ func sameContent(a, b any) bool {
 	return sameScalar(a, b)
 }
 
-// empty reports whether v is null, an empty list, or a map of empty
-// values only.
+// empty reports whether v is null or an empty list.
 func empty(v any) bool {
 	switch x := v.(type) {
 	case nil:
-		return true
-	case map[string]any:
-		for _, e := range x {
-			if !empty(e) {
-				return false
-			}
-		}
 		return true
 	case []any:
 		return len(x) == 0

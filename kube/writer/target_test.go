@@ -7,8 +7,12 @@ func TestSameContentCases(t *testing.T) {
 		a, b any
 		want bool
 	}{
-		{nil, nil, true}, {nil, map[string]any{}, true}, {nil, []any{}, true}, {map[string]any{"a": nil}, nil, true},
-		{map[string]any{"a": map[string]any{"b": nil}}, map[string]any{}, true},
+		{nil, nil, true}, {nil, []any{}, true}, {map[string]any{"a": nil}, map[string]any{}, true},
+		{map[string]any{"a": map[string]any{"b": nil}}, map[string]any{"a": map[string]any{}}, true},
+		// An empty map is a value, not null: a volume's emptyDir: {} chooses its type.
+		{nil, map[string]any{}, false}, {map[string]any{"a": nil}, nil, false},
+		{map[string]any{"a": map[string]any{"b": nil}}, map[string]any{}, false},
+		{map[string]any{"name": "v", "emptyDir": map[string]any{}}, map[string]any{"name": "v"}, false},
 		{map[string]any{"a": "x"}, map[string]any{}, false}, {map[string]any{}, map[string]any{"a": "x"}, false},
 		{map[string]any{"a": false}, map[string]any{}, false}, {map[string]any{"a": int64(0)}, map[string]any{}, false},
 		{int64(3), float64(3), true}, {"a", "b", false}, {[]any{nil}, []any{}, false}, {[]any{"a"}, []any{"a"}, true},

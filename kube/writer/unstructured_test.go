@@ -17,7 +17,8 @@ import (
 // time without omitempty as null), which a custom resource's API server
 // prunes — is a no-op, as a typed object's nil and empty are: nothing is
 // sent, however often the controller makes it again. A real change still
-// is. (ModeApply judges by its own rule: the configuration, pruned of
+// is, and so is an empty map where the object has none (it is a value:
+// TestUnstructuredEmptyMapIsAValue). (ModeApply judges by its own rule: the configuration, pruned of
 // nulls, already live.)
 func TestUnstructuredNullIsAbsent(t *testing.T) {
 	for _, mode := range []writer.Mode{writer.ModeUpdate, writer.ModePatch} {
@@ -26,6 +27,7 @@ func TestUnstructuredNullIsAbsent(t *testing.T) {
 				wd := widget("a")
 				require.NoError(t, unstructured.SetNestedField(wd.Object, "Ready", "status", "phase"))
 				require.NoError(t, unstructured.SetNestedField(wd.Object, int64(2), "spec", "size"))
+				require.NoError(t, unstructured.SetNestedMap(wd.Object, map[string]any{}, "spec", "template"))
 				e := newDynEnv(t, wd)
 				w, err := writer.New(e.c, writer.Options[*unstructured.Unstructured]{Mode: mode})
 				require.NoError(t, err)
@@ -69,4 +71,32 @@ func TestUnstructuredNullIsAbsent(t *testing.T) {
 			})
 		})
 	}
+}
+
+// An empty map is a value in unstructured form — a volume's emptyDir: {}
+// chooses its type — so a desire that adds one where the object has none
+// is written, once, as a typed object's non-nil pointer to an empty struct
+// would be.
+func TestUnstructuredEmptyMapIsAValue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		wd := widget("a")
+		require.NoError(t, unstructured.SetNestedField(wd.Object, int64(2), "spec", "size"))
+		e := newDynEnv(t, wd)
+		w, err := writer.New(e.c, writer.Options[*unstructured.Unstructured]{Mode: writer.ModePatch})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		tk, err := w.Submit(t.Context(), e.get(t, "a"), writer.Desire[*unstructured.Unstructured]{
+			Object: func(u *unstructured.Unstructured) error {
+				return unstructured.SetNestedMap(u.Object, map[string]any{}, "spec", "emptyDir")
+			},
+		}, writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 1, res.Writes, "the empty map is written")
+		got, ok, err := unstructured.NestedMap(e.get(t, "a").Object, "spec", "emptyDir")
+		require.NoError(t, err)
+		assert.True(t, ok, "spec.emptyDir is on the object")
+		assert.Empty(t, got)
+	})
 }
