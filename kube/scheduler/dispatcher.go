@@ -71,7 +71,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 	}
 	d.pending.init(d.core, set.metrics)
 	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.demand
-	if set.pace && d.wire.metered {
+	if set.pace && d.wire.metered && d.wire.gate.l != nil { // no bucket (QPS < 0): no rate to follow
 		d.pace = newPacer(float64(d.wire.gate.l.QPS()), set.workers, set.reserved, func(n int) error {
 			return d.core.SetTenantMaxInFlight(string(podStatusPatch), n)
 		})

@@ -106,7 +106,8 @@ type Options struct {
 	// second — and put no more at the server than that rate needs, so that
 	// a binding sent meanwhile does not queue there behind a burst of them.
 	// It needs a client whose token bucket the adapter takes its tokens
-	// from (see New); with any other (a fake clientset) it does nothing.
+	// from (see New); with any other (a fake clientset), or one built
+	// without a limiter (rest.Config.QPS negative), it does nothing.
 	// Tenants must not then give "pod_status_patch" a MaxInFlight.
 	PaceStatusPatches bool
 	// Retry bounds the dispatcher's own retries; zero fields mean the

@@ -168,3 +168,21 @@ func TestPaceStatusPatchesOptions(t *testing.T) {
 	d := newIdleDispatcher(t, Options{PaceStatusPatches: true})
 	assert.Nil(t, d.pace)
 }
+
+// TestPaceStatusPatchesUnlimitedClient: a client built without a rate
+// limiter (rest.Config.QPS negative: client-go makes no bucket) has no
+// rate to follow, so PaceStatusPatches leaves the status patches uncapped,
+// as with a client the adapter cannot unwrap; New does not fail, nor
+// panic, and the patches run.
+func TestPaceStatusPatchesUnlimitedClient(t *testing.T) {
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1", QPS: -1})
+	require.NoError(t, err)
+	d, err := New(cs, fwk.APICallRelevances{podStatusPatch: 1, podBinding: 2}, Options{PaceStatusPatches: true})
+	require.NoError(t, err)
+	defer d.Close(canceled())
+	assert.Nil(t, d.pace, "no bucket: no rate to pace at")
+	d.Start(testLogger(t))
+	done := make(chan error, 1)
+	require.NoError(t, d.Add(newCall(&journal{}, "patch", podStatusPatch, "pod", "PodScheduled"), fwk.APICallOptions{OnFinish: done}))
+	require.NoError(t, outcome(t, done))
+}
