@@ -34,9 +34,10 @@ type pacer struct {
 	most int               // the workers not kept for bindings
 	set  func(n int) error // sets the cap
 
-	mu  sync.Mutex
-	avg float64 // seconds; 0 before the first execution
-	cap int     // the cap last set
+	mu   sync.Mutex
+	avg  float64 // seconds
+	seen bool    // avg holds an execution's time: the first sets it
+	cap  int     // the cap last set
 }
 
 // newPacer returns the pacer of a client whose bucket grants qps tokens a
@@ -60,8 +61,8 @@ func (p *pacer) observe(elapsed time.Duration) {
 	s := max(elapsed.Seconds(), 0)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.avg == 0 {
-		p.avg = s
+	if !p.seen {
+		p.avg, p.seen = s, true
 	} else {
 		p.avg += paceSmoothing * (s - p.avg)
 	}

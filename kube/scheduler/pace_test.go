@@ -186,3 +186,17 @@ func TestPaceStatusPatchesUnlimitedClient(t *testing.T) {
 	require.NoError(t, d.Add(newCall(&journal{}, "patch", podStatusPatch, "pod", "PodScheduled"), fwk.APICallOptions{OnFinish: done}))
 	require.NoError(t, outcome(t, done))
 }
+
+// TestPacerZeroLatency: an execution time of 0 (a server that answers
+// within the clock's resolution) is an observation like any other, each
+// weighing 1/8 in the average: a slow patch after fast ones moves the cap
+// by its share, not to its own latency alone.
+func TestPacerZeroLatency(t *testing.T) {
+	p := newPacer(50, 16, 4, func(int) error { return nil })
+	require.NotNil(t, p)
+	p.observe(0)
+	p.observe(0)
+	assert.Equal(t, 1, p.current())
+	p.observe(80 * time.Millisecond) // average 0 + 80/8 = 10 ms: 2 × 50 × 0.01 = 1
+	assert.Equal(t, 1, p.current(), "the slow patch weighs 1/8")
+}
