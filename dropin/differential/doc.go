@@ -11,7 +11,7 @@
 // own PodStatusPatchCall and PodBindingCall, made with their constructors,
 // or of a plugin-like call of the tests' own (calls_test.go); SyncObject;
 // hold the next request for a pod at the server; release it with success
-// or a 403 — over a fake clientset whose requests can be held
+// or a 403; Close — over a fake clientset whose requests can be held
 // (server_test.go). Both dispatchers run in one testing/synctest bubble,
 // and every step is followed by synctest.Wait, so what each step leads to
 // is settled, the same on every run (play_test.go). The traces are then
@@ -21,7 +21,8 @@
 // The tests: TestScripts, hand-worked cases of upstream's rules for an
 // object whose call is in flight, upstream's trace checked too; a seeded
 // random mode, TestRandomScripts, which shrinks and prints a script that
-// differs (-differential.n, -differential.seed, -differential.steps); and
+// differs (-differential.n, -differential.seed, -differential.steps);
+// TestCloseWithCallsInFlight, what a call in flight at Close is told; and
 // TestStatusPatchAsBindingStarts, in real time, which counts status
 // patches sent after a pod's binding when they are added as it starts
 // (-differential.pods). TestKnownDifferences (-differential.known) shows

@@ -105,6 +105,8 @@ func (s *side) apply(t *testing.T, i int, st step) {
 		s.note(i, 0, 0, "SyncObject %s: %s, %s", podName(st.pod), describePod(obj), class(err))
 	case stepHold:
 		s.srv.hold(podName(st.pod))
+	case stepClose:
+		s.d.Close()
 	case stepRelease:
 		var err error
 		if st.fail {

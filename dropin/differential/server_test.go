@@ -159,6 +159,7 @@ func (s *server) serve(ctx context.Context, pod, what string, do func() error) e
 			s.mu.Lock()
 			if s.held[pod] == r {
 				delete(s.held, pod)
+				r.at = s.step // answered by the cancellation, at this step
 			}
 			s.mu.Unlock()
 		}

@@ -13,6 +13,7 @@ const (
 	stepSync
 	stepHold
 	stepRelease
+	stepClose
 )
 
 // Pods as a script's calls are made from them, or SyncObject is given
@@ -39,6 +40,7 @@ func syncObject(p int, s podState) step { return step{kind: stepSync, pod: p, ob
 func hold(p int) step                   { return step{kind: stepHold, pod: p} }
 func release(p int) step                { return step{kind: stepRelease, pod: p} }
 func releaseForbidden(p int) step       { return step{kind: stepRelease, pod: p, fail: true} }
+func closeDispatcher() step             { return step{kind: stepClose} }
 func bind(p int, node string) callSpec {
 	return callSpec{kind: binding, pod: p, node: node}
 }
@@ -66,6 +68,8 @@ func (s step) String() string {
 		return fmt.Sprintf("SyncObject %s %s", podName(s.pod), s.obj)
 	case stepHold:
 		return "hold the next request for " + podName(s.pod)
+	case stepClose:
+		return "Close"
 	default:
 		if s.fail {
 			return fmt.Sprintf("release %s's held request with a 403", podName(s.pod))

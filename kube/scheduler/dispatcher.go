@@ -284,7 +284,9 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	err := e.call.Execute(a, d.wire.client)
 	if err != nil {
 		f := err           // declared here: only a failure allocates it
-		e.failed.Store(&f) // its own outcome, if a retry absorbs its successor
+		e.failed.Store(&f) // its own outcome, if a retry absorbs its successor or it ends Stale
+	} else if e.failed.Load() != nil {
+		e.failed.Store(nil) // a retry that succeeded: the last execution's result is nil
 	}
 	if timed {
 		elapsed := time.Since(d.epoch) - start
@@ -329,6 +331,8 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 		}
 	case dispatch.StateFailed:
 		err = callError(r.Err)
+	case dispatch.StateStale:
+		err = ranResult(e, r.Err)
 	default:
 		err = r.Err
 	}
@@ -355,6 +359,23 @@ func callError(err error) error {
 		err = re.Last
 	}
 	return retryafter.Strip(err)
+}
+
+// ranResult is what OnFinish gets for a call whose execution returned
+// after Close or its deadline had ended it (Stale, r.Err): what that
+// Execute returned, as upstream's dispatcher sends it — nil for a call
+// that took effect, its error unchanged (callError) for one that failed,
+// the *dispatch.PanicError for one that panicked. (The Ticket's Outcome
+// says Stale.)
+func ranResult(e *entry, stale error) error {
+	var pe *dispatch.PanicError
+	if errors.As(stale, &pe) {
+		return pe
+	}
+	if f := e.failed.Load(); f != nil {
+		return callError(*f)
+	}
+	return nil
 }
 
 // tellDisplaced tells the entries e overwrote that they were.

@@ -13,9 +13,10 @@ type Result struct {
 	// call was not run for those reasons, the error its last Execute
 	// returned, unchanged, when it failed, or an error matching one of
 	// dispatch's sentinels (ErrExpired, ErrBackpressure, ErrClosed, …) when
-	// the dispatcher ended or refused it — ErrStale for a call whose
-	// execution returned after its deadline passed or Close ended it: it
-	// may have taken effect.
+	// the dispatcher ended or refused it. A call whose execution returned
+	// after its deadline passed or Close ended it gets what that Execute
+	// returned — nil if it took effect — as upstream's dispatcher sends
+	// it; its Outcome's State is then dispatch.StateStale.
 	Err error
 	// Outcome is the dispatcher's account of the call this Add ran as:
 	// its terminal state, attempts, queue wait and run time. It is the zero

@@ -1,0 +1,65 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// TestRunPastItsEndTellsWhatExecuteReturned: a call in flight when Close
+// cancels it, or when its deadline passes, that returns afterwards gets on
+// its OnFinish what its Execute returned — nil for one that took effect, its
+// error unchanged for one that failed — as upstream's dispatcher sends it;
+// the Ticket's Outcome says that it ended Stale.
+func TestRunPastItsEndTellsWhatExecuteReturned(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		result  error // what Execute returns once cancelled
+		timeout bool  // the deadline ends it, not Close
+	}{
+		{name: "succeeds after Close", result: nil},
+		{name: "fails after Close", result: errTest},
+		{name: "succeeds after its deadline", result: nil, timeout: true},
+		{name: "fails after its deadline", result: errTest, timeout: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o := Options{}
+				if tc.timeout {
+					o.Timeout = time.Minute
+				}
+				d := newTestDispatcher(t, o)
+				c := newCall(&journal{}, "a", typeLow, "1", "x")
+				started := make(chan struct{})
+				c.exec = func(ctx context.Context, _ *testCall) error {
+					close(started)
+					<-ctx.Done()
+					time.Sleep(time.Second) // it takes effect, or fails, regardless
+					return tc.result
+				}
+				ch := make(chan error, 1)
+				tk, err := d.Submit(c, fwk.APICallOptions{OnFinish: ch})
+				require.NoError(t, err)
+				<-started
+				if tc.timeout {
+					time.Sleep(2 * time.Minute)
+				} else {
+					require.ErrorIs(t, d.Close(canceled()), context.Canceled, "Close did not wait for the call to drain")
+				}
+				synctest.Wait()
+				got := <-ch
+				assert.Equal(t, tc.result, got, "OnFinish gets what Execute returned")
+				res, ok := tk.Result()
+				require.True(t, ok)
+				assert.Equal(t, tc.result, res.Err)
+				assert.Equal(t, dispatch.StateStale, res.Outcome.State)
+			})
+		})
+	}
+}
