@@ -380,11 +380,16 @@ func ranResult(e *entry, stale error) error {
 
 // tellDisplaced tells the entries e overwrote that they were.
 // One that was in flight as it was overwritten (aInFlight) is told the
-// error of its execution instead.
+// error of its execution instead, and a no-op replaced before its drop
+// (aDropped) that it was skipped.
 func (d *Dispatcher) tellDisplaced(e *entry) {
 	for p := e.displaced.Swap(nil); p != nil; p = p.displaced.Swap(nil) {
 		if f := p.failed.Load(); f != nil && p.is(aInFlight) {
 			p.tell(*f, dispatch.Outcome{State: dispatch.StateFailed, Err: *f})
+			continue
+		}
+		if p.is(aDropped) {
+			p.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 			continue
 		}
 		p.tell(errOverwritten, dispatch.Outcome{})

@@ -81,6 +81,10 @@ const (
 	// none pending, absorbed that call through its Merge (follow). A retry
 	// of that call that absorbs the entry does not ask Merge again.
 	aAbsorbedInFlight
+	// aDropped: the entry, a pending no-op waiting for its drop, was
+	// replaced by a call that came as to an idle object (merge): it is
+	// told it was skipped, as its drop would have told it.
+	aDropped
 )
 
 // mark records that a was found about e.
@@ -119,7 +123,20 @@ func (e *mergeError) Unwrap() error { return e.err }
 // A merged call that IsNoOp is dropped by Add (with the pending call it
 // replaced) only if the object has no call in flight; with one in flight
 // it is kept, and runs (upstream's noOp && !inFlight).
+//
+// A pending call found a no-op (its noop flag: by the merge that admitted
+// it, or by SyncObject) is dropped right after that step, outside the
+// lock; upstream drops it in the step itself. So a call that arrives in
+// between finds, as with upstream, no pending call: it replaces that one
+// as another operation, without Merge or the relevance test, and is asked
+// IsNoOp as a call for an idle object is; the no-op is told it was
+// skipped, as its Add (or SyncObject) said.
 func (d *Dispatcher) merge(pending, incoming *entry) (*entry, error) {
+	if pending.noop.Load() {
+		pending.mark(aDropped)
+		incoming.overwrite(pending)
+		return incoming, dispatch.ReplacePending
+	}
 	rp, ri := d.relevances[pending.typ], d.relevances[incoming.typ]
 	switch {
 	case ri < rp:

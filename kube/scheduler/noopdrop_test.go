@@ -1,0 +1,65 @@
+package scheduler
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/coalescer/dispatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// onSubmitHook is an Observer that runs a hook once, on the next merged
+// submission's OnSubmit: in the Add that merged, after the core admitted
+// it and before Add returns.
+type onSubmitHook struct {
+	dispatch.NopObserver
+	mu   sync.Mutex
+	hook func()
+}
+
+func (o *onSubmitHook) OnSubmit(_ dispatch.Event, coalesced bool) {
+	o.mu.Lock()
+	h := o.hook
+	if coalesced {
+		o.hook = nil
+	}
+	o.mu.Unlock()
+	if coalesced && h != nil {
+		h()
+	}
+}
+
+// TestNoOpMergeDroppedAtOnce: a call that is a no-op once merged with the
+// pending call is skipped together with it, in the step that admits it, as
+// upstream's is: a call added for the object right after — before the
+// Add that merged has returned — finds no pending call. The no-op's Add
+// and its OnFinish agree (skipped), the pending call it merged is told it
+// was overwritten, and the later call is admitted as for an idle object:
+// not merged with the no-op, and run.
+func TestNoOpMergeDroppedAtOnce(t *testing.T) {
+	obs := &onSubmitHook{}
+	d := newIdleDispatcher(t, Options{Observer: obs})
+	j := &journal{}
+	a := newCall(j, "a", typeLow, "1", "x")
+	chA := make(chan error, 1)
+	require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+
+	e := newCall(j, "e", typeLow, "1", "x")
+	e.noop = ptr(true)
+	f := newCall(j, "f", typeLow, "1", "y")
+	chE, chF := make(chan error, 1), make(chan error, 1)
+	var addF error
+	obs.hook = func() { addF = d.Add(f, fwk.APICallOptions{OnFinish: chF}) }
+	addE := d.Add(e, fwk.APICallOptions{OnFinish: chE})
+
+	assert.ErrorIs(t, addE, fwk.ErrCallSkipped, "e is a no-op once merged")
+	assert.ErrorIs(t, outcome(t, chE), fwk.ErrCallSkipped, "e's OnFinish agrees with its Add")
+	assert.ErrorIs(t, outcome(t, chA), fwk.ErrCallOverwritten)
+	require.NoError(t, addF)
+	assert.Equal(t, []string{"merge e<-a"}, j.only("merge"), "f finds no pending call to merge")
+	d.Start(testLogger(t))
+	assert.NoError(t, outcome(t, chF))
+	assert.Equal(t, []string{"execute f"}, j.only("execute"))
+}
