@@ -1,12 +1,14 @@
 package scheduler
 
 import (
+	"context"
 	"sync"
 	"testing"
 
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 )
 
@@ -62,4 +64,41 @@ func TestNoOpMergeDroppedAtOnce(t *testing.T) {
 	d.Start(testLogger(t))
 	assert.NoError(t, outcome(t, chF))
 	assert.Equal(t, []string{"execute f"}, j.only("execute"))
+}
+
+// TestNoOpMergeDroppedBeforeSyncObject: SyncObject right after a call
+// that is a no-op once merged — before the Add that merged has returned —
+// finds no pending call, as upstream's does, whose drop is in the step
+// that admits the call: it returns the object as given and leaves the
+// no-op dropped, even if the object it is given would make the call do
+// something again.
+func TestNoOpMergeDroppedBeforeSyncObject(t *testing.T) {
+	obs := &onSubmitHook{}
+	d := newIdleDispatcher(t, Options{Observer: obs})
+	j := &journal{}
+	a := newCall(j, "a", typeLow, "1", "x")
+	chA := make(chan error, 1)
+	require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+
+	e := newCall(j, "e", typeLow, "1", "x")
+	e.noop = ptr(true)
+	chE := make(chan error, 1)
+	obj := &metav1.ObjectMeta{Name: "pod", UID: "1"} // lacks x: e would set it
+	var synced metav1.Object
+	var syncErr error
+	obs.hook = func() {
+		e.mu.Lock()
+		e.noop = nil // from now on IsNoOp follows the object
+		e.mu.Unlock()
+		synced, syncErr = d.SyncObject(obj)
+	}
+	assert.ErrorIs(t, d.Add(e, fwk.APICallOptions{OnFinish: chE}), fwk.ErrCallSkipped)
+	require.NoError(t, syncErr)
+	assert.Same(t, obj, synced, "no pending call: the object as given")
+	assert.Empty(t, j.only("sync"), "no call to sync")
+	assert.ErrorIs(t, outcome(t, chE), fwk.ErrCallSkipped)
+	assert.ErrorIs(t, outcome(t, chA), fwk.ErrCallOverwritten)
+	d.Start(testLogger(t))
+	require.NoError(t, d.Close(context.Background()))
+	assert.Empty(t, j.only("execute"), "the no-op never runs")
 }
