@@ -23,8 +23,11 @@ type Metrics interface {
 	Executed(t fwk.APICallType, err error, elapsed time.Duration)
 	// Pending reports that n calls of type t are waiting to run: queued,
 	// waiting out a retry's backoff, or behind their object's call in
-	// flight. It is called from one goroutine at a time, shortly after the
-	// number changes, and once more when the dispatcher closes.
+	// flight. It is called from one goroutine, which Start starts: at
+	// once, for the calls added before Start, then shortly after the
+	// number changes, and once more when the dispatcher closes. Before
+	// Start it is not called, and a dispatcher closed before Start never
+	// calls it.
 	Pending(t fwk.APICallType, n int)
 }
 

@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -142,5 +144,49 @@ func TestPendingCountsARetryInBackoff(t *testing.T) {
 		require.NoError(t, <-ch)
 		_, pending = r.snapshot()
 		assert.Zero(t, pending[podBinding])
+	})
+}
+
+// TestPendingFromStart checks what the README's Metrics difference and
+// Metrics.Pending's doc say of the pending count before Start: it is not
+// reported until Start, which reports the calls added before it at once,
+// and a dispatcher closed before Start never reports it.
+func TestPendingFromStart(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	src, err := os.ReadFile("metrics.go")
+	require.NoError(t, err)
+	flat := func(b []byte) string {
+		return strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " ")
+	}
+	require.Contains(t, flat(readme), "That goroutine starts with `Run`: the calls added before it are counted when it starts, and a dispatcher closed before `Run` never sets the gauge")
+	require.Contains(t, flat(src), "It is called from one goroutine, which Start starts: at once, for the calls added before Start, then shortly after the number changes, and once more when the dispatcher closes. Before Start it is not called, and a dispatcher closed before Start never calls it.")
+
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder()
+		d := newIdleDispatcher(t, Options{Workers: 1, Metrics: r})
+		hold := newHolder()
+		a := newCall(&journal{}, "a", podBinding, "1", "x")
+		a.exec = hold.exec
+		require.NoError(t, d.Add(a, fwk.APICallOptions{}))
+		require.NoError(t, d.Add(newCall(&journal{}, "b", podBinding, "2", "x"), fwk.APICallOptions{}))
+		synctest.Wait()
+		_, pending := r.snapshot()
+		assert.Empty(t, pending, "not reported before Start")
+		d.Start(testLogger(t))
+		<-hold.arrived
+		synctest.Wait()
+		_, pending = r.snapshot()
+		assert.Equal(t, 1, pending[podBinding], "reported from Start on: b waits for the one worker")
+		hold.release <- struct{}{}
+	})
+
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder()
+		d := newIdleDispatcher(t, Options{Metrics: r})
+		require.NoError(t, d.Add(newCall(&journal{}, "a", podBinding, "1", "x"), fwk.APICallOptions{}))
+		require.ErrorIs(t, d.Close(context.Background()), context.Canceled, "closed before Start: ended at once")
+		_, pending := r.snapshot()
+		assert.Empty(t, pending, "a dispatcher closed before Start never reports")
 	})
 }
