@@ -11,10 +11,11 @@ import (
 // upstream's does, and each one's OnFinish gets what its Execute returned
 // (here the cancellation its request saw), as upstream's sends it.
 //
-// The cancellation's cause differs, and is excused here: the drop-in's
-// executions run on the core's context, whose cause (context.Cause, which
-// net/http's transport returns) is dispatch.ErrClosed, where upstream's is
-// context.Canceled.
+// The cancellation's cause differs by design, and is excused here
+// (kube/scheduler README, "Bounds and ends"; TestCloseCancelsWithItsCause
+// there): the drop-in's executions see dispatch.ErrClosed as the cause
+// (context.Cause, which net/http's transport returns), where upstream's
+// see context.Canceled.
 func TestCloseWithCallsInFlight(t *testing.T) {
 	for _, tc := range []scriptCase{{
 		name: "a status patch in flight",

@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -62,4 +64,34 @@ func TestRunPastItsEndTellsWhatExecuteReturned(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCloseCancelsWithItsCause checks what the README says of a call in
+// flight that Close cancels: its context's Err is context.Canceled, as
+// upstream's, and its cause dispatch.ErrClosed; it gets what its Execute
+// returned.
+func TestCloseCancelsWithItsCause(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	require.Contains(t, strings.Join(strings.Fields(string(readme)), " "),
+		"A call in flight that `Close` cancels gets what its `Execute` returned, as upstream's does; but its context's cause (`context.Cause`, which net/http's transport returns for a cancelled request) is `dispatch.ErrClosed`, where upstream's is `context.Canceled`, so that the error says who ended it (its `Err()` is `context.Canceled` in both).")
+	synctest.Test(t, func(t *testing.T) {
+		d := newTestDispatcher(t, Options{})
+		c := newCall(&journal{}, "a", typeLow, "1", "x")
+		started := make(chan struct{})
+		var ctxErr, cause error
+		c.exec = func(ctx context.Context, _ *testCall) error {
+			close(started)
+			<-ctx.Done()
+			ctxErr, cause = ctx.Err(), context.Cause(ctx)
+			return cause
+		}
+		ch := make(chan error, 1)
+		require.NoError(t, d.Add(c, fwk.APICallOptions{OnFinish: ch}))
+		<-started
+		require.ErrorIs(t, d.Close(canceled()), context.Canceled)
+		assert.Equal(t, context.Canceled, ctxErr)
+		assert.Equal(t, dispatch.ErrClosed, cause)
+		assert.Equal(t, dispatch.ErrClosed, <-ch, "what Execute returned")
+	})
 }
