@@ -184,7 +184,7 @@ func (d *Dispatcher) add(e *entry) error {
 	case e.is(aSkipped):
 		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessRelevant
-	case e.is(aMerged) && e.noop.Load():
+	case e.is(aMergedNoOp): // as admitted: a SyncObject since may have changed noop
 		d.dropNoOp(uid, e)
 		return errNoEffect
 	case !e.is(aMerged) && !d.pacedOut(e.typ):

@@ -81,6 +81,9 @@ const (
 	// none pending, absorbed that call through its Merge (follow). A retry
 	// of that call that absorbs the entry does not ask Merge again.
 	aAbsorbedInFlight
+	// aMergedNoOp: the merge that admitted the entry found it a no-op
+	// (overwrite): Add drops it, and says it was skipped.
+	aMergedNoOp
 	// aDropped: the entry, a pending no-op waiting for its drop, was
 	// replaced by a call that came as to an idle object (merge): it is
 	// told it was skipped, as its drop would have told it.
@@ -170,7 +173,11 @@ func (e *entry) overwrite(pending *entry) {
 		pending.mark(aInFlight)
 	}
 	e.displaced.Store(pending)
-	e.noop.Store(!e.is(aBehind) && e.call.IsNoOp())
+	noop := !e.is(aBehind) && e.call.IsNoOp()
+	e.noop.Store(noop)
+	if noop {
+		e.mark(aMergedNoOp)
+	}
 	e.mark(aMerged)
 }
 

@@ -102,3 +102,33 @@ func TestNoOpMergeDroppedBeforeSyncObject(t *testing.T) {
 	require.NoError(t, d.Close(context.Background()))
 	assert.Empty(t, j.only("execute"), "the no-op never runs")
 }
+
+// TestSyncObjectDropsAMergedCallAfterItsAdmission: a call merged with the
+// pending call, not a no-op as admitted, that SyncObject then finds a
+// no-op — before the Add that merged has returned — was queued, as
+// upstream's Add says (nil); SyncObject drops it, and its OnFinish says
+// it was skipped.
+func TestSyncObjectDropsAMergedCallAfterItsAdmission(t *testing.T) {
+	obs := &onSubmitHook{}
+	d := newIdleDispatcher(t, Options{Observer: obs})
+	j := &journal{}
+	a := newCall(j, "a", typeLow, "1", "x")
+	chA := make(chan error, 1)
+	require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+
+	e := newCall(j, "e", typeLow, "1", "y")
+	chE := make(chan error, 1)
+	var syncErr error
+	obs.hook = func() {
+		// The object now has everything e (with a's x) sets.
+		_, syncErr = d.SyncObject(&metav1.ObjectMeta{Name: "pod", UID: "1", Labels: map[string]string{"x": "", "y": ""}})
+	}
+	assert.NoError(t, d.Add(e, fwk.APICallOptions{OnFinish: chE}), "queued: not a no-op as admitted")
+	require.NoError(t, syncErr)
+	assert.Equal(t, []string{"sync e"}, j.only("sync"))
+	assert.ErrorIs(t, outcome(t, chE), fwk.ErrCallSkipped, "dropped by SyncObject")
+	assert.ErrorIs(t, outcome(t, chA), fwk.ErrCallOverwritten)
+	d.Start(testLogger(t))
+	require.NoError(t, d.Close(context.Background()))
+	assert.Empty(t, j.only("execute"))
+}
