@@ -283,10 +283,17 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 	m, paced := d.set.metrics, d.pace != nil && e.typ == podStatusPatch
 	timed := m != nil || paced // else nothing reads the execution's time
 	var start time.Duration
+	returned := false
 	if timed {
 		start = time.Since(d.epoch)
+		defer func() {
+			if !returned { // it panicked (the core contains it: the call fails), or ended its goroutine
+				d.executed(e.typ, errExecuteDidNotReturn, start)
+			}
+		}()
 	}
 	err := e.call.Execute(a, d.wire.client)
+	returned = true
 	if err != nil {
 		f := err           // declared here: only a failure allocates it
 		e.failed.Store(&f) // its own outcome, if a retry absorbs its successor or it ends Stale
@@ -294,18 +301,29 @@ func (d *Dispatcher) exec(ctx context.Context, uid types.UID, e *entry) error {
 		e.failed.Store(nil) // a retry that succeeded: the last execution's result is nil
 	}
 	if timed {
-		elapsed := time.Since(d.epoch) - start
-		if m != nil {
-			m.Executed(e.typ, err, elapsed)
-		}
-		if paced {
-			d.pace.observe(elapsed)
-		}
+		d.executed(e.typ, err, start)
 	}
 	if err != nil && askedToWait(err) {
 		err = retryafter.Wrap(err, time.Duration(a.retryAfter.Load()))
 	}
 	return err
+}
+
+// errExecuteDidNotReturn is what Metrics.Executed is told of an execution
+// whose Execute panicked, or ended its goroutine, instead of returning.
+var errExecuteDidNotReturn = errors.New("scheduler: Execute did not return")
+
+// executed records an execution of a call of type t, begun at start (since
+// d.epoch), that ended with err: for Options.Metrics, and, a status
+// patch's, for the pacer.
+func (d *Dispatcher) executed(t fwk.APICallType, err error, start time.Duration) {
+	elapsed := time.Since(d.epoch) - start
+	if m := d.set.metrics; m != nil {
+		m.Executed(t, err, elapsed)
+	}
+	if d.pace != nil && t == podStatusPatch {
+		d.pace.observe(elapsed)
+	}
 }
 
 // askedToWait reports whether err is an answer a server sends with a

@@ -190,3 +190,19 @@ func TestPendingFromStart(t *testing.T) {
 		assert.Empty(t, pending, "a dispatcher closed before Start never reports")
 	})
 }
+
+// TestExecutedAfterAPanic: Executed is told every execution, one whose
+// Execute panicked (the dispatcher contains it: the call fails) included,
+// as an error; a paced status patch's time counts too.
+func TestExecutedAfterAPanic(t *testing.T) {
+	r := newRecorder()
+	d := newTestDispatcher(t, Options{Metrics: r})
+	c := newCall(&journal{}, "a", typeLow, "1", "x")
+	c.exec = func(context.Context, *testCall) error { panic("boom") }
+	ch := make(chan error, 1)
+	require.NoError(t, d.Add(c, fwk.APICallOptions{OnFinish: ch}))
+	var pe *dispatch.PanicError
+	require.ErrorAs(t, outcome(t, ch), &pe)
+	executed, _ := r.snapshot()
+	assert.Equal(t, [2]int{0, 1}, executed[typeLow], "one execution, an error")
+}
