@@ -30,7 +30,9 @@ type Object interface {
 // A change must be a deterministic function of obj, may run more than once
 // per write, and should be fast: it runs on the writer's workers, and on
 // the caller's goroutine when Set tests whether anything would change.
-// Its error ends the write Failed with that error.
+// Its error ends the write Failed with that error. The object's namespace,
+// name and UID are the writer's, not the change's: whatever the change
+// sets them to, the write goes to the object the desire was for.
 type Change[O Object] func(obj O) error
 
 // Desire is what a controller wants of one object: its status, and the

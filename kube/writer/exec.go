@@ -167,10 +167,26 @@ func (w *Writer[O]) prepare(ctx context.Context, t target, base O, p *op[O]) (pr
 	if err := w.call(ctx, p.desire.change(t), obj); err != nil {
 		return prepared[O]{}, err
 	}
+	pin(obj, p)
 	pr := prepared[O]{base: base, desired: obj, done: true}
 	pr.noop = !isNil(base) && w.unchanged(t, base, obj)
 	p.prep[t] = pr
 	return pr, nil
+}
+
+// pin gives obj, a change's result, p's identity back: the namespace, name
+// and UID of the object the desire is for, which its write is sent to and
+// fenced by, whatever the change did to them.
+func pin[O Object](obj O, p *op[O]) {
+	if name := p.obj.GetName(); obj.GetName() != name {
+		obj.SetName(name)
+	}
+	if ns := p.obj.GetNamespace(); obj.GetNamespace() != ns {
+		obj.SetNamespace(ns)
+	}
+	if obj.GetUID() != p.uid {
+		obj.SetUID(p.uid)
+	}
 }
 
 // sameObj reports whether a and b are the same object (pointer).
