@@ -125,9 +125,10 @@ func capacityOf(c int) int {
 	return c
 }
 
-// urgent is the highest priority of classes.
+// urgent is the highest priority of classes, the class "" included (0
+// unless named), whatever their sign.
 func urgent(classes map[string]int) int {
-	top := 0
+	top := classes[""]
 	for _, p := range classes {
 		top = max(top, p)
 	}
