@@ -87,6 +87,7 @@ func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], firs
 	}
 	w.n.written.Add(1)
 	p.out, p.writes = out, p.writes+1
+	p.counted[t] = true // written: not a no-op when a retry finds it met
 	w.known.remember(p.uid, out)
 	return true, nil
 }

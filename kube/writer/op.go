@@ -25,7 +25,7 @@ type op[O Object] struct {
 	prep    [numTargets]prepared[O] // the no-op test's work, reused to send
 	strict  bool                    // ModePatch: a patch was refused; test the resourceVersion
 	reread  bool                    // a write was refused as stale: read before the next
-	counted [numTargets]bool        // its no-op on the target is in Stats.NoOps
+	counted [numTargets]bool        // the target was written, or its no-op is in Stats.NoOps
 	out     O                       // the object as the server last returned it
 	writes  int                     // write requests the server accepted
 }
