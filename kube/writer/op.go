@@ -41,7 +41,8 @@ type prepared[O Object] struct {
 // mergeOps is the dispatcher's Merge: incoming, holding per target the
 // merge of its change with pending's, the newer of the two baselines, and
 // pending's progress (a write that landed before a retry, a refusal that
-// calls for a read). The work Set's no-op test did for incoming's own
+// calls for a read, a target written or counted a no-op whose change is
+// still pending's). The work Set's no-op test did for incoming's own
 // change is kept only for a target pending does not change: a merged
 // change has not run yet.
 func (w *Writer[O]) mergeOps(pending, incoming *op[O]) (*op[O], error) {
@@ -50,6 +51,9 @@ func (w *Writer[O]) mergeOps(pending, incoming *op[O]) (*op[O], error) {
 	for t := range numTargets {
 		if pending.desire.change(t) != nil {
 			out.prep[t] = prepared[O]{}
+		}
+		if incoming.desire.change(t) == nil { // the target's change stays pending's
+			out.counted[t] = pending.counted[t]
 		}
 	}
 	out.desire = Desire[O]{
