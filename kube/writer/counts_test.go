@@ -2,6 +2,8 @@ package writer_test
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -97,6 +99,39 @@ func TestPatchWithNothingToSendIsANoOp(t *testing.T) {
 		assert.Equal(t, uint64(e.api.Calls("patch/status")), s.Writes, "Stats.Writes: write requests sent")
 		assert.Equal(t, 0, res.Writes, "Result.Writes: requests the server accepted")
 		assert.Equal(t, dispatch.StateSkipped, res.State)
+		assert.Equal(t, uint64(1), s.NoOps)
+	})
+}
+
+// In ModePatch, a change that differs from the object only below what
+// JSON keeps is found a no-op by the worker, not by Set: the desire is
+// queued and takes a token, then ends Skipped with nothing sent, as the
+// package documentation says.
+func TestPatchBelowJSONPrecisionIsFoundANoOpByTheWorker(t *testing.T) {
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(doc), "\n//", "\n")), " ")
+	require.Contains(t, text, "In ModePatch, a change that differs from the object only below what JSON keeps (a time within the same second) is found a no-op only by the worker, after the write took its token: it ends Skipped, and nothing is sent.")
+	synctest.Test(t, func(t *testing.T) {
+		d := deployment("a")
+		at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		d.Status.Conditions = []appsv1.DeploymentCondition{{Type: "Ready", Status: corev1.ConditionTrue, LastUpdateTime: metav1.NewTime(at)}}
+		e := newEnv(t, d)
+		var done []writer.Result[deploy]
+		w := newWriter(t, e, writer.Options[deploy]{Mode: writer.ModePatch, OnDone: func(r writer.Result[deploy]) { done = append(done, r) }})
+		require.NoError(t, w.Set(e.get(t, "a"), status(func(d deploy) error {
+			d.Status.Conditions[0].LastUpdateTime = metav1.NewTime(at.Add(500 * time.Millisecond))
+			return nil
+		}), writer.SetOptions{}))
+		settle(t, w)
+		synctest.Wait()
+		s := w.Stats()
+		assert.Equal(t, uint64(1), s.Dispatch.Submitted, "queued")
+		assert.Equal(t, uint64(1), s.Dispatch.Calls[dispatch.StateSkipped])
+		require.Len(t, done, 1)
+		assert.Equal(t, dispatch.StateSkipped, done[0].State)
+		assert.Zero(t, e.api.Calls("patch/status"), "nothing sent")
+		assert.Zero(t, s.Writes)
 		assert.Equal(t, uint64(1), s.NoOps)
 	})
 }

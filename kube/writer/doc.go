@@ -55,7 +55,10 @@
 // token); otherwise the worker runs it just before the write. A change
 // must therefore be a deterministic function of the object: stamp a
 // condition's lastTransitionTime only when its status changes
-// (meta.SetStatusCondition does).
+// (meta.SetStatusCondition does). In ModePatch, a change that differs
+// from the object only below what JSON keeps (a time within the same
+// second) is found a no-op only by the worker, after the write took its
+// token: it ends Skipped, and nothing is sent.
 //
 // When an object's lane ends, its baseline is forgotten (memory is bounded
 // by the objects with a write queued or in flight); only its
