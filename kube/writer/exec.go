@@ -69,9 +69,7 @@ func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], firs
 			p.counted[t] = true
 			w.n.noOps.Add(1)
 		}
-		if isNil(p.out) {
-			p.out = base
-		}
+		p.out = newer(p.out, base) // a read since the last write is newer
 		return false, nil
 	}
 	if err := w.pay(ctx, first); err != nil {

@@ -11,10 +11,12 @@ import (
 // write, which may have served several merged desires (Options.OnDone).
 type Result[O Object] struct {
 	UID types.UID
-	// Object is the object as the server returned it after the last write,
-	// or as the writer found it when nothing needed writing; nil if the
-	// desire did not run to its end (Canceled, Expired, Dropped, Closed,
-	// Stale) or the object was never read.
+	// Object is the newest object the writer had when the desire ended:
+	// the server's answer to the last write, or the object as the writer
+	// found it (read, or given to Set) when nothing more needed writing,
+	// if that is newer; nil if the desire did not run to its end
+	// (Canceled, Expired, Dropped, Closed, Stale) or the object was never
+	// read.
 	Object O
 	// Writes counts the write requests the server accepted for it: 0 when
 	// nothing needed writing.
