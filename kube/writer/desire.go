@@ -110,6 +110,32 @@ func hasStatus(o runtime.Object) bool {
 	return ok
 }
 
+// statusKnown says whether objects of a Writer's type have a status:
+// decided once from the type, or per object for an interface type.
+type statusKnown uint8
+
+const (
+	statusYes statusKnown = iota
+	statusNo
+	statusAsk
+)
+
+// statusOfType is statusKnown for O: a pointer to a struct has a status
+// if it has a field named Status (an *unstructured.Unstructured always).
+func statusOfType[O Object]() statusKnown {
+	t := reflect.TypeFor[O]()
+	switch {
+	case t == reflect.TypeFor[*unstructured.Unstructured]():
+		return statusYes
+	case t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct:
+		return statusAsk
+	}
+	if f, ok := t.Elem().FieldByName("Status"); ok && f.IsExported() {
+		return statusYes
+	}
+	return statusNo
+}
+
 // statusField returns o's field named Status.
 func statusField(o runtime.Object) (reflect.Value, bool) {
 	v := reflect.ValueOf(o)

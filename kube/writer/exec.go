@@ -150,7 +150,7 @@ func (w *Writer[O]) prepare(ctx context.Context, t target, base O, p *op[O]) (pr
 	if pr := p.prep[t]; pr.done && sameObj(pr.base, base) {
 		return pr, nil
 	}
-	if t == targetStatus && statusless[O]() {
+	if t == targetStatus && (w.status == statusNo || w.status == statusAsk && !hasStatus(p.obj)) {
 		return prepared[O]{}, permanent(fmt.Errorf("writer: Desire.Status for %s: %T %w", key(p.obj), p.obj, errNoStatus))
 	}
 	var obj O

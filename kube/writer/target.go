@@ -3,7 +3,6 @@ package writer
 import (
 	"reflect"
 	"slices"
-	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -191,22 +190,3 @@ func unstructuredOf(o runtime.Object) (map[string]any, error) {
 	}
 	return runtime.DefaultUnstructuredConverter.ToUnstructured(o)
 }
-
-// statusless reports whether objects of type O have no status (neither an
-// unstructured object nor a type with a field Status): a status desire for
-// one is bad input. It is computed once per type.
-func statusless[O Object]() bool {
-	t := reflect.TypeFor[O]()
-	if v, ok := statuslessTypes.Load(t); ok {
-		return v.(bool)
-	}
-	var none bool
-	if t.Kind() == reflect.Pointer {
-		o, _ := reflect.New(t.Elem()).Interface().(runtime.Object)
-		none = !hasStatus(o)
-	}
-	statuslessTypes.Store(t, none)
-	return none
-}
-
-var statuslessTypes sync.Map // reflect.Type -> bool

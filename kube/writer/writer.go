@@ -39,6 +39,8 @@ type Writer[O Object] struct {
 	// on, a desire already met too.
 	closing  atomic.Bool
 	changing changes
+	// status says whether O has a status to write.
+	status statusKnown
 }
 
 // SetOptions are one desire's settings; the zero value is valid: class "",
@@ -78,7 +80,7 @@ func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
 	w := &Writer[O]{
 		c: c, mode: o.Mode, manager: o.FieldManager, force: o.Force, applyRV: o.ApplyResourceVersion,
 		classes: o.Classes, tenancy: o.Tenancy, merge: o.Merge, onDone: o.OnDone,
-		limiter: o.limiter(), classify: o.Classify,
+		limiter: o.limiter(), classify: o.Classify, status: statusOfType[O](),
 	}
 	if w.manager == "" {
 		w.manager = defaultManager
