@@ -287,7 +287,11 @@ func (w *Writer[O]) Busy(uid types.UID) bool { return w.d.Busy(uid) }
 //
 // Called from a change, Close cannot wait for the write that runs it: it
 // stops admission, finishes in the background as Close(ctx) would, and
-// returns dispatch.ErrReentrant at once.
+// returns dispatch.ErrReentrant at once. Called from Options.OnDone, the
+// Observer or Options.Classify, which run on the dispatcher's own
+// goroutines, it writes nothing more: it ends what remains Closed at once
+// and returns an error wrapping dispatch.ErrReentrant
+// (dispatch.Dispatcher.Close).
 func (w *Writer[O]) Close(ctx context.Context) error {
 	if w.inChange() {
 		go func() { _ = w.close(ctx) }()

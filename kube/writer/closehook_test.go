@@ -1,0 +1,57 @@
+package writer_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/writer"
+	"github.com/coalescer/dispatch/kube/writer/internal/fakeapi"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Close called from OnDone writes nothing more: what is queued ends Closed
+// at once, and Close says it could not wait (ErrReentrant), as its
+// documentation says.
+func TestCloseFromOnDoneEndsTheRestAtOnce(t *testing.T) {
+	src, err := os.ReadFile("writer.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n//", "\n")), " ")
+	require.Contains(t, text, "Called from Options.OnDone, the Observer or Options.Classify, which run on the dispatcher's own goroutines, it writes nothing more: it ends what remains Closed at once and returns an error wrapping dispatch.ErrReentrant (dispatch.Dispatcher.Close).")
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		ds := e.create(t, "default", 5)
+		held := make(chan struct{})
+		var once sync.Once
+		e.api.Before(func(fakeapi.Request) { once.Do(func() { <-held }) })
+		var w *writer.Writer[deploy]
+		var closeErr error
+		called, closed := false, 0
+		w, err := writer.New(e.c, writer.Options[deploy]{QPS: 2, Burst: 1, OnDone: func(r writer.Result[deploy]) {
+			if r.State == dispatch.StateClosed {
+				closed++
+			}
+			if !called {
+				called = true
+				closeErr = w.Close(context.Background())
+			}
+		}})
+		require.NoError(t, err)
+		for _, d := range ds {
+			require.NoError(t, w.Set(d, status(replicas(1)), writer.SetOptions{}))
+		}
+		close(held) // the first write lands once every desire is queued
+		settle(t, w)
+		synctest.Wait()
+		require.ErrorIs(t, closeErr, dispatch.ErrReentrant)
+		assert.Equal(t, 1, e.api.Calls("update/status"), "written after Close was called from OnDone")
+		assert.Equal(t, 4, closed)
+		assert.Contains(t, closeErr.Error(), "4 desires ended Closed")
+		require.NoError(t, w.Close(t.Context()))
+	})
+}
