@@ -64,9 +64,13 @@ func (d Desire[O]) change(t target) Change[O] {
 // this one, touch neither.
 //
 // The status is desired's field named Status, or, for an
-// *unstructured.Unstructured, its "status" key. A type with neither gets a
-// Change that fails with an error saying so.
+// *unstructured.Unstructured, its "status" key. A type with neither, or a
+// nil desired, gets a Change that fails with an error saying so.
 func CopyStatus[O Object](desired O) Change[O] {
+	if isNil(desired) {
+		err := errors.New("writer: CopyStatus: desired is nil")
+		return func(O) error { return err }
+	}
 	src, ok := desired.DeepCopyObject().(O)
 	if !ok || !hasStatus(src) {
 		err := fmt.Errorf("writer: CopyStatus: %T has no status", desired)
