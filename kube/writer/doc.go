@@ -37,7 +37,10 @@
 // one (it is the whole truth), or Options.Merge combines them (Chain runs
 // both) — so ten desires in a second cost one write, not ten. A desire for
 // an object whose write is in flight waits, and is then applied to the
-// object that write returned.
+// object that write returned. A target whose write landed is not written
+// again for the same desire: when the object's write after it is retried,
+// the status is not resent, and a desire merged into that retry is merged
+// with nothing there (its change is written alone).
 //
 // # Nothing sent for nothing
 //

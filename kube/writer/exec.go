@@ -24,7 +24,7 @@ func (w *Writer[O]) exec(ctx context.Context, _ types.UID, p *op[O]) error {
 	ctx, n := withNote(ctx)
 	first, sent := true, false
 	for t := range numTargets {
-		if p.desire.change(t) == nil {
+		if p.desire.change(t) == nil || p.landed[t] {
 			continue
 		}
 		wrote, err := w.write(ctx, n, t, p, &first)
@@ -85,7 +85,7 @@ func (w *Writer[O]) write(ctx context.Context, n *note, t target, p *op[O], firs
 	}
 	w.n.written.Add(1)
 	p.out, p.writes = out, p.writes+1
-	p.counted[t] = true // written: not a no-op when a retry finds it met
+	p.counted[t], p.landed[t] = true, true // written: a retry of the other target neither resends it nor counts it a no-op
 	w.known.remember(p.uid, out)
 	return true, nil
 }

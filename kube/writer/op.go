@@ -26,6 +26,7 @@ type op[O Object] struct {
 	strict  bool                    // ModePatch: a patch was refused; test the resourceVersion
 	reread  bool                    // a write was refused as stale: read before the next
 	counted [numTargets]bool        // the target was written, or its no-op is in Stats.NoOps
+	landed  [numTargets]bool        // the target's write was accepted: a retry of the other does not resend it
 	out     O                       // the object as the server last returned it
 	writes  int                     // write requests the server accepted
 }
@@ -39,10 +40,11 @@ type prepared[O Object] struct {
 }
 
 // mergeOps is the dispatcher's Merge: incoming, holding per target the
-// merge of its change with pending's, the newer of the two baselines, and
-// pending's progress (a write that landed before a retry, a refusal that
-// calls for a read, a target written or counted a no-op whose change is
-// still pending's). The work Set's no-op test did for incoming's own
+// merge of its change with pending's (unless pending's landed: then
+// incoming's alone), the newer of the two baselines, and pending's
+// progress (a write that landed before a retry, a refusal that calls for
+// a read, a target written or counted a no-op whose change is still
+// pending's). The work Set's no-op test did for incoming's own
 // change is kept only for a target pending does not change: a merged
 // change has not run yet.
 func (w *Writer[O]) mergeOps(pending, incoming *op[O]) (*op[O], error) {
@@ -54,15 +56,25 @@ func (w *Writer[O]) mergeOps(pending, incoming *op[O]) (*op[O], error) {
 		}
 		if incoming.desire.change(t) == nil { // the target's change stays pending's
 			out.counted[t] = pending.counted[t]
+			out.landed[t] = pending.landed[t]
 		}
 	}
 	out.desire = Desire[O]{
-		Status: w.mergeChange(pending.desire.Status, incoming.desire.Status),
-		Object: w.mergeChange(pending.desire.Object, incoming.desire.Object),
+		Status: w.mergeChange(pending.live(targetStatus), incoming.desire.Status),
+		Object: w.mergeChange(pending.live(targetObject), incoming.desire.Object),
 	}
 	out.out, out.writes = pending.out, pending.writes
 	out.strict, out.reread = pending.strict, pending.reread
 	return out, nil
+}
+
+// live is p's change of target t, unless its write has landed: what a
+// newer change of t merges with.
+func (p *op[O]) live(t target) Change[O] {
+	if p.landed[t] {
+		return nil
+	}
+	return p.desire.change(t)
 }
 
 // mergeChange merges two changes of one target. The user's Merge runs

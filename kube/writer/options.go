@@ -106,7 +106,9 @@ type Options[O Object] struct {
 	// Merge, if set, combines a change with the pending change for the same
 	// object and target into the change to write: Chain keeps both. nil:
 	// the newest change replaces the pending one (its desire is the whole
-	// truth).
+	// truth). A pending change whose write has landed already (a write
+	// retried for the object's other target) is not merged: the newer
+	// change is written alone.
 	Merge func(pending, incoming Change[O]) Change[O]
 
 	// Tenancy groups writes into tenants, each bounded by its entry in
