@@ -186,6 +186,12 @@
 // caller's goroutine, as any code it runs could, before anything is
 // queued.
 //
+// Options.Classify, Options.OnDone and the Observer are the dispatcher's
+// callbacks, run on its goroutines with no deadline of their own: a panic
+// in one is contained (Classify's fails its write), but one that blocks
+// holds its worker, and Close, past Close's ctx, until it returns. Keep
+// them fast.
+//
 // # Concurrency
 //
 // A Writer is safe for concurrent use, and so is a Ticket. An object given
