@@ -56,7 +56,7 @@ func TestStatusNotServedIsNotGone(t *testing.T) {
 				require.Error(t, err)
 				assert.NotErrorIs(t, err, writer.ErrGone)
 				assert.ErrorContains(t, err, "no status subresource")
-				assert.True(t, apierrors.IsNotFound(err), "the server's answer is kept: %v", err)
+				assert.False(t, apierrors.IsNotFound(err), "a controller's IgnoreNotFound must not drop it: %v", err)
 				assert.Equal(t, dispatch.StateFailed, res.State)
 				assert.Equal(t, 1, res.Attempts)
 				s := w.Stats()
