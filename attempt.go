@@ -131,6 +131,9 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 			a.err = fmt.Errorf("%w (judging the error: %w)", pe, err)
 			a.panicked = true
 		}
+		if a.class > ClassRecompute {
+			a.class = ClassPermanent // a Class this package does not define fails safe
+		}
 	}
 }
 

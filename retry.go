@@ -16,7 +16,8 @@ import (
 	"github.com/coalescer/dispatch/internal/window"
 )
 
-// Class is the judgement on a failed execution (Config.Classify).
+// Class is the judgement on a failed execution (Config.Classify). A Class
+// other than the three below is taken as ClassPermanent.
 type Class uint8
 
 const (
