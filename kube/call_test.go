@@ -207,6 +207,8 @@ func TestMerge(t *testing.T) {
 			want: patch(cur, ptr("n1"), sched)},
 		{name: "a newer baseline that shows the pod bound drops a stale PodScheduled=False and nomination",
 			pending: patch(bound, nil, ready), incoming: patch(old, ptr("n2"), sched), want: patch(bound, nil, ready)},
+		{name: "a newer baseline that shows the pod bound drops the pending patch's stale PodScheduled=False and nomination",
+			pending: patch(old, ptr("n2"), sched), incoming: patch(bound, nil, ready), want: patch(bound, nil, ready)},
 		{name: "a binding keeps the newer baseline", pending: Bind(cur, "n1"), incoming: Bind(old, "n2"), want: Bind(cur, "n2")},
 		{name: "a valid call replaces an invalid pending one", pending: Call{}, incoming: Bind(cur, "n1"), want: Bind(cur, "n1")},
 	}

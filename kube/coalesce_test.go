@@ -321,3 +321,40 @@ func TestMergeKeepsTheNewerBaseline(t *testing.T) {
 		assert.Empty(t, api.pod("p").Status.NominatedNodeName, "the later patches cleared the nomination")
 	})
 }
+
+// TestMergeIntoABoundViewDropsTheStaleReport: a status patch built while
+// the pod was unbound (PodScheduled=False, a nomination) is pending when
+// the pod is bound by another writer, and a status patch built from the
+// informer's new, bound view merges with it. The merged patch carries the
+// bound view's resourceVersion, so the server accepts whatever it says:
+// the stale PodScheduled=False and nomination are dropped from it, as they
+// are when SyncObject or a write's response shows the pod bound
+// (kubernetes#139602), and only the newer patch's own condition lands.
+func TestMergeIntoABoundViewDropsTheStaleReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"), newPod("q"))
+		d := newTestDispatcher(t, api, Options{Workers: 1})
+		release := api.hold("patch/status", "q")
+		other := submit(t, d, PatchStatus(api.pod("q"), StatusPatch{NominatedNodeName: ptr("n9")}))
+		synctest.Wait() // the only worker is held by q's patch
+
+		stale := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}, NominatedNodeName: ptr("n2")}))
+		bound := api.change("p", func(p *v1.Pod) {
+			p.Spec.NodeName = "n1"
+			p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionTrue}}
+		})
+		probe := v1.PodCondition{Type: "example.com/Probe", Status: v1.ConditionTrue}
+		fresh := submit(t, d, PatchStatus(bound, StatusPatch{Conditions: []v1.PodCondition{probe}}))
+		release()
+
+		require.Equal(t, dispatch.StateSucceeded, outcome(t, other).State)
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, stale).State)
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, fresh).State)
+		got := api.pod("p")
+		sched := findCondition(&got.Status, v1.PodScheduled)
+		require.NotNil(t, sched)
+		assert.Equal(t, v1.ConditionTrue, sched.Status, "a bound pod is not reported unschedulable")
+		assert.Empty(t, got.Status.NominatedNodeName, "a bound pod is not nominated")
+		assert.NotNil(t, findCondition(&got.Status, probe.Type), "the newer patch's own condition lands")
+	})
+}

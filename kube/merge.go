@@ -27,6 +27,9 @@ import (
 // while the incoming one was built from a view that had not caught up.
 // Judged against the older view, a patch could find nothing to change that
 // the pod as it now is needs, and would end Skipped without being sent.
+// A pending patch built while the pod was unbound, merged with a call built
+// from a view that shows it bound, loses its PodScheduled=False and
+// nomination as stale (see Call.boundTo), as a rebase onto that view would.
 //
 // It runs under the dispatcher's lock: it only assigns fields, and
 // allocates only when two patches' conditions combine.
@@ -48,6 +51,11 @@ func merge(pending, incoming Call) (Call, error) {
 	}
 	if newer(pending.rv, incoming.rv) {
 		incoming = incoming.rebase(baseline{status: pending.base, rv: pending.rv, nodeName: pending.nodeName})
+	} else if pending.nodeName == "" && incoming.nodeName != "" {
+		// The incoming view shows the pod bound since the pending call
+		// was built: what the pending call reported about an unbound
+		// pod is stale, as when it is rebased onto that view.
+		pending = pending.boundTo(incoming.nodeName)
 	}
 	switch incoming.typ {
 	case PodStatusPatch:
