@@ -21,10 +21,11 @@ import (
 //   - Retry: 429 TooManyRequests, ServerTimeout, Timeout (504),
 //     ServiceUnavailable (503), InternalError and any other 5xx; connection
 //     refused or reset, a connection closed mid-request (EOF, unexpected
-//     EOF, a broken or closed connection, an HTTP/2 GOAWAY), an HTTP/2
-//     stream reset before the answer came (RST_STREAM: a proxy or load
-//     balancer dropping one request), net.Error timeouts, and the
-//     attempt's own deadline.
+//     EOF, a broken pipe, a broken or closed connection, an idle
+//     connection the server closed as the request went out, an HTTP/2
+//     GOAWAY), an HTTP/2 stream reset before the answer came (RST_STREAM:
+//     a proxy or load balancer dropping one request), net.Error timeouts,
+//     and the attempt's own deadline.
 //   - Recompute: 409 — Conflict, and AlreadyExists, which is how client-go
 //     reads a bare 409 to a POST. The call is rebuilt from a fresh read
 //     before it runs again (see the calls' documentation).
@@ -71,14 +72,19 @@ func Classify(err error) dispatch.Class {
 // transient reports the errors dispatch.DefaultClassifier retries for what
 // they are — a deadline, a refused or reset connection, a cut-off answer, a
 // network timeout — without its rule that any error carrying a delay is
-// retried: the delay does not change the class.
+// retried: the delay does not change the class; and the two ways net/http
+// reports an HTTP/1 connection the server closed under a request it does
+// not resend itself (a PATCH, a POST): a write to it (EPIPE), or the
+// server's close of the idle connection the request was sent on.
 func transient(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.As(err, &ne) && ne.Timeout()
+		errors.As(err, &ne) && ne.Timeout() ||
+		strings.Contains(err.Error(), "http: server closed idle connection")
 }
 
 // isStreamReset reports whether err is an HTTP/2 stream reset: the one

@@ -55,6 +55,13 @@ func TestClassify(t *testing.T) {
 		{"unexpected EOF", urlErr(io.ErrUnexpectedEOF), dispatch.ClassRetry},
 		{"broken connection", urlErr(errors.New("http: can't write HTTP request on broken connection")), dispatch.ClassRetry},
 		{"closed connection", urlErr(errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: use of closed network connection")), dispatch.ClassRetry},
+		// A reused HTTP/1 connection the server closed as the request was
+		// sent: net/http returns these to a PATCH or POST, which it does
+		// not resend itself (golang/go#19943).
+		{"server closed idle connection", urlErr(errors.New("http: server closed idle connection")), dispatch.ClassRetry},
+		{"broken pipe", urlErr(&net.OpError{Op: "write", Net: "tcp", Err: &os.SyscallError{Syscall: "write", Err: syscall.EPIPE}}), dispatch.ClassRetry},
+		{"broken pipe, part written", urlErr(fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w",
+			&net.OpError{Op: "write", Net: "tcp", Err: &os.SyscallError{Syscall: "write", Err: syscall.EPIPE}})), dispatch.ClassRetry},
 		{"http2 GOAWAY", urlErr(errors.New("http2: server sent GOAWAY and closed the connection; LastStreamID=1")), dispatch.ClassRetry},
 		{"http2 connection lost", urlErr(errors.New("http2: client connection lost")), dispatch.ClassRetry},
 		// What a proxy's RST_STREAM gives client-go (x/net/http2), seen
