@@ -156,7 +156,10 @@ func (d *Dispatcher) Post(c Call, o SubmitOptions) error {
 // call's new baseline: the newest view of the pod, which the no-op test and
 // the patch are computed against and whose resourceVersion a status patch
 // sends as its precondition. If the call then has nothing left to change,
-// it ends Skipped for every waiter, at once. A pod older than the call's
+// it ends Skipped for every waiter: at once if the pod has no call in
+// flight; otherwise once that call is done, unless what it did leaves the
+// pending call something to change (its no-op test runs again before it
+// starts). A pod older than the call's
 // baseline (by resourceVersion: the call was rebased onto the response of
 // the write before it, or a read, that the informer has not delivered yet)
 // is projected but does not become the baseline, as when two calls merge:

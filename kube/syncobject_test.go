@@ -1,6 +1,12 @@
 package kube
 
 import (
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -288,4 +294,71 @@ func TestSyncObjectKeepsTheNewerBaseline(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestSyncObjectMootBehindACallInFlight holds SyncObject's doc to what it
+// does when the pending call it makes moot waits behind a call in flight:
+// it is not Skipped at once — the call in flight may still change what
+// the pending one has to do — but once that call is done, unsent.
+func TestSyncObjectMootBehindACallInFlight(t *testing.T) {
+	text := liveDoc(t, "Dispatcher", "SyncObject")
+	for _, s := range []string{
+		"If the call then has nothing left to change, it ends Skipped for every waiter: at once if the pod has no call in flight; otherwise once that call is done",
+	} {
+		require.Contains(t, text, s, "SyncObject's doc")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"))
+		d := newTestDispatcher(t, api, Options{})
+		release := api.hold("create/binding", "p")
+		bind := submit(t, d, Bind(api.pod("p"), "n1"))
+		synctest.Wait() // in flight, held at the server
+		ready := v1.PodCondition{Type: "example.com/Ready", Status: v1.ConditionTrue}
+		patch := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{ready}}))
+		pod := api.change("p", func(p *v1.Pod) { p.Status.Conditions = []v1.PodCondition{ready} })
+		_, err := d.SyncObject(pod)
+		require.NoError(t, err)
+		synctest.Wait()
+		select {
+		case <-patch.Done():
+			t.Fatal("the pending patch ended while the binding was in flight")
+		default:
+		}
+		release()
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, bind).State)
+		assert.Equal(t, dispatch.StateSkipped, outcome(t, patch).State, "moot once the binding is done")
+		assert.Zero(t, api.count("patch/status"), "never sent")
+	})
+}
+
+// liveDoc returns the doc comment of typ's method name in this package's
+// sources, with runs of white space as one space.
+func liveDoc(t *testing.T, typ, name string) string {
+	t.Helper()
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var files []*ast.File
+	for _, n := range names {
+		if strings.HasSuffix(n, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, n, nil, parser.ParseComments)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
+	p, err := doc.NewFromFiles(fset, files, "github.com/coalescer/dispatch/kube")
+	require.NoError(t, err)
+	for _, ty := range p.Types {
+		if ty.Name != typ {
+			continue
+		}
+		for _, m := range ty.Methods {
+			if m.Name == name {
+				return strings.Join(strings.Fields(m.Doc), " ")
+			}
+		}
+	}
+	t.Fatalf("no method %s.%s", typ, name)
+	return ""
 }
