@@ -39,6 +39,7 @@ func TestOptionsErrors(t *testing.T) {
 		{"RateLimit and Burst", Options{RateLimit: rate.NewLimiter(1, 1), Burst: 5}, "Options.RateLimit is set: leave QPS and Burst 0"},
 		{"a priority of no call type", Options{Priorities: map[CallType]int{"pod_eviction": 3}},
 			`kube: Options.Priorities names "pod_eviction", which is not a call type`},
+		{"Burst without a limit", Options{QPS: -1, Burst: 5}, "kube: Options.Burst 5 is set, but Options.QPS -1 means no limit: leave Burst 0"},
 		{"StatusPatchMaxInFlight negative", Options{StatusPatchMaxInFlight: -1}, "Options.StatusPatchMaxInFlight -1 must not be negative"},
 		{"StatusPatchMaxInFlight and a status-patch tenant", Options{
 			StatusPatchMaxInFlight: 2, Tenants: map[string]dispatch.TenantConfig{"pod_status_patch": {MaxQueued: 9}},

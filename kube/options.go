@@ -48,6 +48,7 @@ type Options struct {
 	// limit of its own (see RESTConfig).
 	QPS float64
 	// Burst is the rate limiter's burst. 0 means 100 (--kube-api-burst).
+	// With no limit (a negative QPS) it must be left 0.
 	Burst int
 	// RateLimit, if set, is the limiter instead of the preset's of QPS and
 	// Burst, which must then be left 0 (Config.RateLimit).
@@ -192,6 +193,8 @@ func (o Options) check(prio map[CallType]int) error {
 		return optErr("QPS", fmt.Sprintf("%.3g is below one call a minute (%.3g)", o.QPS, preset.MinQPS))
 	case o.Burst < 0:
 		return optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))
+	case o.QPS < 0 && o.Burst != 0:
+		return fmt.Errorf("kube: Options.Burst %d is set, but Options.QPS %v means no limit: leave Burst 0", o.Burst, o.QPS)
 	case o.RateLimit != nil && (o.QPS != 0 || o.Burst != 0):
 		return errors.New("kube: Options.RateLimit is set: leave QPS and Burst 0, they configure the preset's limiter")
 	case o.StatusPatchMaxInFlight < 0:
