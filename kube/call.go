@@ -103,7 +103,9 @@ type StatusPatch struct {
 	// precondition, so that a patch computed from a stale view — a
 	// PodScheduled=False racing a successful bind (kubernetes#139602) —
 	// is refused by the server with a conflict instead of landing; the
-	// dispatcher then re-reads the pod and rebuilds the patch.
+	// dispatcher then re-reads the pod and rebuilds the patch. Two
+	// patches merged into one write are sent without the precondition
+	// only if both are Unconditional: the other's fields may need it.
 	Unconditional bool
 }
 

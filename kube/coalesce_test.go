@@ -28,6 +28,9 @@ func TestCoalescing(t *testing.T) {
 	schedAnyway := func(p *v1.Pod) Call {
 		return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes are available")}, Unconditional: true})
 	}
+	probeAnyway := func(p *v1.Pod) Call {
+		return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{{Type: "example.com/Probe", Status: v1.ConditionTrue}}, Unconditional: true})
+	}
 	nominate := func(node string) func(p *v1.Pod) Call {
 		return func(p *v1.Pod) Call { return PatchStatus(p, StatusPatch{NominatedNodeName: ptr(node)}) }
 	}
@@ -175,6 +178,21 @@ func TestCoalescing(t *testing.T) {
 			check: func(t *testing.T, p *v1.Pod) {
 				assert.Equal(t, "elsewhere", p.Spec.NodeName)
 				assert.False(t, scheduledFalse(p))
+			},
+		},
+		{
+			// An Unconditional patch merged with a pending conditional one
+			// does not strip the pending one's precondition: its stale
+			// PodScheduled=False is refused with it, and dropped once the
+			// pod is read back bound; the Unconditional patch's own
+			// condition is written.
+			name:  "a merge with an Unconditional patch keeps the pending patch's precondition",
+			calls: []func(*v1.Pod) Call{sched, probeAnyway}, between: bindBehindTheBack,
+			want: []dispatch.State{ok, ok}, requests: []string{"patch/status", "get/", "patch/status"},
+			check: func(t *testing.T, p *v1.Pod) {
+				assert.Equal(t, "elsewhere", p.Spec.NodeName)
+				assert.False(t, scheduledFalse(p), "the race kubernetes#139602 fixed")
+				assert.NotNil(t, findCondition(&p.Status, "example.com/Probe"), "the Unconditional patch's condition is written")
 			},
 		},
 		{

@@ -78,9 +78,13 @@ func newer(a, b string) bool {
 
 // mergeStatus combines two status patches: incoming's baseline (by then the
 // newer of the two, see merge) and the fields it sets, plus those of
-// pending it does not set.
+// pending it does not set; sent with the precondition unless both are
+// Unconditional.
 func mergeStatus(pending, incoming Call) Call {
 	out := incoming
+	// Unconditional only if both are: the pending patch's fields were
+	// computed from a view its precondition still fences.
+	out.unconditional = pending.unconditional && incoming.unconditional
 	if !incoming.setNNN && pending.setNNN {
 		out.nnn, out.setNNN = pending.nnn, true
 	}
