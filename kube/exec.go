@@ -19,6 +19,9 @@ import (
 type calls struct {
 	pods podAPI
 	log  klog.Logger
+	// classify is the dispatcher's classifier (Options.Classify, or
+	// Classify): it judges the read before a retry too.
+	classify func(error) dispatch.Class
 	// amend is the dispatcher's Amend, set once New has returned and
 	// before any call runs: what a write taught about the pod is passed on
 	// to the call waiting behind it.
@@ -145,9 +148,9 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 //     otherwise it runs again against the pod as read now (a condition that
 //     landed is not patched twice).
 //
-// If the read itself fails with an error worth retrying, the call runs
-// again as it was: the next attempt will tell. The call's attempt limit
-// bounds the loop.
+// If the read itself fails with an error the dispatcher's classifier
+// (Options.Classify) retries, the call runs again as it was: the next
+// attempt will tell. The call's attempt limit bounds the loop.
 func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr error) (Call, bool, error) {
 	if c.Err() != nil || (c.typ == PodStatusPatch && !apierrors.IsConflict(lastErr)) {
 		return c, false, nil
@@ -165,7 +168,7 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
 	case err != nil:
-		if Classify(err) == dispatch.ClassRetry {
+		if a.classify(err) == dispatch.ClassRetry {
 			return c, false, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)

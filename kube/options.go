@@ -80,7 +80,8 @@ type Options struct {
 	// the less urgent of bindings and deletions.
 	Start dispatch.StartPolicy
 
-	// Classify judges a failed call. nil means Classify.
+	// Classify judges a failed call, and the read a retry makes first
+	// (see the calls' documentation). nil means Classify.
 	Classify func(error) dispatch.Class
 	// Retry bounds retries (Config.Retry).
 	Retry dispatch.RetryPolicy
@@ -155,6 +156,7 @@ func (o Options) config(a *calls) (dispatch.Config[types.UID, Call], map[CallTyp
 	if cfg.Classify == nil {
 		cfg.Classify = Classify
 	}
+	a.classify = cfg.Classify // the read before a retry is judged as the call is
 	return cfg, prio, nil
 }
 

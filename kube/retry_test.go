@@ -299,3 +299,56 @@ func TestRetryAfterReachesTheBackoff(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestReadBackUsesOptionsClassify: the read a retry makes first (a
+// binding reads its pod back) is judged by Options.Classify, as the call's
+// own errors are — not by the package's Classify behind the user's back.
+// A classifier that retries a Forbidden (RBAC not yet propagated, say)
+// retries it on the read too; one that fails a 503 at once fails the call
+// on the read's 503 instead of sending the binding again.
+func TestReadBackUsesOptionsClassify(t *testing.T) {
+	forbidden := apierrors.NewForbidden(podsResource, "p", errors.New("rbac not yet propagated"))
+	unavailable := apierrors.NewServiceUnavailable("down")
+	faults := func(readErr error) fault {
+		return func(r request) (bool, error) {
+			switch {
+			case r.kind() == "create/binding" && r.N == 1:
+				return false, apierrors.NewInternalError(errors.New("etcd"))
+			case r.kind() == "get/" && r.N == 1:
+				return false, readErr
+			}
+			return true, nil
+		}
+	}
+	t.Run("a Forbidden the user retries", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			api := newFakeAPI(newPod("p"))
+			d := newTestDispatcher(t, api, Options{Classify: func(err error) dispatch.Class {
+				if apierrors.IsForbidden(err) {
+					return dispatch.ClassRetry
+				}
+				return Classify(err)
+			}})
+			api.setFault(faults(forbidden))
+			r := outcome(t, submit(t, d, Bind(api.pod("p"), "n1")))
+			assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
+			assert.Equal(t, "n1", api.pod("p").Spec.NodeName)
+		})
+	})
+	t.Run("a 503 the user fails at once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			api := newFakeAPI(newPod("p"))
+			d := newTestDispatcher(t, api, Options{Classify: func(err error) dispatch.Class {
+				if apierrors.IsServiceUnavailable(err) {
+					return dispatch.ClassPermanent
+				}
+				return Classify(err)
+			}})
+			api.setFault(faults(unavailable))
+			r := outcome(t, submit(t, d, Bind(api.pod("p"), "n1")))
+			assert.Equal(t, dispatch.StateFailed, r.State)
+			assert.True(t, apierrors.IsServiceUnavailable(r.Err), "%v", r.Err)
+			assert.Equal(t, 1, api.count("create/binding"), "not sent again after the read's 503")
+		})
+	})
+}
