@@ -79,6 +79,11 @@ type Call struct {
 	setNNN        bool
 	unconditional bool
 
+	// gone: a deletion of the pod landed while the call waited behind
+	// it, so the call has nothing left to do (see calls.exec). Beside
+	// the other flags, it takes no room of its own.
+	gone bool
+
 	// PodBinding.
 	node string
 

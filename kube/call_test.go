@@ -235,6 +235,15 @@ func TestMerge(t *testing.T) {
 		assert.NotErrorIs(t, err, dispatch.SkipIncoming)
 		assert.Equal(t, pending, got)
 	})
+	t.Run("behind a deletion that landed, every incoming call is moot", func(t *testing.T) {
+		pending := patch(old, nil, sched)
+		pending.gone = true // as the deletion's success leaves its successor
+		for _, incoming := range []Call{patch(cur, nil, ready), Bind(cur, "n1"), Delete(cur, &disrupt)} {
+			got, err := merge(pending, incoming)
+			require.ErrorIs(t, err, dispatch.SkipIncoming, "%v", incoming)
+			assert.Equal(t, pending, got)
+		}
+	})
 	t.Run("merging never writes either call's conditions", func(t *testing.T) {
 		incoming := patch(cur, nil, ready)
 		incoming.conds = append(make([]v1.PodCondition, 0, 4), incoming.conds...) // room to append in place

@@ -154,6 +154,21 @@ func TestCoalescing(t *testing.T) {
 			},
 		},
 		{
+			// The pod is gone once the deletion lands: what waited behind
+			// it is moot, as it is onto a pending deletion — not sent to
+			// fail NotFound (and a status patch logged as an error).
+			name: "a status patch behind an in-flight deletion is moot once it lands", inFlight: true,
+			calls: []func(*v1.Pod) Call{del, sched, nominate("n1")},
+			want:  []dispatch.State{ok, skipped, skipped}, requests: []string{"patch/status", "delete/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Nil(t, p, "deleted") },
+		},
+		{
+			name: "a binding behind an in-flight deletion is moot once it lands", inFlight: true,
+			calls: []func(*v1.Pod) Call{del, bind("n1")},
+			want:  []dispatch.State{ok, skipped}, requests: []string{"patch/status", "delete/"},
+			check: func(t *testing.T, p *v1.Pod) { assert.Nil(t, p, "deleted") },
+		},
+		{
 			name: "a duplicate binding behind an in-flight one is moot once it lands", inFlight: true,
 			calls: []func(*v1.Pod) Call{bind("n1"), bind("n1")},
 			want:  []dispatch.State{ok, skipped}, requests: []string{"create/binding"},

@@ -128,7 +128,8 @@ func (d *Dispatcher) options(c Call, o SubmitOptions) dispatch.SubmitOptions {
 // relevant call replaces it (both submissions then share the outcome of
 // the one that runs), a less relevant one ends Skipped at once, and a
 // status patch folds into a pending status patch. While the pod's call is
-// in flight, c waits behind it.
+// in flight, c waits behind it, and ends Skipped if that call is a
+// deletion that lands.
 //
 // A call that replaces a pending one runs at its own, higher priority, in
 // its own tenant and under its own label: a binding that replaced a

@@ -41,7 +41,9 @@ var errKeep = errors.New("kube: pending call kept")
 // response, so a successor built from the same view is rebased onto it —
 // instead of being refused by the server and read back; after a binding,
 // a successor status patch's PodScheduled=False and nomination are stale
-// and dropped, and a successor binding to the same node is moot.
+// and dropped, and a successor binding to the same node is moot; after a
+// deletion, the pod is gone and every successor is moot, as a call
+// submitted onto a pending deletion is.
 func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 	if err := c.Err(); err != nil {
 		return err
@@ -70,7 +72,11 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 		}
 		return retryafter.FromStatus(err)
 	default:
-		return retryafter.FromStatus(a.delete(ctx, &c))
+		err := a.delete(ctx, &c)
+		if err == nil {
+			a.successor(uid, func(next Call) (Call, error) { next.gone = true; return next, nil })
+		}
+		return retryafter.FromStatus(err)
 	}
 }
 

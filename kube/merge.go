@@ -40,6 +40,9 @@ func merge(pending, incoming Call) (Call, error) {
 	if pending.Err() != nil {
 		return incoming, nil
 	}
+	if pending.gone {
+		return pending, dispatch.SkipIncoming // the pod is deleted: nothing left to do
+	}
 	switch rp, ri := pending.typ.relevance(), incoming.typ.relevance(); {
 	case ri < rp:
 		return pending, dispatch.SkipIncoming
@@ -99,8 +102,9 @@ func mergeStatus(pending, incoming Call) Call {
 }
 
 // noOp is the Config.NoOp of kube calls: a status patch that changes
-// nothing in its baseline, and a binding whose baseline already shows the
-// pod on its node, are not sent (and logged so). A deletion always runs.
+// nothing in its baseline, a binding whose baseline already shows the
+// pod on its node, and any call behind a deletion that landed, are not
+// sent (and logged so). Otherwise a deletion always runs.
 // An invalid call runs, so that exec reports why it is invalid.
 func (a *calls) noOp(_ types.UID, c Call) bool {
 	if isNoOp(&c) {
@@ -114,6 +118,9 @@ func (a *calls) noOp(_ types.UID, c Call) bool {
 func isNoOp(c *Call) bool {
 	if c.Err() != nil {
 		return false
+	}
+	if c.gone {
+		return true
 	}
 	switch c.typ {
 	case PodStatusPatch:
