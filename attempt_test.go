@@ -23,22 +23,26 @@ import (
 // under its tenant's MaxQueued meanwhile (TenantConfig.MaxQueued), so a
 // submission of the tenant is refused rather than taking it, and when the
 // hook exits, q1 goes back to the queue and runs — it is not failed for
-// want of room, and the tenant never holds more than MaxQueued.
+// want of room, and the tenant never holds more than MaxQueued. It runs
+// on the token its worker took for it (RateLimiter), not the limiter's
+// next one, an hour away.
 func TestAbandonedAttemptKeepsItsPlace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGate()
+		g, q1Runs := newGate(), newGate()
 		inHook, leaveHook := make(chan struct{}), make(chan struct{})
 		var once atomic.Bool
 		d := newD(t, func(ctx context.Context, k string, _ int) error {
-			if k == "first" {
+			switch k {
+			case "first":
 				return g.wait(ctx)
+			case "q1":
+				return q1Runs.wait(ctx) // running while the test looks
 			}
 			return nil
 		}, Config[string, int]{
 			Workers: 1,
-			// Two tokens, then none for an hour of virtual time: the worker
-			// that replaces the exited one cannot take a call while the
-			// test looks.
+			// Two tokens, then none for an hour of virtual time: q1 runs
+			// on the one its worker took for it before the hook exited.
 			RateLimit: rate.NewLimiter(rate.Every(time.Hour), 2),
 			Tenants:   map[string]TenantConfig{"q": {MaxQueued: 1}},
 			OnDone: func(r Result[string, int]) {
@@ -65,7 +69,10 @@ func TestAbandonedAttemptKeepsItsPlace(t *testing.T) {
 		st := d.Stats().Tenants["q"]
 		assert.Equal(t, 1, st.Queued+st.InFlight, "q1 is back in the queue (or running): %+v", st)
 		checkConservation(t, d)
-		waitAll(first, q1) // the limiter's next tokens come within two virtual hours
+		start := time.Now()
+		q1Runs.open()
+		waitAll(first, q1)
+		assert.Less(t, time.Since(start), time.Minute, "q1 waited for the limiter's next token")
 		r := outcome(t, q1)
 		assert.Equal(t, StateSucceeded, r.State, "q1 ended %v after %d attempt(s): %v", r.State, r.Attempts, r.Err)
 		assert.Equal(t, 1, r.Attempts)

@@ -503,3 +503,71 @@ func TestLimiterAlwaysFaulting(t *testing.T) {
 		})
 	}
 }
+
+// startExitObserver exits the goroutine in its first OnStart, as a fake
+// that calls t.FailNow would.
+type startExitObserver struct {
+	NopObserver
+	starts atomic.Int32
+}
+
+func (o *startExitObserver) OnStart(Event, int, time.Duration) {
+	if o.starts.Add(1) == 1 {
+		runtime.Goexit()
+	}
+}
+
+// TestAbandonedStartKeepsToken: a call sent back to the queue untouched,
+// because user code ended the worker's goroutine before the call's
+// attempt began (Observer.OnStart, or an earlier call's OnDone told as the
+// worker took it), did not execute, so the token its worker took for it is
+// not lost: it is held for the next call, and the call runs on it at once
+// rather than waiting for the limiter's next token (an hour here). Each
+// shape of limiter is handled; no more tokens are taken than executions.
+func TestAbandonedStartKeepsToken(t *testing.T) {
+	limiters := map[string]func(*rate.Limiter) RateLimiter{
+		"rate.Limiter":       func(l *rate.Limiter) RateLimiter { return l },
+		"TryAccept (client)": func(l *rate.Limiter) RateLimiter { return tryLimiter{l} },
+		"Wait only":          func(l *rate.Limiter) RateLimiter { return waitLimiter{l} },
+		"Wait and Allow":     func(l *rate.Limiter) RateLimiter { return allowLimiter{l} },
+	}
+	for name, limiter := range limiters {
+		for _, by := range []string{"OnStart", "OnDone"} {
+			t.Run(name+"/"+by, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					keys := []string{"a"} // a token each, from the burst
+					cfg := Config[string, int]{Workers: 1}
+					switch by {
+					case "OnStart":
+						cfg.Observer = &startExitObserver{}
+					case "OnDone":
+						// "a"'s OnDone is told as the worker takes "b".
+						keys = append(keys, "b")
+						var once atomic.Bool
+						cfg.OnDone = func(Result[string, int]) {
+							if once.CompareAndSwap(false, true) {
+								runtime.Goexit()
+							}
+						}
+					}
+					lim := rate.NewLimiter(rate.Every(time.Hour), len(keys))
+					cfg.RateLimit = limiter(lim)
+					var runs atomic.Int32
+					d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, cfg)
+					start := time.Now()
+					var tks []*Ticket[string, int]
+					for _, k := range keys {
+						tks = append(tks, submit(t, d, k, 1, SubmitOptions{}))
+					}
+					waitAll(tks...)
+					assert.Less(t, time.Since(start), time.Minute, "a call sent back untouched waited for a new token")
+					assert.Equal(t, map[State]int{StateSucceeded: len(keys)}, tally(t, tks...))
+					assert.Equal(t, int32(len(keys)), runs.Load())
+					s := closeD(t, d)
+					assert.Equal(t, uint64(1), s.CallbackPanics)
+					assert.Equal(t, uint64(len(keys)), s.Executions)
+				})
+			})
+		}
+	}
+}

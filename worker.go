@@ -95,8 +95,9 @@ func (rn *runner) stock() {
 // while earlier outcomes are told (ob) or the observer hears of the start
 // (OnStart), before any of c's own user code runs, c goes back to the
 // queue untouched — an observer's or hook's exit is only counted, and ends
-// no call — and so it does if the rate limiter's Wait, in a Sync-mode
-// caller, exited: exec did not run; during the rest of c's attempt, the
+// no call; a worker's token for it is held for the next execution — and
+// so it does if the rate limiter's Wait, in a Sync-mode caller, exited:
+// exec did not run; during the rest of c's attempt, the
 // attempt ends Failed with a *PanicError. OnStart's exits are counted on
 // c: after maxStartExits in a row, c's attempt begins without it, so that
 // an OnStart that always exits does not send c back forever.
@@ -181,6 +182,11 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 		if c.is(fLow) {
 			d.gate.low--
 			c.mark(fLow, false)
+		}
+		if a.abandoned {
+			// c goes back to the queue untouched: the token the worker
+			// took for it is held for the next execution.
+			d.gate.tokens.Unspend()
 		}
 	} else {
 		d.owned.drop(rn.id)

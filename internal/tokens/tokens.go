@@ -221,6 +221,14 @@ func (t *Tokens) Spend() {
 	}
 }
 
+// Unspend gives back a token spent for an execution that did not happen:
+// it is held again, for the next one.
+func (t *Tokens) Unspend() {
+	if t.l != nil {
+		t.held++
+	}
+}
+
 // WantFetch reports whether the fetching goroutine should wait for a
 // token: a worker asked for one, and fewer than ahead are held (at least
 // one). ahead is how many the owner could start at once: the ready calls
