@@ -571,3 +571,58 @@ func TestAbandonedStartKeepsToken(t *testing.T) {
 		}
 	}
 }
+
+// pausableTry is shaped like client-go's flowcontrol.RateLimiter: it
+// grants every TryAccept until paused, then none, and reports the QPS it
+// is set to, which may be no rate at all (NaN, negative) once running.
+type pausableTry struct {
+	qps    atomic.Uint32 // float32 bits
+	paused atomic.Bool
+	tries  atomic.Int64
+}
+
+func (p *pausableTry) TryAccept() bool {
+	p.tries.Add(1)
+	return !p.paused.Load()
+}
+func (p *pausableTry) QPS() float32                   { return math.Float32frombits(p.qps.Load()) }
+func (p *pausableTry) Wait(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+
+// TestTryLimiterPausedNoSpin: a TryAccept-shaped limiter that grants
+// nothing while it reports a QPS that is no rate — 0, NaN or negative, set
+// at run time — is paused (RateLimiter): it is asked again about once a
+// second, as a paused *rate.Limiter is, not every 100µs; no call runs
+// meanwhile, and once it grants again the calls run.
+func TestTryLimiterPausedNoSpin(t *testing.T) {
+	docSays(t, "RateLimiter", "the dispatcher asks again at least once a second, so a change takes effect within a second and nothing spins.")
+	for name, qps := range map[string]float32{
+		"QPS 0":        0,
+		"QPS NaN":      float32(math.NaN()),
+		"QPS negative": -5,
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := &pausableTry{}
+				lim.qps.Store(math.Float32bits(10))
+				var runs atomic.Int32
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
+					Config[string, int]{Workers: 2, RateLimit: lim})
+				lim.paused.Store(true)
+				lim.qps.Store(math.Float32bits(qps))
+				for i := range 5 {
+					require.NoError(t, d.Post(fmt.Sprint(i), 1, SubmitOptions{}))
+				}
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				assert.Zero(t, runs.Load(), "ran while paused")
+				tries := lim.tries.Load()
+				assert.LessOrEqual(t, tries, int64(30), "TryAccept asked %d times in 10s while paused", tries)
+				lim.paused.Store(false)
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				assert.Equal(t, int32(5), runs.Load(), "drained once it grants again")
+				closeD(t, d)
+			})
+		})
+	}
+}

@@ -159,9 +159,13 @@ func (t *Tokens) asked(now int64) (bool, int64) {
 				return true, 0
 			}
 			// Try again a token interval later, within [100µs, MaxWait]
-			// whatever QPS says (0, NaN, huge).
-			every := int64(sat.Duration(float64(time.Second) / float64(t.try.QPS())))
-			t.at = now + min(max(every, int64(100*time.Microsecond)), MaxWait)
+			// however huge QPS is; a QPS that is no rate (0, NaN,
+			// negative) is a pause: MaxWait.
+			every := MaxWait
+			if qps := float64(t.try.QPS()); qps > 0 {
+				every = min(max(int64(sat.Duration(float64(time.Second)/qps)), int64(100*time.Microsecond)), MaxWait)
+			}
+			t.at = now + every
 		}
 		return false, t.at
 	}
