@@ -83,6 +83,9 @@ type attemptEnd struct {
 	callDone  bool // the call's own context ended (deadline, cancel, Close)
 	runTime   time.Duration
 	end       int64 // the clock when exec returned; 0 if it did not run
+	// began is the clock the execution began at: begin's, or, inline
+	// under a rate limit, when its token came (-1: it never came).
+	began int64
 }
 
 // execute runs one attempt outside the lock: the before-retry hook (on a
@@ -97,11 +100,17 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
 		return
 	}
-	if l := cfg.RateLimit; l != nil && a.inline && !a.inlineToken(l, tl) {
-		return
+	if l := cfg.RateLimit; l != nil && a.inline {
+		a.began = -1 // it begins with its token
+		if !a.inlineToken(l, tl) {
+			return
+		}
 	}
 	a.site = callbackExec
 	start := clk.now()
+	if a.began < 0 {
+		a.began = start
+	}
 	pe, err := guard(callbackExec, func() error { return exec(a.ctx, a.key, a.val) }, nil)
 	a.end = clk.now()
 	a.runTime = time.Duration(a.end - start)
@@ -164,14 +173,14 @@ func (a *attempt[K, T]) inlineToken(l RateLimiter, tl *teller[K, T]) bool {
 	return true
 }
 
-// newAttempt makes the attempt c is about to run, under the context of
-// its execution e (begin), set up here: cancelled when c loses its
-// waiters or the dispatcher closes, reporting the latest deadline of c's
-// live waiters (none if any waiter has none), carrying the idempotency
-// key. inline: run by a Sync-mode caller; observed: an observer is set,
+// newAttempt makes the attempt c is about to run, beginning at now, under
+// the context of its execution e (begin), set up here: cancelled when c
+// loses its waiters or the dispatcher closes, reporting the latest
+// deadline of c's live waiters (none if any waiter has none), carrying the
+// idempotency key. inline: run by a Sync-mode caller; observed: an observer is set,
 // which hears of it unless its OnStart exited too often (maxStartExits);
 // timeout: RetryPolicy.AttemptTimeout.
-func (c *call[K, T]) newAttempt(e *execution, clk *timebase, inline, observed bool, timeout time.Duration) attempt[K, T] {
+func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, observed bool, timeout time.Duration) attempt[K, T] {
 	var dl time.Time
 	if at := c.execDeadline(); at != 0 {
 		dl = clk.wall(at)
@@ -179,8 +188,13 @@ func (c *call[K, T]) newAttempt(e *execution, clk *timebase, inline, observed bo
 	ctx := &e.ctx
 	ctx.Init(dl, c.idem())
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: c.lane.key, val: c.val, lastErr: c.lastErr(), inline: inline}
+	a.began = now
 	if a.observed = observed && e.startExits < maxStartExits; a.observed {
-		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(e.firstStart-c.enq)
+		first := e.firstStart
+		if first < 0 {
+			first = now // an inline first execution's token is still to come
+		}
+		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(first-c.enq)
 	}
 	if timeout > 0 {
 		a.ctx, a.stop = context.WithTimeout(ctx, timeout)

@@ -472,7 +472,9 @@ func (c *call[K, T]) result(st State, err error, now int64) Result[K, T] {
 	var tl sofar
 	if c.exec != nil {
 		tl = c.exec.sofar
-		wait = tl.firstStart - c.enq
+		if tl.firstStart >= 0 {
+			wait = tl.firstStart - c.enq
+		}
 	}
 	return Result[K, T]{Key: c.lane.key, Call: c.val, Outcome: Outcome{
 		State:     st,

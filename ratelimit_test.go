@@ -626,3 +626,40 @@ func TestTryLimiterPausedNoSpin(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenWaitIsQueueWait: the wait for a rate-limiter token comes
+// before the execution, in Sync mode (where the caller waits for it) as
+// in Async mode (where the call waits in the queue): Outcome.QueueWait
+// runs to the execution, after the token, and a call that never got its
+// token made no execution, so its QueueWait runs to its end and
+// Stats.QueueWait, which counts first executions, does not count it.
+func TestTokenWaitIsQueueWait(t *testing.T) {
+	docSays(t, "Outcome.QueueWait", "from enqueue to the first execution, or the end")
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := rate.NewLimiter(1, 1)
+				require.True(t, lim.Allow()) // the next token in a second
+				d := newD(t, nopExec, Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode}})
+				tk := submit(t, d, "a", 1, SubmitOptions{})
+				<-tk.Done()
+				r := outcome(t, tk)
+				assert.Equal(t, StateSucceeded, r.State)
+				assert.Equal(t, time.Second, r.QueueWait, "waited a second for the token")
+				assert.Equal(t, uint64(1), d.Stats().QueueWait.Count)
+
+				// The next token is a second away: past this deadline.
+				tk, err := d.Submit(bg, "b", 1, SubmitOptions{Timeout: 500 * time.Millisecond})
+				require.NoError(t, err)
+				<-tk.Done()
+				r = outcome(t, tk)
+				assert.ErrorIs(t, r.Err, ErrExpired)
+				assert.Zero(t, r.Attempts)
+				assert.Equal(t, 500*time.Millisecond, r.QueueWait, "waited to its end, for a token it never got")
+				s := closeD(t, d)
+				assert.Equal(t, uint64(1), s.QueueWait.Count, "one call executed")
+				assert.Equal(t, uint64(1), s.Executions)
+			})
+		})
+	}
+}

@@ -191,6 +191,9 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	} else {
 		d.owned.drop(rn.id)
 		d.wake.kick()
+		if c.exec.firstStart < 0 && a.began >= 0 {
+			d.firstStart(c, a.began) // its wait for a token was queue wait
+		}
 	}
 	if a.end == 0 {
 		a.end = d.clk.now()
@@ -231,13 +234,13 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		l.pending = nil
 	}
 	c.enter(csRunning)
-	if e.firstStart < 0 {
-		d.firstStart(c, now)
+	if e.firstStart < 0 && (rn.onWorker || d.cfg.RateLimit == nil) {
+		d.firstStart(c, now) // inline under a rate limit: once its token came (settleAttemptLock)
 	}
 	d.running++
 	c.tag.ten.queued--
 	c.tag.ten.inflight++
-	return c.newAttempt(e, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
+	return c.newAttempt(e, now, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
 }
 
 // firstStart records the first execution of c, at now: its queue wait,
