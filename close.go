@@ -75,6 +75,7 @@ func (d *Dispatcher[K, T]) stop() {
 				d.endLane(l, StateClosed, ErrClosed, now, withRunning, &ob)
 			}
 		})
+		d.gate.tokens.Release(now) // no call is left to spend it
 		d.baseCancel(ErrClosed)
 		close(d.stopCh)
 		d.wake.workers()

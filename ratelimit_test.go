@@ -663,3 +663,29 @@ func TestTokenWaitIsQueueWait(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseGivesBackReservation: a *rate.Limiter is often shared (a
+// client's bucket, another dispatcher). A token the dispatcher reserved for
+// a call that Close then ends Closed is given back to it, not spent on
+// nothing: once due, the limiter grants it to someone else.
+func TestCloseGivesBackReservation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := rate.NewLimiter(2, 1) // a token every 500ms
+		require.True(t, lim.Allow())
+		var runs atomic.Int32
+		d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
+			Config[string, int]{Workers: 1, RateLimit: lim})
+		tk := submit(t, d, "a", 1, SubmitOptions{})
+		time.Sleep(100 * time.Millisecond) // its token is reserved, due at 500ms
+		synctest.Wait()
+		ctx, cancel := context.WithCancel(bg)
+		cancel()
+		require.ErrorIs(t, d.Close(ctx), context.Canceled)
+		assert.ErrorIs(t, outcome(t, tk).Err, ErrClosed)
+		assert.Zero(t, runs.Load())
+		s := checkConservation(t, d)
+		assert.Zero(t, s.Executions)
+		time.Sleep(400 * time.Millisecond)
+		assert.True(t, lim.Allow(), "the token reserved for the closed call is granted to another")
+	})
+}

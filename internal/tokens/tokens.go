@@ -225,6 +225,16 @@ func (t *Tokens) Spend() {
 	}
 }
 
+// Release gives back, at now, the token reserved and not yet due, if
+// any, as its owner stops: a limiter shared with others (a client's
+// bucket) grants it to them instead.
+func (t *Tokens) Release(now int64) {
+	if t.r != nil {
+		t.r.CancelAt(t.epoch.Add(time.Duration(now)))
+		t.r, t.at = nil, 0
+	}
+}
+
 // Unspend gives back a token spent for an execution that did not happen:
 // it is held again, for the next one.
 func (t *Tokens) Unspend() {
