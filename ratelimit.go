@@ -32,7 +32,15 @@ import (
 // paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to
 // almost nothing, or whose Wait fails — holds every execution until it
 // grants again; the dispatcher asks again at least once a second, so a
-// change takes effect within a second and nothing spins.
+// change takes effect within a second and nothing spins. A Wait under
+// way is not asked again, though: a limiter waited on — by the
+// dispatcher's goroutine (one with neither ReserveN nor TryAccept), or by
+// a Sync-mode caller (any limiter) — takes a change once its Wait
+// returns. A *rate.Limiter's Wait sleeps until the token it reserved at
+// the old rate, for ever after SetLimit(0): in Async mode give the
+// dispatcher the *rate.Limiter itself, not a wrapper that hides its
+// ReserveN; in Sync mode give calls a deadline (a Wait that would pass it
+// fails at once, and is tried again after a back-off).
 //
 // The limiter is user code (package documentation, "Callbacks"). A Wait
 // that panics has failed, and is tried again after a back-off; one that

@@ -689,3 +689,65 @@ func TestCloseGivesBackReservation(t *testing.T) {
 		assert.True(t, lim.Allow(), "the token reserved for the closed call is granted to another")
 	})
 }
+
+// TestWaitTakesChangeWhenItReturns pins what RateLimiter says of a Wait
+// under way: a *rate.Limiter paused by SetLimit(0) and resumed holds the
+// calls whose token a Wait began to wait for meanwhile — the fetcher's,
+// for a wrapper that hides ReserveN, and a Sync-mode caller's without a
+// deadline — while the *rate.Limiter itself in Async mode, and a Sync-mode
+// caller with a deadline, take the change within a second or so.
+func TestWaitTakesChangeWhenItReturns(t *testing.T) {
+	docSays(t, "RateLimiter", "A Wait under way is not asked again, though: a limiter waited on — by the dispatcher's goroutine (one with neither ReserveN nor TryAccept), or by a Sync-mode caller (any limiter) — takes a change once its Wait returns.")
+	docSays(t, "RateLimiter", "in Async mode give the dispatcher the *rate.Limiter itself, not a wrapper that hides its ReserveN; in Sync mode give calls a deadline (a Wait that would pass it fails at once, and is tried again after a back-off).")
+	for _, c := range []struct {
+		name    string
+		mode    Mode
+		wrap    bool          // hide ReserveN: only Wait
+		timeout time.Duration // each call's, if any
+		resumes bool
+	}{
+		{"async/rate.Limiter", ModeAsync, false, 0, true},
+		{"async/Wait only", ModeAsync, true, 0, false},
+		{"sync/no deadline", ModeSync, false, 0, false},
+		{"sync/deadline", ModeSync, false, time.Minute, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := rate.NewLimiter(10, 1)
+				require.True(t, lim.Allow())
+				lim.SetLimit(0) // paused before the calls come
+				var l RateLimiter = lim
+				if c.wrap {
+					l = waitLimiter{lim}
+				}
+				var runs atomic.Int32
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
+					Config[string, int]{Workers: 4, RateLimit: l, Rollout: RolloutPolicy{Mode: c.mode}})
+				ctx, cancel := context.WithCancel(bg)
+				var wg sync.WaitGroup
+				for i := range 3 {
+					wg.Go(func() {
+						tk, err := d.Submit(ctx, fmt.Sprint(i), 1, SubmitOptions{Timeout: c.timeout})
+						if err == nil {
+							<-tk.Done()
+						}
+					})
+				}
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				require.Zero(t, runs.Load(), "ran while paused")
+				lim.SetLimit(10)
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if c.resumes {
+					assert.Equal(t, int32(3), runs.Load(), "the change took effect")
+				} else {
+					assert.Zero(t, runs.Load(), "a Wait under way still sleeps")
+				}
+				cancel()
+				wg.Wait()
+				closeD(t, d)
+			})
+		})
+	}
+}
