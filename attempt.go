@@ -106,6 +106,11 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 			return
 		}
 	}
+	if timeout := cfg.Retry.AttemptTimeout; timeout > 0 && a.inline {
+		// An inline execution begins with its token: its wait for it is
+		// not the attempt's.
+		a.ctx, a.stop = context.WithTimeout(a.callCtx, timeout)
+	}
 	a.site = callbackExec
 	start := clk.now()
 	if a.began < 0 {
@@ -179,7 +184,8 @@ func (a *attempt[K, T]) inlineToken(l RateLimiter, tl *teller[K, T]) bool {
 // deadline of c's live waiters (none if any waiter has none), carrying the
 // idempotency key. inline: run by a Sync-mode caller; observed: an observer is set,
 // which hears of it unless its OnStart exited too often (maxStartExits);
-// timeout: RetryPolicy.AttemptTimeout.
+// timeout: RetryPolicy.AttemptTimeout, set here for a worker's attempt
+// and by execute for an inline one, once it has its token.
 func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, observed bool, timeout time.Duration) attempt[K, T] {
 	var dl time.Time
 	if at := c.execDeadline(); at != 0 {
@@ -196,7 +202,7 @@ func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, 
 		}
 		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(first-c.enq)
 	}
-	if timeout > 0 {
+	if timeout > 0 && !inline {
 		a.ctx, a.stop = context.WithTimeout(ctx, timeout)
 	}
 	return a

@@ -751,3 +751,35 @@ func TestWaitTakesChangeWhenItReturns(t *testing.T) {
 		})
 	}
 }
+
+// TestAttemptTimeoutExcludesTokenWait: RetryPolicy.AttemptTimeout bounds
+// one execution, which begins with its token: a Sync-mode caller's wait
+// for it, like a queued call's in Async mode, is not part of the attempt,
+// so an exec that honours its context gets the whole AttemptTimeout
+// however long the token took.
+func TestAttemptTimeoutExcludesTokenWait(t *testing.T) {
+	docSays(t, "RetryPolicy.AttemptTimeout", "AttemptTimeout, if set, bounds one execution")
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := rate.NewLimiter(1, 1)
+				require.True(t, lim.Allow()) // the next token in a second
+				var budget atomic.Int64
+				d := newD(t, func(ctx context.Context, _ string, _ int) error {
+					if dl, ok := ctx.Deadline(); ok {
+						budget.Store(int64(time.Until(dl)))
+					}
+					time.Sleep(10 * time.Millisecond)
+					return ctx.Err()
+				}, Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode},
+					Retry: RetryPolicy{AttemptTimeout: 100 * time.Millisecond, MaxAttempts: 1}})
+				tk := submit(t, d, "a", 1, SubmitOptions{})
+				<-tk.Done()
+				r := outcome(t, tk)
+				assert.Equal(t, StateSucceeded, r.State, "%v", r.Err)
+				assert.Equal(t, 100*time.Millisecond, time.Duration(budget.Load()), "the execution's own AttemptTimeout")
+				closeD(t, d)
+			})
+		})
+	}
+}
