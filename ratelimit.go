@@ -12,21 +12,22 @@ import (
 //
 // A worker takes its token before it chooses a call, so the call that runs
 // is the best one when the token is granted: a bind that arrives while
-// status patches wait for tokens runs on the next token. No worker sleeps
-// while it waits: a *rate.Limiter (anything with ReserveN) is asked for a
-// reservation, and the dispatcher's clock wakes a worker when it is due;
-// anything with TryAccept() bool and QPS() float32 is tried again by the
-// clock once per token interval; any other limiter is waited on by one
-// goroutine of the dispatcher, which hands each token to the best ready
-// call — unless it also has Allow() bool, which a worker tries first: a
-// limiter that can say without blocking that a token is granted now (and
-// takes it) spares each such execution the hand-off from that goroutine.
-// That goroutine fetches ahead while ready calls have free workers, so
-// up to one token per free worker can be taken before the calls that
-// spend them start (and, with Allow, left over when the workers took
-// their own meanwhile); such a token is held, never dropped, and the
-// next calls spend it. A Sync-mode call waits for its token in its
-// caller, under the call's own context.
+// status patches wait for tokens runs on the next token; a call that then
+// does not execute (Config.NoOp skips it) leaves its token to the next
+// call. No worker sleeps while it waits: a *rate.Limiter (anything with
+// ReserveN) is asked for a reservation, and the dispatcher's clock wakes a
+// worker when it is due; anything with TryAccept() bool and QPS() float32
+// is tried again by the clock once per token interval; any other limiter is
+// waited on by one goroutine of the dispatcher, which hands each token to
+// the best ready call — unless it also has Allow() bool, which a worker
+// tries first: a limiter that can say without blocking that a token is
+// granted now (and takes it) spares each such execution the hand-off from
+// that goroutine. That goroutine fetches ahead while ready calls have free
+// workers, so up to one token per free worker can be taken before the calls
+// that spend them start (and, with Allow, left over when the workers took
+// their own meanwhile); such a token is held, never dropped, and the next
+// calls spend it. A Sync-mode call waits for its token in its caller, under
+// the call's own context.
 //
 // No call runs without a token. A limiter that grants nothing for now —
 // paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to

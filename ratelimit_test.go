@@ -783,3 +783,38 @@ func TestAttemptTimeoutExcludesTokenWait(t *testing.T) {
 		})
 	}
 }
+
+// TestNoOpTakesNoToken: each execution takes one token (RateLimiter), and
+// a call Config.NoOp skips ends without executing: it takes none, in Async
+// mode (where the worker took one before choosing it: it is held for the
+// next call) as in Sync mode, so a backlog of no-ops does not wait out the
+// rate limit, and the calls that execute spend the tokens.
+func TestNoOpTakesNoToken(t *testing.T) {
+	docSays(t, "Config.NoOp", "NoOp reports a call that would change nothing: it ends Skipped without executing.")
+	docSays(t, "RateLimiter", "RateLimiter bounds the rate of executions (Config.RateLimit): each execution takes one token.")
+	docSays(t, "RateLimiter", "a call that then does not execute (Config.NoOp skips it) leaves its token to the next call.")
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lim := rate.NewLimiter(rate.Every(time.Hour), 1) // one token now, the next in an hour
+				var runs atomic.Int32
+				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
+					Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode},
+					NoOp: func(_ string, v int) bool { return v == 0 },
+				})
+				start := time.Now()
+				var tks []*Ticket[string, int]
+				for i := range 5 {
+					tks = append(tks, submit(t, d, fmt.Sprint("noop", i), 0, SubmitOptions{}))
+				}
+				tks = append(tks, submit(t, d, "real", 1, SubmitOptions{}))
+				waitAll(tks...)
+				assert.Less(t, time.Since(start), time.Minute, "no-ops waited for tokens")
+				assert.Equal(t, map[State]int{StateSkipped: 5, StateSucceeded: 1}, tally(t, tks...))
+				assert.Equal(t, int32(1), runs.Load())
+				s := closeD(t, d)
+				assert.Equal(t, uint64(1), s.Executions)
+			})
+		})
+	}
+}

@@ -183,9 +183,10 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 			d.gate.low--
 			c.mark(fLow, false)
 		}
-		if a.abandoned {
-			// c goes back to the queue untouched: the token the worker
-			// took for it is held for the next execution.
+		if !a.ran {
+			// No execution (c went back to the queue untouched, or ended
+			// before exec: the no-op test, the before-retry hook): the
+			// token the worker took for it is held for the next one.
 			d.gate.tokens.Unspend()
 		}
 	} else {
