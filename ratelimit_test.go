@@ -635,33 +635,29 @@ func TestTryLimiterPausedNoSpin(t *testing.T) {
 // Stats.QueueWait, which counts first executions, does not count it.
 func TestTokenWaitIsQueueWait(t *testing.T) {
 	docSays(t, "Outcome.QueueWait", "from enqueue to the first execution, or the end")
-	for _, mode := range []Mode{ModeAsync, ModeSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				lim := rate.NewLimiter(1, 1)
-				require.True(t, lim.Allow()) // the next token in a second
-				d := newD(t, nopExec, Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode}})
-				tk := submit(t, d, "a", 1, SubmitOptions{})
-				<-tk.Done()
-				r := outcome(t, tk)
-				assert.Equal(t, StateSucceeded, r.State)
-				assert.Equal(t, time.Second, r.QueueWait, "waited a second for the token")
-				assert.Equal(t, uint64(1), d.Stats().QueueWait.Count)
+	bothModes(t, func(t *testing.T, mode Mode) {
+		lim := rate.NewLimiter(1, 1)
+		require.True(t, lim.Allow()) // the next token in a second
+		d := newD(t, nopExec, Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode}})
+		tk := submit(t, d, "a", 1, SubmitOptions{})
+		<-tk.Done()
+		r := outcome(t, tk)
+		assert.Equal(t, StateSucceeded, r.State)
+		assert.Equal(t, time.Second, r.QueueWait, "waited a second for the token")
+		assert.Equal(t, uint64(1), d.Stats().QueueWait.Count)
 
-				// The next token is a second away: past this deadline.
-				tk, err := d.Submit(bg, "b", 1, SubmitOptions{Timeout: 500 * time.Millisecond})
-				require.NoError(t, err)
-				<-tk.Done()
-				r = outcome(t, tk)
-				assert.ErrorIs(t, r.Err, ErrExpired)
-				assert.Zero(t, r.Attempts)
-				assert.Equal(t, 500*time.Millisecond, r.QueueWait, "waited to its end, for a token it never got")
-				s := closeD(t, d)
-				assert.Equal(t, uint64(1), s.QueueWait.Count, "one call executed")
-				assert.Equal(t, uint64(1), s.Executions)
-			})
-		})
-	}
+		// The next token is a second away: past this deadline.
+		tk, err := d.Submit(bg, "b", 1, SubmitOptions{Timeout: 500 * time.Millisecond})
+		require.NoError(t, err)
+		<-tk.Done()
+		r = outcome(t, tk)
+		assert.ErrorIs(t, r.Err, ErrExpired)
+		assert.Zero(t, r.Attempts)
+		assert.Equal(t, 500*time.Millisecond, r.QueueWait, "waited to its end, for a token it never got")
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.QueueWait.Count, "one call executed")
+		assert.Equal(t, uint64(1), s.Executions)
+	})
 }
 
 // TestCloseGivesBackReservation: a *rate.Limiter is often shared (a
@@ -759,29 +755,25 @@ func TestWaitTakesChangeWhenItReturns(t *testing.T) {
 // however long the token took.
 func TestAttemptTimeoutExcludesTokenWait(t *testing.T) {
 	docSays(t, "RetryPolicy.AttemptTimeout", "AttemptTimeout, if set, bounds one execution")
-	for _, mode := range []Mode{ModeAsync, ModeSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				lim := rate.NewLimiter(1, 1)
-				require.True(t, lim.Allow()) // the next token in a second
-				var budget atomic.Int64
-				d := newD(t, func(ctx context.Context, _ string, _ int) error {
-					if dl, ok := ctx.Deadline(); ok {
-						budget.Store(int64(time.Until(dl)))
-					}
-					time.Sleep(10 * time.Millisecond)
-					return ctx.Err()
-				}, Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode},
-					Retry: RetryPolicy{AttemptTimeout: 100 * time.Millisecond, MaxAttempts: 1}})
-				tk := submit(t, d, "a", 1, SubmitOptions{})
-				<-tk.Done()
-				r := outcome(t, tk)
-				assert.Equal(t, StateSucceeded, r.State, "%v", r.Err)
-				assert.Equal(t, 100*time.Millisecond, time.Duration(budget.Load()), "the execution's own AttemptTimeout")
-				closeD(t, d)
-			})
-		})
-	}
+	bothModes(t, func(t *testing.T, mode Mode) {
+		lim := rate.NewLimiter(1, 1)
+		require.True(t, lim.Allow()) // the next token in a second
+		var budget atomic.Int64
+		d := newD(t, func(ctx context.Context, _ string, _ int) error {
+			if dl, ok := ctx.Deadline(); ok {
+				budget.Store(int64(time.Until(dl)))
+			}
+			time.Sleep(10 * time.Millisecond)
+			return ctx.Err()
+		}, Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode},
+			Retry: RetryPolicy{AttemptTimeout: 100 * time.Millisecond, MaxAttempts: 1}})
+		tk := submit(t, d, "a", 1, SubmitOptions{})
+		<-tk.Done()
+		r := outcome(t, tk)
+		assert.Equal(t, StateSucceeded, r.State, "%v", r.Err)
+		assert.Equal(t, 100*time.Millisecond, time.Duration(budget.Load()), "the execution's own AttemptTimeout")
+		closeD(t, d)
+	})
 }
 
 // TestNoOpTakesNoToken: each execution takes one token (RateLimiter), and
@@ -793,28 +785,24 @@ func TestNoOpTakesNoToken(t *testing.T) {
 	docSays(t, "Config.NoOp", "NoOp reports a call that would change nothing: it ends Skipped without executing.")
 	docSays(t, "RateLimiter", "RateLimiter bounds the rate of executions (Config.RateLimit): each execution takes one token.")
 	docSays(t, "RateLimiter", "a call that then does not execute (Config.NoOp skips it) leaves its token to the next call.")
-	for _, mode := range []Mode{ModeAsync, ModeSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				lim := rate.NewLimiter(rate.Every(time.Hour), 1) // one token now, the next in an hour
-				var runs atomic.Int32
-				d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
-					Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode},
-					NoOp: func(_ string, v int) bool { return v == 0 },
-				})
-				start := time.Now()
-				var tks []*Ticket[string, int]
-				for i := range 5 {
-					tks = append(tks, submit(t, d, fmt.Sprint("noop", i), 0, SubmitOptions{}))
-				}
-				tks = append(tks, submit(t, d, "real", 1, SubmitOptions{}))
-				waitAll(tks...)
-				assert.Less(t, time.Since(start), time.Minute, "no-ops waited for tokens")
-				assert.Equal(t, map[State]int{StateSkipped: 5, StateSucceeded: 1}, tally(t, tks...))
-				assert.Equal(t, int32(1), runs.Load())
-				s := closeD(t, d)
-				assert.Equal(t, uint64(1), s.Executions)
-			})
+	bothModes(t, func(t *testing.T, mode Mode) {
+		lim := rate.NewLimiter(rate.Every(time.Hour), 1) // one token now, the next in an hour
+		var runs atomic.Int32
+		d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
+			Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode},
+			NoOp: func(_ string, v int) bool { return v == 0 },
 		})
-	}
+		start := time.Now()
+		var tks []*Ticket[string, int]
+		for i := range 5 {
+			tks = append(tks, submit(t, d, fmt.Sprint("noop", i), 0, SubmitOptions{}))
+		}
+		tks = append(tks, submit(t, d, "real", 1, SubmitOptions{}))
+		waitAll(tks...)
+		assert.Less(t, time.Since(start), time.Minute, "no-ops waited for tokens")
+		assert.Equal(t, map[State]int{StateSkipped: 5, StateSucceeded: 1}, tally(t, tks...))
+		assert.Equal(t, int32(1), runs.Load())
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.Executions)
+	})
 }

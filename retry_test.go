@@ -826,25 +826,21 @@ func TestRetryAfterExtremes(t *testing.T) {
 // modes, rather than being retried.
 func TestUnknownClassFailsSafe(t *testing.T) {
 	docSays(t, "Class", "A Class other than the three below is taken as ClassPermanent.")
-	for _, mode := range []Mode{ModeAsync, ModeSync} {
-		t.Run(mode.String(), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				var calls atomic.Int32
-				errAPI := errors.New("api: refused")
-				res, st := runOnce(t, func(context.Context, string, int) error {
-					calls.Add(1)
-					return errAPI
-				}, Config[string, int]{
-					Classify: func(error) Class { return Class(7) },
-					Retry:    noJitter(5),
-					Rollout:  RolloutPolicy{Mode: mode},
-				}, SubmitOptions{})
-				assert.Equal(t, StateFailed, res.State)
-				assert.ErrorIs(t, res.Err, errAPI)
-				assert.Equal(t, 1, res.Attempts, "an unknown class is not retried")
-				assert.Equal(t, int32(1), calls.Load())
-				assert.Equal(t, uint64(1), st.Executions)
-			})
-		})
-	}
+	bothModes(t, func(t *testing.T, mode Mode) {
+		var calls atomic.Int32
+		errAPI := errors.New("api: refused")
+		res, st := runOnce(t, func(context.Context, string, int) error {
+			calls.Add(1)
+			return errAPI
+		}, Config[string, int]{
+			Classify: func(error) Class { return Class(7) },
+			Retry:    noJitter(5),
+			Rollout:  RolloutPolicy{Mode: mode},
+		}, SubmitOptions{})
+		assert.Equal(t, StateFailed, res.State)
+		assert.ErrorIs(t, res.Err, errAPI)
+		assert.Equal(t, 1, res.Attempts, "an unknown class is not retried")
+		assert.Equal(t, int32(1), calls.Load())
+		assert.Equal(t, uint64(1), st.Executions)
+	})
 }

@@ -33,6 +33,19 @@ func (o *onSubmitHook) OnSubmit(_ dispatch.Event, coalesced bool) {
 	}
 }
 
+// pendingBehindHook returns an idle dispatcher whose observer runs
+// obs.hook inside the next merged Add, the journal of its calls, and the
+// OnFinish of a low-priority call "a" pending for pod UID "1".
+func pendingBehindHook(t *testing.T) (*Dispatcher, *onSubmitHook, *journal, chan error) {
+	t.Helper()
+	obs := &onSubmitHook{}
+	d := newIdleDispatcher(t, Options{Observer: obs})
+	j := &journal{}
+	chA := make(chan error, 1)
+	require.NoError(t, d.Add(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: chA}))
+	return d, obs, j, chA
+}
+
 // TestNoOpMergeDroppedAtOnce: a call that is a no-op once merged with the
 // pending call is skipped together with it, in the step that admits it, as
 // upstream's is: a call added for the object right after — before the
@@ -41,12 +54,7 @@ func (o *onSubmitHook) OnSubmit(_ dispatch.Event, coalesced bool) {
 // was overwritten, and the later call is admitted as for an idle object:
 // not merged with the no-op, and run.
 func TestNoOpMergeDroppedAtOnce(t *testing.T) {
-	obs := &onSubmitHook{}
-	d := newIdleDispatcher(t, Options{Observer: obs})
-	j := &journal{}
-	a := newCall(j, "a", typeLow, "1", "x")
-	chA := make(chan error, 1)
-	require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+	d, obs, j, chA := pendingBehindHook(t)
 
 	e := newCall(j, "e", typeLow, "1", "x")
 	e.noop = ptr(true)
@@ -73,12 +81,7 @@ func TestNoOpMergeDroppedAtOnce(t *testing.T) {
 // no-op dropped, even if the object it is given would make the call do
 // something again.
 func TestNoOpMergeDroppedBeforeSyncObject(t *testing.T) {
-	obs := &onSubmitHook{}
-	d := newIdleDispatcher(t, Options{Observer: obs})
-	j := &journal{}
-	a := newCall(j, "a", typeLow, "1", "x")
-	chA := make(chan error, 1)
-	require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+	d, obs, j, chA := pendingBehindHook(t)
 
 	e := newCall(j, "e", typeLow, "1", "x")
 	e.noop = ptr(true)
@@ -109,12 +112,7 @@ func TestNoOpMergeDroppedBeforeSyncObject(t *testing.T) {
 // upstream's Add says (nil); SyncObject drops it, and its OnFinish says
 // it was skipped.
 func TestSyncObjectDropsAMergedCallAfterItsAdmission(t *testing.T) {
-	obs := &onSubmitHook{}
-	d := newIdleDispatcher(t, Options{Observer: obs})
-	j := &journal{}
-	a := newCall(j, "a", typeLow, "1", "x")
-	chA := make(chan error, 1)
-	require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+	d, obs, j, chA := pendingBehindHook(t)
 
 	e := newCall(j, "e", typeLow, "1", "y")
 	chE := make(chan error, 1)
