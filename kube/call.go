@@ -83,6 +83,11 @@ type Call struct {
 	// it, so the call has nothing left to do (see calls.exec). Beside
 	// the other flags, it takes no room of its own.
 	gone bool
+	// unread: the read before this attempt (see calls.beforeRetry)
+	// failed, and the server asked for a delay: the attempt sends
+	// nothing and fails with it, so that the call waits it out in the
+	// queue and reads again.
+	unread *readError
 
 	// PodBinding.
 	node string

@@ -54,7 +54,8 @@
 // # Errors and retries
 //
 // Classify judges errors: 429, timeouts, 5xx and broken connections are
-// retried with backoff — a server's Retry-After is the backoff; 409 is
+// retried with backoff — a server's Retry-After is the backoff, whether it
+// answers a write or the read a retry makes first; 409 is
 // resolved by reading the pod back before anything is sent again (a binding
 // whose earlier attempt landed ends Succeeded without binding twice; one the
 // pod is bound elsewhere for ends Failed); auth, validation and NotFound

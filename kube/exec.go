@@ -48,6 +48,9 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 	if err := c.Err(); err != nil {
 		return err
 	}
+	if c.unread != nil {
+		return retryafter.FromStatus(c.unread)
+	}
 	switch c.typ {
 	case PodStatusPatch:
 		pod, err := a.patch(ctx, &c)
@@ -156,8 +159,15 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 //
 // If the read itself fails with an error the dispatcher's classifier
 // (Options.Classify) retries, the call runs again as it was: the next
-// attempt will tell. The call's attempt limit bounds the loop.
+// attempt will tell. Unless the server asked for a delay (Retry-After):
+// then the attempt sends nothing and fails with the read's error, so that
+// the call waits the delay out in the queue, as after a write's, and
+// reads again. The call's attempt limit bounds the loop.
 func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr error) (Call, bool, error) {
+	c.unread = nil
+	if re := (*readError)(nil); errors.As(lastErr, &re) {
+		lastErr = re.last // the read the last attempt waited for is still to make
+	}
 	if c.Err() != nil || (c.typ == PodStatusPatch && !apierrors.IsConflict(lastErr)) {
 		return c, false, nil
 	}
@@ -175,6 +185,9 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
 	case err != nil:
 		if a.classify(err) == dispatch.ClassRetry {
+			if s, _ := apierrors.SuggestsClientDelay(err); s > 0 {
+				c.unread = &readError{err: fmt.Errorf("kube: %s: reading the pod back: %w", c, err), last: lastErr}
+			}
 			return c, false, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
@@ -190,3 +203,15 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 	}
 	return c.rebase(baselineOf(pod)), false, nil
 }
+
+// readError is the error of an attempt that sent nothing because the read
+// before it failed with a delay to wait (see calls.beforeRetry): the
+// read's error, and last, the error of the write that made the read
+// needed, which decides what the next read is for.
+type readError struct {
+	err  error
+	last error
+}
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }

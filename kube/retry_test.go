@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -351,4 +352,56 @@ func TestReadBackUsesOptionsClassify(t *testing.T) {
 			assert.Equal(t, 1, api.count("create/binding"), "not sent again after the read's 503")
 		})
 	})
+}
+
+// TestReadBackHonoursRetryAfter: the read a retry makes first, answered
+// with a 429 and Retry-After: 3, holds the call for the server's 3s, in the
+// queue, before anything is sent again — as the write's own 429 does. A
+// binding whose response was lost is read back again then, finds itself
+// landed and is not sent twice; a conflicted status patch is re-read then
+// and rebuilt; a deletion is read back again then, and finds the pod gone.
+func TestReadBackHonoursRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write string // the write whose failure makes the retry read
+		err   error  // its failure
+		apply bool   // whether it landed all the same
+		call  func(api *fakeAPI) Call
+		sent  int // writes sent in all
+	}{
+		{"binding after a lost response", "create/binding", connReset(), true,
+			func(api *fakeAPI) Call { return Bind(api.pod("p"), "n1") }, 1},
+		{"conflicted status patch", "patch/status", nil, true,
+			func(api *fakeAPI) Call {
+				pod := api.pod("p")
+				api.change("p", func(p *v1.Pod) { p.Status.Message = "someone else" })
+				return PatchStatus(pod, StatusPatch{NominatedNodeName: ptr("n1")})
+			}, 2},
+		{"deletion after a lost response", "delete/", connReset(), true,
+			func(api *fakeAPI) Call { return Delete(api.pod("p"), nil) }, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI(newPod("p"))
+				c := tc.call(api)
+				api.setFault(func(r request) (bool, error) {
+					switch {
+					case r.kind() == tc.write && r.N == 1 && tc.err != nil:
+						return tc.apply, tc.err
+					case r.kind() == "get/" && r.N == 1:
+						return false, apierrors.NewTooManyRequests("slow down", 3)
+					}
+					return true, nil
+				})
+				d := newTestDispatcher(t, api, Options{Retry: dispatch.RetryPolicy{MaxAttempts: 5}})
+				r := outcome(t, submit(t, d, c))
+				assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
+				reqs := api.requests()
+				i := slices.IndexFunc(reqs, func(r request) bool { return r.kind() == "get/" })
+				require.True(t, i >= 0 && i+1 < len(reqs), "%v", reqs)
+				assert.Equal(t, 3*time.Second, reqs[i+1].At.Sub(reqs[i].At), "the next request came before the read's Retry-After: %v", reqs)
+				assert.Equal(t, tc.sent, api.count(tc.write), "%v", reqs)
+			})
+		})
+	}
 }
