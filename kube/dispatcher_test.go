@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -439,5 +440,40 @@ func TestCancel(t *testing.T) {
 		release()
 		closeD(t, d)
 		assert.Equal(t, 1, api.count("create/binding"), "only the blocker was bound")
+	})
+}
+
+// TestStatusPatchMaxInFlight: Options.StatusPatchMaxInFlight caps the
+// status patches of the PodStatusPatch tenant — those submitted naming no
+// tenant — as its doc says: two of them never run at once. A status patch
+// submitted under a tenant of its own is bounded by that tenant's
+// MaxInFlight (here DefaultTenant's 1), not by the cap, which would have
+// held the six patches to one at a time.
+func TestStatusPatchMaxInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI()
+		api.latency = 100 * time.Millisecond
+		peak := 0
+		started := map[string]time.Time{}
+		api.onStart = func(kind, name string, inFlight map[string]int) {
+			if kind == "patch/status" {
+				peak = max(peak, inFlight[kind])
+				started[name] = time.Now()
+			}
+		}
+		d := newTestDispatcher(t, api, Options{Workers: 8, StatusPatchMaxInFlight: 1, DefaultTenant: dispatch.TenantConfig{MaxInFlight: 1}})
+		var tks []*Ticket
+		for i, tenant := range []string{"", "", "a", "b", "a", "b"} {
+			pod := api.add(newPod(fmt.Sprintf("p%d", i)))
+			tk, err := d.Submit(context.Background(), PatchStatus(pod, StatusPatch{NominatedNodeName: ptr("n1")}), SubmitOptions{Tenant: tenant})
+			require.NoError(t, err)
+			tks = append(tks, tk)
+		}
+		waitAll(tks...)
+		for _, tk := range tks {
+			assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
+		}
+		assert.Equal(t, api.latency, started["p1"].Sub(started["p0"]), "the capped tenant's second patch waited for its first")
+		assert.Equal(t, 3, peak, "status patches in flight at once: one per tenant")
 	})
 }

@@ -64,10 +64,15 @@ type Options struct {
 	// refused.
 	Priorities map[CallType]int
 	// StatusPatchMaxInFlight, if positive, caps how many workers status
-	// patches may hold at once: the MaxInFlight of their tenant,
-	// PodStatusPatch, which Tenants must then not name. The reservation
-	// (Start) makes it unnecessary for bindings' sake; it remains a way to
-	// bound the patches' share of the server. 0 means no cap.
+	// patches may hold at once: it is the MaxInFlight of their tenant,
+	// PodStatusPatch, which Tenants must then not name. It caps the
+	// status patches submitted under that tenant — those that name none —
+	// and only them: a status patch whose submission names a tenant of its
+	// own (SubmitOptions.Tenant) is bounded by that tenant's MaxInFlight
+	// (Tenants, or DefaultTenant), as every call of the tenant is, each
+	// tenant on its own. The reservation (Start) makes it unnecessary for
+	// bindings' sake; it remains a way to bound the patches' share of the
+	// server. 0 means no cap.
 	StatusPatchMaxInFlight int
 
 	// Start decides whether the next execution may start (Config.Start).
