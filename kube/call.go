@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -91,6 +92,11 @@ type Call struct {
 
 	// PodBinding.
 	node string
+	// sent is set once the binding is sent: from then on it may have
+	// landed (see merge). Each submission has its own (Dispatcher.Submit);
+	// it is the one thing a Call points to that is written, and only by
+	// the call's execution.
+	sent *atomic.Bool
 
 	// PodDeletion: the condition to patch on before deleting, if any.
 	disruption *v1.PodCondition // shared, never written
@@ -190,6 +196,15 @@ func Delete(pod *v1.Pod, condition *v1.PodCondition) Call {
 		}
 		cond := *condition
 		c.disruption = &cond
+	}
+	return c
+}
+
+// submitted returns the call as one submission runs it: a binding with a
+// record of its own of whether it was sent (see merge).
+func (c Call) submitted() Call {
+	if c.typ == PodBinding {
+		c.sent = new(atomic.Bool)
 	}
 	return c
 }

@@ -127,8 +127,12 @@ func (d *Dispatcher) options(c Call, o SubmitOptions) dispatch.SubmitOptions {
 // Against a pending call for the same pod, relevance decides: a more
 // relevant call replaces it (both submissions then share the outcome of
 // the one that runs), a less relevant one ends Skipped at once, and a
-// status patch folds into a pending status patch. While the pod's call is
-// in flight, c waits behind it, and ends Skipped if that call is a
+// status patch folds into a pending status patch. A binding replaces a
+// pending binding, unless that one was sent already and is being retried:
+// it may have landed, so a binding to its node joins it, and one to
+// another node is refused with a conflict (an error matching
+// dispatch.ErrMergeRejected and apierrors.IsConflict). While the pod's
+// call is in flight, c waits behind it, and ends Skipped if that call is a
 // deletion that lands.
 //
 // A call that replaces a pending one runs at its own, higher priority, in
@@ -138,7 +142,7 @@ func (d *Dispatcher) Submit(ctx context.Context, c Call, o SubmitOptions) (*Tick
 	if err := c.Err(); err != nil {
 		return nil, err
 	}
-	return d.d.Submit(ctx, c.uid, c, d.options(c, o))
+	return d.d.Submit(ctx, c.uid, c.submitted(), d.options(c, o))
 }
 
 // Post is the fire-and-forget form of Submit (see dispatch.Dispatcher.Post):
@@ -148,7 +152,7 @@ func (d *Dispatcher) Post(c Call, o SubmitOptions) error {
 	if err := c.Err(); err != nil {
 		return err
 	}
-	return d.d.Post(c.uid, c, d.options(c, o))
+	return d.d.Post(c.uid, c.submitted(), d.options(c, o))
 }
 
 // SyncObject returns pod as it will look once its pending call lands —

@@ -66,6 +66,9 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 		return retryafter.FromStatus(err)
 	case PodBinding:
 		a.info(vWrite, &c, "Binding pod to node", "node", c.node)
+		if c.sent != nil {
+			c.sent.Store(true)
+		}
 		err := a.pods.bind(ctx, &v1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, UID: c.uid},
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},

@@ -1,10 +1,12 @@
 package kube
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/coalescer/dispatch"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
@@ -19,7 +21,11 @@ import (
 // waiting for the pending call). Within a type, status patches combine —
 // what the newer one sets wins, what it leaves out is kept — and bindings
 // and deletions are replaced by the newer one (a deletion keeps the older
-// one's condition if the newer has none).
+// one's condition if the newer has none). A binding that was sent and is
+// being retried is not replaced: it may have landed, and a pod is bound
+// once. A binding to its node joins it; one to another node is refused
+// with a conflict, and the retry goes on as it was (a call that arrived
+// while it was in flight then runs after it, and is refused by the server).
 //
 // Within a type, the merged call keeps the newer of the two baselines: the
 // incoming call's, unless the pending call's resourceVersion is the later
@@ -51,6 +57,15 @@ func merge(pending, incoming Call) (Call, error) {
 		// under its own label, whatever the call it replaces had been
 		// through.
 		return incoming, dispatch.ReplacePending
+	}
+	if pending.typ == PodBinding && pending.sent != nil && pending.sent.Load() {
+		// The pending binding is a retry: it may have landed, and its
+		// submitter is owed the answer.
+		if incoming.node != pending.node {
+			return pending, apierrors.NewConflict(v1.Resource("pods"), pending.name, fmt.Errorf(
+				"its binding to node %s was sent and is being retried, so a binding to node %s cannot replace it", pending.node, incoming.node))
+		}
+		incoming.sent = pending.sent
 	}
 	if newer(pending.rv, incoming.rv) {
 		incoming = incoming.rebase(baseline{status: pending.base, rv: pending.rv, nodeName: pending.nodeName})

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/url"
@@ -401,6 +402,70 @@ func TestReadBackHonoursRetryAfter(t *testing.T) {
 				require.True(t, i >= 0 && i+1 < len(reqs), "%v", reqs)
 				assert.Equal(t, 3*time.Second, reqs[i+1].At.Sub(reqs[i].At), "the next request came before the read's Retry-After: %v", reqs)
 				assert.Equal(t, tc.sent, api.count(tc.write), "%v", reqs)
+			})
+		})
+	}
+}
+
+// TestBindingMergedIntoALostBinding: a binding whose response was lost
+// (it landed) is retried; a second binding of the pod, submitted while the
+// first waits out its backoff or while it is in flight, meets the retry.
+// The pod is bound once, by the first, whose submitter hears it succeeded
+// (it used to end Failed, "bound to node n1", when the second was to
+// another node). A second binding to the same node succeeds with it; one to
+// another node gets the conflict it would get on its own: refused at once
+// by Submit onto the retry, or Failed once it runs behind it.
+func TestBindingMergedIntoALostBinding(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		node     string // the second binding's
+		inFlight bool   // the second arrives while the first is in flight
+		seen     bool   // the second is built from the pod as bound
+	}{
+		{"same node", "n1", false, false},
+		{"same node, from the bound view", "n1", false, true},
+		{"same node, in flight", "n1", true, false},
+		{"another node", "n2", false, false},
+		{"another node, from the bound view", "n2", false, true},
+		{"another node, in flight", "n2", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI(newPod("p"))
+				api.setFault(failFirst("create/binding", connReset(), true))
+				d := newTestDispatcher(t, api, Options{Retry: dispatch.RetryPolicy{InitialBackoff: time.Minute, Jitter: dispatch.JitterNone}})
+				unbound := api.pod("p")
+				release := func() {}
+				if tc.inFlight {
+					release = api.hold("create/binding", "p")
+				}
+				first := submit(t, d, Bind(unbound, "n1"))
+				synctest.Wait() // in flight, or landed with its response lost and waiting out its backoff
+				view := unbound
+				if tc.seen {
+					view = api.pod("p")
+				}
+				second, err := d.Submit(context.Background(), Bind(view, tc.node), SubmitOptions{})
+				release()
+				r1 := outcome(t, first)
+				assert.Equal(t, dispatch.StateSucceeded, r1.State, "the first binding landed: %v", r1.Err)
+				assert.Equal(t, "n1", api.pod("p").Spec.NodeName)
+				switch {
+				case tc.node == "n1":
+					require.NoError(t, err)
+					r2 := outcome(t, second)
+					assert.Equal(t, dispatch.StateSucceeded, r2.State, "%v", r2.Err)
+					assert.Equal(t, 1, api.count("create/binding"), "bound once")
+				case !tc.inFlight:
+					assert.ErrorIs(t, err, dispatch.ErrMergeRejected)
+					assert.True(t, apierrors.IsConflict(err), "%v", err)
+					assert.Equal(t, 1, api.count("create/binding"), "bound once")
+				default:
+					require.NoError(t, err)
+					r2 := outcome(t, second)
+					assert.Equal(t, dispatch.StateFailed, r2.State)
+					assert.True(t, apierrors.IsConflict(r2.Err), "%v", r2.Err)
+				}
 			})
 		})
 	}
