@@ -480,3 +480,42 @@ func TestAttemptsCountNoOpAttempts(t *testing.T) {
 	assert.Contains(t, text, "An attempt that Config.NoOp or BeforeRetry ends has begun but runs no exec: attempts_total counts it, dispatch.Stats.Executions does not.")
 	lint(t, reg)
 }
+
+// TestCoalescedIntoARetry: two submissions arrive while their key's call is
+// in flight, and wait behind it, the second merged into the first as it
+// came; the call fails retryably, and they are merged into its retry. One
+// call served the three submissions, but coalesced_total counts only the
+// merge it was told of, as the package documentation says: the Observer
+// hears nothing of the merge into the retry.
+func TestCoalescedIntoARetry(t *testing.T) {
+	h := newHarness(t, dispatch.Config[string, call]{
+		Workers: 1,
+		Retry:   dispatch.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: dispatch.JitterNone},
+	})
+	ctx := t.Context()
+	gate := make(chan struct{})
+	var tks []*dispatch.Ticket[string, call]
+	for _, c := range []call{{typ: "bind", block: gate, failFirst: io.ErrUnexpectedEOF}, {typ: "bind"}, {typ: "bind"}} {
+		tk, err := h.d.Submit(ctx, "a", c, dispatch.SubmitOptions{})
+		require.NoError(t, err)
+		tks = append(tks, tk)
+		if len(tks) == 1 {
+			require.Equal(t, "a", <-h.started) // in flight
+		}
+	}
+	close(gate)
+	for _, tk := range tks {
+		res, err := tk.Wait(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, dispatch.StateSucceeded, res.State)
+	}
+	require.NoError(t, h.d.Close(ctx))
+	assert.Equal(t, 3.0, h.value(t, "dispatch_submissions_total", "call_type", "bind"))
+	assert.Equal(t, 1.0, h.value(t, "dispatch_async_api_call_execution_total", "call_type", "bind", "result", "succeeded"), "one call")
+	assert.Equal(t, 1.0, h.value(t, "dispatch_coalesced_total", "call_type", "bind"), "the merge into the retry is not counted")
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(doc), "\n//", "\n")), " ")
+	assert.Contains(t, text, "One that arrives while its key's call is in flight waits behind that call, and is not counted if it is merged into that call's retry later")
+	lint(t, h.reg)
+}

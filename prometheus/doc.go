@@ -81,7 +81,12 @@
 // bound (capacity, quota). The mode-change reason is manual, cool_down, or
 // the kind of fallback threshold crossed (backlog, failure_ratio,
 // queue_wait, circuit_open); the fallback's full message, with its measured
-// values, is in dispatch.Stats.FallbackReason. An attempt that Config.NoOp
+// values, is in dispatch.Stats.FallbackReason. coalesced_total counts a
+// submission merged into, or made moot by, its key's pending call when it
+// is submitted (Observer.OnSubmit's coalesced). One that arrives while its
+// key's call is in flight waits behind that call, and is not counted if it
+// is merged into that call's retry later: the Observer is not told of that
+// merge, which dispatch.Stats.Coalesced counts. An attempt that Config.NoOp
 // or BeforeRetry ends has begun but runs no exec: attempts_total counts it,
 // dispatch.Stats.Executions does not. The gauges exist only while a
 // Stats source is set; a call type or tenant seen once, "other" included,
