@@ -477,3 +477,36 @@ func TestStatusPatchMaxInFlight(t *testing.T) {
 		assert.Equal(t, 3, peak, "status patches in flight at once: one per tenant")
 	})
 }
+
+// TestStatusPatchMaxInFlightKeepsDefaultTenant: the status patches'
+// tenant, which StatusPatchMaxInFlight caps, is bounded otherwise as every
+// tenant Tenants does not name is, by DefaultTenant: its MaxQueued still
+// refuses a status patch beyond it. The cap used to replace the whole
+// TenantConfig, so that setting it lifted DefaultTenant's bound on the
+// patches' queue.
+func TestStatusPatchMaxInFlightKeepsDefaultTenant(t *testing.T) {
+	for _, capped := range []int{0, 1} {
+		t.Run(fmt.Sprintf("StatusPatchMaxInFlight=%d", capped), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI()
+				d := newTestDispatcher(t, api, Options{Workers: 1, StatusPatchMaxInFlight: capped,
+					DefaultTenant: dispatch.TenantConfig{MaxQueued: 2}, Start: dispatch.StartPolicy{ReservedWorkers: -1}})
+				release := api.hold("patch/status", "p0")
+				var errs []error
+				for i := range 4 {
+					pod := api.add(newPod(fmt.Sprintf("p%d", i)))
+					errs = append(errs, d.Post(PatchStatus(pod, StatusPatch{NominatedNodeName: ptr("n1")}), SubmitOptions{}))
+					synctest.Wait() // p0 in flight
+				}
+				release()
+				require.NoError(t, errs[0])
+				require.NoError(t, errs[1])
+				require.NoError(t, errs[2])
+				var bp *dispatch.BackpressureError
+				if assert.ErrorAs(t, errs[3], &bp, "a third queued patch is beyond DefaultTenant's MaxQueued") {
+					assert.Equal(t, dispatch.BoundQuota, bp.Bound)
+				}
+			})
+		})
+	}
+}

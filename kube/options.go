@@ -65,7 +65,8 @@ type Options struct {
 	Priorities map[CallType]int
 	// StatusPatchMaxInFlight, if positive, caps how many workers status
 	// patches may hold at once: it is the MaxInFlight of their tenant,
-	// PodStatusPatch, which Tenants must then not name. It caps the
+	// PodStatusPatch, which Tenants must then not name; DefaultTenant's
+	// other bounds (MaxQueued, Weight) still apply to it. It caps the
 	// status patches submitted under that tenant — those that name none —
 	// and only them: a status patch whose submission names a tenant of its
 	// own (SubmitOptions.Tenant) is bounded by that tenant's MaxInFlight
@@ -224,8 +225,9 @@ func (o Options) check(prio map[CallType]int) error {
 	return nil
 }
 
-// tenants is Options.Tenants, with the status patches' in-flight cap.
-// The user's map is not written.
+// tenants is Options.Tenants, with the status patches' in-flight cap: their
+// tenant is otherwise bounded by DefaultTenant, as a tenant Tenants does
+// not name is. The user's map is not written.
 func (o Options) tenants() map[string]dispatch.TenantConfig {
 	if o.StatusPatchMaxInFlight <= 0 {
 		return o.Tenants
@@ -234,7 +236,9 @@ func (o Options) tenants() map[string]dispatch.TenantConfig {
 	if out == nil {
 		out = make(map[string]dispatch.TenantConfig, 1)
 	}
-	out[string(PodStatusPatch)] = dispatch.TenantConfig{MaxInFlight: o.StatusPatchMaxInFlight}
+	patches := o.DefaultTenant
+	patches.MaxInFlight = o.StatusPatchMaxInFlight
+	out[string(PodStatusPatch)] = patches
 	return out
 }
 
