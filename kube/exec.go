@@ -74,13 +74,13 @@ func (a *calls) exec(ctx context.Context, uid types.UID, c Call) error {
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
 		})
 		if err == nil {
-			a.successor(uid, func(next Call) (Call, error) { return next.boundTo(c.node), nil })
+			a.bound(uid, c.node)
 		}
 		return retryafter.FromStatus(err)
 	default:
 		err := a.delete(ctx, &c)
 		if err == nil {
-			a.successor(uid, func(next Call) (Call, error) { next.gone = true; return next, nil })
+			a.gone(uid)
 		}
 		return retryafter.FromStatus(err)
 	}
@@ -91,6 +91,18 @@ func (a *calls) successor(uid types.UID, f func(Call) (Call, error)) {
 	if a.amend != nil {
 		_, _ = a.amend(uid, f) // errKeep, or nothing pending: nothing to do
 	}
+}
+
+// bound tells the successor of a binding that landed, found by its
+// response or by the read before its retry: the pod is bound to node.
+func (a *calls) bound(uid types.UID, node string) {
+	a.successor(uid, func(next Call) (Call, error) { return next.boundTo(node), nil })
+}
+
+// gone tells the successor of a deletion that landed, found by its
+// response or by the read before its retry: the pod is gone.
+func (a *calls) gone(uid types.UID) {
+	a.successor(uid, func(next Call) (Call, error) { next.gone = true; return next, nil })
 }
 
 // patch sends the status patch c, and returns the pod as the server
@@ -160,6 +172,9 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 //     otherwise it runs again against the pod as read now (a condition that
 //     landed is not patched twice).
 //
+// A binding or deletion the read finds landed tells the call waiting
+// behind it, as exec does for one whose response says so.
+//
 // If the read itself fails with an error the dispatcher's classifier
 // (Options.Classify) retries, the call runs again as it was: the next
 // attempt will tell. Unless the server asked for a delay (Retry-After):
@@ -178,11 +193,13 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 	switch {
 	case err == nil && pod.UID != uid:
 		if c.typ == PodDeletion {
+			a.gone(uid)
 			return c, true, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: the pod was replaced (UID %s, not %s): %w", c, pod.UID, uid, lastErr)
 	case apierrors.IsNotFound(err):
 		if c.typ == PodDeletion {
+			a.gone(uid)
 			return c, true, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
@@ -198,6 +215,7 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 	if c.typ == PodBinding {
 		switch pod.Spec.NodeName {
 		case c.node:
+			a.bound(uid, c.node)
 			return c, true, nil
 		case "":
 		default:

@@ -470,3 +470,44 @@ func TestBindingMergedIntoALostBinding(t *testing.T) {
 		})
 	}
 }
+
+// TestReadBackTellsTheSuccessor: a write whose response was lost, found
+// landed by the read its retry makes first, tells the call that waited
+// behind it what it did, as a write that lands with its response does. An
+// Unconditional PodScheduled=False built before the binding landed is
+// dropped as stale, not written onto the bound pod (kubernetes#139602); a
+// status patch behind a deletion that landed ends Skipped, not sent to
+// fail NotFound.
+func TestReadBackTellsTheSuccessor(t *testing.T) {
+	schedAnyway := func(p *v1.Pod) Call {
+		return PatchStatus(p, StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes are available")}, Unconditional: true})
+	}
+	for _, tc := range []struct {
+		name  string
+		write string
+		first func(p *v1.Pod) Call
+	}{
+		{"binding", "create/binding", func(p *v1.Pod) Call { return Bind(p, "n1") }},
+		{"deletion", "delete/", func(p *v1.Pod) Call { return Delete(p, nil) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI(newPod("p"))
+				api.setFault(failFirst(tc.write, connReset(), true))
+				d := newTestDispatcher(t, api, Options{})
+				release := api.hold(tc.write, "p")
+				first := submit(t, d, tc.first(api.pod("p")))
+				synctest.Wait() // in flight
+				patch := submit(t, d, schedAnyway(api.pod("p")))
+				release()
+				r1, r2 := outcome(t, first), outcome(t, patch)
+				assert.Equal(t, dispatch.StateSucceeded, r1.State, "%v", r1.Err)
+				assert.Equal(t, dispatch.StateSkipped, r2.State, "%v", r2.Err)
+				assert.Zero(t, api.count("patch/status"), "%v", api.requests())
+				if p := api.pod("p"); p != nil {
+					assert.False(t, scheduledFalse(p), "a bound pod never says PodScheduled=False")
+				}
+			})
+		})
+	}
+}
