@@ -55,3 +55,58 @@ func TestCloseFromOnDoneEndsTheRestAtOnce(t *testing.T) {
 		require.NoError(t, w.Close(t.Context()))
 	})
 }
+
+// heldDone is a context whose Done answers only once release is closed
+// (reached says it was asked): it holds a Close under way on its own
+// goroutine, as a busy scheduler might.
+type heldDone struct {
+	context.Context
+	reached, release chan struct{}
+	once             sync.Once
+}
+
+func (c *heldDone) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.reached) })
+	<-c.release
+	return c.Context.Done()
+}
+
+// Close called from a change finishes on a goroutine of its own; a later
+// Close from outside waits for it, so that no goroutine of the writer's
+// outlives Close.
+func TestCloseWaitsForTheCloseAChangeBegan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, deployment("a"))
+		w, err := writer.New(e.c, writer.Options[deploy]{})
+		require.NoError(t, err)
+		ctx := &heldDone{Context: context.Background(), reached: make(chan struct{}), release: make(chan struct{})}
+		var inner error
+		change := func(d deploy) error {
+			d.Status.Replicas = 1
+			inner = w.Close(ctx)
+			<-ctx.reached // the Close under way waits for the drain
+			return nil
+		}
+		tk, err := w.Submit(t.Context(), e.identity(t, "a"), status(change), writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, int32(1), res.Object.Status.Replicas)
+		require.ErrorIs(t, inner, dispatch.ErrReentrant)
+		var outer error
+		returned := make(chan struct{})
+		go func() {
+			outer = w.Close(t.Context())
+			close(returned)
+		}()
+		synctest.Wait()
+		select {
+		case <-returned:
+			t.Error("Close returned while the Close the change began was under way")
+		default:
+		}
+		close(ctx.release)
+		<-returned
+		require.NoError(t, outer)
+	})
+}

@@ -179,7 +179,8 @@
 // (a *dispatch.PanicError), never retried; one that blocks holds its write
 // until the write's deadline, its cancellation or Close ends it; it may
 // call the Writer, and Close called from a change returns
-// dispatch.ErrReentrant instead of waiting for itself. Set runs the change
+// dispatch.ErrReentrant instead of waiting for itself (it finishes in the
+// background, and a later Close waits for it). Set runs the change
 // once on the caller's goroutine to test for a no-op: a panic there is
 // recovered and the desire queued (its write then fails), but a change that
 // blocks there blocks Set, and one that calls runtime.Goexit there ends the

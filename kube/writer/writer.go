@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,11 @@ type Writer[O Object] struct {
 	// on, a desire already met too.
 	closing  atomic.Bool
 	changing changes
+	// behind counts the Closes a change began, each finishing on a
+	// goroutine of its own (listed in closers): a later Close waits for
+	// them.
+	behind  sync.WaitGroup
+	closers changes
 	// status says whether O has a status to write.
 	status statusKnown
 }
@@ -283,21 +289,35 @@ func (w *Writer[O]) Busy(uid types.UID) bool { return w.d.Busy(uid) }
 // returned anyway: it may have landed) — and returns once every request
 // has returned. It returns nil if everything was written, else an error
 // that says how many desires it ended and wraps ctx's error. Close is
-// idempotent.
+// idempotent and safe to call concurrently.
 //
 // Called from a change, Close cannot wait for the write that runs it: it
 // stops admission, finishes in the background as Close(ctx) would, and
-// returns dispatch.ErrReentrant at once. Called from Options.OnDone, the
-// Observer or Options.Classify, which run on the dispatcher's own
-// goroutines, it writes nothing more: it ends what remains Closed at once
-// and returns an error wrapping dispatch.ErrReentrant
-// (dispatch.Dispatcher.Close).
+// returns dispatch.ErrReentrant at once; a later Close, not itself called
+// from a change or a callback, waits for that one to finish too. Called
+// from Options.OnDone, the Observer or Options.Classify, which run on the
+// dispatcher's own goroutines, it writes nothing more: it ends what
+// remains Closed at once and returns an error wrapping
+// dispatch.ErrReentrant (dispatch.Dispatcher.Close).
 func (w *Writer[O]) Close(ctx context.Context) error {
 	if w.inChange() {
-		go func() { _ = w.close(ctx) }()
+		w.behind.Add(1)
+		go func() {
+			defer w.behind.Done()
+			id := goid()
+			w.closers.Store(id, struct{}{})
+			defer w.closers.Delete(id)
+			_ = w.close(ctx)
+		}()
 		return dispatch.ErrReentrant
 	}
-	return w.close(ctx)
+	err := w.close(ctx)
+	if _, ok := w.closers.Load(goid()); !ok && !errors.Is(err, dispatch.ErrReentrant) {
+		// Not on a goroutine a Close under way waits for (a callback's, or
+		// its own): wait for the Closes changes began.
+		w.behind.Wait()
+	}
+	return err
 }
 
 func (w *Writer[O]) close(ctx context.Context) error {
