@@ -173,16 +173,16 @@ func (d *Dispatcher) add(e *entry) error {
 		if errors.As(err, &me) {
 			err = me // upstream's wording; the call's own error is wrapped
 		}
-		e.tell(err, dispatch.Outcome{})
+		d.tell(e, err, dispatch.Outcome{})
 		return err
 	case e.is(aMoot):
-		e.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
+		d.tell(e, errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errNoEffect
 	case e.is(aLessInFlight):
-		e.tell(errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
+		d.tell(e, errLessInFlight, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessInFlight
 	case e.is(aSkipped):
-		e.tell(errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
+		d.tell(e, errLessRelevant, dispatch.Outcome{State: dispatch.StateSkipped})
 		return errLessRelevant
 	case e.is(aMergedNoOp): // as admitted: a SyncObject since may have changed noop
 		d.dropNoOp(uid, e)
@@ -359,7 +359,7 @@ func (d *Dispatcher) done(r dispatch.Result[types.UID, *entry]) {
 	default:
 		err = r.Err
 	}
-	e.tell(err, r.Outcome)
+	d.tell(e, err, r.Outcome)
 	if err == nil {
 		return // errors.As's target would cost every call an allocation
 	}
@@ -408,14 +408,14 @@ func ranResult(e *entry, stale error) error {
 func (d *Dispatcher) tellDisplaced(e *entry) {
 	for p := e.displaced.Swap(nil); p != nil; p = p.displaced.Swap(nil) {
 		if f := p.failed.Load(); f != nil && p.is(aInFlight) {
-			p.tell(*f, dispatch.Outcome{State: dispatch.StateFailed, Err: *f})
+			d.tell(p, *f, dispatch.Outcome{State: dispatch.StateFailed, Err: *f})
 			continue
 		}
 		if p.is(aDropped) {
-			p.tell(errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
+			d.tell(p, errNoEffect, dispatch.Outcome{State: dispatch.StateSkipped})
 			continue
 		}
-		p.tell(errOverwritten, dispatch.Outcome{})
+		d.tell(p, errOverwritten, dispatch.Outcome{})
 	}
 }
 

@@ -58,7 +58,12 @@
 // 1 per call) never loses a result; an unbuffered channel nobody is receiving
 // on does, as upstream documents. Submit is Add with a Ticket that keeps the
 // result, and the dispatcher's Outcome (state, attempts, queue wait, run
-// time), for a caller that reads late.
+// time), for a caller that reads late. A send on a channel its caller
+// closed panics, which would crash upstream's dispatcher: here the panic is
+// recovered and logged as an internal error (as a panic in Execute is), the
+// call's Ticket still holds its result, and every other call — one told in
+// the same step included — is told, and goes on, as if nothing had
+// happened.
 //
 // # Priority on the wire
 //
@@ -154,5 +159,6 @@
 // logs its own events: its start, with its workers and where its tokens
 // come from, at V(2); a retry at V(4); a queued call shed to make room at
 // V(2); a change of mode or of the circuit breaker's state at V(0); and a
-// panic in Execute (contained: the call fails) as an error.
+// panic in Execute (contained: the call fails), or in a send on a closed
+// OnFinish channel, as an error.
 package scheduler

@@ -14,8 +14,9 @@ import (
 // logs nothing but internal errors, through utilruntime.HandleError; this
 // one logs what it adds: retries at V(4), a queued call shed to make room
 // at V(2), and a switch of mode or of the circuit breaker's state, which an
-// operator must see, at V(0). A call whose Execute panicked (upstream's
-// would crash the scheduler) is an internal error.
+// operator must see, at V(0). A call whose Execute panicked, or whose
+// OnFinish channel was closed (upstream's would crash the scheduler), is an
+// internal error.
 
 // logObserver logs the core's events worth a line, and passes every event
 // on to the user's Observer (or NopObserver).

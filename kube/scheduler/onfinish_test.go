@@ -11,6 +11,7 @@ import (
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2/ktesting"
 	fwk "k8s.io/kube-scheduler/framework"
 )
 
@@ -182,4 +183,90 @@ func TestCloseBeforeStart(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestClosedOnFinishTellsTheOthers: a send on an OnFinish channel its
+// caller closed panics. That panic is recovered and reported as an
+// internal error, and every other call is still told its outcome: the
+// call that overwrote the one with the closed channel (told in its Add),
+// or ran after it (told as its execution began) is not held up by it.
+func TestClosedOnFinishTellsTheOthers(t *testing.T) {
+	cases := []struct {
+		name     string
+		inFlight bool // the second call arrives during the first's execution, not its backoff
+		want     error
+	}{
+		{"a call behind it in flight", true, errRetryable},
+		{"a call replacing its retry", false, fwk.ErrCallOverwritten},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newIdleDispatcher(t, Options{Retry: dispatch.RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: dispatch.JitterNone, BudgetRatio: 1}})
+				logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+				d.Start(logger)
+				j := &journal{}
+				first := failsOnce(j, "first")
+				closed := make(chan error, 1)
+				close(closed)
+				tkFirst, err := d.Submit(first, fwk.APICallOptions{OnFinish: closed})
+				require.NoError(t, err)
+				if c.inFlight {
+					time.Sleep(50 * time.Millisecond)
+				} else {
+					time.Sleep(time.Second) // its retry waits out the backoff
+				}
+				chNext := make(chan error, 1)
+				assert.NotPanics(t, func() {
+					require.NoError(t, d.Add(newCall(j, "next", typeLow, "1", "y"), fwk.APICallOptions{OnFinish: chNext}))
+				})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+
+				// Received without outcome's 10 s: the report's
+				// utilruntime.HandleError waits out its backoff, which,
+				// from the bubble's clock behind the real one, is years.
+				require.NoError(t, <-chNext, "the other call is told, and ran")
+				assert.Contains(t, j.only("execute "), "execute next")
+				res, ok := tkFirst.Result()
+				require.True(t, ok, "the call with the closed channel is told on its Ticket")
+				assert.ErrorIs(t, res.Err, c.want)
+				logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+				assert.Contains(t, logs, "send on closed channel", "the panic is reported")
+			})
+		})
+	}
+}
+
+// TestClosedOnFinishInCloseTellsTheOthers: the call with the closed
+// channel failed in flight, and its retry absorbed the call added behind
+// it; Close ends that retry, telling both in one step. The call behind it
+// is told it was closed, on its channel and its Ticket.
+func TestClosedOnFinishInCloseTellsTheOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newIdleDispatcher(t, Options{Retry: dispatch.RetryPolicy{InitialBackoff: 10 * time.Second, Jitter: dispatch.JitterNone, BudgetRatio: 1}})
+		d.Start(testLogger(t))
+		j := &journal{}
+		closed := make(chan error, 1)
+		close(closed)
+		tkFirst, err := d.Submit(failsOnce(j, "first"), fwk.APICallOptions{OnFinish: closed})
+		require.NoError(t, err)
+		time.Sleep(50 * time.Millisecond) // first is in flight
+		chNext := make(chan error, 1)
+		tkNext, err := d.Submit(newCall(j, "next", typeLow, "1", "y"), fwk.APICallOptions{OnFinish: chNext})
+		require.NoError(t, err)
+		time.Sleep(time.Second) // first failed; its retry, with next, waits out the backoff
+		synctest.Wait()
+
+		assert.NotPanics(t, func() { _ = d.Close(canceled()) })
+		synctest.Wait()
+		res, ok := tkNext.Result()
+		require.True(t, ok, "the call behind it is told")
+		assert.ErrorIs(t, res.Err, dispatch.ErrClosed)
+		assert.ErrorIs(t, <-chNext, dispatch.ErrClosed)
+		res, ok = tkFirst.Result()
+		require.True(t, ok)
+		assert.ErrorIs(t, res.Err, errRetryable, "its own execution's error")
+		assert.NotContains(t, j.only("execute "), "execute next")
+	})
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"runtime/debug"
 
 	"github.com/coalescer/dispatch"
 )
@@ -60,8 +61,10 @@ func (t *Ticket) Result() (Result, bool) {
 
 // tell delivers e's outcome, once: to its ticket, kept, and to its OnFinish
 // channel with upstream's non-blocking send. It reports whether this was
-// the first telling.
-func (e *entry) tell(err error, o dispatch.Outcome) bool {
+// the first telling. A send that panics (on a channel its caller closed) is
+// recovered and reported as an internal error, as a panic in Execute is, so
+// that the calls told after e, in the same step, are told too.
+func (d *Dispatcher) tell(e *entry, err error, o dispatch.Outcome) bool {
 	if admission(e.seen.Or(uint32(aTold)))&aTold != 0 {
 		return false
 	}
@@ -70,6 +73,12 @@ func (e *entry) tell(err error, o dispatch.Outcome) bool {
 		close(t.done)
 	}
 	if e.onFinish != nil {
+		defer func() {
+			if v := recover(); v != nil {
+				pe := &dispatch.PanicError{Callback: "on_finish", Value: v, Stack: debug.Stack()}
+				logErr(d.log(), pe, "Sending an API call's result on its OnFinish channel panicked", "callType", e.typ, "uid", e.call.UID())
+			}
+		}()
 		select {
 		case e.onFinish <- err:
 		default:
