@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -44,7 +43,8 @@ var _ fwk.APIDispatcher = (*Dispatcher)(nil)
 // relevances is the scheduler's relevance table (upstream's
 // apicalls.Relevances, extended by plugins): a call type it does not name
 // has relevance 0. Nothing is executed before Start. An invalid option is
-// reported here, naming the field.
+// reported here, naming the Options field set ("scheduler:
+// Options.Retry.MaxAttempts: …"), one dispatch.New checks as well.
 //
 // If client is a clientset built from a rest.Config, calls run on a
 // clientset derived from it without client-go's rate limiter, and each
@@ -67,7 +67,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 	}
 	d.core, err = dispatch.New(d.exec, d.coreConfig(o))
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: %w", err)
+		return nil, optionsErr(err)
 	}
 	d.pending.init(d.core, set.metrics)
 	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.demand

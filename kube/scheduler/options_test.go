@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/coalescer/dispatch"
 	"github.com/stretchr/testify/assert"
@@ -44,6 +46,32 @@ func TestLargeParallelism(t *testing.T) {
 		t.Run(fmt.Sprint(w), func(t *testing.T) {
 			d := newIdleDispatcher(t, Options{Workers: w})
 			assert.Equal(t, 1<<16, d.Stats().Concurrency)
+		})
+	}
+}
+
+// TestBadOptionsNameTheirField: a setting New passes to the core as it is
+// is refused naming the Options field the caller set, not the
+// dispatch.Config field it went to.
+func TestBadOptionsNameTheirField(t *testing.T) {
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Aging: -time.Second}, "scheduler: Options.Aging: -1s must not be negative"},
+		{Options{Retry: dispatch.RetryPolicy{MaxAttempts: -1}}, "scheduler: Options.Retry.MaxAttempts: -1 must be at least 1"},
+		{Options{Retry: dispatch.RetryPolicy{Jitter: 7}}, "scheduler: Options.Retry.Jitter: 7 is not a Jitter"},
+		{Options{Breaker: &dispatch.BreakerPolicy{FailureRatio: 2}}, "scheduler: Options.Breaker.FailureRatio: 2 must be in (0, 1] or +Inf"},
+		{Options{Rollout: dispatch.RolloutPolicy{Mode: 9}}, "scheduler: Options.Rollout.Mode: mode_9 is not a Mode"},
+		{Options{Start: dispatch.StartPolicy{ReservedWorkers: 100}}, "scheduler: Options.Start.ReservedWorkers: 100 must be in [0, Workers) = [0, 16)"},
+		{Options{Start: dispatch.StartPolicy{DeadlineQuantile: 2}}, "scheduler: Options.Start.DeadlineQuantile: 2 must be in [0, 1]"},
+		{Options{Tenants: map[fwk.APICallType]dispatch.TenantConfig{"plugin_call": {Weight: -1}}}, `scheduler: Options.Tenants["plugin_call"].Weight: -1 must not be negative`},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			_, err := New(fake.NewClientset(), testRelevances, tc.o)
+			require.Error(t, err)
+			assert.True(t, strings.HasPrefix(err.Error(), tc.want), "%q names the field set", err)
+			assert.NotContains(t, err.Error(), "Config.")
 		})
 	}
 }

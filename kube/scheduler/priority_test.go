@@ -223,7 +223,7 @@ func TestPriorityOptions(t *testing.T) {
 		{"unknown types in the binding's band", Options{Priorities: map[fwk.APICallType]int{podBinding: 15}},
 			"put a plugin's type (by default) (10) below pod_binding (15)"},
 		{"every worker reserved", Options{Workers: 4, Start: dispatch.StartPolicy{ReservedWorkers: 4}},
-			"scheduler: dispatch: Config.Start.ReservedWorkers: 4 must be in [0, Workers) = [0, 4)"},
+			"scheduler: Options.Start.ReservedWorkers: 4 must be in [0, Workers) = [0, 4)"},
 		{"a negative band", Options{AgingBand: -1}, "AgingBand -1 must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
