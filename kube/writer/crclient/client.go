@@ -7,7 +7,6 @@ import (
 
 	"github.com/coalescer/dispatch/kube/writer"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -53,15 +52,11 @@ type adapter[O client.Object] struct {
 }
 
 // fresh returns an empty object of like's type, with like's apiVersion and
-// kind if it is unstructured.
+// kind: controller-runtime reads an unstructured or a metadata-only
+// (*metav1.PartialObjectMetadata) object by them.
 func fresh[O client.Object](like O) O {
-	if u, ok := any(like).(*unstructured.Unstructured); ok {
-		n := &unstructured.Unstructured{}
-		n.SetGroupVersionKind(u.GroupVersionKind())
-		o, _ := any(n).(O)
-		return o
-	}
 	o, _ := reflect.New(reflect.TypeOf(like).Elem()).Interface().(O)
+	o.GetObjectKind().SetGroupVersionKind(like.GetObjectKind().GroupVersionKind())
 	return o
 }
 

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -197,4 +198,44 @@ func (readerFunc) List(context.Context, client.ObjectList, ...client.ListOption)
 func TestNilClientRefused(t *testing.T) {
 	_, err := writer.New(crclient.New[deploy](nil, nil), writer.Options[deploy]{})
 	assert.ErrorContains(t, err, "client is nil")
+}
+
+// A metadata-only or an unstructured object (controller-runtime reads one
+// by its apiVersion and kind, through its metadata or its unstructured
+// client): the read the writer makes for an object given without a
+// resourceVersion keeps them.
+func TestReadKeepsKind(t *testing.T) {
+	gvk := appsv1.SchemeGroupVersion.WithKind("Deployment")
+	t.Run("PartialObjectMetadata", func(t *testing.T) {
+		obj := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "uid-1"}}
+		obj.SetGroupVersionKind(gvk)
+		readKeepsKind(t, obj)
+	})
+	t.Run("Unstructured", func(t *testing.T) {
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(gvk)
+		obj.SetNamespace("default")
+		obj.SetName("web")
+		obj.SetUID("uid-1")
+		readKeepsKind(t, obj)
+	})
+}
+
+func readKeepsKind[O client.Object](t *testing.T, obj O) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient(t, interceptor.Funcs{}, web())
+		w, err := writer.New(crclient.New[O](c, nil), writer.Options[O]{Mode: writer.ModePatch})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		tk, err := w.Submit(t.Context(), obj, writer.Desire[O]{Object: func(o O) error {
+			o.SetLabels(map[string]string{"ready": "yes"})
+			return nil
+		}}, writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 1, res.Writes)
+		assert.Equal(t, uint64(1), w.Stats().Reads, "the object was read first")
+		assert.Equal(t, "yes", get(t, c).Labels["ready"])
+	})
 }

@@ -27,6 +27,11 @@
 //		}}, writer.SetOptions{Class: "ready"})
 //	}
 //
+// Give an unstructured or a metadata-only object
+// (*metav1.PartialObjectMetadata) with its apiVersion and kind, by which
+// controller-runtime reads and writes it, and write a metadata-only object
+// in writer.ModePatch: controller-runtime refuses to update one.
+//
 // The object given to Set is read until its write is done: controller-runtime's
 // cached client returns a copy of its own on each Get, which the reconciler
 // then must not modify after Set.
