@@ -270,3 +270,36 @@ func TestClosedOnFinishInCloseTellsTheOthers(t *testing.T) {
 		assert.NotContains(t, j.only("execute "), "execute next")
 	})
 }
+
+// TestTicketOutcomeOffTheQueue: a call that never reached a worker's queue
+// has at most its State in its Ticket's Outcome, as Result says: Skipped
+// for one skipped at Add, nothing for one overwritten or refused.
+func TestTicketOutcomeOffTheQueue(t *testing.T) {
+	d := newIdleDispatcher(t, Options{})
+	j := &journal{}
+	noop := newCall(j, "noop", typeLow, "1")
+	noop.noop = ptr(true)
+	skipped, err := d.Submit(noop, fwk.APICallOptions{})
+	require.ErrorIs(t, err, fwk.ErrCallSkipped)
+	overwritten, err := d.Submit(newCall(j, "a", typeLow, "2", "x"), fwk.APICallOptions{})
+	require.NoError(t, err)
+	_, err = d.Submit(newCall(j, "b", typeHigh, "2", "y"), fwk.APICallOptions{})
+	require.NoError(t, err)
+	require.ErrorIs(t, d.Close(canceled()), context.Canceled, "b ended Closed")
+	refused, err := d.Submit(newCall(j, "c", typeLow, "3", "x"), fwk.APICallOptions{})
+	require.ErrorIs(t, err, dispatch.ErrClosed)
+
+	for _, tc := range []struct {
+		name string
+		tk   *Ticket
+		want dispatch.Outcome
+	}{
+		{"skipped", skipped, dispatch.Outcome{State: dispatch.StateSkipped}},
+		{"overwritten", overwritten, dispatch.Outcome{}},
+		{"refused", refused, dispatch.Outcome{}},
+	} {
+		res, ok := tc.tk.Result()
+		require.True(t, ok, tc.name)
+		assert.Equal(t, tc.want, res.Outcome, tc.name)
+	}
+}

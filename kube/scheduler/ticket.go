@@ -20,10 +20,10 @@ type Result struct {
 	// it; its Outcome's State is then dispatch.StateStale.
 	Err error
 	// Outcome is the dispatcher's account of the call this Add ran as:
-	// its terminal state, attempts, queue wait and run time. It is the zero
-	// Outcome for a call that never reached a worker's queue: refused,
-	// skipped at Add, or overwritten by a later call (whose outcome it then
-	// is not).
+	// its terminal state, attempts, queue wait and run time. A call that
+	// never reached a worker's queue has at most its State: Skipped for
+	// one skipped at Add, and none (the zero Outcome) for one refused, or
+	// overwritten by a later call (whose outcome it then is not).
 	Outcome dispatch.Outcome
 }
 
