@@ -95,3 +95,43 @@ func TestCloseCancelsWithItsCause(t *testing.T) {
 		assert.Equal(t, dispatch.ErrClosed, <-ch, "what Execute returned")
 	})
 }
+
+// TestCloseFromExecute: Close called from a call's Execute, which runs on
+// a worker Close would wait for, ends what remains at once and returns an
+// error matching dispatch.ErrReentrant, as its documentation says; the
+// call that called it gets what its Execute returned, and a later Close
+// waits for it.
+func TestCloseFromExecute(t *testing.T) {
+	src, err := os.ReadFile("dispatcher.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n//", "\n")), " ")
+	const doc = "Called from a call's Execute, which runs on a worker Close would wait for, Close cannot wait: it ends what remains at once, as a cancelled ctx does, and returns an error matching dispatch.ErrReentrant; a later Close waits for the execution."
+	require.True(t, strings.Contains(text, doc), "Close's documentation says %q", doc)
+	synctest.Test(t, func(t *testing.T) {
+		d := newIdleDispatcher(t, Options{Workers: 1, Start: dispatch.StartPolicy{ReservedWorkers: -1}})
+		j := &journal{}
+		var closeErr error
+		returned := make(chan struct{})
+		a := newCall(j, "a", typeLow, "1", "x")
+		a.exec = func(context.Context, *testCall) error {
+			closeErr = d.Close(context.Background())
+			<-returned
+			return nil
+		}
+		chA, chB := make(chan error, 1), make(chan error, 1)
+		require.NoError(t, d.Add(a, fwk.APICallOptions{OnFinish: chA}))
+		require.NoError(t, d.Add(newCall(j, "b", typeLow, "2", "x"), fwk.APICallOptions{OnFinish: chB}))
+		d.Start(testLogger(t))
+		synctest.Wait()
+		require.ErrorIs(t, closeErr, dispatch.ErrReentrant)
+		assert.ErrorIs(t, <-chB, dispatch.ErrClosed, "ended at once")
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(context.Background()) }()
+		synctest.Wait()
+		assert.Empty(t, closed, "a later Close waits for the execution")
+		close(returned)
+		<-closed
+		assert.NoError(t, <-chA, "what its Execute returned")
+		assert.Equal(t, []string{"execute a"}, j.only("execute "))
+	})
+}

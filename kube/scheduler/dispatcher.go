@@ -111,7 +111,11 @@ func (d *Dispatcher) Start(logger klog.Logger) {
 // everything drained, else ctx's error. A cancelled ctx closes at once, as
 // upstream's Close does. Before Start nothing can run, so Close then also
 // ends what is queued at once, as a cancelled ctx does, whatever ctx is,
-// and a later Start does nothing. It is idempotent.
+// and a later Start does nothing. It is idempotent. Called from a call's
+// Execute, which runs on a worker Close would wait for, Close cannot wait:
+// it ends what remains at once, as a cancelled ctx does, and returns an
+// error matching dispatch.ErrReentrant; a later Close waits for the
+// execution.
 func (d *Dispatcher) Close(ctx context.Context) error {
 	if d.started.CompareAndSwap(false, true) {
 		// Never started: what is queued would wait for Start forever.
