@@ -110,3 +110,35 @@ func TestCloseWaitsForTheCloseAChangeBegan(t *testing.T) {
 		require.NoError(t, outer)
 	})
 }
+
+// A change that calls Close in Set's no-op test, on Set's caller's
+// goroutine, is the caller's own Close: it waits, as Close does, for what
+// is queued, returns nil once all is written, and Set then refuses the
+// desire (ErrClosed), as the package documentation says.
+func TestCloseFromSetsNoOpTest(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n//", "\n")), " ")
+	const doc = "a change that blocks there blocks Set, one that calls Close there closes the writer as the caller's Close would (it waits, and Set then returns dispatch.ErrClosed), and one that calls runtime.Goexit there ends the caller's goroutine"
+	require.True(t, strings.Contains(text, doc), "the package documentation says %q", doc)
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, deployment("a"), deployment("b"))
+		w, err := writer.New(e.c, writer.Options[deploy]{})
+		require.NoError(t, err)
+		require.NoError(t, w.Set(e.get(t, "b"), status(replicas(2)), writer.SetOptions{}))
+		var closeErr error
+		closed := false
+		change := func(d deploy) error {
+			if !closed {
+				closed = true
+				closeErr = w.Close(context.Background())
+			}
+			d.Status.Replicas = 1
+			return nil
+		}
+		require.ErrorIs(t, w.Set(e.get(t, "a"), status(change), writer.SetOptions{}), dispatch.ErrClosed)
+		require.NoError(t, closeErr, "the caller's Close")
+		assert.Equal(t, int32(2), e.get(t, "b").Status.Replicas, "queued before Close: written")
+		assert.Equal(t, int32(0), e.get(t, "a").Status.Replicas)
+	})
+}

@@ -183,7 +183,9 @@
 // background, and a later Close waits for it). Set runs the change
 // once on the caller's goroutine to test for a no-op: a panic there is
 // recovered and the desire queued (its write then fails), but a change that
-// blocks there blocks Set, and one that calls runtime.Goexit there ends the
+// blocks there blocks Set, one that calls Close there closes the writer as
+// the caller's Close would (it waits, and Set then returns
+// dispatch.ErrClosed), and one that calls runtime.Goexit there ends the
 // caller's goroutine, as any code it runs could, before anything is
 // queued.
 //
