@@ -18,8 +18,9 @@ import (
 // Options.Observer, in dispatchprom.
 type Metrics interface {
 	// Executed reports one execution of a call of type t: its Execute
-	// returned err after elapsed. It is called on the worker, after every
-	// execution, retries included.
+	// returned err after elapsed. It is called on the goroutine that ran
+	// the execution — a worker, or, in dispatch.ModeSync, the Add that ran
+	// it inline — after every execution, retries included.
 	Executed(t fwk.APICallType, err error, elapsed time.Duration)
 	// Pending reports that n calls of type t are waiting to run: queued,
 	// waiting out a retry's backoff, or behind their object's call in

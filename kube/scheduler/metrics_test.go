@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -205,4 +206,43 @@ func TestExecutedAfterAPanic(t *testing.T) {
 	require.ErrorAs(t, outcome(t, ch), &pe)
 	executed, _ := r.snapshot()
 	assert.Equal(t, [2]int{0, 1}, executed[typeLow], "one execution, an error")
+}
+
+// executedWhere is a Metrics that records whether Executed ran on the
+// goroutine of TestExecutedWhereItRan.
+type executedWhere struct {
+	mu       sync.Mutex
+	inCaller []bool
+}
+
+func (m *executedWhere) Executed(fwk.APICallType, error, time.Duration) {
+	here := strings.Contains(string(debug.Stack()), "TestExecutedWhereItRan")
+	m.mu.Lock()
+	m.inCaller = append(m.inCaller, here)
+	m.mu.Unlock()
+}
+
+func (m *executedWhere) Pending(fwk.APICallType, int) {}
+
+// TestExecutedWhereItRan: Metrics.Executed is called on the goroutine that
+// ran the execution, as its documentation says: a worker in Async mode,
+// Add's caller in Sync mode.
+func TestExecutedWhereItRan(t *testing.T) {
+	src, err := os.ReadFile("metrics.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n\t//", "\n")), " ")
+	const doc = "It is called on the goroutine that ran the execution — a worker, or, in dispatch.ModeSync, the Add that ran it inline — after every execution, retries included."
+	require.True(t, strings.Contains(text, doc), "Metrics.Executed's documentation says %q", doc)
+	for _, mode := range []dispatch.Mode{dispatch.ModeAsync, dispatch.ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			m := &executedWhere{}
+			d := newTestDispatcher(t, Options{Metrics: m, Rollout: dispatch.RolloutPolicy{Mode: mode}})
+			tk, err := d.Submit(newCall(&journal{}, "a", typeLow, "1", "x"), fwk.APICallOptions{})
+			require.NoError(t, err)
+			<-tk.Done()
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			assert.Equal(t, []bool{mode == dispatch.ModeSync}, m.inCaller)
+		})
+	}
 }
