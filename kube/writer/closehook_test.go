@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube/writer"
@@ -140,5 +141,45 @@ func TestCloseFromSetsNoOpTest(t *testing.T) {
 		require.NoError(t, closeErr, "the caller's Close")
 		assert.Equal(t, int32(2), e.get(t, "b").Status.Replicas, "queued before Close: written")
 		assert.Equal(t, int32(0), e.get(t, "a").Status.Replicas)
+	})
+}
+
+// A later Close waits for the Close a change began only as long as its own
+// ctx lasts: a change that called Close and then blocks holds that Close,
+// but not the caller's, which returns once its ctx ends, saying so.
+func TestCloseWaitForTheCloseAChangeBeganEndsWithCtx(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, deployment("a"))
+		w, err := writer.New(e.c, writer.Options[deploy]{})
+		require.NoError(t, err)
+		release := make(chan struct{})
+		reached := make(chan struct{})
+		change := func(d deploy) error {
+			d.Status.Replicas = 1
+			_ = w.Close(context.Background())
+			close(reached)
+			<-release // blocks, and so holds the Close it began
+			return nil
+		}
+		_, err = w.Submit(t.Context(), e.identity(t, "a"), status(change), writer.SetOptions{})
+		require.NoError(t, err)
+		<-reached
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		var outer error
+		returned := make(chan struct{})
+		go func() {
+			outer = w.Close(ctx)
+			close(returned)
+		}()
+		select {
+		case <-returned:
+			require.ErrorIs(t, outer, context.DeadlineExceeded)
+		case <-time.After(time.Minute):
+			t.Error("Close did not return once its ctx ended, waiting for the Close a blocked change began")
+		}
+		close(release)
+		<-returned
+		require.NoError(t, w.Close(t.Context()))
 	})
 }
