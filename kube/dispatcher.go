@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -72,10 +71,10 @@ type SubmitOptions struct {
 // labels, priorities, the workers kept for bindings and deletions, the
 // QPS limit and logging.
 //
-// Bad options are reported here. A setting of the preset's own is named
-// by its Options field ("kube: Options.QPS …"); a setting passed through
-// is checked by dispatch.New, whose error follows "kube: Options: " and
-// names the Config field it went to.
+// Bad options are reported here, each naming the Options field the caller
+// set ("kube: Options.QPS …"), a setting passed through to the core (which
+// has the Config field's name) as well ("kube: Options.Start.ReservedWorkers
+// …"); dispatch.New's error stays wrapped.
 func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) {
 	if client == nil {
 		return nil, errors.New("kube: NewDispatcher: client is nil")
@@ -90,7 +89,7 @@ func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) 
 	}
 	d, err := dispatch.New(a.exec, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kube: Options: %w", err)
+		return nil, coreOptErr(err)
 	}
 	a.amend = d.Amend // before any call can run: workers start on the first submission
 	return &Dispatcher{d: d, prio: prio}, nil

@@ -51,14 +51,14 @@ func TestOptionsErrors(t *testing.T) {
 			"Options.Priorities puts status patches (0) below pod_deletion (5) in one priority band (of 10)"},
 		{"the bands follow AgingBand", Options{AgingBand: 30},
 			"Options.Priorities puts status patches (0) below pod_binding (20) in one priority band (of 30)"},
-		{"core validation", Options{Workers: -2}, "kube: Options: dispatch: Config.Workers: -2"},
+		{"core validation", Options{Workers: -2}, "kube: Options.Workers: -2"},
 		{"core validation of a Start field", Options{Start: dispatch.StartPolicy{Adaptive: &dispatch.AdaptivePolicy{MinWorkers: 99}}},
-			"kube: Options: dispatch: Config.Start.Adaptive.MinWorkers: 99"},
+			"kube: Options.Start.Adaptive.MinWorkers: 99"},
 		{"as many workers reserved as there are", Options{Start: dispatch.StartPolicy{ReservedWorkers: 16}},
-			"kube: Options: dispatch: Config.Start.ReservedWorkers: 16 must be in [0, Workers) = [0, 16)"},
+			"kube: Options.Start.ReservedWorkers: 16 must be in [0, Workers) = [0, 16)"},
 		{"a worker reserved of one", Options{Workers: 1, Start: dispatch.StartPolicy{ReservedWorkers: 1}},
-			"kube: Options: dispatch: Config.Start.ReservedWorkers: 1 must be in [0, Workers) = [0, 1)"},
-		{"core validation of Rollout", Options{Rollout: dispatch.RolloutPolicy{Mode: 9}}, "kube: Options: dispatch: Config.Rollout.Mode"},
+			"kube: Options.Start.ReservedWorkers: 1 must be in [0, Workers) = [0, 1)"},
+		{"core validation of Rollout", Options{Rollout: dispatch.RolloutPolicy{Mode: 9}}, "kube: Options.Rollout.Mode"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -31,17 +31,18 @@ func TestBadOptionsNameTheField(t *testing.T) {
 		"Options.QPS 0.01":             {QPS: 0.01},
 		"Options.Burst":                {Burst: -1},
 		"Options.RateLimit":            {RateLimit: rate.NewLimiter(1, 1), QPS: 1},
-		"Config.Workers -1":            {Workers: -1},
-		"Config.Workers 65537":         {Workers: 1<<16 + 1},
-		"Config.Capacity":              {Capacity: -1},
-		"Config.MaxWaiters":            {MaxWaiters: -1},
-		"Config.Aging":                 {Aging: -time.Second},
-		"Config.AgingBand":             {AgingBand: -1},
-		"Config.Retry.MaxAttempts":     {Retry: dispatch.RetryPolicy{MaxAttempts: -1}},
-		"Config.Start.ReservedWorkers": {Workers: 2, ReservedWorkers: 2},
-		"Config.DefaultTenant":         {DefaultTenant: dispatch.TenantConfig{MaxQueued: -1}},
-		`Config.Tenants["x"]`:          {Tenants: map[string]dispatch.TenantConfig{"x": {Weight: -1}}},
-		"Config.Breaker":               {Breaker: &dispatch.BreakerPolicy{ConsecutiveFailures: -1}},
+		// Passed through to the dispatcher, and named as the caller set them.
+		"Options.Workers -1":        {Workers: -1},
+		"Options.Workers 65537":     {Workers: 1<<16 + 1},
+		"Options.Capacity":          {Capacity: -1},
+		"Options.MaxWaiters":        {MaxWaiters: -1},
+		"Options.Aging":             {Aging: -time.Second},
+		"Options.AgingBand":         {AgingBand: -1},
+		"Options.Retry.MaxAttempts": {Retry: dispatch.RetryPolicy{MaxAttempts: -1}},
+		"Options.ReservedWorkers":   {Workers: 2, ReservedWorkers: 2},
+		"Options.DefaultTenant":     {DefaultTenant: dispatch.TenantConfig{MaxQueued: -1}},
+		`Options.Tenants["x"]`:      {Tenants: map[string]dispatch.TenantConfig{"x": {Weight: -1}}},
+		"Options.Breaker":           {Breaker: &dispatch.BreakerPolicy{ConsecutiveFailures: -1}},
 	}
 	e := newEnv(t)
 	for want, o := range cases {
@@ -49,7 +50,8 @@ func TestBadOptionsNameTheField(t *testing.T) {
 			_, err := writer.New(e.c, o)
 			require.Error(t, err)
 			field, _, _ := cut(want)
-			assert.Contains(t, err.Error(), field)
+			assert.Contains(t, err.Error(), "writer: "+field)
+			assert.NotContains(t, err.Error(), "Config.", "names the dispatcher's field, not the caller's")
 		})
 	}
 	_, err := writer.New[deploy](nil, writer.Options[deploy]{})

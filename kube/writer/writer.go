@@ -74,8 +74,9 @@ type SetOptions struct {
 
 // New returns a Writer that sends its writes through c, configured by o.
 // It starts no goroutine until the first write. A bad option is reported
-// here: a setting of the writer's own by its Options field, one passed to
-// the dispatcher by the dispatch.Config field it went to.
+// here, naming the Options field the caller set ("writer: Options.QPS …"),
+// a setting passed through to the dispatcher as well ("writer:
+// Options.ReservedWorkers …"); dispatch.New's error stays wrapped.
 func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
 	if c == nil || reflect.ValueOf(c).Kind() == reflect.Pointer && reflect.ValueOf(c).IsNil() {
 		return nil, errors.New("writer: New: client is nil")
@@ -94,7 +95,7 @@ func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
 	w.known.init(capacityOf(o.Capacity))
 	d, err := dispatch.New(w.exec, w.config(&o))
 	if err != nil {
-		return nil, fmt.Errorf("writer: Options: %w", err)
+		return nil, coreOptErr(err)
 	}
 	w.d = d
 	return w, nil
