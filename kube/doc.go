@@ -108,8 +108,11 @@
 //	})
 //	defer d.Close(ctx)
 //
+//	// Every write of one scheduling attempt carries its number: a newer
+//	// attempt's write supersedes an older one's, and an older one's is
+//	// refused (dispatch.ErrStale) while a newer one's is queued or in flight.
 //	// Scheduling cycle: report a failure without waiting for the API.
-//	d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), kube.SubmitOptions{})
+//	d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), kube.SubmitOptions{Generation: attempt})
 //	// Binding cycle: bind, and wait for the outcome.
 //	t, err := d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: attempt})
 //	res, err := t.Wait(ctx) // res.State: Succeeded, Failed (res.Err), ...

@@ -107,7 +107,7 @@ func (s *scheduler) schedule(ctx context.Context, api *api, c config) {
 		}
 		// The scheduling cycle ends here; the binding cycle goes on
 		// beside it.
-		t, err := s.d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: 1})
+		t, err := s.d.Submit(ctx, kube.Bind(pod, node), kube.SubmitOptions{Generation: attempt})
 		if err != nil {
 			s.unreserve(pod, node, err)
 			continue
@@ -179,9 +179,15 @@ func (s *scheduler) reportUnschedulable(pod *v1.Pod, msg string) {
 	s.report(pod, v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable, Message: msg})
 }
 
+// attempt is the scheduling attempt every pod is in: each is scheduled
+// once. Every write of one attempt carries it as its Generation, so that a
+// later attempt's writes would supersede this one's, and this one's be
+// refused (dispatch.ErrStale) while a later one's is queued or in flight.
+const attempt = 1
+
 // report posts a status patch and does not wait for it.
 func (s *scheduler) report(pod *v1.Pod, cond v1.PodCondition) {
-	if err := s.d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), kube.SubmitOptions{}); err != nil {
+	if err := s.d.Post(kube.PatchStatus(pod, kube.StatusPatch{Conditions: []v1.PodCondition{cond}}), kube.SubmitOptions{Generation: attempt}); err != nil {
 		log.Printf("reporting %s: %v", pod.Name, err)
 	}
 }
