@@ -110,7 +110,11 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 	if !n.is(fDroppable) {
 		c.mark(fDroppable, false)
 	}
-	d.totals.coalesced += uint64(n.joinedCount())
+	if n.joinedCount() > 0 {
+		// n's first submission is now coalesced too; the others were
+		// counted as they joined n.
+		d.totals.coalesced++
+	}
 	n.tag.ten.queued--
 	d.tenants.forgetIdle(n.tag.ten)
 	d.calls.remove(n.tag)

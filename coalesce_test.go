@@ -990,3 +990,29 @@ func TestRetryBecomesReplacingSuccessor(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestCoalescedCountsEachSubmissionOnce: Stats.Coalesced counts the
+// submissions served by a call another submission made, each once. A
+// successor that already holds a submission merged into it (counted
+// then), absorbed by its key's retry, adds its own submission alone: three
+// submissions served by one call are two coalesced, not three — and a
+// chain of such merges never counts more coalesced than submitted.
+func TestCoalescedCountsEachSubmissionOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d, s, release := retryOnce(t)
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()                                 // in flight
+		second := submit(t, d, "k", 2, SubmitOptions{}) // the successor
+		third := submit(t, d, "k", 3, SubmitOptions{})  // merged into the successor
+		assert.Equal(t, uint64(1), d.Stats().Coalesced, "the third, merged into the second")
+		close(release)
+		for _, tk := range []*Ticket[string, int]{first, second, third} {
+			r, _ := tk.Wait(bg)
+			assert.Equal(t, StateSucceeded, r.State)
+		}
+		assert.Equal(t, 2, int(s.calls.Load()), "one retry served all three")
+		st := closeD(t, d)
+		assert.Equal(t, uint64(3), st.Submitted)
+		assert.Equal(t, uint64(2), st.Coalesced, "three submissions served by one call: two coalesced into it")
+	})
+}

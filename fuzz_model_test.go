@@ -1415,7 +1415,9 @@ func (m *fzModel) absorb(c, n *fmCall) {
 	}
 	c.joined += n.joined
 	c.droppable = c.droppable && n.droppable
-	m.coalesced += uint64(n.joined)
+	if n.joined > 0 {
+		m.coalesced++ // n's first submission; the others were counted as they joined n
+	}
 	n.tickets, n.nff = nil, 0
 	n.where = fmEnded
 	m.calls--
