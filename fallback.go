@@ -16,8 +16,12 @@ import (
 // thresholds (switching to Sync when one is crossed) or, after an automatic
 // fallback, whether the cool-down return is due. While nothing it watches
 // can change it parks, and wakeFallback resumes it: an idle dispatcher
-// does not wake.
+// does not wake. Once Close has begun it switches nothing, as SetMode
+// does not: the drain runs in the mode Close found.
 func (d *Dispatcher[K, T]) checkFallback(now int64, ob *outbox[K, T]) {
+	if d.drain.closing {
+		return
+	}
 	f := d.fallback
 	if ok, at := f.Due(now); !ok {
 		if at != 0 {
@@ -47,7 +51,9 @@ func (d *Dispatcher[K, T]) fallbackFacts() fallback.Facts {
 
 // FallbackPolicy switches to ModeSync, as SetMode would, when a threshold
 // is crossed, and records the values in Stats.FallbackReason. A zero
-// threshold is not checked; at least one must be set.
+// threshold is not checked; at least one must be set. Once Close is
+// called, it switches nothing, either way: what is queued drains as
+// Close promises, not cancelled with ErrFallback.
 type FallbackPolicy struct {
 	// Window is the span thresholds are measured over, checked every
 	// tenth of it while there is work (default 10s; at least 10ms).

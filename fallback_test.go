@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -262,4 +263,65 @@ func TestFallbackCoolDownSparesManualMode(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestFallbackStopsAtClose pins Close's promise that what is queued runs
+// until nothing is left or ctx ends, and only then ends Closed: a
+// threshold crossed while Close drains (here the failure ratio, by calls
+// that fail during the drain) does not switch the mode, so, with
+// Rollout.CancelQueued, does not cancel the rest with ErrFallback — a
+// caller could not take the synchronous path of a closed dispatcher.
+func TestFallbackStopsAtClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var changes []string
+		d := newD(t, func(_ context.Context, k string, _ int) error {
+			switch {
+			case k == "hold":
+				<-release
+			case strings.HasPrefix(k, "fail"):
+				return errors.New("400")
+			default:
+				time.Sleep(time.Second)
+			}
+			return nil
+		}, Config[string, int]{
+			Workers: 1,
+			Retry:   RetryPolicy{MaxAttempts: 1},
+			Observer: &modeLog{f: func(from, to Mode, reason string) {
+				mu.Lock()
+				defer mu.Unlock()
+				changes = append(changes, fmt.Sprintf("%v->%v %s", from, to, reason))
+			}},
+			Rollout: RolloutPolicy{CancelQueued: true, Fallback: &FallbackPolicy{
+				Window:          time.Second,
+				MaxFailureRatio: 0.5,
+				MinSamples:      3,
+			}},
+		})
+		submit(t, d, "hold", 0, prio(2))
+		var tks []*Ticket[string, int]
+		for i := range 3 {
+			submit(t, d, fmt.Sprint("fail", i), 0, prio(1))
+		}
+		for i := range 5 {
+			tks = append(tks, submit(t, d, fmt.Sprint("ok", i), 0, prio(0)))
+		}
+		synctest.Wait()
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(bg) }()
+		synctest.Wait()
+		close(release)
+		require.NoError(t, <-closed)
+		for _, tk := range tks {
+			res, err := tk.Wait(bg)
+			assert.NoError(t, err)
+			assert.Equal(t, StateSucceeded, res.State, "a queued call runs while Close drains")
+		}
+		assert.Equal(t, ModeAsync, d.Mode())
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Empty(t, changes, "no mode switch after Close began")
+	})
 }
