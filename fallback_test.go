@@ -325,3 +325,40 @@ func TestFallbackStopsAtClose(t *testing.T) {
 		assert.Empty(t, changes, "no mode switch after Close began")
 	})
 }
+
+// TestFallbackReturnAfterShorterThanCheck pins FallbackPolicy.ReturnAfter:
+// the return comes "this long after a fallback", even when that is
+// shorter than the tenth of the Window the thresholds are checked at.
+func TestFallbackReturnAfterShorterThanCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var at []time.Duration
+		start := time.Now()
+		d := newD(t, func(ctx context.Context, k string, _ int) error { <-release; return nil }, Config[string, int]{
+			Workers: 1,
+			Observer: &modeLog{f: func(from, to Mode, reason string) {
+				mu.Lock()
+				defer mu.Unlock()
+				at = append(at, time.Since(start))
+			}},
+			Rollout: RolloutPolicy{Fallback: &FallbackPolicy{
+				MaxBacklog:  1,
+				Window:      time.Minute, // checked every 6s
+				ReturnAfter: time.Second,
+			}},
+		})
+		for i := range 3 {
+			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
+		}
+		time.Sleep(6*time.Second + time.Millisecond)
+		require.Equal(t, ModeSync, d.Mode(), "the automatic fallback")
+		time.Sleep(time.Second)
+		assert.Equal(t, ModeAsync, d.Mode(), "back to Async ReturnAfter after the fallback")
+		mu.Lock()
+		assert.Equal(t, []time.Duration{6 * time.Second, 7 * time.Second}, at)
+		mu.Unlock()
+		close(release)
+		closeD(t, d)
+	})
+}

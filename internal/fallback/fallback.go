@@ -152,7 +152,8 @@ func (f *State) CancelReturn() { f.returnAt = 0 }
 
 // Next returns the time of the next check after Check, or 0 if the
 // fallback parks: in (as the switch left it) shows nothing it watches can
-// change until a call is admitted or the mode is set.
+// change until a call is admitted or the mode is set. A cool-down return
+// due before the next tenth of the window is checked when it is due.
 func (f *State) Next(in Facts) int64 {
 	idle := f.returnAt == 0
 	if !in.Sync {
@@ -161,6 +162,9 @@ func (f *State) Next(in Facts) int64 {
 	if idle {
 		f.parked = true
 		return 0
+	}
+	if in.Sync && f.returnAt < f.next {
+		f.next = f.returnAt
 	}
 	return f.next
 }
