@@ -69,7 +69,10 @@ type FallbackPolicy struct {
 	MaxCircuitOpen  time.Duration // the circuit stayed not closed longer ("circuit_open")
 	// ReturnAfter, if set, switches back to ModeAsync this long after a
 	// fallback (reason "cool_down"), unless SetMode was called meanwhile;
-	// else only SetMode does.
+	// else only SetMode does. Back in ModeAsync, by either, the thresholds
+	// judge the calls from then on: those of the window before do not
+	// count, so the ones that made it fall back do not switch it again.
+	// MaxBacklog and MaxCircuitOpen judge the present, as always.
 	ReturnAfter time.Duration
 }
 

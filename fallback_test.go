@@ -362,3 +362,68 @@ func TestFallbackReturnAfterShorterThanCheck(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestFallbackJudgesAsyncAfresh pins SetMode's promise that the mode a
+// person sets stays until SetMode is called again or, in ModeAsync, a
+// threshold is crossed: after an automatic fallback on the failure ratio,
+// a person's return to ModeAsync (or the cool-down's) is not undone by the
+// failures that caused the fallback — the thresholds judge what happens
+// in ModeAsync from then on, and a new crossing does switch again.
+func TestFallbackJudgesAsyncAfresh(t *testing.T) {
+	for _, manual := range []bool{true, false} {
+		t.Run(fmt.Sprint("manual=", manual), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				var changes []string
+				p := FallbackPolicy{Window: 10 * time.Second, MaxFailureRatio: 0.5, MinSamples: 4}
+				if !manual {
+					p.ReturnAfter = 2 * time.Second
+				}
+				d := newD(t, func(_ context.Context, k string, _ int) error {
+					if strings.HasPrefix(k, "fail") {
+						return errors.New("400")
+					}
+					return nil
+				}, Config[string, int]{
+					Workers: 1,
+					Retry:   RetryPolicy{MaxAttempts: 1},
+					Observer: &modeLog{f: func(from, to Mode, reason string) {
+						mu.Lock()
+						defer mu.Unlock()
+						changes = append(changes, fmt.Sprintf("%v->%v %s", from, to, reason))
+					}},
+					Rollout: RolloutPolicy{Fallback: &p},
+				})
+				fail := func(n int) {
+					for i := range n {
+						tk := submit(t, d, fmt.Sprint("fail", i), 0, SubmitOptions{})
+						<-tk.Done()
+					}
+				}
+				fail(4)
+				time.Sleep(time.Second + time.Millisecond) // a check
+				require.Equal(t, ModeSync, d.Mode(), "the automatic fallback")
+				if manual {
+					require.NoError(t, d.SetMode(t.Context(), ModeAsync))
+				} else {
+					time.Sleep(2 * time.Second)
+				}
+				time.Sleep(2 * time.Second) // two checks, and a new call's
+				<-submit(t, d, "ok", 0, SubmitOptions{}).Done()
+				time.Sleep(2 * time.Second)
+				assert.Equal(t, ModeAsync, d.Mode(), "the failures before the return do not undo it")
+				fail(4)                                    // a new crossing in ModeAsync
+				time.Sleep(time.Second + time.Millisecond) // a check, before any cool-down
+				assert.Equal(t, ModeSync, d.Mode())
+				back := "sync->async manual"
+				if !manual {
+					back = "sync->async cool_down"
+				}
+				mu.Lock()
+				assert.Equal(t, []string{"async->sync failure_ratio", back, "async->sync failure_ratio"}, changes)
+				mu.Unlock()
+				closeD(t, d)
+			})
+		})
+	}
+}

@@ -149,6 +149,8 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	if m == ModeAsync {
 		d.wake.workers() // queued successors and retries run on workers again
 		if f := d.fallback; f != nil {
+			// ModeAsync is judged on its own calls.
+			f.Afresh()
 			if at, ok := f.Wake(d.clk.now()); ok { // back to Async: the check resumes
 				d.due.Set(due.Check, at)
 			}

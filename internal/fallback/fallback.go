@@ -169,6 +169,13 @@ func (f *State) Next(in Facts) int64 {
 	return f.next
 }
 
+// Afresh forgets the calls and waits the windows counted: the owner went
+// back to asynchronous, and the thresholds judge what happens from then
+// on, not what made it fall back, which would switch it back at once.
+func (f *State) Afresh() {
+	f.calls, f.waits = window.New(f.p.Window), window.New(f.p.Window)
+}
+
 // Wake resumes a parked fallback at now (a call was admitted, or the mode
 // went back to asynchronous): ok reports that it was parked, and at is
 // its next check.
