@@ -48,7 +48,8 @@ const reasonManual = "manual"
 // each submission runs inline in its caller. What was queued before the
 // switch is ended Canceled with ErrFallback at once if
 // Config.Rollout.CancelQueued is set; otherwise the workers drain it while
-// SetMode waits, until ctx ends: then it cancels the rest the same way and
+// SetMode waits, until ctx ends: then it cancels the rest the same way
+// (unless Close has begun meanwhile, which runs it as Close promises) and
 // returns ctx's error. Calls in flight run to their end, and a call that a
 // Sync-mode caller runs or waits for (its own submission, or a queued call
 // it coalesced into) is never cancelled: it is on the synchronous path
@@ -90,7 +91,8 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 
 // awaitDrain waits until the calls handed over by the switch to Sync mode
 // that ended at upTo have ended, or ctx ends (then cancelling those still
-// queued), or the mode is switched again. It takes the lock itself.
+// queued, unless Close is draining them), or the mode is switched again.
+// It takes the lock itself.
 func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context, upTo uint64) error {
 	var ob outbox[K, T]
 	checked := false
@@ -114,7 +116,7 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context, upTo uint64) error {
 		case <-ch:
 		case <-ctx.Done():
 			d.mu.Lock()
-			if d.mode == ModeSync && d.handover.upTo == upTo {
+			if d.mode == ModeSync && d.handover.upTo == upTo && !d.drain.closing {
 				d.cancelQueued(d.clk.now(), &ob)
 			}
 			d.mu.Unlock()

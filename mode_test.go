@@ -534,3 +534,28 @@ func submitAside(t *testing.T, d *Dispatcher[string, int], key string, v int, ou
 		out <- tk
 	}()
 }
+
+// TestSetModeDrainTimeoutSparesClose: a SetMode drain whose ctx ends after
+// Close began does not cancel what is queued with ErrFallback, a path a
+// closed dispatcher has not got: Close runs it, as it promises, until its
+// own ctx ends. SetMode still reports its ctx's error.
+func TestSetModeDrainTimeoutSparesClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+		queued := submit(t, d, "queued", 0, SubmitOptions{})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		switched := make(chan error, 1)
+		go func() { switched <- d.SetMode(ctx, ModeSync) }()
+		synctest.Wait()
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(bg) }()
+		synctest.Wait()
+		assert.ErrorIs(t, <-switched, context.DeadlineExceeded)
+		release()
+		require.NoError(t, <-closed)
+		res, err := queued.Wait(t.Context())
+		assert.NoError(t, err)
+		assert.Equal(t, StateSucceeded, res.State, "Close ran the queued call")
+	})
+}
