@@ -430,3 +430,23 @@ func TestOnStartExitsDoc(t *testing.T) {
 	docSays(t, "Observer.OnStart", "after "+n+" such exits in a row, the attempt begins without OnStart")
 	docSays(t, "", "sends its call back to the queue untouched, "+n+" times in a row at most before one attempt")
 }
+
+// TestBelowReserveDoc: Stats.BelowReserve counts the non-urgent worker
+// executions running, as its doc says (and the prometheus module's
+// gauge), not the executions non-urgent calls are allowed: at rest it is
+// 0, though three of the four workers may run them.
+func TestBelowReserveDoc(t *testing.T) {
+	docSays(t, "Stats.BelowReserve", "BelowReserve counts the worker executions running below the reservation's priority")
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, nopExec, Config[string, int]{
+			Workers: 4,
+			Start:   StartPolicy{ReservedWorkers: 1, UrgentPriority: 10},
+		})
+		<-submit(t, d, "low", 0, SubmitOptions{}).Done()
+		s := d.Stats()
+		assert.Equal(t, 4, s.Concurrency)
+		assert.Equal(t, 1, s.Reserved)
+		assert.Zero(t, s.BelowReserve)
+		closeD(t, d)
+	})
+}

@@ -77,7 +77,11 @@ type Stats struct {
 	// AlreadyDone counts calls BeforeRetry found done; Unfinishable, calls
 	// the deadline check did not start.
 	Executions, StaleExecutions, Retries, AlreadyDone, Unfinishable uint64
-	// Concurrency is the executions allowed now; BelowReserve, non-urgent ones.
+	// Concurrency is the worker executions allowed now (Config.Workers, or
+	// the adaptive limit); Reserved, StartPolicy.ReservedWorkers.
+	// BelowReserve counts the worker executions running below the
+	// reservation's priority: how much of the concurrency non-urgent calls
+	// hold.
 	Concurrency, Reserved, BelowReserve int
 	// Circuit is the breaker's state as the next call finds it: half-open
 	// as soon as an open circuit's cool-down is over (the observer hears
