@@ -427,3 +427,41 @@ func TestFallbackJudgesAsyncAfresh(t *testing.T) {
 		})
 	}
 }
+
+// TestFallbackVetoedKeepsItsPace: an observer may call SetMode (the
+// package documentation), and one that undoes every fallback at once, as
+// a person in charge of the gate might, gets the thresholds checked every
+// tenth of the Window, as FallbackPolicy says — not again at once, which
+// switched the mode back and forth as fast as the clock and the notifier
+// could take the lock, telling the observer each time.
+func TestFallbackVetoedKeepsItsPace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var d *Dispatcher[string, int]
+		var mu sync.Mutex
+		var changes []string
+		start := time.Now()
+		d = newD(t, func(ctx context.Context, k string, _ int) error { <-release; return nil }, Config[string, int]{
+			Workers: 1,
+			Observer: &modeLog{f: func(from, to Mode, reason string) {
+				mu.Lock()
+				changes = append(changes, fmt.Sprintf("%v %v %s", time.Since(start), to, reason))
+				n := len(changes)
+				mu.Unlock()
+				if to == ModeSync && n < 100 {
+					assert.NoError(t, d.SetMode(bg, ModeAsync))
+				}
+			}},
+			Rollout: RolloutPolicy{Fallback: &FallbackPolicy{MaxBacklog: 1, Window: 10 * time.Second}},
+		})
+		for i := range 3 {
+			require.NoError(t, d.Post(fmt.Sprint(i), 0, SubmitOptions{}))
+		}
+		time.Sleep(2*time.Second + time.Millisecond)
+		mu.Lock()
+		assert.Equal(t, []string{"1s sync backlog", "1s async manual", "2s sync backlog", "2s async manual"}, changes)
+		mu.Unlock()
+		close(release)
+		closeD(t, d)
+	})
+}

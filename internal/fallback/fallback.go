@@ -178,14 +178,16 @@ func (f *State) Afresh() {
 
 // Wake resumes a parked fallback at now (a call was admitted, or the mode
 // went back to asynchronous): ok reports that it was parked, and at is
-// its next check.
+// its next check — at once, unless the last was less than a tenth of the
+// window ago: a fallback undone at once (by an observer, say) is checked
+// again at the pace of the window, not as often as it is undone.
 func (f *State) Wake(now int64) (at int64, ok bool) {
 	if !f.parked {
 		return 0, false
 	}
 	f.parked = false
-	f.next = now
-	return now, true
+	f.next = max(f.next, now)
+	return f.next, true
 }
 
 // crossed says which threshold is exceeded, if any: its reason, and a
