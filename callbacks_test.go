@@ -792,3 +792,28 @@ func TestBlockedOnDoneHoldsTheNextCall(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestSetModeFromExecNothingToDrain: SetMode(Sync) from a callback on a
+// worker returns ErrReentrant only when it leaves a drain unawaited, as
+// its doc says: with Rollout.CancelQueued there is none (the queue is
+// cancelled at once), and it returns nil.
+func TestSetModeFromExecNothingToDrain(t *testing.T) {
+	docSays(t, "Dispatcher.SetMode", "SetMode switches without waiting for the drain (which may need that goroutine) and, if there is one to wait for, returns ErrReentrant.")
+	synctest.Test(t, func(t *testing.T) {
+		var d *Dispatcher[string, int]
+		var err error
+		d = newD(t, func(_ context.Context, k string, _ int) error {
+			if k == "switch" {
+				err = d.SetMode(context.Background(), ModeSync)
+			}
+			return nil
+		}, Config[string, int]{Workers: 1, Rollout: RolloutPolicy{CancelQueued: true}})
+		sw := submit(t, d, "switch", 1, prio(1))
+		queued := submit(t, d, "queued", 1, prio(0))
+		waitAll(sw, queued)
+		assert.NoError(t, err)
+		assert.Equal(t, ModeSync, d.Mode())
+		assert.Equal(t, map[State]int{StateSucceeded: 1, StateCanceled: 1}, tally(t, sw, queued))
+		closeD(t, d)
+	})
+}

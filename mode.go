@@ -56,7 +56,8 @@ const reasonManual = "manual"
 // already. Every submission sees one mode or the other, so a switch never
 // loses a call or runs one twice. Called from a callback on one of the
 // dispatcher's goroutines, SetMode switches without waiting for the drain
-// (which may need that goroutine) and returns ErrReentrant. Setting the
+// (which may need that goroutine) and, if there is one to wait for,
+// returns ErrReentrant. Setting the
 // mode the dispatcher is in switches nothing: SetMode returns nil at once,
 // waits for and cancels nothing, and the observer is not told.
 // SetMode also cancels the return to ModeAsync that an automatic fallback
