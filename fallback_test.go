@@ -197,6 +197,10 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 		close(release)
 		time.Sleep(time.Minute)
 		assert.Equal(t, ModeAsync, d.Mode(), "back to Async after the cool-down")
+		// The return keeps the measured values of the fallback, as
+		// Stats.FallbackReason says.
+		docSays(t, "Stats.FallbackReason", `FallbackReason holds the measured values behind the last fallback to ModeSync ("" if none); a return to ModeAsync keeps them.`)
+		assert.Equal(t, "backlog 2 > 1", d.Stats().FallbackReason)
 		closeD(t, d)
 	})
 }

@@ -100,8 +100,10 @@ type Stats struct {
 	// OnDone, Observer methods, Label and the RateLimiter.
 	CallbackPanics    uint64
 	LastCallbackPanic *PanicError
-	// FallbackReason says why the fallback last switched ("" if never).
-	Mode           Mode
+	// Mode is the current mode, as Dispatcher.Mode reports it.
+	Mode Mode
+	// FallbackReason holds the measured values behind the last fallback to
+	// ModeSync ("" if none); a return to ModeAsync keeps them.
 	FallbackReason string
 	// Outcomes counts submissions, and Calls finished calls, by state, each
 	// holding every state as a key.
