@@ -205,3 +205,44 @@ func TestBreakerCooldownEndsInStats(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestBreakerProbeOfAnEarlierRound: BreakerPolicy.Probes bounds the
+// executions while half-open. A probe still running when another
+// execution's success closed the circuit does not, when it ends, give up
+// the slot of a probe of a later half-open round: the circuit opened
+// again, and its one probe runs alone.
+func TestBreakerProbeOfAnEarlierRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newD(t, func(_ context.Context, k string, _ int) error {
+			switch k {
+			case "straggler":
+				time.Sleep(3 * time.Second)
+			case "fail1", "fail2":
+				return syscall.ECONNRESET
+			case "probe1":
+				time.Sleep(4 * time.Second)
+				return errors.New("400") // permanent: says nothing of health
+			default:
+				time.Sleep(10 * time.Second)
+			}
+			return nil
+		}, Config[string, int]{
+			Workers: 3,
+			Retry:   RetryPolicy{MaxAttempts: 1},
+			Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second, Probes: 1},
+		})
+		submit(t, d, "straggler", 0, prio(2)) // runs while closed, succeeds at 3s
+		submit(t, d, "fail1", 0, prio(1))     // opens the circuit until 1s
+		submit(t, d, "probe1", 0, prio(0))    // the probe at 1s, until 5s
+		time.Sleep(3*time.Second + time.Millisecond)
+		require.Equal(t, CircuitClosed, d.Stats().Circuit, "the straggler's success closed it")
+		submit(t, d, "fail2", 0, prio(1)) // opens it again until 4s
+		submit(t, d, "probe2", 0, prio(0))
+		submit(t, d, "probe3", 0, prio(0))
+		time.Sleep(2 * time.Second) // 5s: probe2 runs since 4s; probe1 ended
+		s := d.Stats()
+		assert.Equal(t, CircuitHalfOpen, s.Circuit)
+		assert.Equal(t, 1, s.InFlight, "one probe at a time while half-open")
+		closeD(t, d)
+	})
+}

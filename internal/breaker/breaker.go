@@ -64,6 +64,7 @@ type Breaker struct {
 	openUntil int64    // while open: when to go half-open
 	probes    int      // probes in flight while half-open
 	probers   []uint64 // the runners of the probes in flight
+	stale     []uint64 // the runners of probes admitted before it last closed
 	since     int64    // when it last left Closed
 	win       window.Window
 }
@@ -116,13 +117,18 @@ func (b *Breaker) Admit(now int64) (ok, probe bool, ch Change) {
 func (b *Breaker) StartProbe(id uint64) { b.probers = append(b.probers, id) }
 
 // EndProbe releases the slot of the probe runner id ran, when its
-// execution ends.
+// execution ends. A probe admitted before the breaker last closed has no
+// slot left to release (closing freed them all): the probes of a later
+// half-open round keep theirs.
 func (b *Breaker) EndProbe(id uint64) {
-	if b.probes > 0 {
-		b.probes--
-	}
 	if i := slices.Index(b.probers, id); i >= 0 {
 		b.probers = slices.Delete(b.probers, i, i+1)
+	} else if i := slices.Index(b.stale, id); i >= 0 {
+		b.stale = slices.Delete(b.stale, i, i+1)
+		return
+	}
+	if b.probes > 0 {
+		b.probes--
 	}
 }
 
@@ -184,5 +190,7 @@ func (b *Breaker) set(to State) {
 	b.state = to
 	if to == Closed {
 		b.probes = 0
+		b.stale = append(b.stale, b.probers...)
+		b.probers = b.probers[:0]
 	}
 }

@@ -104,3 +104,32 @@ func TestStateAt(t *testing.T) {
 	assert.Equal(t, Change{Open, HalfOpen}, ch)
 	assert.Equal(t, HalfOpen, b.StateAt(at))
 }
+
+// TestProbeOfAnEarlierRound: a probe still running when another
+// execution's success closed the breaker gives up no slot when it ends:
+// the probe of the next half-open round keeps running alone.
+func TestProbeOfAnEarlierRound(t *testing.T) {
+	b := New(policy)
+	now := int64(time.Hour)
+	for range 3 {
+		b.Record(now, Failed)
+	}
+	ok, probe, _ := b.Admit(b.OpenUntil())
+	require.True(t, ok && probe)
+	b.StartProbe(7)
+	assert.Equal(t, Change{HalfOpen, Closed}, b.Record(b.OpenUntil(), Healthy), "an execution of before the trip")
+	for range 3 {
+		b.Record(b.OpenUntil(), Failed)
+	}
+	ok, probe, _ = b.Admit(b.OpenUntil())
+	require.True(t, ok && probe)
+	b.StartProbe(8)
+	b.EndProbe(7) // the earlier round's probe ends
+	ok, _, _ = b.Admit(b.OpenUntil())
+	assert.False(t, ok, "one probe at a time")
+	assert.True(t, b.Probing(8))
+	assert.False(t, b.Probing(7))
+	b.EndProbe(8)
+	ok, _, _ = b.Admit(b.OpenUntil())
+	assert.True(t, ok, "the probe's slot is free again")
+}
