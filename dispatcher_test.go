@@ -45,6 +45,8 @@ func TestNewValidation(t *testing.T) {
 		{"Fallback without threshold", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{}}}, "Config.Rollout.Fallback"},
 		{"Fallback.MaxBacklog -1", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{MaxBacklog: -1}}}, "Config.Rollout.Fallback.MaxBacklog"},
 		{"Fallback.MaxFailureRatio 2", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{MaxFailureRatio: 2}}}, "Config.Rollout.Fallback.MaxFailureRatio"},
+		// More than all of the calls never fail: a threshold that never fires.
+		{"Fallback.MaxFailureRatio 1", nopExec, cfg{Rollout: RolloutPolicy{Fallback: &FallbackPolicy{MaxFailureRatio: 1}}}, "Config.Rollout.Fallback.MaxFailureRatio: 1 must be in [0, 1)"},
 		{"tenant MaxQueued -1", nopExec, cfg{Tenants: map[string]TenantConfig{"a": {MaxQueued: -1}}}, `Config.Tenants["a"].MaxQueued`},
 		{"default tenant Weight -1", nopExec, cfg{DefaultTenant: TenantConfig{Weight: -1}}, "Config.DefaultTenant.Weight"},
 	}

@@ -60,8 +60,8 @@ type FallbackPolicy struct {
 	Window     time.Duration
 	MaxBacklog int // more calls than this wait to run ("backlog")
 	// MaxQueueWaitP99: the window's p99 queue wait exceeds it
-	// ("queue_wait"); MaxFailureRatio: more than this fraction of the
-	// window's finished calls failed ("failure_ratio"); each once
+	// ("queue_wait"); MaxFailureRatio, below 1: more than this fraction
+	// of the window's finished calls failed ("failure_ratio"); each once
 	// MinSamples calls (default 20) counted.
 	MaxQueueWaitP99 time.Duration
 	MaxFailureRatio float64
@@ -94,8 +94,9 @@ func (p *FallbackPolicy) validate() error {
 		return fieldErr(f+"MaxBacklog", p.MaxBacklog, "must not be negative")
 	case p.MinSamples < 0:
 		return fieldErr(f+"MinSamples", p.MinSamples, "must not be negative")
-	case p.MaxFailureRatio < 0 || p.MaxFailureRatio > 1 || math.IsNaN(p.MaxFailureRatio):
-		return fieldErr(f+"MaxFailureRatio", p.MaxFailureRatio, "must be in [0, 1]")
+	case p.MaxFailureRatio < 0 || p.MaxFailureRatio >= 1 || math.IsNaN(p.MaxFailureRatio):
+		// 1 too: more than all of the calls never fail.
+		return fieldErr(f+"MaxFailureRatio", p.MaxFailureRatio, "must be in [0, 1)")
 	case p.MaxBacklog == 0 && p.MaxQueueWaitP99 == 0 && p.MaxFailureRatio == 0 && p.MaxCircuitOpen == 0:
 		return errors.New("dispatch: Config.Rollout.Fallback: no threshold set")
 	}
