@@ -5,11 +5,13 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // throttleAPI answers 429 with a Retry-After hint while throttled, and
@@ -312,6 +314,54 @@ func TestAdaptiveModelledServers(t *testing.T) {
 			assert.Less(t, adaptive.serverLatency, fixed.serverLatency, "the queue stayed in the server")
 			assert.LessOrEqual(t, float64(adaptive.elapsed), float64(fixed.elapsed)/0.9, "throughput lost to the smaller limit")
 			assert.Equal(t, workers, adaptive.last, "the limit recovers once the server has the capacity")
+		})
+	}
+}
+
+// throttledOnce is an error with the server's Retry-After.
+type throttledOnce struct{ after time.Duration }
+
+func (e throttledOnce) Error() string             { return "throttled" }
+func (e throttledOnce) RetryAfter() time.Duration { return e.after }
+
+// TestRetryAfterHoldIsTheWorkers': a Retry-After holds the other calls'
+// executions on the workers (ModeAsync), but not a ModeSync caller's, who
+// is its own concurrency — as ModeSync's doc says.
+func TestRetryAfterHoldIsTheWorkers(t *testing.T) {
+	docSays(t, "ModeSync", "Tenant in-flight caps do not apply, nor do Config.Start's limits on starting (ReservedWorkers, the adaptive limit and the hold a Retry-After puts on it): the callers are the concurrency.")
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var throttled atomic.Bool
+				exec := func(_ context.Context, k string, _ int) error {
+					if k == "a" && !throttled.Swap(true) {
+						return throttledOnce{after: 10 * time.Second}
+					}
+					return nil
+				}
+				d := newD(t, exec, Config[string, int]{
+					Workers:  4,
+					Rollout:  RolloutPolicy{Mode: mode},
+					Classify: func(error) Class { return ClassRetry },
+					Retry:    RetryPolicy{MaxAttempts: 3, MaxBackoff: time.Minute},
+					Start:    StartPolicy{Adaptive: &AdaptivePolicy{}},
+				})
+				go func() { _ = d.Post("a", 1, SubmitOptions{}) }() // in ModeSync, its caller sleeps out the 10s
+				synctest.Wait()
+				require.True(t, throttled.Load())
+				start := time.Now()
+				tk, err := d.Submit(bg, "b", 1, SubmitOptions{})
+				require.NoError(t, err)
+				r, _ := tk.Wait(bg)
+				require.Equal(t, StateSucceeded, r.State)
+				took := time.Since(start)
+				if mode == ModeSync {
+					assert.Zero(t, took, "a ModeSync caller is not held")
+				} else {
+					assert.GreaterOrEqual(t, took, 10*time.Second, "the workers are held for the time asked")
+				}
+				closeD(t, d)
+			})
 		})
 	}
 }

@@ -23,7 +23,9 @@ const (
 	// sleeps out a retry's backoff itself. Per key calls stay serialized:
 	// a submission waits for its key's running call, then runs, or for a
 	// call still queued from Async that a worker runs. Tenant in-flight
-	// caps do not apply: the callers are the concurrency.
+	// caps do not apply, nor do Config.Start's limits on starting
+	// (ReservedWorkers, the adaptive limit and the hold a Retry-After puts
+	// on it): the callers are the concurrency.
 	ModeSync
 )
 
