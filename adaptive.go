@@ -2,11 +2,8 @@ package dispatch
 
 import (
 	"cmp"
-	"context"
-	"errors"
 	"fmt"
 	"math"
-	"net"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/adaptive"
@@ -48,16 +45,15 @@ func (p *AdaptivePolicy) limitPolicy() adaptive.Policy {
 	return adaptive.Policy{MinWorkers: p.MinWorkers, Tolerance: p.Tolerance, Window: p.Window}
 }
 
-// strainOf classifies a failed attempt for the adaptive limit.
-func strainOf(err error, class Class) (adaptive.Strain, time.Duration) {
-	if err == nil || class != ClassRetry {
+// strainOf classifies a failed attempt for the adaptive limit, by what
+// its error said (attempt.readErr).
+func strainOf(a *attemptEnd) (adaptive.Strain, time.Duration) {
+	switch {
+	case a.err == nil || a.class != ClassRetry:
 		return adaptive.None, 0
-	}
-	if d, ok := retryAfter(err); ok {
-		return adaptive.Throttled, d
-	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+	case a.hint > 0:
+		return adaptive.Throttled, a.hint
+	case a.timedOut:
 		return adaptive.Timeout, 0
 	}
 	return adaptive.None, 0

@@ -365,3 +365,98 @@ func TestRetryAfterHoldIsTheWorkers(t *testing.T) {
 		})
 	}
 }
+
+// badHintErr is an error of user code whose methods the dispatcher reads
+// panic: its Retry-After, or its Is (errors.Is, errors.As).
+type badHintErr struct{ inIs bool }
+
+func (e badHintErr) Error() string { return "bad hint" }
+func (e badHintErr) RetryAfter() time.Duration {
+	panic("RetryAfter of user code")
+}
+func (e badHintErr) Is(error) bool {
+	if e.inIs {
+		panic("Is of user code")
+	}
+	return false
+}
+
+// TestErrorMethodsThatPanic: exec's error is user code too. A method of it
+// the dispatcher asks (Is, for SkipCall and timeouts; RetryAfter, for the
+// backoff and the adaptive limit's hold) that panics ends the call Failed
+// with a *PanicError blaming exec, as a panic in exec does; it neither
+// crashes the worker nor wedges the key, and Close returns.
+func TestErrorMethodsThatPanic(t *testing.T) {
+	for _, inIs := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inIs=%v", inIs), func(t *testing.T) {
+			for _, mode := range []Mode{ModeAsync, ModeSync} {
+				t.Run(mode.String(), func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						exec := func(_ context.Context, k string, _ int) error {
+							if k == "bad" {
+								return badHintErr{inIs: inIs}
+							}
+							return nil
+						}
+						d := newD(t, exec, Config[string, int]{
+							Workers:  2,
+							Rollout:  RolloutPolicy{Mode: mode},
+							Classify: func(error) Class { return ClassRetry },
+							Retry:    RetryPolicy{MaxAttempts: 3},
+							Start:    StartPolicy{Adaptive: &AdaptivePolicy{}},
+						})
+						tk, err := d.Submit(bg, "bad", 1, SubmitOptions{})
+						require.NoError(t, err)
+						r, _ := tk.Wait(bg)
+						assert.Equal(t, StateFailed, r.State)
+						var pe *PanicError
+						require.ErrorAs(t, r.Err, &pe)
+						assert.Equal(t, "exec", pe.Callback)
+						assert.Equal(t, 1, r.Attempts, "a panic is never retried")
+						ok, err := d.Submit(bg, "bad2", 1, SubmitOptions{})
+						require.NoError(t, err)
+						r, _ = ok.Wait(bg)
+						assert.Equal(t, StateSucceeded, r.State, "the dispatcher goes on")
+						closeD(t, d)
+					})
+				})
+			}
+		})
+	}
+}
+
+// TestMergeErrorMethodsThatPanic: an error Config.Merge or Config.Follow
+// returns is user code too: an Is of it that panics (asked, under the
+// lock, whether it is SkipIncoming or ReplacePending) refuses the
+// submission with ErrMergeRejected and the *PanicError of the callback, as
+// a panic in the callback itself does, and the dispatcher goes on.
+func TestMergeErrorMethodsThatPanic(t *testing.T) {
+	bad := func(int, int) (int, error) { return 0, badHintErr{inIs: true} }
+	for _, c := range []struct {
+		name string
+		cfg  Config[string, int]
+	}{
+		{"merge", Config[string, int]{Merge: bad}},
+		{"follow", Config[string, int]{Follow: func(r, i int, _ bool) (int, error) { return bad(r, i) }}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d, _, release := holdWorker(t, nopExec, c.cfg)
+				key := "k"
+				if c.name == "follow" {
+					key = holdKey // Follow is asked about the running call's key
+				} else {
+					submit(t, d, key, 1, SubmitOptions{}) // pending behind the held worker
+				}
+				err := d.Post(key, 2, SubmitOptions{})
+				require.ErrorIs(t, err, ErrMergeRejected)
+				var pe *PanicError
+				require.ErrorAs(t, err, &pe)
+				assert.Equal(t, c.name, pe.Callback)
+				release()
+				require.NoError(t, d.Post("other", 3, SubmitOptions{}))
+				closeD(t, d)
+			})
+		})
+	}
+}

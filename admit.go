@@ -245,13 +245,14 @@ func (d *Dispatcher[K, T]) follow(l *lane[K, T], s *submission[K, T], supersede 
 	var v T
 	_, err = guard(callbackFollow, func() (err error) {
 		v, err = d.cfg.Follow(running, incoming, pending)
+		skip = err != nil && errors.Is(err, SkipIncoming) // its Is is user code too
 		return err
 	}, exitAdmitUnlock(d, s.t, ob))
 	switch {
 	case err == nil:
 		s.val = v
 		return false, nil
-	case errors.Is(err, SkipIncoming):
+	case skip:
 		return true, nil
 	}
 	return false, fmt.Errorf("%w: %w", ErrMergeRejected, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/coalescer/dispatch/internal/execctx"
@@ -79,10 +80,12 @@ type attemptEnd struct {
 	skipped   bool // the no-op test said so, or exec (SkipCall)
 	done      bool // the before-retry hook found the earlier attempt took effect
 	rebuilt   bool // the before-retry hook returned the value to run
+	timedOut  bool // exec's error is a timeout (readErr)
 	hookErr   error
 	callDone  bool // the call's own context ended (deadline, cancel, Close)
 	runTime   time.Duration
-	end       int64 // the clock when exec returned; 0 if it did not run
+	hint      time.Duration // the server's Retry-After in exec's error, if > 0 (readErr)
+	end       int64         // the clock when exec returned; 0 if it did not run
 	// began is the clock the execution began at: begin's, or, inline
 	// under a rate limit, when its token came (-1: it never came).
 	began int64
@@ -125,7 +128,15 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	case pe != nil:
 		a.panicked = true
 	case err != nil:
-		if errors.Is(err, SkipCall) {
+		// The error's methods are user code too (Is, As, RetryAfter,
+		// Timeout): what the dispatcher needs of them is read here, outside
+		// the lock, and a panic in one is exec's.
+		var skip bool
+		if pe, _ := guard(callbackExec, func() error { skip = a.readErr(err); return nil }, nil); pe != nil {
+			a.err, a.panicked = pe, true
+			return
+		}
+		if skip {
 			a.err, a.skipped = nil, true
 			return
 		}
@@ -149,6 +160,18 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 			a.class = ClassPermanent // a Class this package does not define fails safe
 		}
 	}
+}
+
+// readErr reads what the dispatcher needs of exec's error: whether it is
+// SkipCall, the server's Retry-After, and whether it is a timeout.
+func (a *attempt[K, T]) readErr(err error) (skip bool) {
+	if errors.Is(err, SkipCall) {
+		return true
+	}
+	a.hint, _ = retryAfter(err)
+	var ne net.Error
+	a.timedOut = errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	return false
 }
 
 // unhold lets go of the place holdPlace kept, if any.

@@ -65,12 +65,20 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 	var replace error
 	if merge != nil {
 		var v T
-		_, err := guard(callbackMerge, func() (err error) { v, err = merge(c.val, val); return err }, onExit)
+		var skip, replacing bool
+		_, err := guard(callbackMerge, func() (err error) {
+			v, err = merge(c.val, val)
+			if err != nil { // its Is is user code too: a panic there is the merge's
+				skip = errors.Is(err, SkipIncoming)
+				replacing = !skip && errors.Is(err, ReplacePending)
+			}
+			return err
+		}, onExit)
 		switch {
 		case err == nil:
-		case errors.Is(err, SkipIncoming):
+		case skip:
 			return SkipIncoming
-		case errors.Is(err, ReplacePending):
+		case replacing:
 			replace = ReplacePending
 		default:
 			return fmt.Errorf("%w: %w", ErrMergeRejected, err)

@@ -125,8 +125,8 @@ func (p *RetryPolicy) retryDelay(a *attemptEnd, attempts int, recompute bool) (t
 		// conflict, re-reading does.
 		return 0, ""
 	}
-	if hint, ok := retryAfter(a.err); ok {
-		return hint, ""
+	if a.hint > 0 {
+		return a.hint, ""
 	}
 	return p.backoff(attempts), ""
 }

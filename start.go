@@ -228,7 +228,7 @@ func (d *Dispatcher[K, T]) recordAttempt(c *call[K, T], a *attempt[K, T], now in
 		}
 	}
 	if g.adaptive != nil && said && !a.panicked {
-		s, hint := strainOf(a.err, a.class)
+		s, hint := strainOf(&a.attemptEnd)
 		from, to := g.adaptive.Record(now, a.runTime, s, hint)
 		if to > from {
 			d.wake.worker()
