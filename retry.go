@@ -137,23 +137,33 @@ func (p *RetryPolicy) retryDelay(a *attemptEnd, attempts int, recompute bool) (t
 func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob *outbox[K, T]) {
 	delay, reason := d.cfg.Retry.retryDelay(&a.attemptEnd, c.attempts(), d.cfg.BeforeRetry != nil)
 	notBefore := sat.Add(now, int64(delay))
+	merge := false
 	switch {
 	case reason != "":
 	case c.execDeadline() != 0 && notBefore >= c.execDeadline():
 		reason = giveUpDeadline
-	case !d.roomForRetry(c, now, ob):
-		reason = giveUpQuota
-	case !d.budget.allows(now):
-		reason = giveUpBudget
+	default:
+		var room bool
+		if room, merge = d.roomForRetry(c, now, ob); !room {
+			reason = giveUpQuota
+		} else if !d.budget.allows(now) {
+			reason = giveUpBudget
+		}
 	}
 	if reason == "" {
-		if d.cfg.Observer != nil {
-			ob.notes = append(ob.notes, note{kind: noteRetry, e: c.event(), n: c.attempts(), delay: time.Duration(notBefore - now), err: a.err})
+		e := c.event()
+		if d.requeue(c, a.err, notBefore, now, merge, ob) {
+			if d.cfg.Observer != nil {
+				ob.notes = append(ob.notes, note{kind: noteRetry, e: e, n: c.attempts(), delay: time.Duration(notBefore - now), err: a.err})
+			}
+			d.totals.retries++
+			d.wake.kick()
+			return
 		}
-		d.totals.retries++
-		d.requeue(c, a.err, notBefore, now, ob)
-		d.wake.kick()
-		return
+		// The successor whose place made room did not merge: both would
+		// wait.
+		d.budget.refund(now)
+		reason = giveUpQuota
 	}
 	err := a.err
 	if reason != giveUpPanic {
@@ -163,19 +173,25 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 }
 
 // roomForRetry reports whether c's tenant has room under its quota for c to
-// wait again, evicting the tenant's worst droppable queued call if c would
-// run before it.
-func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, T]) bool {
-	if !c.tag.ten.overQuota(0) {
-		return true
+// wait again. A successor of the same tenant waiting behind c makes room if
+// it merges into the retry, which then waits in its place (merge: requeue
+// must merge it); else the tenant's worst droppable queued call is evicted
+// if c would run before it.
+func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, T]) (room, merge bool) {
+	ten := c.tag.ten
+	if !ten.overQuota(0) {
+		return true, false
 	}
-	v := worst(c.tag.ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending)
+	if n := c.lane.pending; n != nil && n.tag.ten == ten && !ten.overQuota(1) {
+		return true, true
+	}
+	v := worst(ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending)
 	if v == nil {
-		return false
+		return false, false
 	}
 	d.shed(v, BoundQuota, now, ob)
-	d.tenants.keep(c.tag.ten)
-	return true
+	d.tenants.keep(ten)
+	return true, false
 }
 
 // requeue sends c back to the queue to run again at notBefore: a retry,
@@ -185,8 +201,11 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // backoff. A successor that arrived during the attempt is coalesced into it
 // now (ReplacePending: the retry becomes the successor, afresh); if the
 // merge refuses or finds it moot, the retry stays the lane's running call
-// and the successor waits behind it, to run next.
-func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, ob *outbox[K, T]) {
+// and the successor waits behind it, to run next — unless merge is set: the
+// retry had room under its tenant's quota only in the successor's place,
+// so requeue then changes nothing of the call's waiting and reports false,
+// and the caller ends it.
+func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, merge bool, ob *outbox[K, T]) bool {
 	l := c.lane
 	c.tag.ten.queued++
 	c.setLastErr(lastErr)
@@ -213,16 +232,21 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 			notBefore = now
 			d.absorb(c, n, true)
 			l.running, l.pending = nil, c
+		default:
+			// Refused, or moot (SkipIncoming): l.running stays c, and n
+			// stays its successor, to run after it. It was never judged
+			// against a pending call, and the retry may yet fail.
+			if merge {
+				return false // taken, c ends as it is (finish)
+			}
 		}
-		// else — refused, or moot (SkipIncoming): l.running stays c, and n
-		// stays its successor, to run after it. It was never judged
-		// against a pending call, and the retry may yet fail.
 	} else {
 		l.running, l.pending = nil, c
 	}
 	if d.q.schedule(c, notBefore, now) {
 		d.wake.worker()
 	}
+	return true
 }
 
 // retryBudget caps retries at a fraction of the first attempts of a
@@ -249,6 +273,14 @@ func (b *retryBudget) allows(now int64) bool {
 	}
 	b.win.At(now).Marked++
 	return true
+}
+
+// refund gives back the retry allows charged at now, for one that did not
+// take place.
+func (b *retryBudget) refund(now int64) {
+	if !math.IsInf(b.ratio, 1) {
+		b.win.At(now).Marked--
+	}
 }
 
 // RetryPolicy bounds retries; a zero field means its default. A retry also

@@ -2,8 +2,10 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -500,4 +502,63 @@ func TestStridePassWraps(t *testing.T) {
 		assert.Equal(t, "ABABABABABABABAB", string(ran), "equal weights at one level take turns")
 		closeD(t, d)
 	})
+}
+
+// TestRetryTakesSuccessorsPlace: a call that fails while its tenant is at
+// its MaxQueued, with a successor of the same tenant waiting behind it,
+// still retries: the successor merges into the retry, which waits in its
+// place, so the tenant queues no more than before. If the merge refuses
+// the successor, the two would wait at once, over the quota: the retry
+// then fails (RetryError reason "quota") and the successor runs alone.
+func TestRetryTakesSuccessorsPlace(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprint("refuse=", refuse), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				var execs sync.Map
+				var n atomic.Int32
+				cfg := Config[string, int]{
+					Workers:  1,
+					Retry:    noJitter(3),
+					Classify: func(error) Class { return ClassRetry },
+					Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+				}
+				if refuse {
+					cfg.Merge = func(int, int) (int, error) { return 0, errors.New("apart") }
+				}
+				d := newD(t, func(ctx context.Context, key string, v int) error {
+					execs.Store(n.Add(1), v)
+					if n.Load() == 1 {
+						_ = g.wait(ctx)
+						return errors.New("transient")
+					}
+					return nil
+				}, cfg)
+				first := submit(t, d, "k", 1, SubmitOptions{Tenant: "t"})
+				synctest.Wait()
+				second := submit(t, d, "k", 2, SubmitOptions{Tenant: "t"})
+				g.open()
+				synctest.Wait()
+				assert.LessOrEqual(t, d.Stats().Tenants["t"].Queued, 1)
+				r1, err1 := first.Wait(t.Context())
+				r2, _ := second.Wait(t.Context())
+				assert.Equal(t, StateSucceeded, r2.State)
+				if refuse {
+					assert.Equal(t, StateFailed, r1.State)
+					var re *RetryError
+					require.ErrorAs(t, err1, &re)
+					assert.Equal(t, "quota", re.Reason)
+					assert.Equal(t, int32(2), n.Load(), "the successor ran alone")
+				} else {
+					assert.Equal(t, StateSucceeded, r1.State, "%v", err1)
+					assert.Equal(t, int32(2), n.Load(), "the retry ran the successor's call")
+					v, _ := execs.Load(int32(2))
+					assert.Equal(t, 2, v)
+				}
+				st := closeD(t, d)
+				assert.Zero(t, st.Tenants["t"].Queued)
+				assert.Zero(t, st.Tenants["t"].InFlight)
+			})
+		})
+	}
 }
