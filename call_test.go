@@ -33,7 +33,7 @@ func TestLifecycleTransitions(t *testing.T) {
 	defer func() { onTransition = nil }()
 
 	synctest.Test(t, func(t *testing.T) {
-		gates := map[string]chan struct{}{"a": make(chan struct{}), "p": make(chan struct{}), "q": make(chan struct{})}
+		gates := map[string]chan struct{}{"a": make(chan struct{}), "p": make(chan struct{}), "q": make(chan struct{}), "rq": make(chan struct{})}
 		var failed sync.Map // keys whose first attempt failed already
 		exec := func(ctx context.Context, key string, v int) error {
 			if g := gates[key]; g != nil {
@@ -57,6 +57,7 @@ func TestLifecycleTransitions(t *testing.T) {
 			Classify: func(error) Class { return ClassRetry },
 			Retry:    RetryPolicy{InitialBackoff: time.Second, Jitter: JitterNone, BudgetRatio: math.Inf(1)},
 			Label:    func(key string, _ int) string { return key[:1] },
+			Tenants:  map[string]TenantConfig{"quota": {MaxQueued: 1}},
 			Merge: func(pending, in int) (int, error) {
 				if in < 0 {
 					return in, ReplacePending
@@ -107,7 +108,17 @@ func TestLifecycleTransitions(t *testing.T) {
 		close(gates["q"])
 		waitAll(r3, r3b, r3c, qs, q2, q3)
 
-		// taken → finished: the deadline check learns that "slow" calls take
+		// taken → finished: a retry that has room under its tenant's quota
+		// only in its successor's place, whose merge refuses the successor
+		// (another idempotency key), fails; the successor runs alone.
+		require.NoError(t, d.Post("rq", 1, SubmitOptions{Tenant: "quota", IdempotencyKey: "one"}))
+		synctest.Wait()
+		rqs := submit(t, d, "rq", 2, SubmitOptions{Tenant: "quota", IdempotencyKey: "two"})
+		close(gates["rq"])
+		waitAll(rqs)
+		assert.Equal(t, StateSucceeded, outcome(t, rqs).State)
+
+		// ready → finished: the deadline check learns that "slow" calls take
 		// a second and does not start one with less time left.
 		var warm []*Ticket[string, int]
 		for i := range 20 {

@@ -122,7 +122,8 @@ func (d *Dispatcher[K, T]) next(now int64, ob *outbox[K, T]) *call[K, T] {
 			return nil
 		}
 		if c.unfinishable(g, now) {
-			d.q.popFrom(ten)
+			// finish takes it out of the ready index, and the tenant's
+			// pass stays: a call that never ran took no worker's share.
 			d.expireUnfinishable(c, now, ob)
 			continue
 		}

@@ -166,8 +166,10 @@ type TenantConfig struct {
 	// the time it spent at the cap.
 	MaxInFlight int
 	// Weight shares workers among tenants whose best ready calls are at
-	// one band and level (Config.AgingBand), by stride scheduling: each pick
-	// advances a tenant's pass by 2³²/Weight (at least 1), lowest first.
+	// one band and level (Config.AgingBand), by stride scheduling: each
+	// call a worker takes advances its tenant's pass by 2³²/Weight (at
+	// least 1), lowest first. A call the deadline check ends unstarted
+	// (StartPolicy.NoDeadlineCheck) took no worker, and advances nothing.
 	Weight int
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -561,4 +563,67 @@ func TestRetryTakesSuccessorsPlace(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestUnfinishableCostsNoShare: a call the deadline check ends unstarted
+// takes no worker, so it costs its tenant none of its share
+// (TenantConfig.Weight): two tenants of equal weight take turns, though
+// one of them has a call refused before each of its own. Each refusal
+// used to advance the tenant's pass as an execution does, and that tenant
+// got one worker in three.
+func TestUnfinishableCostsNoShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var order []string
+		slow := func(k string) bool { return strings.Contains(k, "slow") }
+		d := newD(t, func(ctx context.Context, k string, _ int) error {
+			mu.Lock()
+			order = append(order, k)
+			mu.Unlock()
+			if slow(k) {
+				time.Sleep(2 * time.Second)
+			} else {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}, Config[string, int]{Workers: 1, Label: func(k string, _ int) string {
+			if slow(k) {
+				return "slow"
+			}
+			return "fast"
+		}})
+		var tks []*Ticket[string, int]
+		for i := range 20 { // the start check learns: a slow call takes 2s
+			tks = append(tks, submit(t, d, fmt.Sprint("warm/slow", i), 0, SubmitOptions{}))
+		}
+		waitAll(tks...)
+		hold := submit(t, d, "hold", 0, SubmitOptions{})
+		synctest.Wait()
+		mu.Lock()
+		order = nil
+		mu.Unlock()
+		tks = tks[:0]
+		for i := range 10 {
+			// Unfinishable: 1.5s left, for a call that takes 2s.
+			tks = append(tks, submit(t, d, fmt.Sprint("a/slow", i), 0, SubmitOptions{Tenant: "a", Timeout: 1500 * time.Millisecond}))
+			tks = append(tks, submit(t, d, fmt.Sprint("a/", i), 0, SubmitOptions{Tenant: "a"}))
+			tks = append(tks, submit(t, d, fmt.Sprint("b/", i), 0, SubmitOptions{Tenant: "b"}))
+		}
+		waitAll(append(tks, hold)...)
+		assert.Equal(t, uint64(10), d.Stats().Unfinishable)
+		mu.Lock()
+		ran := slices.Clone(order)
+		mu.Unlock()
+		require.Len(t, ran, 20)
+		for n := 2; n <= len(ran); n += 2 {
+			a := 0
+			for _, k := range ran[:n] {
+				if tenantOf(k) == "a" {
+					a++
+				}
+			}
+			assert.Equal(t, n/2, a, "tenant a's executions among the first %d: %v", n, ran)
+		}
+		closeD(t, d)
+	})
 }
