@@ -318,6 +318,7 @@ func (d *Dispatcher[K, T]) admitBehind(l *lane[K, T], s *submission[K, T], ob *o
 		return
 	}
 	c.enter(csBehind)
+	d.q.markVictim(c) // under its tenant's quota
 }
 
 // admitNewKey places a submission for a key without a lane.
@@ -363,9 +364,10 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 }
 
 // roomForKey finds what a new key's submission s displaces: the worst
-// droppable call of its tenant if the tenant is over its quota, else the
-// worst droppable call of all if the dispatcher is at Capacity. It changes
-// nothing; err is the refusal if nothing can go. s's place in the ready
+// droppable call of its tenant if the tenant is over its quota, and the
+// worst droppable call of all if the dispatcher is at Capacity, unless the
+// first goes alone in its lane and so frees a key. It changes nothing;
+// err is the refusal if not all can go. s's place in the ready
 // order, which a victim must come after, is computed only when a bound is
 // reached: most new keys reach none.
 func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVictim *call[K, T], err error) {
@@ -373,14 +375,16 @@ func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVict
 		if quotaVictim = worst(s.ten.victims, d.q.of(s.o.Priority, s.now), d.seq+1, nil); quotaVictim == nil {
 			return nil, nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 		}
-		return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
+		if quotaVictim.lane.running == nil {
+			return quotaVictim, nil, nil // alone in its lane: evicting it frees a key
+		}
 	}
 	if d.lanes.Len() >= d.cfg.Capacity {
 		if capVictim = d.q.victims.worst(d.q.of(s.o.Priority, s.now), d.seq+1); capVictim == nil {
 			return nil, nil, d.totals.refuse(BoundCapacity, d.lanes.Len())
 		}
 	}
-	return nil, capVictim, nil
+	return quotaVictim, capVictim, nil
 }
 
 // admitTime returns the time admit works with: now, if the submitter read

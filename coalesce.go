@@ -28,6 +28,8 @@ func (d *Dispatcher[K, T]) adopt(c *call[K, T], ten *tenant[K, T], label string)
 		d.q.push(c)
 	case csDelayed:
 		d.q.delay(c, c.notBefore())
+	case csBehind:
+		d.q.markVictim(c) // in its new tenant's index
 	}
 	d.tenants.forgetIdle(old)
 }
@@ -111,6 +113,7 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 // the more urgent, or replaced c's value (ReplacePending), c takes its
 // tenant and label, as any merged call does.
 func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
+	d.q.unmarkVictim(n) // its tenant's index may hold it
 	if (replaced || n.prio > c.prio) && n.tag != c.tag {
 		d.adopt(c, n.tag.ten, n.tag.label)
 	}

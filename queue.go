@@ -113,16 +113,26 @@ func (q *queue[K, T]) remove(c *call[K, T]) {
 	q.unmarkVictim(c)
 }
 
-// markVictim puts c in the victims index if it may be shed.
+// markVictim puts c in the victims indexes if it may be shed: if it is
+// droppable and queued, its tenant's (TenantConfig.MaxQueued), and if it
+// is also alone in its lane, so that evicting it frees a key, the
+// dispatcher's (Config.Capacity).
 func (q *queue[K, T]) markVictim(c *call[K, T]) {
-	if c.is(fDroppable) && !c.is(fVictim) && c.lane.running == nil && (c.state == csReady || c.state == csDelayed) {
-		e := entryOf(q.orderer, c)
-		q.victims.insert(e)
-		if c.tag.ten.victims != nil {
-			c.tag.ten.victims.ReplaceOrInsert(e)
-		}
-		c.mark(fVictim, true)
+	if !c.is(fDroppable) || c.is(fVictim) || c.state != csReady && c.state != csDelayed && c.state != csBehind {
+		return
 	}
+	alone := c.state != csBehind && c.lane.running == nil
+	if !alone && c.tag.ten.victims == nil {
+		return
+	}
+	e := entryOf(q.orderer, c)
+	if alone {
+		q.victims.insert(e)
+	}
+	if c.tag.ten.victims != nil {
+		c.tag.ten.victims.ReplaceOrInsert(e)
+	}
+	c.mark(fVictim, true)
 }
 
 // pin makes c not droppable, for a submission that must not be dropped
@@ -132,8 +142,10 @@ func (q *queue[K, T]) pin(c *call[K, T]) {
 	q.unmarkVictim(c)
 }
 
-// unmarkVictim takes c out of the victims index; call it before c's
-// priority or enqueue time changes, or when c stops being evictable.
+// unmarkVictim takes c out of the victims indexes; call it before c's
+// priority or enqueue time changes, or when c stops being evictable. A
+// call only its tenant's index holds is not found in the dispatcher's,
+// which then changes nothing.
 func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
 	if c.is(fVictim) {
 		e := entryOf(q.orderer, c)

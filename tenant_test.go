@@ -627,3 +627,92 @@ func TestUnfinishableCostsNoShare(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestQuotaVictimBehindRunningCall: a droppable call that waits behind its
+// key's running call is one of its tenant's queued calls, and the worst
+// of them is evicted under TenantConfig.MaxQueued for a newcomer that
+// would run before it, as any other. It used to be passed over, and the
+// newcomer refused. Evicting it frees no key, so at Capacity the
+// newcomer still needs a call that does, or is refused with nothing shed.
+func TestQuotaVictimBehindRunningCall(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprint("atCapacity=", full), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				cfg := Config[string, int]{Workers: 2, Tenants: map[string]TenantConfig{"p": {MaxQueued: 1}}}
+				if full {
+					cfg.Capacity = 1
+				}
+				d := newD(t, func(ctx context.Context, k string, _ int) error {
+					if k == "p/hot" {
+						return g.wait(ctx)
+					}
+					return nil
+				}, cfg)
+				run := submit(t, d, "p/hot", 0, SubmitOptions{Tenant: "p", Droppable: true})
+				synctest.Wait()
+				behind := submit(t, d, "p/hot", 1, SubmitOptions{Tenant: "p", Droppable: true, Priority: -5})
+				urgent, err := d.Submit(t.Context(), "p/urgent", 0, SubmitOptions{Tenant: "p", Priority: 5})
+				r, done := behind.Result()
+				if full {
+					var be *BackpressureError
+					require.ErrorAs(t, err, &be)
+					assert.Equal(t, BoundCapacity, be.Bound)
+					assert.False(t, done, "shed for a refused newcomer: %v", r.State)
+				} else {
+					require.NoError(t, err)
+					require.True(t, done)
+					assert.Equal(t, StateDropped, r.State)
+					assert.ErrorContains(t, r.Err, "quota")
+					assert.LessOrEqual(t, d.Stats().Tenants["p"].Queued, 1, "urgent, queued or started")
+				}
+				g.open()
+				waitAll(run, behind)
+				if urgent != nil {
+					waitAll(urgent)
+					assert.Equal(t, StateSucceeded, outcome(t, urgent).State)
+				}
+				st := closeD(t, d)
+				assert.Zero(t, st.Tenants["p"].Queued)
+				if !full {
+					assert.Equal(t, uint64(1), st.Tenants["p"].Dropped)
+				}
+			})
+		})
+	}
+}
+
+// TestQuotaVictimBehindAdopted: a droppable call behind its key's running
+// call that another tenant's submission takes over (by outranking it)
+// counts under that tenant's MaxQueued, and is that tenant's to evict.
+func TestQuotaVictimBehindAdopted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		d := newD(t, func(ctx context.Context, k string, _ int) error {
+			if k == "hot" {
+				return g.wait(ctx)
+			}
+			return nil
+		}, Config[string, int]{Workers: 2, Tenants: map[string]TenantConfig{"q": {MaxQueued: 1}}})
+		run := submit(t, d, "hot", 0, SubmitOptions{Tenant: "p", Droppable: true})
+		synctest.Wait()
+		behind := submit(t, d, "hot", 1, SubmitOptions{Tenant: "p", Droppable: true, Priority: -5})
+		adopter := submit(t, d, "hot", 2, SubmitOptions{Tenant: "q", Droppable: true, Priority: -3})
+		st := d.Stats()
+		assert.Equal(t, 1, st.Tenants["q"].Queued, "q took the call over")
+		assert.Zero(t, st.Tenants["p"].Queued)
+		urgent, err := d.Submit(t.Context(), "q/urgent", 0, SubmitOptions{Tenant: "q", Priority: 5})
+		require.NoError(t, err)
+		for _, tk := range []*Ticket[string, int]{behind, adopter} {
+			r, done := tk.Result()
+			require.True(t, done)
+			assert.Equal(t, StateDropped, r.State)
+		}
+		g.open()
+		waitAll(run, urgent)
+		assert.Equal(t, StateSucceeded, outcome(t, urgent).State)
+		st = closeD(t, d)
+		assert.Zero(t, st.Tenants["q"].Queued)
+		assert.Equal(t, uint64(1), st.Tenants["q"].Dropped)
+	})
+}

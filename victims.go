@@ -65,7 +65,7 @@ func (v *victimIndex[K, T]) insert(e entry[K, T]) {
 	v.live++
 }
 
-// delete takes e's call, which is indexed at e's order, out of the index.
+// delete takes e's call out of the index if it is indexed, at e's order.
 func (v *victimIndex[K, T]) delete(e entry[K, T]) {
 	if i, ok := v.find(e); ok {
 		v.run[i].c = nil
