@@ -450,3 +450,29 @@ func TestBelowReserveDoc(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestAgingAcrossTenants: a priority-1 call of another tenant arriving
+// 1.5 Aging intervals after a priority-0 call shares its level, and runs
+// first if its tenant's turn comes first; one arriving over 2 intervals
+// after it runs after it. AgingBand's "p runs before any q > p arriving
+// over (q−p) × Aging after it" held only among one tenant's calls, and
+// the doc now says so.
+func TestAgingAcrossTenants(t *testing.T) {
+	docSays(t, "Config.AgingBand", "across tenants, read (q−p+1) × Aging where this says (q−p) × Aging")
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("a/first")
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Aging: time.Second})
+		require.NoError(t, d.Post("a/first", 0, SubmitOptions{Tenant: "a"})) // a's turn is taken
+		synctest.Wait()
+		require.NoError(t, d.Post("a/low", 0, SubmitOptions{Tenant: "a"}))
+		time.Sleep(1500 * time.Millisecond)
+		require.NoError(t, d.Post("b/tie", 0, SubmitOptions{Tenant: "b", Priority: 1}))
+		time.Sleep(time.Second)
+		require.NoError(t, d.Post("b/late", 0, SubmitOptions{Tenant: "b", Priority: 1}))
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, []string{"a/first", "b/tie", "a/low", "b/late"}, f.keys())
+		closeD(t, d)
+	})
+}

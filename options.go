@@ -87,7 +87,9 @@ type Config[K comparable, T any] struct {
 	// about (q−p+1) × Aging while workers keep up; under overload, behind
 	// every call at q queued before it or within (q−p) × Aging after it.
 	// At equal levels tenants take turns by TenantConfig.Weight, then
-	// arrival decides.
+	// arrival decides, so a call of another tenant at q shares p's level
+	// until (q−p+1) × Aging after p arrived, and may run before it: across
+	// tenants, read (q−p+1) × Aging where this says (q−p) × Aging.
 	AgingBand int
 	// Label names a call's kind for the Observer and Stats.Labels, from a
 	// small fixed set; it runs once per submission, outside the lock. A call
