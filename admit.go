@@ -79,15 +79,24 @@ func (d *Dispatcher[K, T]) quotaForCall(l *lane[K, T], s *submission[K, T], supe
 	if !supersede && l.pending != nil {
 		return nil, nil // s coalesces
 	}
+	// A supersede ends the lane's calls, and frees the places of those
+	// that wait: the pending one, and a retry that waits as the running
+	// one (requeue). Neither is a victim: it is ended anyway.
+	var ended [2]*call[K, T]
 	freed := 0
-	if supersede && l.pending != nil && l.pending.tag.ten == s.ten {
-		freed = 1
+	if supersede {
+		ended = [2]*call[K, T]{l.pending, l.running}
+		for _, c := range ended {
+			if c != nil && c.tag.ten == s.ten && c.state != csRunning {
+				freed++
+			}
+		}
 	}
 	if !s.ten.overQuota(freed) {
 		return nil, nil
 	}
 	order := d.q.of(s.o.Priority, s.now)
-	if v := worst(s.ten.victims, order, d.seq+1, l.pending); v != nil {
+	if v := worst(s.ten.victims, order, d.seq+1, ended[0], ended[1]); v != nil {
 		return v, nil
 	}
 	return nil, d.totals.refuse(BoundQuota, d.lanes.Len())
@@ -299,7 +308,7 @@ func (d *Dispatcher[K, T]) roomToAdopt(c *call[K, T], s *submission[K, T]) (*cal
 		return nil, nil
 	}
 	order := d.q.of(max(c.prio, s.o.Priority), min(c.enq, s.now))
-	if v := worst(s.ten.victims, order, c.seq, c); v != nil {
+	if v := worst(s.ten.victims, order, c.seq, c, nil); v != nil {
 		return v, nil
 	}
 	return nil, d.totals.refuse(BoundQuota, d.lanes.Len())
@@ -372,7 +381,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 // reached: most new keys reach none.
 func (d *Dispatcher[K, T]) roomForKey(s *submission[K, T]) (quotaVictim, capVictim *call[K, T], err error) {
 	if s.ten.overQuota(0) {
-		if quotaVictim = worst(s.ten.victims, d.q.of(s.o.Priority, s.now), d.seq+1, nil); quotaVictim == nil {
+		if quotaVictim = worst(s.ten.victims, d.q.of(s.o.Priority, s.now), d.seq+1, nil, nil); quotaVictim == nil {
 			return nil, nil, d.totals.refuse(BoundQuota, d.lanes.Len())
 		}
 		if quotaVictim.lane.running == nil {

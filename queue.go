@@ -158,12 +158,12 @@ func (q *queue[K, T]) unmarkVictim(c *call[K, T]) {
 }
 
 // worst returns the call of a tenant's victims index idx to evict for a
-// newcomer that would sit at (order, seq): the worst one other than except,
-// if it is worse than the newcomer.
-func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], order orderKey, seq uint64, except *call[K, T]) *call[K, T] {
+// newcomer that would sit at (order, seq): the worst one other than except
+// and also (each may be nil), if it is worse than the newcomer.
+func worst[K comparable, T any](idx *btree.BTreeG[entry[K, T]], order orderKey, seq uint64, except, also *call[K, T]) *call[K, T] {
 	var w entry[K, T]
 	idx.Descend(func(x entry[K, T]) bool {
-		if x.c == except {
+		if x.c == except || x.c == also {
 			return true
 		}
 		w = x

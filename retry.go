@@ -185,7 +185,7 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 	if n := c.lane.pending; n != nil && n.tag.ten == ten && !ten.overQuota(1) {
 		return true, true
 	}
-	v := worst(ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending)
+	v := worst(ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending, nil)
 	if v == nil {
 		return false, false
 	}

@@ -716,3 +716,46 @@ func TestQuotaVictimBehindAdopted(t *testing.T) {
 		assert.Equal(t, uint64(1), st.Tenants["q"].Dropped)
 	})
 }
+
+// TestSupersedeFreesWaitingRetrysPlace: a newer generation ends its key's
+// calls, so it frees the places under TenantConfig.MaxQueued of those that
+// wait — the pending one, and a retry waiting as the key's running call
+// behind which a successor the merge refused waits (another idempotency
+// key) — and needs no other room. It used to count only the pending one,
+// and was refused with BoundQuota; nor may the retry it ends be taken for
+// a victim to shed as well.
+func TestSupersedeFreesWaitingRetrysPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var first atomic.Bool
+		first.Store(true)
+		d := newD(t, func(ctx context.Context, k string, _ int) error {
+			if first.CompareAndSwap(true, false) {
+				_ = g.wait(ctx)
+				return errors.New("transient")
+			}
+			return nil
+		}, Config[string, int]{
+			Workers: 1, Retry: noJitter(3), Classify: func(error) Class { return ClassRetry },
+			Tenants: map[string]TenantConfig{"t": {MaxQueued: 1}},
+		})
+		retry := submit(t, d, "k", 1, SubmitOptions{Tenant: "t", Droppable: true, Priority: -5, Generation: 1, IdempotencyKey: "y"})
+		synctest.Wait()
+		succ := submit(t, d, "k", 2, SubmitOptions{Tenant: "o", Generation: 1, IdempotencyKey: "x"})
+		g.open()
+		synctest.Wait()
+		st := d.Stats()
+		require.Equal(t, 1, st.Delayed, "the retry waits out its backoff")
+		require.Equal(t, 1, st.Successors, "its successor waits behind it")
+		require.Equal(t, 1, st.Tenants["t"].Queued, "t is at its quota")
+		newer, err := d.Submit(t.Context(), "k", 3, SubmitOptions{Tenant: "t", Priority: 5, Generation: 2})
+		require.NoError(t, err)
+		waitAll(retry, succ, newer)
+		assert.Equal(t, StateStale, outcome(t, retry).State)
+		assert.Equal(t, StateStale, outcome(t, succ).State)
+		assert.Equal(t, StateSucceeded, outcome(t, newer).State)
+		st = closeD(t, d)
+		assert.Zero(t, st.Tenants["t"].Queued)
+		assert.Zero(t, st.Shed[BoundQuota])
+	})
+}
