@@ -460,17 +460,29 @@ func (m *fzModel) overQuota(t *fmTenant, freed int) bool {
 }
 
 // worst is the call to evict for a newcomer that would sit at (prio, enq,
-// seq): among the droppable calls queued or backing off, alone in their
-// lane — of tenant t only, unless t is nil — other than except, the one
-// that would run last, if the newcomer would run before it.
-func (m *fzModel) worst(t *fmTenant, prio int, enq int64, seq uint64, except *fmCall) *fmCall {
+// seq): among the droppable calls queued, backing off or waiting behind
+// their key's running call — of tenant t only, unless t is nil: then
+// alone in their lane, so that evicting one frees a key — other than
+// except and also, the one that would run last, if the newcomer would
+// run before it.
+func (m *fzModel) worst(t *fmTenant, prio int, enq int64, seq uint64, except, also *fmCall) *fmCall {
 	var w *fmCall
-	for _, c := range m.queue {
-		if !c.droppable || c.slot.run != nil || c == except || t != nil && c.ten != t {
-			continue
+	consider := func(c *fmCall) {
+		if !c.droppable || c == except || c == also || t != nil && c.ten != t || t == nil && c.slot.run != nil {
+			return
 		}
 		if w == nil || m.less(w, c) {
 			w = c
+		}
+	}
+	for _, c := range m.queue {
+		consider(c)
+	}
+	if t != nil {
+		for _, sl := range m.slots {
+			if n := sl.next; n != nil && n.where == fmSucc && sl.run != nil {
+				consider(n)
+			}
 		}
 	}
 	if w == nil || !m.before(prio, enq, seq, w.prio, w.enq, w.seq) {
@@ -586,16 +598,23 @@ func (m *fzModel) admit(op fzOp, ten *fmTenant, val int64, deadline int64, mt *f
 	}
 	// A submission that makes a new call — it supersedes, or nothing is
 	// pending — needs room under its tenant's quota: the superseded
-	// pending call of its own tenant leaves, else its worst droppable call
-	// (not the superseded one) goes if the newcomer runs before it.
+	// calls of its own tenant that wait (the pending one, and a retry
+	// waiting as the running one) leave, else its worst droppable call
+	// (not a superseded one) goes if the newcomer runs before it.
 	var quotaVictim *fmCall
 	if supersede || s.next == nil {
 		freed := 0
-		if supersede && s.next != nil && s.next.ten == ten {
-			freed = 1
+		var ended [2]*fmCall
+		if supersede {
+			ended = [2]*fmCall{s.next, s.run}
+			for _, c := range ended {
+				if c != nil && c.ten == ten && c.where != fmRunning {
+					freed++
+				}
+			}
 		}
 		if m.overQuota(ten, freed) {
-			if quotaVictim = m.worst(ten, op.prio, m.now, m.seq+1, s.next); quotaVictim == nil {
+			if quotaVictim = m.worst(ten, op.prio, m.now, m.seq+1, ended[0], ended[1]); quotaVictim == nil {
 				m.note(fzEvQuotaNewRefuse)
 				return m.refuse(dispatch.BoundQuota)
 			}
@@ -647,17 +666,18 @@ func (m *fzModel) admitNewKey(op fzOp, ten *fmTenant, val int64, label string, d
 		return m.refuse(dispatch.BoundWaiters)
 	}
 	// Over its tenant's quota, a newcomer evicts the tenant's worst
-	// droppable call (which frees a key too) if it would run before it;
-	// else, at capacity, the worst droppable call of all (§3).
+	// droppable call if it would run before it; at capacity, unless that
+	// one was alone in its lane and so frees a key, the worst droppable
+	// call of all (§3).
 	var quotaVictim, capVictim *fmCall
-	switch {
-	case m.overQuota(ten, 0):
-		if quotaVictim = m.worst(ten, op.prio, m.now, m.seq+1, nil); quotaVictim == nil {
+	if m.overQuota(ten, 0) {
+		if quotaVictim = m.worst(ten, op.prio, m.now, m.seq+1, nil, nil); quotaVictim == nil {
 			m.note(fzEvQuotaNewRefuse)
 			return m.refuse(dispatch.BoundQuota)
 		}
-	case len(m.slots) >= m.cfg.capacity:
-		if capVictim = m.worst(nil, op.prio, m.now, m.seq+1, nil); capVictim == nil {
+	}
+	if (quotaVictim == nil || quotaVictim.slot.run != nil) && len(m.slots) >= m.cfg.capacity {
+		if capVictim = m.worst(nil, op.prio, m.now, m.seq+1, nil, nil); capVictim == nil {
 			return m.refuse(dispatch.BoundCapacity)
 		}
 	}
@@ -756,7 +776,7 @@ func (m *fzModel) roomToAdopt(c *fmCall, ten *fmTenant, prio int) (*fmCall, erro
 	if !m.overQuota(ten, 0) {
 		return nil, nil
 	}
-	if v := m.worst(ten, max(c.prio, prio), min(c.enq, m.now), c.seq, c); v != nil {
+	if v := m.worst(ten, max(c.prio, prio), min(c.enq, m.now), c.seq, c, nil); v != nil {
 		return v, nil
 	}
 	return nil, m.refuse(dispatch.BoundQuota)
@@ -1280,10 +1300,13 @@ func (m *fzModel) finish(c *fmCall, out fzOutcome) {
 	case out.result == fzOK:
 		m.end(c, dispatch.StateSucceeded, "nil", out.ran)
 	default:
-		notBefore, reason := m.retryAt(c, out)
+		notBefore, reason, merge := m.retryAt(c, out)
 		if reason == "" {
-			m.requeue(c, notBefore)
-			return
+			if m.requeue(c, notBefore, merge) {
+				return
+			}
+			m.note(fzEvQuotaRetryGiveUp)
+			reason = "quota"
 		}
 		m.end(c, dispatch.StateFailed, fzFailClass(out.result, reason), out.ran)
 	}
@@ -1308,15 +1331,18 @@ func (m *fzModel) end(c *fmCall, st dispatch.State, class string, ran bool) {
 	}
 }
 
-func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string) {
+// retryAt returns when c, whose attempt ended with out, runs again, or why
+// it gives up; merge: it has room under its tenant's quota only in the
+// place of its successor, which must merge into it (requeue).
+func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string, bool) {
 	var delay int64
 	switch {
 	case out.result == fzPerm || out.result == fzPanic:
-		return 0, "permanent"
+		return 0, "permanent", false
 	case out.result == fzRecompute && !m.cfg.before:
-		return 0, "recompute"
+		return 0, "recompute", false
 	case c.attempts >= m.cfg.maxAttempts:
-		return 0, "attempts"
+		return 0, "attempts", false
 	case out.result == fzRecompute:
 	default:
 		delay = int64(fzBackoff) << (c.attempts - 1)
@@ -1324,29 +1350,40 @@ func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string) {
 	}
 	notBefore := m.now + delay
 	if dl := m.execDeadline(c); dl != 0 && notBefore >= dl {
-		return 0, "deadline"
+		return 0, "deadline", false
 	}
-	// To wait again the call needs room under its tenant's quota: it
-	// evicts the tenant's worst droppable call if it runs before it.
+	// To wait again the call needs room under its tenant's quota: its
+	// successor's place, if it is of the same tenant and merges into it;
+	// else it evicts the tenant's worst droppable call if it runs before
+	// it.
 	if m.overQuota(c.ten, 0) {
-		v := m.worst(c.ten, c.prio, c.enq, c.seq, c.slot.next)
+		if n := c.slot.next; n != nil && n.ten == c.ten && !m.overQuota(c.ten, 1) {
+			return notBefore, "", true
+		}
+		v := m.worst(c.ten, c.prio, c.enq, c.seq, c.slot.next, nil)
 		if v == nil {
 			m.note(fzEvQuotaRetryGiveUp)
-			return 0, "quota"
+			return 0, "quota", false
 		}
 		m.note(fzEvQuotaRetryEvict)
 		m.shed(v, dispatch.BoundQuota)
 	}
-	return notBefore, ""
+	return notBefore, "", false
 }
 
-func (m *fzModel) requeue(c *fmCall, notBefore int64) {
+// requeue sends c back to wait, and reports whether it did: not if merge
+// is set and its successor does not merge into it.
+func (m *fzModel) requeue(c *fmCall, notBefore int64, merge bool) bool {
 	s := c.slot
-	m.retries++
-	c.retrying = true
-	c.where = fmSucc
 	if n := s.next; n != nil {
-		switch m.coalesce(c, n.val, n.idem) {
+		res := m.coalesce(c, n.val, n.idem)
+		if merge && res != fmMerged && res != fmReplaced {
+			return false
+		}
+		m.retries++
+		c.retrying = true
+		c.where = fmSucc
+		switch res {
 		case fmMerged:
 			m.absorb(c, n)
 			s.run, s.next = nil, c
@@ -1367,14 +1404,18 @@ func (m *fzModel) requeue(c *fmCall, notBefore int64) {
 		// Refused, or moot: the retry stays the key's running call, and
 		// its successor waits behind it, to run after it.
 	} else {
+		m.retries++
+		c.retrying = true
+		c.where = fmSucc
 		s.run, s.next = nil, c
 	}
 	if notBefore <= m.now {
 		m.push(c)
-		return
+		return true
 	}
 	c.where, c.notBefore = fmDelayed, notBefore
 	m.queue = append(m.queue, c)
+	return true
 }
 
 // restart is ReplacePending's effect on a queued call: no attempts, no
