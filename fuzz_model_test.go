@@ -1353,11 +1353,11 @@ func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string, bool) {
 		return 0, "deadline", false
 	}
 	// To wait again the call needs room under its tenant's quota: its
-	// successor's place, if it is of the same tenant and merges into it;
-	// else it evicts the tenant's worst droppable call if it runs before
-	// it.
+	// successor's place, if the successor merges into it and is of the
+	// same tenant or takes it over; else it evicts the tenant's worst
+	// droppable call if it runs before it.
 	if m.overQuota(c.ten, 0) {
-		if n := c.slot.next; n != nil && n.ten == c.ten && !m.overQuota(c.ten, 1) {
+		if c.slot.next != nil && !m.overQuota(c.ten, 1) {
 			return notBefore, "", true
 		}
 		v := m.worst(c.ten, c.prio, c.enq, c.seq, c.slot.next, nil)
@@ -1372,12 +1372,15 @@ func (m *fzModel) retryAt(c *fmCall, out fzOutcome) (int64, string, bool) {
 }
 
 // requeue sends c back to wait, and reports whether it did: not if merge
-// is set and its successor does not merge into it.
+// is set and its successor does not merge into it, or merges but leaves it
+// in its tenant beside another tenant's successor.
 func (m *fzModel) requeue(c *fmCall, notBefore int64, merge bool) bool {
 	s := c.slot
 	if n := s.next; n != nil {
+		val, idem := c.val, c.idem
 		res := m.coalesce(c, n.val, n.idem)
-		if merge && res != fmMerged && res != fmReplaced {
+		if merge && (res != fmMerged && res != fmReplaced || res == fmMerged && n.ten != c.ten && n.prio <= c.prio) {
+			c.val, c.idem = val, idem
 			return false
 		}
 		m.retries++

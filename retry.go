@@ -173,16 +173,17 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 }
 
 // roomForRetry reports whether c's tenant has room under its quota for c to
-// wait again. A successor of the same tenant waiting behind c makes room if
-// it merges into the retry, which then waits in its place (merge: requeue
-// must merge it); else the tenant's worst droppable queued call is evicted
-// if c would run before it.
+// wait again. A successor waiting behind c makes room if it merges into the
+// retry, which then waits in its place: in its tenant, if it is of c's, or
+// else in the successor's tenant, which takes the merged call over (merge:
+// requeue must merge it so); else the tenant's worst droppable queued call
+// is evicted if c would run before it.
 func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, T]) (room, merge bool) {
 	ten := c.tag.ten
 	if !ten.overQuota(0) {
 		return true, false
 	}
-	if n := c.lane.pending; n != nil && n.tag.ten == ten && !ten.overQuota(1) {
+	if c.lane.pending != nil && !ten.overQuota(1) {
 		return true, true
 	}
 	v := worst(ten.victims, d.q.of(c.prio, c.enq), c.seq, c.lane.pending, nil)
@@ -203,14 +204,17 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // merge refuses or finds it moot, the retry stays the lane's running call
 // and the successor waits behind it, to run next — unless merge is set: the
 // retry had room under its tenant's quota only in the successor's place,
-// so requeue then changes nothing of the call's waiting and reports false,
-// and the caller ends it.
+// so if the merge refuses the successor, or keeps the call in its tenant
+// beside another tenant's successor, requeue leaves the call's value as it
+// was, changes nothing of its waiting and reports false, and the caller
+// ends it.
 func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, merge bool, ob *outbox[K, T]) bool {
 	l := c.lane
 	c.tag.ten.queued++
 	c.setLastErr(lastErr)
 	c.enter(csTaken)
 	if n := l.pending; n != nil {
+		was := c.value() // restored if the merge does not make room
 		err := c.merge(n.val, n.idem(), d.cfg.Merge, func(*PanicError) {
 			// The merge function ended this goroutine: the successor waits
 			// behind the retry, as if the merge had refused.
@@ -221,6 +225,11 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 			d.mu.Unlock()
 			d.tell.deliver(ob)
 		})
+		if merge && err == nil && n.tag.ten != c.tag.ten && n.prio <= c.prio {
+			// Merged, but c would stay in its tenant, one call more.
+			c.setValue(was)
+			return false
+		}
 		switch err {
 		case nil:
 			d.absorb(c, n, false)

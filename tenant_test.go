@@ -507,14 +507,26 @@ func TestStridePassWraps(t *testing.T) {
 }
 
 // TestRetryTakesSuccessorsPlace: a call that fails while its tenant is at
-// its MaxQueued, with a successor of the same tenant waiting behind it,
-// still retries: the successor merges into the retry, which waits in its
-// place, so the tenant queues no more than before. If the merge refuses
-// the successor, the two would wait at once, over the quota: the retry
-// then fails (RetryError reason "quota") and the successor runs alone.
+// its MaxQueued, with a successor waiting behind it, still retries if the
+// successor merges into the retry and the retry waits in its place: the
+// successor is of the same tenant, or of another that takes the merged
+// call over (it is the more urgent), so no tenant queues more than before.
+// If the merge refuses the successor, or leaves the retry in its tenant
+// beside another tenant's successor, the retry fails (RetryError reason
+// "quota") as it was, and the successor runs alone.
 func TestRetryTakesSuccessorsPlace(t *testing.T) {
-	for _, refuse := range []bool{false, true} {
-		t.Run(fmt.Sprint("refuse=", refuse), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		refuse bool
+		succ   SubmitOptions
+		retry  bool
+	}{
+		{"same tenant", false, SubmitOptions{Tenant: "t"}, true},
+		{"same tenant, merge refused", true, SubmitOptions{Tenant: "t"}, false},
+		{"other tenant takes it over", false, SubmitOptions{Tenant: "o", Priority: 1}, true},
+		{"other tenant, not more urgent", false, SubmitOptions{Tenant: "o"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				g := newGate()
 				var execs sync.Map
@@ -523,12 +535,15 @@ func TestRetryTakesSuccessorsPlace(t *testing.T) {
 					Workers:  1,
 					Retry:    noJitter(3),
 					Classify: func(error) Class { return ClassRetry },
-					Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+					Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}, "o": {MaxQueued: 1}},
 				}
-				if refuse {
+				if tc.refuse {
 					cfg.Merge = func(int, int) (int, error) { return 0, errors.New("apart") }
 				}
 				d := newD(t, func(ctx context.Context, key string, v int) error {
+					if key != "k" {
+						return nil
+					}
 					execs.Store(n.Add(1), v)
 					if n.Load() == 1 {
 						_ = g.wait(ctx)
@@ -538,28 +553,39 @@ func TestRetryTakesSuccessorsPlace(t *testing.T) {
 				}, cfg)
 				first := submit(t, d, "k", 1, SubmitOptions{Tenant: "t"})
 				synctest.Wait()
-				second := submit(t, d, "k", 2, SubmitOptions{Tenant: "t"})
+				var other *Ticket[string, int]
+				if tc.succ.Tenant != "t" { // t at its quota, the successor apart
+					other = submit(t, d, "x", 0, SubmitOptions{Tenant: "t", Priority: -9})
+				}
+				second := submit(t, d, "k", 2, tc.succ)
 				g.open()
 				synctest.Wait()
-				assert.LessOrEqual(t, d.Stats().Tenants["t"].Queued, 1)
+				st := d.Stats()
+				assert.LessOrEqual(t, st.Tenants["t"].Queued, 1)
+				assert.LessOrEqual(t, st.Tenants["o"].Queued, 1)
 				r1, err1 := first.Wait(t.Context())
 				r2, _ := second.Wait(t.Context())
 				assert.Equal(t, StateSucceeded, r2.State)
-				if refuse {
+				assert.Equal(t, int32(2), n.Load(), "the retry ran the successor's call, or the successor ran alone")
+				v, _ := execs.Load(int32(2))
+				assert.Equal(t, 2, v)
+				if tc.retry {
+					assert.Equal(t, StateSucceeded, r1.State, "%v", err1)
+				} else {
 					assert.Equal(t, StateFailed, r1.State)
 					var re *RetryError
 					require.ErrorAs(t, err1, &re)
 					assert.Equal(t, "quota", re.Reason)
-					assert.Equal(t, int32(2), n.Load(), "the successor ran alone")
-				} else {
-					assert.Equal(t, StateSucceeded, r1.State, "%v", err1)
-					assert.Equal(t, int32(2), n.Load(), "the retry ran the successor's call")
-					v, _ := execs.Load(int32(2))
-					assert.Equal(t, 2, v)
+					assert.Equal(t, 1, r1.Call, "the failed retry's call is its own")
 				}
-				st := closeD(t, d)
-				assert.Zero(t, st.Tenants["t"].Queued)
-				assert.Zero(t, st.Tenants["t"].InFlight)
+				if other != nil {
+					assert.Equal(t, StateSucceeded, outcomeWait(t, other).State)
+				}
+				st = closeD(t, d)
+				for _, ten := range []string{"t", "o"} {
+					assert.Zero(t, st.Tenants[ten].Queued)
+					assert.Zero(t, st.Tenants[ten].InFlight)
+				}
 			})
 		})
 	}
