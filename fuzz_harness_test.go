@@ -655,7 +655,7 @@ func (h *fzHarness) check(step string) {
 		StaleExecutions: m.staleExecs,
 		Retries:         m.retries,
 		AlreadyDone:     m.alreadyDone,
-		Circuit:         m.br,
+		Circuit:         m.circuitAsFound(),
 		Outcomes:        m.outcomes,
 		Calls:           m.callsBy,
 		Concurrency:     1, // one worker, no adaptive limit

@@ -1468,6 +1468,16 @@ func (m *fzModel) absorb(c, n *fmCall) {
 	m.reprioritize(c)
 }
 
+// circuitAsFound is the breaker's state as the next call finds it
+// (Stats.Circuit): half-open once an open circuit's cool-down is over,
+// though it moves there only as a call starts (admits).
+func (m *fzModel) circuitAsFound() dispatch.Circuit {
+	if m.br == dispatch.CircuitOpen && m.now >= m.openUntil {
+		return dispatch.CircuitHalfOpen
+	}
+	return m.br
+}
+
 // admits is the breaker's gate for starting an execution.
 func (m *fzModel) admits() bool {
 	switch m.br {
