@@ -232,11 +232,14 @@ func TestBreakerProbeOfAnEarlierRound(t *testing.T) {
 			Breaker: &BreakerPolicy{ConsecutiveFailures: 1, Cooldown: time.Second, Probes: 1},
 		})
 		submit(t, d, "straggler", 0, prio(2)) // runs while closed, succeeds at 3s
-		submit(t, d, "fail1", 0, prio(1))     // opens the circuit until 1s
-		submit(t, d, "probe1", 0, prio(0))    // the probe at 1s, until 5s
+		synctest.Wait()
+		submit(t, d, "fail1", 0, prio(1)) // opens the circuit until 1s
+		synctest.Wait()
+		submit(t, d, "probe1", 0, prio(0)) // the probe at 1s, until 5s
 		time.Sleep(3*time.Second + time.Millisecond)
 		require.Equal(t, CircuitClosed, d.Stats().Circuit, "the straggler's success closed it")
 		submit(t, d, "fail2", 0, prio(1)) // opens it again until 4s
+		synctest.Wait()
 		submit(t, d, "probe2", 0, prio(0))
 		submit(t, d, "probe3", 0, prio(0))
 		time.Sleep(2 * time.Second) // 5s: probe2 runs since 4s; probe1 ended

@@ -802,14 +802,17 @@ func TestSetModeFromExecNothingToDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var d *Dispatcher[string, int]
 		var err error
+		queuedIn := make(chan struct{}) // the switch waits for the call it cancels
 		d = newD(t, func(_ context.Context, k string, _ int) error {
 			if k == "switch" {
+				<-queuedIn
 				err = d.SetMode(context.Background(), ModeSync)
 			}
 			return nil
 		}, Config[string, int]{Workers: 1, Rollout: RolloutPolicy{CancelQueued: true}})
 		sw := submit(t, d, "switch", 1, prio(1))
 		queued := submit(t, d, "queued", 1, prio(0))
+		close(queuedIn)
 		waitAll(sw, queued)
 		assert.NoError(t, err)
 		assert.Equal(t, ModeSync, d.Mode())
