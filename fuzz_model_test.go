@@ -681,7 +681,7 @@ func (m *fzModel) admitNewKey(op fzOp, ten *fmTenant, val int64, label string, d
 			return m.refuse(dispatch.BoundCapacity)
 		}
 	}
-	if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.br == dispatch.CircuitOpen {
+	if op.drop && m.cfg.breaker && m.cfg.brRefuse && m.circuitAsFound() == dispatch.CircuitOpen {
 		return dispatch.ErrCircuitOpen
 	}
 	if quotaVictim != nil {
