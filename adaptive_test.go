@@ -318,13 +318,7 @@ func TestAdaptiveModelledServers(t *testing.T) {
 	}
 }
 
-// throttledOnce is an error with the server's Retry-After.
-type throttledOnce struct{ after time.Duration }
-
-func (e throttledOnce) Error() string             { return "throttled" }
-func (e throttledOnce) RetryAfter() time.Duration { return e.after }
-
-// TestRetryAfterHoldIsTheWorkers': a Retry-After holds the other calls'
+// TestRetryAfterHoldIsTheWorkers: a Retry-After holds the other calls'
 // executions on the workers (ModeAsync), but not a ModeSync caller's, who
 // is its own concurrency — as ModeSync's doc says.
 func TestRetryAfterHoldIsTheWorkers(t *testing.T) {
@@ -335,7 +329,7 @@ func TestRetryAfterHoldIsTheWorkers(t *testing.T) {
 				var throttled atomic.Bool
 				exec := func(_ context.Context, k string, _ int) error {
 					if k == "a" && !throttled.Swap(true) {
-						return throttledOnce{after: 10 * time.Second}
+						return retryAfterErr{d: 10 * time.Second}
 					}
 					return nil
 				}

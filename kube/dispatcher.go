@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/preset"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -89,7 +90,9 @@ func NewDispatcher(client kubernetes.Interface, o Options) (*Dispatcher, error) 
 	}
 	d, err := dispatch.New(a.exec, cfg)
 	if err != nil {
-		return nil, coreOptErr(err)
+		// Every Config field a caller can make bad is an Options field of
+		// the same name passed through (TestOptionsCoverConfig).
+		return nil, preset.OptionsErr("kube:", err)
 	}
 	a.amend = d.Amend // before any call can run: workers start on the first submission
 	return &Dispatcher{d: d, prio: prio}, nil

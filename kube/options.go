@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -246,24 +245,3 @@ func (o Options) tenants() map[string]dispatch.TenantConfig {
 func optErr(field, why string) error {
 	return fmt.Errorf("kube: Options.%s %s", field, why)
 }
-
-// coreOptErr is NewDispatcher's error for dispatch.New's. Every Config
-// field a caller can make bad is an Options field of the same name passed
-// through (TestOptionsCoverConfig), so one that names a Config field names
-// the Options field instead; the core's error stays wrapped.
-func coreOptErr(err error) error {
-	const core = "dispatch: Config."
-	if msg := err.Error(); strings.HasPrefix(msg, core) {
-		return &renamedErr{msg: "kube: Options." + msg[len(core):], err: err}
-	}
-	return fmt.Errorf("kube: Options: %w", err)
-}
-
-// renamedErr is err with a message of its own.
-type renamedErr struct {
-	msg string
-	err error
-}
-
-func (e *renamedErr) Error() string { return e.msg }
-func (e *renamedErr) Unwrap() error { return e.err }

@@ -102,9 +102,7 @@ func TestCloseCancelsWithItsCause(t *testing.T) {
 // call that called it gets what its Execute returned, and a later Close
 // waits for it.
 func TestCloseFromExecute(t *testing.T) {
-	src, err := os.ReadFile("dispatcher.go")
-	require.NoError(t, err)
-	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n//", "\n")), " ")
+	text := fileDoc(t, "dispatcher.go")
 	const doc = "Called from a call's Execute, which runs on a worker Close would wait for, Close cannot wait: it ends what remains at once, as a cancelled ctx does, and returns an error matching dispatch.ErrReentrant; a later Close waits for the execution."
 	require.True(t, strings.Contains(text, doc), "Close's documentation says %q", doc)
 	synctest.Test(t, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/preset"
 	"github.com/coalescer/dispatch/kube/internal/retryafter"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,7 +68,11 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 	}
 	d.core, err = dispatch.New(d.exec, d.coreConfig(o))
 	if err != nil {
-		return nil, optionsErr(err)
+		// Every setting the core checks that a caller can make bad is
+		// passed to it as it is, under the same name (Aging, Retry,
+		// Breaker, Rollout, Start, Tenants; the Workers, Capacity and
+		// AgingBand it checks are the adapter's own, checked first).
+		return nil, preset.OptionsErr("scheduler:", err)
 	}
 	d.pending.init(d.core, set.metrics)
 	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.demand

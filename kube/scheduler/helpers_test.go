@@ -3,7 +3,10 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,4 +246,14 @@ func total(byState map[dispatch.State]uint64) uint64 {
 		n += c
 	}
 	return n
+}
+
+// fileDoc returns the Go file name's text with its comment markers dropped
+// and its white space collapsed, so that a sentence of a doc comment reads
+// as one line.
+func fileDoc(t *testing.T, name string) string {
+	t.Helper()
+	src, err := os.ReadFile(name)
+	require.NoError(t, err)
+	return strings.Join(strings.Fields(regexp.MustCompile(`\n\s*//`).ReplaceAllString(string(src), "\n")), " ")
 }

@@ -228,9 +228,7 @@ func (m *executedWhere) Pending(fwk.APICallType, int) {}
 // ran the execution, as its documentation says: a worker in Async mode,
 // Add's caller in Sync mode.
 func TestExecutedWhereItRan(t *testing.T) {
-	src, err := os.ReadFile("metrics.go")
-	require.NoError(t, err)
-	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n\t//", "\n")), " ")
+	text := fileDoc(t, "metrics.go")
 	const doc = "It is called on the goroutine that ran the execution — a worker, or, in dispatch.ModeSync, the Add that ran it inline — after every execution, retries included."
 	require.True(t, strings.Contains(text, doc), "Metrics.Executed's documentation says %q", doc)
 	for _, mode := range []dispatch.Mode{dispatch.ModeAsync, dispatch.ModeSync} {

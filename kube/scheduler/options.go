@@ -6,7 +6,6 @@ import (
 	"iter"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -186,29 +185,6 @@ func (s *settings) options(t fwk.APICallType) dispatch.SubmitOptions {
 func optErr(field string, v any, why string) error {
 	return fmt.Errorf("scheduler: Options.%s %v %s", field, v, why)
 }
-
-// optionsErr is New's error for dispatch.New's: one about a Config field
-// names the Options field the caller set instead. Every setting the core
-// checks that a caller can make bad is passed to it as it is, under the
-// same name (Aging, Retry, Breaker, Rollout, Start, Tenants; the Workers,
-// Capacity and AgingBand it checks are the adapter's own, checked first).
-// The core's error stays wrapped.
-func optionsErr(err error) error {
-	const core = "dispatch: Config."
-	if msg := err.Error(); strings.HasPrefix(msg, core) {
-		return &renamedError{msg: "scheduler: Options." + msg[len(core):], err: err}
-	}
-	return fmt.Errorf("scheduler: %w", err)
-}
-
-// renamedError is an error with a message of its own around err.
-type renamedError struct {
-	msg string
-	err error
-}
-
-func (e *renamedError) Error() string { return e.msg }
-func (e *renamedError) Unwrap() error { return e.err }
 
 // resolve checks o and fills in the defaults that are the adapter's own.
 func (o Options) resolve() (settings, error) {

@@ -2,7 +2,6 @@ package writer_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,9 +19,7 @@ import (
 // at once, and Close says it could not wait (ErrReentrant), as its
 // documentation says.
 func TestCloseFromOnDoneEndsTheRestAtOnce(t *testing.T) {
-	src, err := os.ReadFile("writer.go")
-	require.NoError(t, err)
-	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n//", "\n")), " ")
+	text := fileDoc(t, "writer.go")
 	require.Contains(t, text, "Called from Options.OnDone, the Observer or Options.Classify, which run on the dispatcher's own goroutines, it writes nothing more: it ends what remains Closed at once and returns an error wrapping dispatch.ErrReentrant (dispatch.Dispatcher.Close).")
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -117,9 +114,7 @@ func TestCloseWaitsForTheCloseAChangeBegan(t *testing.T) {
 // is queued, returns nil once all is written, and Set then refuses the
 // desire (ErrClosed), as the package documentation says.
 func TestCloseFromSetsNoOpTest(t *testing.T) {
-	src, err := os.ReadFile("doc.go")
-	require.NoError(t, err)
-	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n//", "\n")), " ")
+	text := fileDoc(t, "doc.go")
 	const doc = "a change that blocks there blocks Set, one that calls Close there closes the writer as the caller's Close would (it waits, and Set then returns dispatch.ErrClosed), and one that calls runtime.Goexit there ends the caller's goroutine"
 	require.True(t, strings.Contains(text, doc), "the package documentation says %q", doc)
 	synctest.Test(t, func(t *testing.T) {

@@ -2,6 +2,9 @@ package writer_test
 
 import (
 	"context"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,3 +129,13 @@ func replicas(n int32) writer.Change[deploy] {
 }
 
 func status(c writer.Change[deploy]) writer.Desire[deploy] { return writer.Desire[deploy]{Status: c} }
+
+// fileDoc returns the Go file name's text with its comment markers dropped
+// and its white space collapsed, so that a sentence of a doc comment reads
+// as one line.
+func fileDoc(t *testing.T, name string) string {
+	t.Helper()
+	src, err := os.ReadFile(name)
+	require.NoError(t, err)
+	return strings.Join(strings.Fields(regexp.MustCompile(`\n\s*//`).ReplaceAllString(string(src), "\n")), " ")
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -228,31 +227,3 @@ func (o *Options[O]) retry() dispatch.RetryPolicy {
 func optErr(field, why string) error {
 	return fmt.Errorf("writer: Options.%s %s", field, why)
 }
-
-// coreOptErr is New's error for dispatch.New's: one that names a Config
-// field names the Options field it came from instead (config): the same
-// name but for ReservedWorkers, which goes to Config.Start, and the
-// urgent priority there, which the writer takes from Classes. The core's
-// error stays wrapped.
-func coreOptErr(err error) error {
-	msg := err.Error()
-	for _, f := range [...]struct{ core, opt string }{
-		{"dispatch: Config.Start.ReservedWorkers", "writer: Options.ReservedWorkers"},
-		{"dispatch: Config.Start.UrgentPriority", "writer: Options.Classes"},
-		{"dispatch: Config.", "writer: Options."},
-	} {
-		if rest, ok := strings.CutPrefix(msg, f.core); ok {
-			return &renamedErr{msg: f.opt + rest, err: err}
-		}
-	}
-	return fmt.Errorf("writer: Options: %w", err)
-}
-
-// renamedErr is err with a message of its own.
-type renamedErr struct {
-	msg string
-	err error
-}
-
-func (e *renamedErr) Error() string { return e.msg }
-func (e *renamedErr) Unwrap() error { return e.err }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/kube/internal/preset"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -95,7 +96,11 @@ func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
 	w.known.init(capacityOf(o.Capacity))
 	d, err := dispatch.New(w.exec, w.config(&o))
 	if err != nil {
-		return nil, coreOptErr(err)
+		// The options passed through keep their Config names (config), but
+		// ReservedWorkers, which goes to Config.Start, and the urgent
+		// priority there, which the writer takes from Classes.
+		return nil, preset.OptionsErr("writer:", err,
+			[2]string{"Start.ReservedWorkers", "ReservedWorkers"}, [2]string{"Start.UrgentPriority", "Classes"})
 	}
 	w.d = d
 	return w, nil

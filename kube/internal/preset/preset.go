@@ -4,7 +4,12 @@
 // and the rule for the workers kept for urgent calls.
 package preset
 
-import "github.com/coalescer/dispatch"
+import (
+	"fmt"
+	"strings"
+
+	"github.com/coalescer/dispatch"
+)
 
 // The defaults. The presets state them rather than leave them to the core,
 // so that their rules (the bands their priorities sit in, the share of
@@ -42,3 +47,32 @@ func Start(p dispatch.StartPolicy, workers, urgent int) dispatch.StartPolicy {
 	}
 	return p
 }
+
+// OptionsErr is an adapter's error for dispatch.New's err, after prefix
+// (the adapter's name and a colon): one about a Config field names the
+// adapter's Options field the caller set instead — the first of renames
+// (a Config field's path, and the Options field it came from) that begins
+// it, else the field of the same name — so that bad input is reported as
+// the caller wrote it. The core's error stays wrapped.
+func OptionsErr(prefix string, err error, renames ...[2]string) error {
+	rest, ok := strings.CutPrefix(err.Error(), "dispatch: Config.")
+	if !ok {
+		return fmt.Errorf("%s Options: %w", prefix, err)
+	}
+	for _, r := range renames {
+		if after, ok := strings.CutPrefix(rest, r[0]); ok {
+			rest = r[1] + after
+			break
+		}
+	}
+	return &renamedErr{msg: prefix + " Options." + rest, err: err}
+}
+
+// renamedErr is err with a message of its own.
+type renamedErr struct {
+	msg string
+	err error
+}
+
+func (e *renamedErr) Error() string { return e.msg }
+func (e *renamedErr) Unwrap() error { return e.err }
