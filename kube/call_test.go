@@ -1,8 +1,10 @@
 package kube
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -388,4 +390,28 @@ func TestRebase(t *testing.T) {
 
 	b := Bind(pod, "n1").rebase(baselineOf(fresh))
 	assert.True(t, isNoOp(&b), "a rebased binding sees the pod in place")
+}
+
+// TestStatusPatchBelowJSONPrecision: a status patch whose only change is
+// below what the API keeps — a LastProbeTime that differs by less than a
+// second, which JSON rounds away — sends nothing (upstream's patch helper
+// sends no empty patch either) and ends Skipped, as a patch the no-op test
+// finds changes nothing does; it sent a request with only its
+// preconditions, which changed nothing, and ended Succeeded.
+func TestStatusPatchBelowJSONPrecision(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		probed := metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+		cond := unschedulable("0/3 nodes")
+		cond.LastProbeTime = probed
+		pod := newPod("p")
+		pod.Status.Conditions = []v1.PodCondition{cond}
+		api := newFakeAPI(pod)
+		d := newTestDispatcher(t, api, Options{})
+		later := cond
+		later.LastProbeTime = metav1.NewTime(probed.Add(500 * time.Millisecond))
+		tk, err := d.Submit(context.Background(), PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{later}}), SubmitOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, dispatch.StateSkipped, outcome(t, tk).State)
+		assert.Zero(t, api.count("patch/status"), "nothing the API keeps would change")
+	})
 }

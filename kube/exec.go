@@ -106,8 +106,11 @@ func (a *calls) gone(uid types.UID) {
 }
 
 // patch sends the status patch c, and returns the pod as the server
-// answered, or nil if there was nothing to send. A patch refused because
-// the name holds a newer pod (see replaced) fails for good, saying so.
+// answered. With nothing to send — a change the no-op test saw that the
+// API would not keep — it sends nothing and returns dispatch.SkipCall: the
+// call ends Skipped, as one the no-op test stops does. A patch refused
+// because the name holds a newer pod (see replaced) fails for good, saying
+// so.
 func (a *calls) patch(ctx context.Context, c *Call) (*v1.Pod, error) {
 	body, err := c.statusPatch(metav1.Now())
 	if err != nil {
@@ -115,7 +118,7 @@ func (a *calls) patch(ctx context.Context, c *Call) (*v1.Pod, error) {
 	}
 	if body == nil {
 		a.info(vNoOp, c, msgNoOp, "callType", c.typ)
-		return nil, nil
+		return nil, dispatch.SkipCall
 	}
 	a.logStatusPatch(c)
 	pod, err := a.pods.patchStatus(ctx, c.namespace, c.name, body)

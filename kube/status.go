@@ -106,7 +106,9 @@ func statusPatchBody(base, status *v1.PodStatus, uid types.UID, rv string) ([]by
 		return nil, err
 	}
 	if string(patch) == "{}" {
-		return meta, nil
+		// A change the API would not keep (a time below JSON's second):
+		// nothing to send, as upstream's patch helper sends no empty patch.
+		return nil, nil
 	}
 	out := make([]byte, 0, len(meta)+len(patch))
 	out = append(out, meta[:len(meta)-1]...) // without its closing brace
@@ -134,7 +136,7 @@ func replaced(err error) bool {
 }
 
 // statusPatch returns the body of the status patch c, or nil if it would
-// change nothing against its baseline.
+// change nothing against its baseline that the API keeps.
 func (c *Call) statusPatch(now metav1.Time) ([]byte, error) {
 	status, changed := applyConditions(c.base, c.conds, now)
 	if c.setNNN && status.NominatedNodeName != c.nnn {
