@@ -35,9 +35,10 @@ import (
 // c's scheme names the apiVersion and kind of a server-side apply
 // (writer.ModeApply) for a typed object.
 //
-// A nil c gives a nil Client, which writer.New refuses.
+// A nil c (or a nil pointer of a client type) gives a nil Client, which
+// writer.New refuses.
 func New[O client.Object](c client.Client, reader client.Reader) writer.Client[O] {
-	if c == nil {
+	if c == nil || reflect.ValueOf(c).Kind() == reflect.Pointer && reflect.ValueOf(c).IsNil() {
 		return nil
 	}
 	if reader == nil {

@@ -239,3 +239,16 @@ func readKeepsKind[O client.Object](t *testing.T, obj O) {
 		assert.Equal(t, "yes", get(t, c).Labels["ready"])
 	})
 }
+
+// nilClient is a controller-runtime client type whose nil pointer a caller
+// may pass by mistake.
+type nilClient struct{ client.Client }
+
+// A typed nil controller-runtime client (a nil pointer of a client type)
+// is refused by writer.New as a nil one is, instead of panicking in every
+// write.
+func TestTypedNilClientRefused(t *testing.T) {
+	var c *nilClient
+	_, err := writer.New(crclient.New[deploy](c, nil), writer.Options[deploy]{})
+	assert.ErrorContains(t, err, "client is nil")
+}
