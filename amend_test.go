@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -307,4 +308,61 @@ func TestAmendNewest(t *testing.T) {
 		closeD(t, d)
 		closeD(t, d2)
 	})
+}
+
+// TestAmendNoOpPanics: the no-op test that Amend runs on the call it
+// rewrote is the call's, as the worker's is before it starts: a panic or a
+// runtime.Goexit in it ends the call Failed with a *PanicError, never run,
+// as the package doc promises, and Amend returns the panic.
+func TestAmendNoOpPanics(t *testing.T) {
+	for _, exit := range []bool{false, true} {
+		t.Run(fmt.Sprintf("goexit=%v", exit), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, int]()
+				var tests atomic.Int32
+				d, _, release := holdWorker(t, f.exec, Config[string, int]{
+					NoOp: func(_ string, v int) bool {
+						if v == 0 && tests.Add(1) == 1 { // the first test only
+							if exit {
+								runtime.Goexit()
+							}
+							panic("boom")
+						}
+						return false
+					},
+				})
+				a := submit(t, d, "a", 1, prio(0))
+				done := make(chan error, 1)
+				go func() {
+					defer close(done)
+					_, err := d.Amend("a", func(int) (int, error) { return 0, nil })
+					done <- err
+				}()
+				err := <-done
+				if exit {
+					assert.NoError(t, err, "the goroutine ended, Amend did not return")
+				} else {
+					var pe *PanicError
+					require.ErrorAs(t, err, &pe)
+					assert.Equal(t, callbackNoOp, pe.Callback)
+				}
+				_, ended := a.Result()
+				require.True(t, ended, "the call whose no-op test panicked is still pending")
+				r := outcome(t, a)
+				assert.Equal(t, StateFailed, r.State)
+				var pe *PanicError
+				require.ErrorAs(t, r.Err, &pe)
+				assert.Equal(t, callbackNoOp, pe.Callback)
+				if exit {
+					assert.ErrorIs(t, pe, ErrGoexit)
+				}
+				assert.Zero(t, r.Attempts)
+				assert.False(t, d.Busy("a"), "the key is not wedged")
+				release()
+				assert.Empty(t, f.calls("a"), "the call ran")
+				s := closeD(t, d)
+				assert.Equal(t, uint64(1), s.Outcomes[StateFailed])
+			})
+		})
+	}
 }

@@ -142,7 +142,8 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 // Config.Merge; a panic in f is returned as a *PanicError. If Config.NoOp
 // finds the rewritten call changes nothing, it ends Skipped — unless key
 // has a call in flight: the call's own test then decides before it
-// starts. The test runs outside the lock; a call changed meanwhile — a
+// starts. A panic in the test ends the call Failed, as it would before the
+// call starts, and Amend returns it. The test runs outside the lock; a call changed meanwhile — a
 // submission merged into it, another Amend rewrote it, or it started (a
 // retry waits as the key's pending call again) — runs.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
@@ -213,26 +214,36 @@ func (c *call[K, T]) amendMark() amendMark {
 }
 
 // skipIfNoOp ends key's pending call Skipped if Config.NoOp finds its
-// amended value v would change nothing — unless the call changed since
-// (mark tells). It returns the no-op test's panic, if any. It takes the
-// lock itself.
+// amended value v would change nothing, or Failed with the test's
+// *PanicError if it panics or ends the goroutine, as a call whose own test
+// does before it starts — unless the call changed since (mark tells). It
+// returns the no-op test's panic, if any. It takes the lock itself.
 func (d *Dispatcher[K, T]) skipIfNoOp(key K, v T, mark amendMark) error {
 	var noop bool
-	if pe, _ := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, nil); pe != nil || !noop {
-		if pe != nil {
-			return pe
-		}
-		return nil
+	pe, _ := guard(callbackNoOp, func() error { noop = d.cfg.NoOp(key, v); return nil }, func(pe *PanicError) {
+		d.endAmended(key, mark, StateFailed, pe)
+	})
+	switch {
+	case pe != nil:
+		d.endAmended(key, mark, StateFailed, pe)
+		return pe
+	case noop:
+		d.endAmended(key, mark, StateSkipped, nil)
 	}
+	return nil
+}
+
+// endAmended ends key's pending call with st and err, unless it changed
+// since an Amend left it (mark tells). It takes the lock itself.
+func (d *Dispatcher[K, T]) endAmended(key K, mark amendMark, st State, err error) {
 	var ob outbox[K, T]
 	d.mu.Lock()
 	if l := d.lanes.lookup(key); l != nil && l.pending != nil && l.pending.rare != nil && l.pending.amendMark() == mark {
 		c := l.pending
 		now := d.clk.now()
-		d.waiters.settleAll(c, StateSkipped, nil, now, onTime, &ob)
-		d.finish(c, StateSkipped, nil, now, &ob)
+		d.waiters.settleAll(c, st, err, now, onTime, &ob)
+		d.finish(c, st, err, now, &ob)
 	}
 	d.mu.Unlock()
 	d.tell.deliver(&ob)
-	return nil
 }
