@@ -143,9 +143,10 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 // finds the rewritten call changes nothing, it ends Skipped — unless key
 // has a call in flight: the call's own test then decides before it
 // starts. A panic in the test ends the call Failed, as it would before the
-// call starts, and Amend returns it. The test runs outside the lock; a call changed meanwhile — a
-// submission merged into it, another Amend rewrote it, or it started (a
-// retry waits as the key's pending call again) — runs.
+// call starts, and Amend returns it. The test runs outside the lock; a
+// call changed meanwhile — a submission merged into it, another Amend
+// rewrote it, or it started (a retry waits as the key's pending call
+// again) — runs.
 func (d *Dispatcher[K, T]) Amend(key K, f func(pending T) (T, error)) (bool, error) {
 	return d.amend(key, false, func(v T, _ bool) (T, error) { return f(v) })
 }
