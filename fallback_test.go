@@ -225,20 +225,15 @@ func TestFallbackCoolDownSparesManualMode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				release := make(chan struct{})
-				var mu sync.Mutex
-				var changes []string
+				changes := &modeChanges{}
 				d := newD(t, func(_ context.Context, k string, _ int) error {
 					if k != "later" {
 						<-release
 					}
 					return nil
 				}, Config[string, int]{
-					Workers: 1,
-					Observer: &modeLog{f: func(from, to Mode, reason string) {
-						mu.Lock()
-						defer mu.Unlock()
-						changes = append(changes, fmt.Sprintf("%v->%v %s", from, to, reason))
-					}},
+					Workers:  1,
+					Observer: changes,
 					Rollout: RolloutPolicy{Fallback: &FallbackPolicy{
 						MaxBacklog:  1,
 						Window:      10 * time.Second,
@@ -261,9 +256,7 @@ func TestFallbackCoolDownSparesManualMode(t *testing.T) {
 				}
 				assert.Equal(t, ModeSync, d.Mode())
 				closeD(t, d)
-				mu.Lock()
-				defer mu.Unlock()
-				assert.Equal(t, tc.want, changes)
+				assert.Equal(t, tc.want, changes.all())
 			})
 		})
 	}
@@ -278,8 +271,7 @@ func TestFallbackCoolDownSparesManualMode(t *testing.T) {
 func TestFallbackStopsAtClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
-		var mu sync.Mutex
-		var changes []string
+		changes := &modeChanges{}
 		d := newD(t, func(_ context.Context, k string, _ int) error {
 			switch {
 			case k == "hold":
@@ -291,13 +283,9 @@ func TestFallbackStopsAtClose(t *testing.T) {
 			}
 			return nil
 		}, Config[string, int]{
-			Workers: 1,
-			Retry:   RetryPolicy{MaxAttempts: 1},
-			Observer: &modeLog{f: func(from, to Mode, reason string) {
-				mu.Lock()
-				defer mu.Unlock()
-				changes = append(changes, fmt.Sprintf("%v->%v %s", from, to, reason))
-			}},
+			Workers:  1,
+			Retry:    RetryPolicy{MaxAttempts: 1},
+			Observer: changes,
 			Rollout: RolloutPolicy{CancelQueued: true, Fallback: &FallbackPolicy{
 				Window:          time.Second,
 				MaxFailureRatio: 0.5,
@@ -324,9 +312,7 @@ func TestFallbackStopsAtClose(t *testing.T) {
 			assert.Equal(t, StateSucceeded, res.State, "a queued call runs while Close drains")
 		}
 		assert.Equal(t, ModeAsync, d.Mode())
-		mu.Lock()
-		defer mu.Unlock()
-		assert.Empty(t, changes, "no mode switch after Close began")
+		assert.Empty(t, changes.all(), "no mode switch after Close began")
 	})
 }
 
@@ -377,8 +363,7 @@ func TestFallbackJudgesAsyncAfresh(t *testing.T) {
 	for _, manual := range []bool{true, false} {
 		t.Run(fmt.Sprint("manual=", manual), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var mu sync.Mutex
-				var changes []string
+				changes := &modeChanges{}
 				p := FallbackPolicy{Window: 10 * time.Second, MaxFailureRatio: 0.5, MinSamples: 4}
 				if !manual {
 					p.ReturnAfter = 2 * time.Second
@@ -389,14 +374,10 @@ func TestFallbackJudgesAsyncAfresh(t *testing.T) {
 					}
 					return nil
 				}, Config[string, int]{
-					Workers: 1,
-					Retry:   RetryPolicy{MaxAttempts: 1},
-					Observer: &modeLog{f: func(from, to Mode, reason string) {
-						mu.Lock()
-						defer mu.Unlock()
-						changes = append(changes, fmt.Sprintf("%v->%v %s", from, to, reason))
-					}},
-					Rollout: RolloutPolicy{Fallback: &p},
+					Workers:  1,
+					Retry:    RetryPolicy{MaxAttempts: 1},
+					Observer: changes,
+					Rollout:  RolloutPolicy{Fallback: &p},
 				})
 				fail := func(n int) {
 					for i := range n {
@@ -423,9 +404,7 @@ func TestFallbackJudgesAsyncAfresh(t *testing.T) {
 				if !manual {
 					back = "sync->async cool_down"
 				}
-				mu.Lock()
-				assert.Equal(t, []string{"async->sync failure_ratio", back, "async->sync failure_ratio"}, changes)
-				mu.Unlock()
+				assert.Equal(t, []string{"async->sync failure_ratio", back, "async->sync failure_ratio"}, changes.all())
 				closeD(t, d)
 			})
 		})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -363,6 +364,27 @@ type modeLog struct {
 }
 
 func (m *modeLog) OnModeChange(from, to Mode, reason string) { m.f(from, to, reason) }
+
+// modeChanges is an Observer that records each mode change as "from->to
+// reason".
+type modeChanges struct {
+	NopObserver
+	mu  sync.Mutex
+	log []string
+}
+
+func (m *modeChanges) OnModeChange(from, to Mode, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.log = append(m.log, fmt.Sprintf("%v->%v %s", from, to, reason))
+}
+
+// all returns the changes recorded so far.
+func (m *modeChanges) all() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.log)
+}
 
 // TestSetModeValidation: SetMode refuses an unknown mode, and any switch
 // after Close. (Config's Mode, SwitchPolicy and Fallback are checked by
