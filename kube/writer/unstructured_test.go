@@ -18,8 +18,8 @@ import (
 // prunes — is a no-op, as a typed object's nil and empty are: nothing is
 // sent, however often the controller makes it again. A real change still
 // is, and so is an empty map where the object has none (it is a value:
-// TestUnstructuredEmptyMapIsAValue). (ModeApply judges by its own rule: the configuration, pruned of
-// nulls, already live.)
+// TestUnstructuredEmptyMapIsAValue). (ModeApply judges by its own rule:
+// the configuration, pruned of nulls, already live.)
 func TestUnstructuredNullIsAbsent(t *testing.T) {
 	for _, mode := range []writer.Mode{writer.ModeUpdate, writer.ModePatch} {
 		t.Run(mode.String(), func(t *testing.T) {

@@ -11,10 +11,6 @@ import (
 	"github.com/coalescer/dispatch/kube/writer/crclient"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -35,11 +31,8 @@ func TestUpdateCarriesFieldManager(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	scheme := runtime.NewScheme()
-	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	mapper := meta.NewDefaultRESTMapper(nil)
-	mapper.Add(appsv1.SchemeGroupVersion.WithKind("Deployment"), meta.RESTScopeNamespace)
-	c, err := client.New(writer.RESTConfig(&rest.Config{Host: srv.URL}), client.Options{Scheme: scheme, Mapper: mapper})
+	opts := deployOptions(t)
+	c, err := client.New(writer.RESTConfig(&rest.Config{Host: srv.URL}), opts)
 	require.NoError(t, err)
 
 	w, err := writer.New(crclient.New[deploy](c, nil), writer.Options[deploy]{FieldManager: "ctl"})

@@ -16,10 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -70,11 +67,8 @@ func TestDocumentedSetupReadsThroughTheWritersConfig(t *testing.T) {
 	}
 	synctest.Test(t, func(t *testing.T) {
 		s := &throttledReads{}
-		scheme := runtime.NewScheme()
-		require.NoError(t, clientgoscheme.AddToScheme(scheme))
-		mapper := meta.NewDefaultRESTMapper(nil)
-		mapper.Add(appsv1.SchemeGroupVersion.WithKind("Deployment"), meta.RESTScopeNamespace)
-		c, err := client.New(writer.RESTConfig(&rest.Config{Host: "http://apiserver.invalid", Transport: s}), client.Options{Scheme: scheme, Mapper: mapper})
+		opts := deployOptions(t)
+		c, err := client.New(writer.RESTConfig(&rest.Config{Host: "http://apiserver.invalid", Transport: s}), opts)
 		require.NoError(t, err)
 		w, err := writer.New(crclient.New[deploy](c, nil), writer.Options[deploy]{})
 		require.NoError(t, err)
@@ -94,13 +88,10 @@ func TestDocumentedSetupReadsThroughTheWritersConfig(t *testing.T) {
 	// sleeps it out and resends the read inside the worker: one attempt.
 	synctest.Test(t, func(t *testing.T) {
 		s := &throttledReads{}
-		scheme := runtime.NewScheme()
-		require.NoError(t, clientgoscheme.AddToScheme(scheme))
-		mapper := meta.NewDefaultRESTMapper(nil)
-		mapper.Add(appsv1.SchemeGroupVersion.WithKind("Deployment"), meta.RESTScopeNamespace)
-		c, err := client.New(writer.RESTConfig(&rest.Config{Host: "http://apiserver.invalid", Transport: s}), client.Options{Scheme: scheme, Mapper: mapper})
+		opts := deployOptions(t)
+		c, err := client.New(writer.RESTConfig(&rest.Config{Host: "http://apiserver.invalid", Transport: s}), opts)
 		require.NoError(t, err)
-		plain, err := client.New(&rest.Config{Host: "http://apiserver.invalid", Transport: s}, client.Options{Scheme: scheme, Mapper: mapper})
+		plain, err := client.New(&rest.Config{Host: "http://apiserver.invalid", Transport: s}, opts)
 		require.NoError(t, err)
 		w, err := writer.New(crclient.New[deploy](c, plain), writer.Options[deploy]{})
 		require.NoError(t, err)
