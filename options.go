@@ -20,7 +20,9 @@ type Config[K comparable, T any] struct {
 	Workers int // concurrent executions (0 means 16; at most 65 536)
 	// RateLimit, if set, bounds executions per second (see RateLimiter).
 	// New refuses a NaN or negative limit, and a *rate.Limiter of burst 0
-	// with a finite limit; a nil *rate.Limiter means no limit.
+	// with a finite limit; a nil *rate.Limiter means no limit. New asks
+	// the QPS of a limiter that has one (RateLimiter): one that panics
+	// there is refused too.
 	RateLimit RateLimiter
 	// Capacity bounds keys with a call queued or running (0 means 10 000).
 	// A new key beyond it evicts the worst queued droppable call if it

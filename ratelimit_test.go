@@ -806,3 +806,24 @@ func TestNoOpTakesNoToken(t *testing.T) {
 		assert.Equal(t, uint64(1), s.Executions)
 	})
 }
+
+// panicQPS is a TryAccept-shaped limiter whose QPS panics.
+type panicQPS struct{ tryLimiter }
+
+func (panicQPS) QPS() float32 { panic("QPS broke") }
+
+// TestLimiterCheckPanics: New checks Config.RateLimit's rate, and the
+// limiter is user code (package documentation, "Callbacks"): one whose QPS
+// panics there is reported as an error naming the field, as New promises
+// of an invalid configuration, not a panic in New's caller.
+func TestLimiterCheckPanics(t *testing.T) {
+	docSays(t, "New", "An invalid configuration is reported here, never later, with an error naming the field.")
+	var d *Dispatcher[string, int]
+	var err error
+	require.NotPanics(t, func() {
+		d, err = New(nopExec, Config[string, int]{RateLimit: panicQPS{tryLimiter{rate.NewLimiter(1, 1)}}})
+	})
+	assert.Nil(t, d)
+	assert.ErrorContains(t, err, "Config.RateLimit")
+	assert.ErrorContains(t, err, "QPS broke")
+}

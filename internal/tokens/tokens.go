@@ -279,8 +279,14 @@ func (t *Tokens) Limiter() Limiter { return t.l }
 // QPS) or can grant no token at all (a *rate.Limiter of burst 0 and a
 // finite limit). A limiter that grants its burst and then stops (a limit
 // of 0), or that is paused later, is not an error: executions wait until
-// it grants again.
-func Check(l Limiter) error {
+// it grants again. QPS is the limiter's own code: one that panics is an
+// error too.
+func Check(l Limiter) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("QPS panicked: %v", v)
+		}
+	}()
 	switch l := l.(type) {
 	case *rate.Limiter:
 		switch lim := float64(l.Limit()); {

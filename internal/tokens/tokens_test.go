@@ -269,3 +269,17 @@ func TestFailedBacksOff(t *testing.T) {
 	tk.Fetched()
 	assert.Equal(t, FailureBackoff(1), tk.Failed(), "a token resets the count")
 }
+
+// panicQPS is a tryer whose QPS panics.
+type panicQPS struct{ Limiter }
+
+func (panicQPS) TryAccept() bool { return true }
+func (panicQPS) QPS() float32    { panic("QPS broke") }
+
+// TestCheckContainsQPS: Check asks QPS, user code: one that panics is an
+// error, not a panic in Check's caller.
+func TestCheckContainsQPS(t *testing.T) {
+	var err error
+	require.NotPanics(t, func() { err = Check(panicQPS{}) })
+	assert.ErrorContains(t, err, "QPS broke")
+}
