@@ -77,7 +77,7 @@ type Dispatcher[K comparable, T any] struct {
 	queueWait hist.Recent
 	execTime  hist.Recent
 	mode      Mode
-	handover  handover // what the last switch to Sync mode left to the workers
+	handover  handovers // what switches to Sync mode left to the workers, while a SetMode waits
 
 	owned      owners       // goroutines Close would wait for: its own, and inline runners
 	notify     outbox[K, T] // what the notifier tells next

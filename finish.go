@@ -15,6 +15,7 @@ package dispatch
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/coalescer/dispatch/internal/due"
 )
@@ -215,20 +216,42 @@ func (dr *drain) left(keys int) {
 	}
 }
 
-// handover (SetMode, mode.go) is what a switch to Sync mode leaves to the workers: the calls
-// that arrived before it, whose arrival numbers (call.seq) are at most
-// upTo, and how many of them have not ended. SetMode's drain waits for
-// those alone, and cancels only those: every call made after the switch
-// is a Sync-mode caller's, which the caller runs or waits for itself.
+// handovers (SetMode, mode.go) are what the switches to Sync mode that a
+// SetMode still waits for left to the workers: for each, the calls that
+// arrived before it, whose arrival numbers (call.seq) are at most upTo,
+// and how many of them have not ended. Each SetMode's drain waits for its
+// own calls alone, and cancels only those: every call made after its
+// switch is a Sync-mode caller's, which the caller runs or waits for
+// itself, or a later switch's, which that switch's drain waits for.
+type handovers struct {
+	waits []*handover // one per SetMode waiting for its drain
+}
+
+// handover is one switch's share of handovers.
 type handover struct {
 	upTo uint64
 	left int
 }
 
-// ended counts the end of a call that arrived as seq. For a dispatcher
-// never switched to Sync mode (upTo 0) it is one comparison that fails.
-func (h *handover) ended(seq uint64) {
-	if seq <= h.upTo {
-		h.left--
+// ended counts the end of a call that arrived as seq. With no SetMode
+// waiting (the usual case) it is one length check.
+func (h *handovers) ended(seq uint64) {
+	for _, w := range h.waits {
+		if seq <= w.upTo {
+			w.left--
+		}
 	}
+}
+
+// await registers a drain of the calls that arrived up to upTo, live
+// of them (every live call, at a switch), for one SetMode to wait for.
+func (h *handovers) await(upTo uint64, live int) *handover {
+	w := &handover{upTo: upTo, left: live}
+	h.waits = append(h.waits, w)
+	return w
+}
+
+// done forgets w, whose SetMode no longer waits.
+func (h *handovers) done(w *handover) {
+	h.waits = slices.DeleteFunc(h.waits, func(x *handover) bool { return x == w })
 }

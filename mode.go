@@ -52,19 +52,22 @@ const reasonManual = "manual"
 // Config.Rollout.CancelQueued is set; otherwise the workers drain it while
 // SetMode waits, until ctx ends: then it cancels the rest the same way
 // (unless Close has begun meanwhile, which runs it as Close promises) and
-// returns ctx's error. Calls in flight run to their end, and a call that a
-// Sync-mode caller runs or waits for (its own submission, or a queued call
-// it coalesced into) is never cancelled: it is on the synchronous path
-// already. Every submission sees one mode or the other, so a switch never
-// loses a call or runs one twice. Called from a callback on one of the
-// dispatcher's goroutines, SetMode switches without waiting for the drain
-// (which may need that goroutine) and, if there is one to wait for,
-// returns ErrReentrant. Setting the
-// mode the dispatcher is in switches nothing: SetMode returns nil at once,
-// waits for and cancels nothing, and the observer is not told.
-// SetMode also cancels the return to ModeAsync that an automatic fallback
-// scheduled (FallbackPolicy.ReturnAfter): the mode a person sets stays
-// until SetMode is called again or, in ModeAsync, a threshold is crossed.
+// returns ctx's error. Another switch meanwhile ends neither the wait nor
+// its promise: SetMode returns nil only once what was queued before its
+// own switch has ended (back in ModeAsync, the workers run it, and a ctx
+// that ends then cancels nothing). Calls in flight run to their end, and
+// a call that a Sync-mode caller runs or waits for (its own submission,
+// or a queued call it coalesced into) is never cancelled: it is on the
+// synchronous path already. Every submission sees one mode or the other,
+// so a switch never loses a call or runs one twice. Called from a
+// callback on one of the dispatcher's goroutines, SetMode switches
+// without waiting for the drain (which may need that goroutine) and, if
+// there is one to wait for, returns ErrReentrant. Setting the mode the
+// dispatcher is in switches nothing: SetMode returns nil at once, waits
+// for and cancels nothing, and the observer is not told. SetMode also
+// cancels the return to ModeAsync that an automatic fallback scheduled
+// (FallbackPolicy.ReturnAfter): the mode a person sets stays until SetMode
+// is called again or, in ModeAsync, a threshold is crossed.
 func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 	if m > ModeSync {
 		return fmt.Errorf("dispatch: SetMode(%d): unknown mode", m)
@@ -83,33 +86,39 @@ func (d *Dispatcher[K, T]) SetMode(ctx context.Context, m Mode) error {
 		return nil // nothing to switch, nor to drain
 	}
 	d.switchMode(m, reasonManual, &ob)
-	upTo := d.handover.upTo
+	var w *handover
+	if m == ModeSync && !d.cfg.Rollout.CancelQueued {
+		w = d.handover.await(d.seq, d.calls.n) // every live call arrived before the switch
+	}
 	d.mu.Unlock()
 	d.tell.deliver(&ob)
-	if m == ModeAsync || d.cfg.Rollout.CancelQueued {
+	if w == nil {
 		return nil
 	}
-	return d.awaitDrain(ctx, upTo)
+	return d.awaitDrain(ctx, w)
 }
 
-// awaitDrain waits until the calls handed over by the switch to Sync mode
-// that ended at upTo have ended, or ctx ends (then cancelling those still
-// queued, unless Close is draining them), or the mode is switched again.
-// It takes the lock itself.
-func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context, upTo uint64) error {
+// awaitDrain waits until the calls w counts, which arrived before a switch
+// to Sync mode, have ended, or ctx ends: then, if the dispatcher is in
+// Sync mode and Close is not draining them, it cancels those still queued.
+// The mode switched again meanwhile changes neither: back in Async mode the
+// workers run those calls, which then end; a later switch to Sync mode
+// waits for its own. It takes the lock itself.
+func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context, w *handover) error {
 	var ob outbox[K, T]
+	var err error
 	checked := false
-	for {
-		d.mu.Lock()
-		if d.mode != ModeSync || d.handover.upTo != upTo || d.handover.left == 0 {
-			d.mu.Unlock()
-			return nil
-		}
+	d.mu.Lock()
+wait:
+	for w.left > 0 {
 		if !checked {
 			d.mu.Unlock()
 			checked = true
-			if d.reentrant() {
-				return ErrReentrant // the drain may need this very goroutine
+			reentrant := d.reentrant()
+			d.mu.Lock()
+			if reentrant {
+				err = ErrReentrant // the drain may need this very goroutine
+				break
 			}
 			continue // look again: the state may have changed meanwhile
 		}
@@ -117,16 +126,20 @@ func (d *Dispatcher[K, T]) awaitDrain(ctx context.Context, upTo uint64) error {
 		d.mu.Unlock()
 		select {
 		case <-ch:
+			d.mu.Lock()
 		case <-ctx.Done():
 			d.mu.Lock()
-			if d.mode == ModeSync && d.handover.upTo == upTo && !d.drain.closing {
-				d.cancelQueued(d.clk.now(), &ob)
+			if d.mode == ModeSync && !d.drain.closing {
+				d.cancelQueued(w.upTo, d.clk.now(), &ob)
 			}
-			d.mu.Unlock()
-			d.tell.deliver(&ob)
-			return ctx.Err()
+			err = ctx.Err()
+			break wait
 		}
 	}
+	d.handover.done(w)
+	d.mu.Unlock()
+	d.tell.deliver(&ob)
+	return err
 }
 
 // Mode returns the current mode.
@@ -144,12 +157,8 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 		return
 	}
 	d.mode = m
-	if m == ModeSync {
-		// Every live call arrived before the switch.
-		d.handover = handover{upTo: d.seq, left: d.calls.n}
-		if d.cfg.Rollout.CancelQueued {
-			d.cancelQueued(d.clk.now(), ob)
-		}
+	if m == ModeSync && d.cfg.Rollout.CancelQueued {
+		d.cancelQueued(d.seq, d.clk.now(), ob) // every live call arrived before the switch
 	}
 	if m == ModeAsync {
 		d.wake.workers() // queued successors and retries run on workers again
@@ -167,13 +176,13 @@ func (d *Dispatcher[K, T]) switchMode(m Mode, reason string, ob *outbox[K, T]) {
 	}
 }
 
-// cancelQueued ends the calls handed over to the workers by the last
-// switch to Sync mode that are still queued (ready, in backoff, or waiting
-// behind their key's in-flight call) with Canceled and ErrFallback, but
-// for those a Sync-mode caller waits for: ErrFallback would tell that
-// caller to take the path it is on. Calls in flight are left to finish.
-func (d *Dispatcher[K, T]) cancelQueued(now int64, ob *outbox[K, T]) {
-	upTo := d.handover.upTo
+// cancelQueued ends the calls handed over to the workers by a switch to
+// Sync mode — those that arrived up to upTo — that are still queued
+// (ready, in backoff, or waiting behind their key's in-flight call) with
+// Canceled and ErrFallback, but for those a Sync-mode caller waits for:
+// ErrFallback would tell that caller to take the path it is on. Calls in
+// flight are left to finish.
+func (d *Dispatcher[K, T]) cancelQueued(upTo uint64, now int64, ob *outbox[K, T]) {
 	for _, l := range slices.Collect(d.lanes.all()) { // finish releases lanes
 		for _, c := range [2]*call[K, T]{l.pending, l.running} { // as endLane
 			if c != nil && c.state != csRunning && !c.orphaned() && c.seq <= upTo && !c.awaitedInline() {

@@ -581,3 +581,107 @@ func TestSetModeDrainTimeoutSparesClose(t *testing.T) {
 		assert.Equal(t, StateSucceeded, res.State, "Close ran the queued call")
 	})
 }
+
+// TestSetModeOverlapping pins SetMode's drain when the mode is switched
+// again before it is over: a SetMode(ModeSync) returns nil only once the
+// calls queued before its own switch have ended, whatever other SetMode
+// calls do meanwhile — a switch back to ModeAsync (whose workers then run
+// those calls) or back to ModeSync again (whose drain waits for more) does
+// not let it return early. When its ctx ends, it cancels (ErrFallback)
+// those of its calls still queued if the dispatcher is in ModeSync, and
+// none if it is back in ModeAsync, where they run; a later switch's calls
+// are left to that switch's drain.
+func TestSetModeOverlapping(t *testing.T) {
+	docSays(t, "Dispatcher.SetMode", "otherwise the workers drain it while SetMode waits, until ctx ends")
+	docSays(t, "Dispatcher.SetMode", "Another switch meanwhile ends neither the wait nor its promise: SetMode returns nil only once what was queued before its own switch has ended (back in ModeAsync, the workers run it, and a ctx that ends then cancels nothing).")
+	t.Run("back to async", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+			queued := submit(t, d, "queued", 0, SubmitOptions{})
+			first := make(chan error, 1)
+			go func() { first <- d.SetMode(t.Context(), ModeSync) }()
+			synctest.Wait()
+			require.NoError(t, d.SetMode(t.Context(), ModeAsync))
+			synctest.Wait()
+			select {
+			case err := <-first:
+				t.Fatalf("SetMode(ModeSync) returned %v before the call queued before it ended", err)
+			default:
+			}
+			release()
+			require.NoError(t, <-first)
+			assert.Equal(t, StateSucceeded, outcome(t, queued).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("sync again", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+			queued := submit(t, d, "queued", 0, SubmitOptions{})
+			first, third := make(chan error, 1), make(chan error, 1)
+			go func() { first <- d.SetMode(t.Context(), ModeSync) }()
+			synctest.Wait()
+			require.NoError(t, d.SetMode(t.Context(), ModeAsync))
+			later := submit(t, d, "later", 0, SubmitOptions{})
+			go func() { third <- d.SetMode(t.Context(), ModeSync) }()
+			synctest.Wait()
+			for _, ch := range []chan error{first, third} {
+				select {
+				case err := <-ch:
+					t.Fatalf("SetMode(ModeSync) returned %v before the calls queued before it ended", err)
+				default:
+				}
+			}
+			release()
+			require.NoError(t, <-first)
+			require.NoError(t, <-third)
+			assert.Equal(t, StateSucceeded, outcome(t, queued).State)
+			assert.Equal(t, StateSucceeded, outcome(t, later).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("ctx ends back in async", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+			queued := submit(t, d, "queued", 0, SubmitOptions{})
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			first := make(chan error, 1)
+			go func() { first <- d.SetMode(ctx, ModeSync) }()
+			synctest.Wait()
+			require.NoError(t, d.SetMode(t.Context(), ModeAsync))
+			require.ErrorIs(t, <-first, context.DeadlineExceeded)
+			release()
+			assert.Equal(t, StateSucceeded, outcome(t, waitFor(t, queued)).State, "cancelled in ModeAsync")
+			closeD(t, d)
+		})
+	})
+	t.Run("ctx ends in sync again", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+			queued := submit(t, d, "queued", 0, SubmitOptions{})
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			first, third := make(chan error, 1), make(chan error, 1)
+			go func() { first <- d.SetMode(ctx, ModeSync) }()
+			synctest.Wait()
+			require.NoError(t, d.SetMode(t.Context(), ModeAsync))
+			later := submit(t, d, "later", 0, SubmitOptions{})
+			go func() { third <- d.SetMode(t.Context(), ModeSync) }()
+			require.ErrorIs(t, <-first, context.DeadlineExceeded)
+			res, err := queued.Wait(t.Context())
+			assert.Equal(t, StateCanceled, res.State)
+			require.ErrorIs(t, err, ErrFallback)
+			synctest.Wait()
+			select {
+			case err := <-third:
+				t.Fatalf("the last SetMode(ModeSync) returned %v before the call queued before it ended", err)
+			default:
+			}
+			release()
+			require.NoError(t, <-third)
+			assert.Equal(t, StateSucceeded, outcome(t, later).State, "left to the last switch's drain")
+			closeD(t, d)
+		})
+	})
+}
