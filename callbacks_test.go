@@ -656,13 +656,14 @@ func (o *trapObserver) OnLimitChange(int, int)                   { o.hit("OnLimi
 // goroutine, blocks or calls back into the Dispatcher, in either mode, no
 // outcome is lost and no key is wedged: Close with a deadline returns with
 // nothing live. One that blocks on a goroutine Close waits for (a worker,
-// the notifier, a Sync-mode caller running its call) holds Close past its
+// the notifier, a Sync-mode caller running its call or telling of it)
+// holds Close past its
 // deadline until it returns, as an exec that ignores its context does;
 // Close then returns nil if everything drained, else the context's error.
 // Close called from one returns
 // ErrReentrant there, or does its work on a goroutine it does not wait for.
 func TestObserverMisbehaves(t *testing.T) {
-	docSays(t, "", "Close, though, waits for a callback that blocks a goroutine Close waits for (a worker, the notifier, a Sync-mode caller running its call), past the end of Close's context, as for an exec that ignores its context.")
+	docSays(t, "", "Close, though, waits for a callback that blocks a goroutine Close waits for (a worker, the notifier, a Sync-mode caller running its call or telling of it), past the end of Close's context, as for an exec that ignores its context.")
 	docSays(t, "Dispatcher.Close", "(an exec that ignores its context, or a callback blocked on one of those goroutines, holds Close up)")
 	methods := []string{"OnSubmit", "OnReject", "OnStart", "OnRetry", "OnDrop", "OnFinish", "OnModeChange", "OnCircuitChange", "OnLimitChange"}
 	for _, which := range methods {

@@ -11,17 +11,23 @@ import (
 // get ErrClosed), runs what is queued, by priority, until nothing is left
 // or ctx ends, then ends whatever remains with Closed: queued calls are
 // removed, running ones have their context cancelled. It returns after
-// every goroutine the dispatcher started has exited and every execution —
-// on a worker or inline in a Sync-mode caller — has returned (an exec that
-// ignores its context, or a callback blocked on one of those goroutines,
-// holds Close up): nil if everything drained, else ctx's error. Close is
-// idempotent and safe to call concurrently. Called from a callback on a
-// goroutine Close would wait for (exec on a worker, a completion hook, an
-// observer method), it ends whatever remains with Closed at once and
-// returns ErrReentrant; the dispatcher's goroutines exit as their
-// callbacks return.
+// every goroutine the dispatcher started has exited, every execution — on
+// a worker or inline in a Sync-mode caller — has returned, and every
+// Sync-mode caller has told, on its own goroutine, what its submission
+// caused: its observer events, its call's outcome (an exec that ignores
+// its context, or a callback blocked on one of those goroutines, holds
+// Close up): nil if everything drained, else ctx's error. So once Close
+// has returned, no completion hook or observer event of a call runs any
+// more; a method called meanwhile or after still tells, on its caller's
+// goroutine before it returns, what it caused itself (Observer.OnSubmit
+// or OnReject, the outcome of a call Cancel ended). Close is idempotent
+// and safe to call concurrently. Called from a callback on a goroutine
+// Close would wait for (exec, a completion hook, an observer method — on
+// a worker, or in a Sync-mode caller for its own call), it ends whatever
+// remains with Closed at once and returns ErrReentrant; the dispatcher's
+// goroutines exit as their callbacks return.
 func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
-	if d.reentrant() {
+	if d.closeReentrant() {
 		d.stop()
 		return ErrReentrant
 	}
@@ -42,10 +48,10 @@ func (d *Dispatcher[K, T]) Close(ctx context.Context) error {
 	d.stop()
 	d.wg.Wait()
 	d.mu.Lock()
-	// Calls running inline, in Sync-mode callers, and outcomes on their
-	// way to the notifier from goroutines Close does not own (a Submit
-	// context's watch).
-	for d.running > 0 || d.drain.handing > 0 {
+	// Calls running inline, Sync-mode callers telling their outcomes, and
+	// outcomes on their way to the notifier from goroutines Close does not
+	// own (a Submit context's watch).
+	for d.running > 0 || len(d.callers) > 0 || d.drain.handing > 0 {
 		ch := d.wake.kicked()
 		d.mu.Unlock()
 		<-ch

@@ -671,3 +671,62 @@ func (s sweepWaiter) seq() uint64 {
 	}
 	return s.x.seq
 }
+
+// TestCloseWaitsForSyncCallbacks: after Close returns, no callback of the
+// dispatcher runs. A Sync-mode caller tells its own call's completion hook
+// and observer events, on its own goroutine, after the execution has
+// returned: Close waits for those too, as it waits for a worker's. One
+// that calls Close from there is on a goroutine Close would wait for: it
+// gets ErrReentrant, as from a worker's hook, rather than waiting for
+// itself.
+func TestCloseWaitsForSyncCallbacks(t *testing.T) {
+	docSays(t, "Dispatcher.Close", "every Sync-mode caller has told, on its own goroutine, what its submission caused: its observer events, its call's outcome")
+	docSays(t, "Dispatcher.Close", "So once Close has returned, no completion hook or observer event of a call runs any more")
+	for _, by := range []string{"OnDone", "OnFinish"} {
+		t.Run(by, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release, inHook, unblock := newGate(), make(chan struct{}), newGate()
+				defer unblock.open()
+				var once sync.Once
+				hook := func() { once.Do(func() { close(inHook); _ = unblock.wait(bg) }) }
+				cfg := Config[string, int]{Rollout: RolloutPolicy{Mode: ModeSync}}
+				if by == "OnDone" {
+					cfg.OnDone = func(Result[string, int]) { hook() }
+				} else {
+					cfg.Observer = &funcObserver{finish: func(Event, Outcome) { hook() }}
+				}
+				d := newD(t, func(ctx context.Context, _ string, _ int) error { return release.wait(ctx) }, cfg)
+				submitted := make(chan *Ticket[string, int], 1)
+				submitAside(t, d, "k", 1, submitted)
+				synctest.Wait()
+				closed := make(chan error, 1)
+				go func() { closed <- d.Close(bg) }()
+				synctest.Wait()
+				release.open()
+				<-inHook
+				synctest.Wait()
+				select {
+				case err := <-closed:
+					t.Fatalf("Close returned (%v) while the Sync-mode caller's %s ran", err, by)
+				default:
+				}
+				unblock.open()
+				require.NoError(t, <-closed)
+				assert.Equal(t, StateSucceeded, outcome(t, <-submitted).State)
+			})
+		})
+	}
+	t.Run("Close from OnDone", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var d *Dispatcher[string, int]
+			fromHook := make(chan error, 1)
+			d = newD(t, nopExec, Config[string, int]{
+				Rollout: RolloutPolicy{Mode: ModeSync},
+				OnDone:  func(Result[string, int]) { fromHook <- d.Close(bg) },
+			})
+			assert.Equal(t, StateSucceeded, outcome(t, submit(t, d, "k", 1, SubmitOptions{})).State)
+			assert.ErrorIs(t, <-fromHook, ErrReentrant)
+			require.NoError(t, d.Close(bg))
+		})
+	})
+}

@@ -80,6 +80,7 @@ type Dispatcher[K comparable, T any] struct {
 	handover  handovers // what switches to Sync mode left to the workers, while a SetMode waits
 
 	owned      owners       // goroutines Close would wait for: its own, and inline runners
+	callers    owners       // Sync-mode callers Close waits for until they have told their outcomes
 	notify     outbox[K, T] // what the notifier tells next
 	notifyCond sync.Cond    // the notifier waits here
 	tell       teller[K, T] // outcomes, hooks and events, outside the lock
@@ -115,6 +116,7 @@ func New[K comparable, T any](exec ExecFunc[K, T], cfg Config[K, T]) (*Dispatche
 		mode:      set.Rollout.Mode,
 		tenants:   newTenants[K, T](set.Tenants, set.DefaultTenant),
 		owned:     owners{},
+		callers:   owners{},
 	}
 	d.init()
 	return d, nil

@@ -57,12 +57,12 @@
 // there holds that call up too (no other worker starts it meanwhile); hand
 // slow work to a goroutine of your own. Close, though, waits for a callback
 // that blocks a goroutine Close waits for (a worker, the notifier, a
-// Sync-mode caller running its call), past the end of Close's context, as
-// for an exec that ignores its context. Merge, Follow, Moot, Amend's
-// function and the RateLimiter's Allow, TryAccept, QPS and ReserveN run
-// under the dispatcher's lock: while one runs, nothing else in the
-// dispatcher moves, and one that calls the Dispatcher waits for itself for
-// ever. They must be fast and must not call it; any other callback may, and
+// Sync-mode caller running its call or telling of it), past the end of
+// Close's context, as for an exec that ignores its context. Merge,
+// Follow, Moot, Amend's function and the RateLimiter's Allow, TryAccept,
+// QPS and ReserveN run under the dispatcher's lock: while one runs,
+// nothing else in the dispatcher moves, and one that calls the Dispatcher
+// waits for itself for ever. They must be fast and must not call it; any other callback may, and
 // a call that would wait for its own goroutine returns ErrReentrant.
 //
 // A Dispatcher is safe for concurrent use. What the current implementation

@@ -14,19 +14,44 @@ import (
 
 // runSyncUnlock runs ticket t's call inline (Sync mode) after its submission,
 // event e, was accepted. It is called with the lock held and returns
-// without it, once t has its outcome.
+// without it, once t has its outcome. Close waits for the caller until it
+// has told what it holds — its submission's observer event, its call's
+// completion hook and observer events — so that none of them runs after
+// Close returns: the caller is registered as admitted (d.callers), and
+// unregistered once told, or as a callback ends its goroutine, on the way
+// out.
 func (d *Dispatcher[K, T]) runSyncUnlock(t *Ticket[K, T], e Event, coalesced bool, ob *outbox[K, T]) {
 	t.inline = true // no drain's cancellation ends its call (cancelQueued)
+	id := goid.ID()
+	d.callers.add(id)
+	told := false
+	defer func() {
+		if !told {
+			d.callerTold(id) // a callback ended the goroutine, which told the rest
+		}
+	}()
 	if d.cfg.Observer != nil {
 		// Told by deliver, which contains it: not through observe, whose
 		// own containment would count a Goexit twice.
 		ob.notes = append(ob.notes, note{kind: noteSubmit, e: e, coalesced: coalesced})
 	}
-	d.runInlineUnlock(t, ob) // releases the lock
+	d.runInlineUnlock(t, id, ob) // releases the lock
 	d.tell.deliver(ob)
+	told = true
+	d.callerTold(id)
 	// The outcome is recorded; if a worker ran the call (a retry it picked
 	// up first), it may still be telling the ticket.
 	<-t.Done()
+}
+
+// callerTold unregisters Sync-mode caller id, which has told what it held
+// (runSyncUnlock), and wakes Close, which may wait for it. It takes the
+// lock itself.
+func (d *Dispatcher[K, T]) callerTold(id uint64) {
+	d.mu.Lock()
+	d.callers.drop(id)
+	d.wake.kick()
+	d.mu.Unlock()
 }
 
 // awaitedInline reports whether a Sync-mode caller waits for c: one of its
@@ -60,8 +85,8 @@ func (d *Dispatcher[K, T]) runsHere(key K) bool {
 // retries through the delay index — but the caller sleeps out a backoff
 // itself. If the key's previous call is still running (or a worker took a
 // retry first), the caller waits for it.
-func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], ob *outbox[K, T]) {
-	rn := runner{id: goid.ID()}
+func (d *Dispatcher[K, T]) runInlineUnlock(t *Ticket[K, T], id uint64, ob *outbox[K, T]) {
+	rn := runner{id: id}
 	for !t.ended() {
 		now := d.clk.now()
 		d.expireDue(now, ob)

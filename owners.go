@@ -31,3 +31,15 @@ func (d *Dispatcher[K, T]) reentrant() bool {
 	defer d.mu.Unlock()
 	return d.owned[id] > 0
 }
+
+// closeReentrant is reentrant for Close, which also waits for Sync-mode
+// callers until they have told their calls' outcomes (runSyncUnlock):
+// their completion hooks and observer methods are on a goroutine Close
+// would wait for. SetMode's drain does not need those. It takes the lock
+// itself.
+func (d *Dispatcher[K, T]) closeReentrant() bool {
+	id := goid.ID()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.owned[id] > 0 || d.callers[id] > 0
+}
