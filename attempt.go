@@ -32,6 +32,10 @@ type attempt[K comparable, T any] struct {
 	// observed: the observer hears of its start (OnStart), unless OnStart
 	// ended the goroutine maxStartExits times in a row before it.
 	observed bool
+	// token: an inline attempt has its rate-limiter token, one the
+	// workers left (begin); a worker took its own before it chose the
+	// call.
+	token bool
 	attemptEnd
 }
 
@@ -103,7 +107,7 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
 		return
 	}
-	if l := cfg.RateLimit; l != nil && a.inline {
+	if l := cfg.RateLimit; l != nil && a.inline && !a.token {
 		a.began = -1 // it begins with its token
 		if !a.inlineToken(l, tl) {
 			return
@@ -182,8 +186,8 @@ func (a *attempt[K, T]) unhold() {
 	}
 }
 
-// inlineToken waits for l's token for an inline (Sync-mode) attempt, and
-// reports whether it got one. A worker took its token before choosing the
+// inlineToken waits for l's token for an inline (Sync-mode) attempt that
+// found none held (begin), and reports whether it got one. A worker took its token before choosing the
 // call; an inline caller waits for one here, under the call's own context
 // (not AttemptTimeout's, which bounds one execution). It fails only when
 // that context ends, which ends the call. A Wait that panics has failed,

@@ -26,8 +26,9 @@ import (
 // workers, so up to one token per free worker can be taken before the calls
 // that spend them start (and, with Allow, left over when the workers took
 // their own meanwhile); such a token is held, never dropped, and the next
-// calls spend it. A Sync-mode call waits for its token in its caller, under
-// the call's own context.
+// calls spend it, in either mode. A Sync-mode call spends such a token if
+// the dispatcher holds one (or a reservation that is due), and otherwise
+// waits for its own in its caller, under the call's own context.
 //
 // No call runs without a token. A limiter that grants nothing for now —
 // paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to

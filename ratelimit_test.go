@@ -827,3 +827,52 @@ func TestLimiterCheckPanics(t *testing.T) {
 	assert.ErrorContains(t, err, "Config.RateLimit")
 	assert.ErrorContains(t, err, "QPS broke")
 }
+
+// TestSyncSpendsHeldToken: a token the dispatcher holds — granted and not
+// spent, as when the call a worker took it for did not execute (NoOp) —
+// is spent by the next execution in either mode ("such a token is held,
+// never dropped, and the next calls spend it"): a Sync-mode call runs on
+// it at once rather than waiting for the limiter's next token (an hour
+// here). So does a token a *rate.Limiter reserved for a call that ended
+// before it was due.
+func TestSyncSpendsHeldToken(t *testing.T) {
+	docSays(t, "RateLimiter", "such a token is held, never dropped, and the next calls spend it, in either mode. A Sync-mode call spends such a token if the dispatcher holds one (or a reservation that is due)")
+	t.Run("held", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lim := rate.NewLimiter(rate.Every(time.Hour), 1) // one token now, the next in an hour
+			var runs atomic.Int32
+			d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
+				Workers: 1, RateLimit: lim,
+				NoOp: func(_ string, v int) bool { return v == 0 },
+			})
+			assert.Equal(t, StateSkipped, outcome(t, waitFor(t, submit(t, d, "noop", 0, SubmitOptions{}))).State)
+			require.NoError(t, d.SetMode(bg, ModeSync))
+			start := time.Now()
+			tk := submit(t, d, "real", 1, SubmitOptions{})
+			assert.Equal(t, StateSucceeded, outcome(t, tk).State)
+			assert.Zero(t, time.Since(start), "the Sync-mode call waited for a new token")
+			assert.Equal(t, int32(1), runs.Load())
+			closeD(t, d)
+		})
+	})
+	t.Run("reserved", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lim := rate.NewLimiter(rate.Every(time.Second), 1)
+			require.True(t, lim.Allow()) // the next token in a second
+			var runs atomic.Int32
+			d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil },
+				Config[string, int]{Workers: 1, RateLimit: lim})
+			tk := submit(t, d, "a", 1, SubmitOptions{})
+			time.Sleep(100 * time.Millisecond) // its token is reserved, due at 1s
+			synctest.Wait()
+			tk.Cancel()
+			require.NoError(t, d.SetMode(bg, ModeSync))
+			time.Sleep(time.Second) // the reserved token is due, and the dispatcher's
+			start := time.Now()
+			assert.Equal(t, StateSucceeded, outcome(t, submit(t, d, "b", 1, SubmitOptions{})).State)
+			assert.Zero(t, time.Since(start), "the Sync-mode call waited for a new token")
+			assert.Equal(t, int32(1), runs.Load())
+			closeD(t, d)
+		})
+	})
+}

@@ -195,6 +195,9 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 		if c.exec.firstStart < 0 && a.began >= 0 {
 			d.firstStart(c, a.began) // its wait for a token was queue wait
 		}
+		if a.token && !a.ran {
+			d.gate.tokens.Unspend() // held for the next execution, as a worker's is
+		}
 	}
 	if a.end == 0 {
 		a.end = d.clk.now()
@@ -204,7 +207,9 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 }
 
 // begin marks c running, counts its execution, and returns its attempt
-// (newAttempt).
+// (newAttempt). An inline attempt under a rate limit spends a token the
+// workers left, if any (tokens.Tokens.Take); else it waits for its own
+// (attempt.inlineToken), and has its first start only once it comes.
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K, T] {
 	if rn.onWorker {
 		d.gate.running++
@@ -235,13 +240,16 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		l.pending = nil
 	}
 	c.enter(csRunning)
-	if e.firstStart < 0 && (rn.onWorker || d.cfg.RateLimit == nil) {
-		d.firstStart(c, now) // inline under a rate limit: once its token came (settleAttemptLock)
+	token := !rn.onWorker && d.cfg.RateLimit != nil && d.gate.tokens.Take(now)
+	if e.firstStart < 0 && (rn.onWorker || d.cfg.RateLimit == nil || token) {
+		d.firstStart(c, now) // inline waiting for its token: once it came (settleAttemptLock)
 	}
 	d.running++
 	c.tag.ten.queued--
 	c.tag.ten.inflight++
-	return c.newAttempt(e, now, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
+	a := c.newAttempt(e, now, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
+	a.token = token
+	return a
 }
 
 // firstStart records the first execution of c, at now: its queue wait,

@@ -225,6 +225,22 @@ func (t *Tokens) Spend() {
 	}
 }
 
+// Take spends, at now, a token the owner already has — one held, or one
+// reserved and due — without asking the limiter, and reports whether
+// there was one. An execution that waits for its own token elsewhere (a
+// caller waiting on the limiter itself) takes one of these first, so that
+// a token granted is spent even when no worker comes for it.
+func (t *Tokens) Take(now int64) bool {
+	if t.r != nil && now >= t.at {
+		t.r, t.held = nil, t.held+1
+	}
+	if t.l == nil || t.held == 0 {
+		return false
+	}
+	t.held--
+	return true
+}
+
 // Release gives back, at now, the token reserved and not yet due, if
 // any, as its owner stops: a limiter shared with others (a client's
 // bucket) grants it to them instead.

@@ -270,6 +270,30 @@ func TestFailedBacksOff(t *testing.T) {
 	assert.Equal(t, FailureBackoff(1), tk.Failed(), "a token resets the count")
 }
 
+// TestTake: Take spends only a token the owner already has — one held, or
+// one reserved and due — and never asks the limiter; a reservation not
+// yet due stays for Ready.
+func TestTake(t *testing.T) {
+	var none Tokens
+	assert.False(t, none.Take(sec), "no limiter: nothing to take (nothing is needed)")
+
+	lim := rate.NewLimiter(2, 1)
+	tk := New(lim, epoch)
+	assert.False(t, tk.Take(sec), "nothing held: the limiter is not asked")
+	assert.True(t, lim.AllowN(epoch.Add(time.Duration(sec)), 1), "the burst is still the limiter's")
+	ok, at := tk.Ready(sec, nil) // reserves the token due at 1.5s
+	require.False(t, ok)
+	assert.False(t, tk.Take(at-1), "reserved, not yet due")
+	assert.True(t, tk.Take(at), "reserved and due")
+	assert.Zero(t, tk.Held())
+	ok, _ = tk.Ready(at, nil)
+	assert.False(t, ok, "taken: the reservation is spent")
+
+	tk.Unspend()
+	assert.True(t, tk.Take(at), "held")
+	assert.False(t, tk.Take(at))
+}
+
 // panicQPS is a tryer whose QPS panics.
 type panicQPS struct{ Limiter }
 
