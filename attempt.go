@@ -32,10 +32,11 @@ type attempt[K comparable, T any] struct {
 	// observed: the observer hears of its start (OnStart), unless OnStart
 	// ended the goroutine maxStartExits times in a row before it.
 	observed bool
-	// token: an inline attempt has its rate-limiter token, one the
-	// workers left (begin); a worker took its own before it chose the
-	// call.
-	token bool
+	// token: an inline attempt has its rate-limiter token (a worker took
+	// its own before it chose the call); awaiting: it has none yet, and
+	// its caller waits for it, the call counted queued meanwhile, not in
+	// flight (begin, awaitToken).
+	token, awaiting bool
 	attemptEnd
 }
 
@@ -90,28 +91,18 @@ type attemptEnd struct {
 	runTime   time.Duration
 	hint      time.Duration // the server's Retry-After in exec's error, if > 0 (readErr)
 	end       int64         // the clock when exec returned; 0 if it did not run
-	// began is the clock the execution began at: begin's, or, inline
-	// under a rate limit, when its token came (-1: it never came).
-	began int64
 }
 
-// execute runs one attempt outside the lock: the before-retry hook (on a
-// retry), the no-op test, a rate-limiter token, exec, and the classifier.
-// A panic in any of them but the rate limiter ends the call Failed with a
+// execute runs one attempt outside the lock, which has its rate-limiter
+// token: the before-retry hook (on a retry), the no-op test, exec, and the
+// classifier. A panic in any of them ends the call Failed with a
 // *PanicError, never retried: exec may have done half of its side effect.
-// The limiter's is a failed wait for a token (inlineToken).
-func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *timebase, tl *teller[K, T]) {
+func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *timebase) {
 	if a.lastErr != nil && cfg.BeforeRetry != nil && !a.beforeRetry(cfg.BeforeRetry) {
 		return
 	}
 	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
 		return
-	}
-	if l := cfg.RateLimit; l != nil && a.inline && !a.token {
-		a.began = -1 // it begins with its token
-		if !a.inlineToken(l, tl) {
-			return
-		}
 	}
 	if timeout := cfg.Retry.AttemptTimeout; timeout > 0 && a.inline {
 		// An inline execution begins with its token: its wait for it is
@@ -120,9 +111,6 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	}
 	a.site = callbackExec
 	start := clk.now()
-	if a.began < 0 {
-		a.began = start
-	}
 	pe, err := guard(callbackExec, func() error { return exec(a.ctx, a.key, a.val) }, nil)
 	a.end = clk.now()
 	a.runTime = time.Duration(a.end - start)
@@ -187,13 +175,14 @@ func (a *attempt[K, T]) unhold() {
 }
 
 // inlineToken waits for l's token for an inline (Sync-mode) attempt that
-// found none held (begin), and reports whether it got one. A worker took its token before choosing the
-// call; an inline caller waits for one here, under the call's own context
-// (not AttemptTimeout's, which bounds one execution). It fails only when
-// that context ends, which ends the call. A Wait that panics has failed,
-// and is tried again after a back-off (teller.waitToken); one that ends
-// the goroutine has made no attempt: the call waits in the queue again
-// (runRelock), for a worker to take a token for it.
+// found none held (begin), and reports whether it got one. A worker took
+// its token before choosing the call; an inline caller waits for one
+// here, before the attempt begins (awaitToken), under the call's own
+// context (not AttemptTimeout's, which bounds one execution). It fails
+// only when that context ends, which ends the call. A Wait that panics
+// has failed, and is tried again after a back-off (teller.waitToken); one
+// that ends the goroutine has made no attempt: the call waits in the
+// queue again (runRelock), for a worker to take a token for it.
 func (a *attempt[K, T]) inlineToken(l RateLimiter, tl *teller[K, T]) bool {
 	a.site = callbackRateLimit
 	wait := func(ctx context.Context) error { return tl.waitToken(ctx, l, func() {}) }
@@ -221,13 +210,10 @@ func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, 
 	ctx := &e.ctx
 	ctx.Init(dl, c.idem())
 	a := attempt[K, T]{callCtx: ctx, ctx: ctx, key: c.lane.key, val: c.val, lastErr: c.lastErr(), inline: inline}
-	a.began = now
 	if a.observed = observed && e.startExits < maxStartExits; a.observed {
-		first := e.firstStart
-		if first < 0 {
-			first = now // an inline first execution's token is still to come
-		}
-		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(first-c.enq)
+		// The queue wait is the first start's: an inline one waiting for
+		// its token has none yet, and awaitToken sets it when it comes.
+		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(e.firstStart-c.enq)
 	}
 	if timeout > 0 && !inline {
 		a.ctx, a.stop = context.WithTimeout(ctx, timeout)

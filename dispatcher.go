@@ -88,6 +88,10 @@ type Dispatcher[K comparable, T any] struct {
 	tenants tenants[K, T]
 
 	totals counters
+
+	// awaiting counts inline attempts whose callers wait for a rate-limiter
+	// token: counted queued, not in flight (Stats.Ready, begin).
+	awaiting int
 }
 
 // New returns a Dispatcher that runs calls with exec, configured by cfg

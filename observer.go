@@ -17,7 +17,11 @@ type Observer interface {
 	OnSubmit(e Event, coalesced bool) // accepted, merged into a pending call or not
 	OnReject(e Event, err error)
 	// OnStart runs as an attempt is about to begin, on the goroutine that
-	// executes it; attempt counts from 1. If it ends that goroutine
+	// executes it, once the attempt has its rate-limiter token (in Sync
+	// mode the caller waits for it first); attempt counts from 1, and
+	// queueWait is the call's wait to its first execution, as
+	// Outcome.QueueWait and Stats.QueueWait count it: the wait for that
+	// token included. If it ends that goroutine
 	// (runtime.Goexit), the call goes back to the queue untouched, to be
 	// taken again; after three such exits in a row, the attempt begins
 	// without OnStart, so that one that always exits cannot hold a call

@@ -28,7 +28,9 @@ import (
 // their own meanwhile); such a token is held, never dropped, and the next
 // calls spend it, in either mode. A Sync-mode call spends such a token if
 // the dispatcher holds one (or a reservation that is due), and otherwise
-// waits for its own in its caller, under the call's own context.
+// waits for its own in its caller, under the call's own context; until it
+// comes, the call counts as waiting to start (Stats.Ready), and its
+// attempt has not begun (Observer.OnStart).
 //
 // No call runs without a token. A limiter that grants nothing for now —
 // paused (SetLimit(0), SetBurst(0), a NaN or negative limit), slowed to

@@ -777,10 +777,11 @@ func TestAttemptTimeoutExcludesTokenWait(t *testing.T) {
 }
 
 // TestNoOpTakesNoToken: each execution takes one token (RateLimiter), and
-// a call Config.NoOp skips ends without executing: it takes none, in Async
-// mode (where the worker took one before choosing it: it is held for the
-// next call) as in Sync mode, so a backlog of no-ops does not wait out the
-// rate limit, and the calls that execute spend the tokens.
+// a call Config.NoOp skips ends without executing: it spends none — the
+// token taken for it before the test ran (by the worker before choosing
+// it, or by the Sync-mode caller before the attempt began) is held for
+// the next call — so a backlog of no-ops does not wait out the rate limit,
+// and the calls that execute spend the tokens.
 func TestNoOpTakesNoToken(t *testing.T) {
 	docSays(t, "Config.NoOp", "NoOp reports a call that would change nothing: it ends Skipped without executing.")
 	docSays(t, "RateLimiter", "RateLimiter bounds the rate of executions (Config.RateLimit): each execution takes one token.")
@@ -807,25 +808,84 @@ func TestNoOpTakesNoToken(t *testing.T) {
 	})
 }
 
-// panicQPS is a TryAccept-shaped limiter whose QPS panics.
-type panicQPS struct{ tryLimiter }
+// startWaits records what Observer.OnStart is told: each attempt's queue
+// wait, and when it was told.
+type startWaits struct {
+	NopObserver
+	mu    sync.Mutex
+	waits []time.Duration
+	at    []time.Time
+}
 
-func (panicQPS) QPS() float32 { panic("QPS broke") }
+func (o *startWaits) OnStart(_ Event, _ int, w time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.waits, o.at = append(o.waits, w), append(o.at, time.Now())
+}
 
-// TestLimiterCheckPanics: New checks Config.RateLimit's rate, and the
-// limiter is user code (package documentation, "Callbacks"): one whose QPS
-// panics there is reported as an error naming the field, as New promises
-// of an invalid configuration, not a panic in New's caller.
-func TestLimiterCheckPanics(t *testing.T) {
-	docSays(t, "New", "An invalid configuration is reported here, never later, with an error naming the field.")
-	var d *Dispatcher[string, int]
-	var err error
-	require.NotPanics(t, func() {
-		d, err = New(nopExec, Config[string, int]{RateLimit: panicQPS{tryLimiter{rate.NewLimiter(1, 1)}}})
+// TestOnStartAfterToken: Observer.OnStart runs as the attempt is about to
+// begin, once its rate-limiter token came, in Sync mode (where the caller
+// waits for it) as in Async mode (where the call waits in the queue), so
+// the queue wait it is told includes the wait for the token, as
+// Outcome.QueueWait and Stats.QueueWait do.
+func TestOnStartAfterToken(t *testing.T) {
+	docSays(t, "Observer.OnStart", "OnStart runs as an attempt is about to begin, on the goroutine that executes it, once the attempt has its rate-limiter token (in Sync mode the caller waits for it first); attempt counts from 1, and queueWait is the call's wait to its first execution, as Outcome.QueueWait and Stats.QueueWait count it: the wait for that token included.")
+	bothModes(t, func(t *testing.T, mode Mode) {
+		lim := rate.NewLimiter(1, 1)
+		require.True(t, lim.Allow()) // the next token in a second
+		obs := &startWaits{}
+		d := newD(t, nopExec, Config[string, int]{Workers: 1, RateLimit: lim, Observer: obs, Rollout: RolloutPolicy{Mode: mode}})
+		start := time.Now()
+		tk := submit(t, d, "a", 1, SubmitOptions{})
+		<-tk.Done()
+		r := outcome(t, tk)
+		require.Equal(t, time.Second, r.QueueWait)
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		require.Len(t, obs.waits, 1)
+		assert.Equal(t, r.QueueWait, obs.waits[0], "OnStart's queue wait")
+		assert.Equal(t, time.Second, obs.at[0].Sub(start), "OnStart told before the token came")
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.QueueWait.Count)
+		assert.GreaterOrEqual(t, s.QueueWait.P50, time.Second, "Stats.QueueWait")
 	})
-	assert.Nil(t, d)
-	assert.ErrorContains(t, err, "Config.RateLimit")
-	assert.ErrorContains(t, err, "QPS broke")
+}
+
+// TestTokenWaitIsNotInFlight: a call waiting for its rate-limiter token is
+// not executing: in Sync mode, where its caller waits for the token, as in
+// Async mode, where it waits in the queue, Stats counts it Ready, and its
+// tenant's Queued, not InFlight; once it executes, InFlight.
+func TestTokenWaitIsNotInFlight(t *testing.T) {
+	docSays(t, "Stats.Ready", "Ready, Delayed and Successors count calls waiting to start (for a worker, or for a rate-limiter token: in Sync mode the call whose caller waits for its token), out a backoff, and for their key's running call; InFlight, the calls executing, on a worker or inline in a Sync-mode caller.")
+	bothModes(t, func(t *testing.T, mode Mode) {
+		lim := rate.NewLimiter(1, 1)
+		require.True(t, lim.Allow()) // the next token in a second
+		release := newGate()
+		d := newD(t, func(ctx context.Context, _ string, _ int) error { return release.wait(ctx) },
+			Config[string, int]{Workers: 1, RateLimit: lim, Rollout: RolloutPolicy{Mode: mode}})
+		done := make(chan *Ticket[string, int], 1)
+		go func() { done <- submit(t, d, "a", 1, SubmitOptions{Tenant: "t"}) }()
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		s := d.Stats()
+		assert.Equal(t, 0, s.InFlight, "waiting for its token")
+		assert.Equal(t, 1, s.Ready, "waiting for its token")
+		assert.Equal(t, 0, s.Successors)
+		assert.Equal(t, TenantStats{Queued: 1, Admitted: 1}, s.Tenants["t"])
+		time.Sleep(time.Second)
+		synctest.Wait()
+		s = d.Stats()
+		assert.Equal(t, 1, s.InFlight, "executing")
+		assert.Equal(t, 0, s.Ready)
+		assert.Equal(t, TenantStats{InFlight: 1, Admitted: 1}, s.Tenants["t"])
+		release.open()
+		if mode == ModeAsync {
+			<-(<-done).Done()
+		} else {
+			<-done
+		}
+		closeD(t, d)
+	})
 }
 
 // TestSyncSpendsHeldToken: a token the dispatcher holds — granted and not
@@ -874,5 +934,54 @@ func TestSyncSpendsHeldToken(t *testing.T) {
 			assert.Equal(t, int32(1), runs.Load())
 			closeD(t, d)
 		})
+	})
+}
+
+// panicQPS is a TryAccept-shaped limiter whose QPS panics.
+type panicQPS struct{ tryLimiter }
+
+func (panicQPS) QPS() float32 { panic("QPS broke") }
+
+// TestLimiterCheckPanics: New checks Config.RateLimit's rate, and the
+// limiter is user code (package documentation, "Callbacks"): one whose QPS
+// panics there is reported as an error naming the field, as New promises
+// of an invalid configuration, not a panic in New's caller.
+func TestLimiterCheckPanics(t *testing.T) {
+	docSays(t, "New", "An invalid configuration is reported here, never later, with an error naming the field.")
+	var d *Dispatcher[string, int]
+	var err error
+	require.NotPanics(t, func() {
+		d, err = New(nopExec, Config[string, int]{RateLimit: panicQPS{tryLimiter{rate.NewLimiter(1, 1)}}})
+	})
+	assert.Nil(t, d)
+	assert.ErrorContains(t, err, "Config.RateLimit")
+	assert.ErrorContains(t, err, "QPS broke")
+}
+
+// TestSyncAbandonedStartKeepsToken: in Sync mode too, OnStart runs once
+// the attempt has its token; an OnStart that ends the caller's goroutine
+// sends the call back to the queue untouched, and the token the caller
+// took is held for the next execution: the worker that takes the call
+// runs it at once rather than waiting for the limiter's next token (an
+// hour here). No more tokens are taken than executions.
+func TestSyncAbandonedStartKeepsToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := rate.NewLimiter(rate.Every(time.Hour), 1)
+		done := make(chan Result[string, int], 1)
+		var runs atomic.Int32
+		d := newD(t, func(context.Context, string, int) error { runs.Add(1); return nil }, Config[string, int]{
+			Workers: 1, RateLimit: lim, Observer: &startExitObserver{},
+			Rollout: RolloutPolicy{Mode: ModeSync},
+			OnDone:  func(r Result[string, int]) { done <- r },
+		})
+		start := time.Now()
+		go func() { _, _ = d.Submit(bg, "k", 1, SubmitOptions{}) }() // OnStart ends this goroutine
+		r := <-done
+		assert.Equal(t, StateSucceeded, r.State, "%v", r.Err)
+		assert.Less(t, time.Since(start), time.Minute, "a call sent back untouched waited for a new token")
+		assert.Equal(t, int32(1), runs.Load())
+		s := closeD(t, d)
+		assert.Equal(t, uint64(1), s.CallbackPanics)
+		assert.Equal(t, uint64(1), s.Executions)
 	})
 }

@@ -64,8 +64,12 @@ const latencyWindow = time.Minute
 //	Submitted == Rejected + Σ Outcomes + Live
 type Stats struct {
 	Keys int // tracked keys (Config.Capacity)
-	// Ready, Delayed and Successors count calls waiting for a worker, out
-	// a backoff, and for their key's running call.
+	// Ready, Delayed and Successors count calls waiting to start (for a
+	// worker, or for a rate-limiter token: in Sync mode the call whose
+	// caller waits for its token), out a backoff, and for their key's
+	// running call; InFlight, the calls executing, on a worker or inline
+	// in a Sync-mode caller. A tenant's Queued and InFlight (Tenants) count
+	// its calls the same way.
 	Ready, Delayed, Successors int
 	InFlight                   int
 	// Live counts accepted submissions without an outcome; Tickets, those
@@ -129,7 +133,7 @@ func (d *Dispatcher[K, T]) Stats() Stats {
 	now := d.clk.now()
 	t := &d.totals
 	s := Stats{
-		Keys: d.lanes.Len(), Ready: d.q.nready, Delayed: d.q.delayed.Len(), InFlight: d.running,
+		Keys: d.lanes.Len(), Ready: d.q.nready + d.awaiting, Delayed: d.q.delayed.Len(), InFlight: d.running,
 		Tickets: d.waiters.tickets, Live: d.waiters.tickets + d.waiters.posts,
 		Submitted: t.submitted, Rejected: t.rejected, Coalesced: t.coalesced,
 		Executions: t.executions, StaleExecutions: t.staleExecutions, Retries: t.retries,

@@ -90,22 +90,28 @@ func (rn *runner) stock() {
 // queue: it releases the lock for user code and the waiters' delivery, and
 // returns with the lock held and the attempt's end recorded.
 //
+// A Sync-mode caller that has no token for c waits for it (awaitToken)
+// after the earlier outcomes are told, and before OnStart, as a worker
+// took its own before it took c.
+//
 // If a callback ends the goroutine (runtime.Goexit), the attempt is ended
 // on the way out, so that no outcome is lost and the key is not wedged:
 // while earlier outcomes are told (ob) or the observer hears of the start
 // (OnStart), before any of c's own user code runs, c goes back to the
 // queue untouched — an observer's or hook's exit is only counted, and ends
-// no call; a worker's token for it is held for the next execution — and
-// so it does if the rate limiter's Wait, in a Sync-mode caller, exited:
-// exec did not run; during the rest of c's attempt, the
-// attempt ends Failed with a *PanicError. OnStart's exits are counted on
+// no call; the token taken for it, a worker's or a Sync-mode caller's, is
+// held for the next execution — and so it does if the rate limiter's
+// Wait, in a Sync-mode caller, exited: exec did not run; during the rest
+// of c's attempt, the attempt ends Failed with a *PanicError. OnStart's exits are counted on
 // c: after maxStartExits in a row, c's attempt begins without it, so that
 // an OnStart that always exits does not send c back forever.
 //
 // It returns the clock reading its attempt ended at.
 func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {
 	a := d.begin(c, now, rn)
-	d.holdPlace(c, &a, ob)
+	if !a.awaiting { // else once its token came (awaitToken)
+		d.holdPlace(c, &a, ob)
+	}
 	d.mu.Unlock()
 	ended, starting := false, false
 	defer func() {
@@ -127,15 +133,54 @@ func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T],
 		d.tell.deliver(ob)
 	}()
 	d.tell.deliver(ob)
+	if a.awaiting && !d.awaitToken(c, &a, ob) {
+		ended = true // the call's context ended first: no attempt was made
+		return d.settleAttemptLock(c, &a, ob, rn)
+	}
 	if obs := d.cfg.Observer; a.observed {
 		starting = true
 		d.tell.observe(func() { obs.OnStart(a.ev, a.n, a.wait) })
 		starting = false
 	}
 	a.unhold()
-	a.execute(&d.cfg, d.exec, &d.clk, &d.tell)
+	a.execute(&d.cfg, d.exec, &d.clk)
 	ended = true
 	return d.settleAttemptLock(c, &a, ob, rn)
+}
+
+// awaitToken waits, in a Sync-mode caller, for the rate-limiter token of
+// c's inline attempt a, which found none held (begin), and reports whether
+// it came (inlineToken). Until then c counts as queued, as a call waiting
+// in the queue for a worker's token does; once it comes, c is counted in
+// flight, its first start is recorded — the wait for the token was queue
+// wait, which Observer.OnStart is told, as Stats.QueueWait is — and its
+// place under its tenant's MaxQueued is kept for the observer's OnStart
+// (holdPlace). It is called without the lock, and takes it itself.
+func (d *Dispatcher[K, T]) awaitToken(c *call[K, T], a *attempt[K, T], ob *outbox[K, T]) bool {
+	if !a.inlineToken(d.cfg.RateLimit, &d.tell) {
+		return false
+	}
+	d.mu.Lock()
+	d.tokenCame(c, a)
+	a.token = true
+	if c.exec.firstStart < 0 {
+		d.firstStart(c, d.clk.now())
+		a.wait = time.Duration(c.exec.firstStart - c.enq)
+	}
+	d.holdPlace(c, a, ob)
+	d.mu.Unlock()
+	return true
+}
+
+// tokenCame counts c, whose inline attempt a waited for its token, in
+// flight rather than queued (begin): its token came, or (called as the
+// attempt ends) never will, and endAttempt counts the attempt's end.
+func (d *Dispatcher[K, T]) tokenCame(c *call[K, T], a *attempt[K, T]) {
+	a.awaiting = false
+	d.awaiting--
+	d.running++
+	c.tag.ten.queued--
+	c.tag.ten.inflight++
 }
 
 // holdPlace keeps c's place under its tenant's MaxQueued, which begin
@@ -192,8 +237,8 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 	} else {
 		d.owned.drop(rn.id)
 		d.wake.kick()
-		if c.exec.firstStart < 0 && a.began >= 0 {
-			d.firstStart(c, a.began) // its wait for a token was queue wait
+		if a.awaiting {
+			d.tokenCame(c, a) // it never came: the call's context ended, or the limiter ended the goroutine
 		}
 		if a.token && !a.ran {
 			d.gate.tokens.Unspend() // held for the next execution, as a worker's is
@@ -208,8 +253,9 @@ func (d *Dispatcher[K, T]) settleAttemptLock(c *call[K, T], a *attempt[K, T], ob
 
 // begin marks c running, counts its execution, and returns its attempt
 // (newAttempt). An inline attempt under a rate limit spends a token the
-// workers left, if any (tokens.Tokens.Take); else it waits for its own
-// (attempt.inlineToken), and has its first start only once it comes.
+// workers left, if any (tokens.Tokens.Take); else it awaits its own
+// (awaitToken), and is counted in flight, and has its first start, only
+// once it comes.
 func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K, T] {
 	if rn.onWorker {
 		d.gate.running++
@@ -241,14 +287,19 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 	}
 	c.enter(csRunning)
 	token := !rn.onWorker && d.cfg.RateLimit != nil && d.gate.tokens.Take(now)
-	if e.firstStart < 0 && (rn.onWorker || d.cfg.RateLimit == nil || token) {
-		d.firstStart(c, now) // inline waiting for its token: once it came (settleAttemptLock)
+	awaiting := !rn.onWorker && d.cfg.RateLimit != nil && !token
+	if awaiting {
+		d.awaiting++ // queued until its token comes (awaitToken)
+	} else {
+		if e.firstStart < 0 {
+			d.firstStart(c, now)
+		}
+		d.running++
+		c.tag.ten.queued--
+		c.tag.ten.inflight++
 	}
-	d.running++
-	c.tag.ten.queued--
-	c.tag.ten.inflight++
 	a := c.newAttempt(e, now, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
-	a.token = token
+	a.token, a.awaiting = token, awaiting
 	return a
 }
 
