@@ -42,9 +42,6 @@ func (d *Dispatcher[K, T]) admit(l *lane[K, T], s *submission[K, T], ob *outbox[
 	if s.o.Generation < l.gen {
 		return false, errRejectStale // before any bound: it would never be accepted
 	}
-	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
-		return false, d.totals.refuse(BoundWaiters, d.lanes.Len())
-	}
 	supersede := s.o.Generation > l.gen
 	if skip, err := d.follow(l, s, supersede, ob); err != nil || skip {
 		if skip {
@@ -52,6 +49,11 @@ func (d *Dispatcher[K, T]) admit(l *lane[K, T], s *submission[K, T], ob *outbox[
 			d.waiters.skip(s.key, s.val, s.t, ob)
 		}
 		return skip, err
+	}
+	// A ticket Follow, Merge or Moot skips is never live: the bound is
+	// asked once none did (a merge's, in admitInto, after the merge).
+	if full := d.waitersFull(s); full && (supersede || l.pending == nil) {
+		return false, d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}
 	quotaVictim, err := d.quotaForCall(l, s, supersede)
 	if err != nil {
@@ -69,6 +71,14 @@ func (d *Dispatcher[K, T]) admit(l *lane[K, T], s *submission[K, T], ob *outbox[
 	}
 	d.admitBehind(l, s, ob)
 	return false, nil
+}
+
+// waitersFull reports whether submission s brings a ticket that
+// Config.MaxWaiters leaves no room for, were it to wait on a call. One that
+// Follow, Merge or Moot skips ends at once and is never live, so each of
+// them is asked first.
+func (d *Dispatcher[K, T]) waitersFull(s *submission[K, T]) bool {
+	return s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters
 }
 
 // quotaForCall decides whether submission s, for a key that has lane l,
@@ -119,15 +129,27 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 			return false, err
 		}
 	}
-	var was callValue[T] // restored if the adoption is refused after the merge
-	if moves {
+	full := d.waitersFull(s)
+	var was callValue[T] // restored if a bound refuses s after the merge
+	if moves || full {
 		was = c.value()
 	}
 	err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmitUnlock(d, t, ob))
-	replaced := false
 	switch err {
-	case nil:
-	case ReplacePending:
+	case nil, ReplacePending:
+	case SkipIncoming:
+		d.totals.coalesced++
+		d.waiters.skip(s.key, s.val, s.t, ob)
+		return true, nil
+	default:
+		return false, err
+	}
+	if full { // s's ticket would be live: Config.MaxWaiters refuses it
+		c.setValue(was)
+		return false, d.totals.refuse(BoundWaiters, d.lanes.Len())
+	}
+	replaced := err == ReplacePending
+	if replaced {
 		if moves && s.o.Priority <= c.prio {
 			if victim, err = d.roomToAdopt(c, s); err != nil {
 				c.setValue(was)
@@ -135,13 +157,6 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 			}
 		}
 		d.restart(c)
-		replaced = true
-	case SkipIncoming:
-		d.totals.coalesced++
-		d.waiters.skip(s.key, s.val, s.t, ob)
-		return true, nil
-	default:
-		return false, err
 	}
 	d.joinMerged(c, s, victim, replaced, ob)
 	return true, nil
@@ -337,7 +352,7 @@ func (d *Dispatcher[K, T]) admitNewKey(s *submission[K, T], ob *outbox[K, T]) er
 			return err
 		}
 	}
-	if s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters {
+	if d.waitersFull(s) {
 		return d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}
 	quotaVictim, capVictim, err := d.roomForKey(s)

@@ -596,3 +596,49 @@ func TestCancelKey(t *testing.T) {
 		})
 	})
 }
+
+// TestMaxWaitersSkipsMakeNoTicket: Config.MaxWaiters bounds live tickets,
+// and a submission that Merge or Follow skips (SkipIncoming) ends Skipped
+// at once, as one that Moot skips does: it holds no live ticket, so at the
+// bound it is accepted and told Skipped, whichever of the three skips it.
+// A merge the bound refuses leaves the pending call as it was.
+func TestMaxWaitersSkipsMakeNoTicket(t *testing.T) {
+	docSays(t, "Config.MaxWaiters", "A Submit that Merge, Follow or Moot skips ends at once and holds none: it is accepted at the bound.")
+	synctest.Test(t, func(t *testing.T) {
+		skip := errors.Join(SkipIncoming)
+		f := newFixture[string, int]()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{
+			MaxWaiters: 2, // the held call's ticket and b1
+			Merge: func(p, in int) (int, error) {
+				if in < 0 {
+					return 0, skip
+				}
+				return in, nil
+			},
+			Follow: func(_, in int, _ bool) (int, error) {
+				if in < 0 {
+					return 0, skip
+				}
+				return in, nil
+			},
+			Moot: func(_ string, v int) bool { return v < 0 },
+		})
+		b1 := submit(t, d, "B", 1, prio(0))
+		for _, key := range []string{"B", holdKey, "new"} { // Merge, Follow, Moot skip it
+			tk, err := d.Submit(bg, key, -1, prio(0))
+			require.NoError(t, err, key)
+			assert.Equal(t, StateSkipped, outcome(t, tk).State, key)
+		}
+		_, err := d.Submit(bg, "B", 2, prio(0)) // merged: a live ticket, refused
+		var bp *BackpressureError
+		require.ErrorAs(t, err, &bp)
+		assert.Equal(t, BoundWaiters, bp.Bound)
+		s := checkConservation(t, d)
+		assert.Equal(t, 2, s.Tickets)
+		assert.Equal(t, uint64(1), s.Rejected)
+		release()
+		assert.Equal(t, StateSucceeded, outcome(t, b1).State)
+		assert.Equal(t, []int{1}, f.calls("B"), "the refused merge left the pending call as it was")
+		closeD(t, d)
+	})
+}

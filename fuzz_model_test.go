@@ -570,9 +570,6 @@ func (m *fzModel) admit(op fzOp, ten *fmTenant, val int64, deadline int64, mt *f
 	if op.gen < s.gen {
 		return dispatch.ErrStale
 	}
-	if mt != nil && m.tickets >= m.maxWaiters() {
-		return m.refuse(dispatch.BoundWaiters)
-	}
 	supersede := op.gen > s.gen
 	if s.run != nil && supersede && m.cfg.follow {
 		m.note(fzEvSupersedeInFlight)
@@ -595,6 +592,11 @@ func (m *fzModel) admit(op fzOp, ten *fmTenant, val int64, deadline int64, mt *f
 			m.note(fzEvFollowAlone)
 		}
 		val = v
+	}
+	// Config.MaxWaiters bounds live tickets: one that Follow skipped, or
+	// the merge skips (admitInto), is never live.
+	if mt != nil && m.tickets >= m.maxWaiters() && (supersede || s.next == nil) {
+		return m.refuse(dispatch.BoundWaiters)
 	}
 	// A submission that makes a new call — it supersedes, or nothing is
 	// pending — needs room under its tenant's quota: the superseded
@@ -719,8 +721,13 @@ func (m *fzModel) admitInto(c *fmCall, op fzOp, ten *fmTenant, val int64, label 
 		}
 	}
 	was, wasIdem := c.val, c.idem
+	merged := m.coalesce(c, val, op.idem)
+	if full := mt != nil && m.tickets >= m.maxWaiters(); full && (merged == fmMerged || merged == fmReplaced) {
+		c.val, c.idem = was, wasIdem // the merge's result is dropped
+		return m.refuse(dispatch.BoundWaiters)
+	}
 	replaced := false
-	switch m.coalesce(c, val, op.idem) {
+	switch merged {
 	case fmReplaced:
 		if moves && op.prio <= c.prio {
 			v, err := m.roomToAdopt(c, ten, op.prio)
