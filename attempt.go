@@ -290,7 +290,7 @@ func (d *Dispatcher[K, T]) endAttempt(c *call[K, T], a *attempt[K, T], ob *outbo
 	case c.orphaned():
 		d.conclude(c, a, c.endState, a.err, now, ob)
 	case a.abandoned:
-		d.requeue(c, c.lastErr(), now, now, false, ob)
+		d.requeue(c, c.lastErr(), now, now, false, ob, nil)
 		d.wake.kick()
 	default:
 		st, err, final := a.outcome(c.attempts())

@@ -152,19 +152,31 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 	}
 	if reason == "" {
 		e := c.event()
-		if d.requeue(c, a.err, notBefore, now, merge, ob) {
+		// requeued ends the retry's bookkeeping once requeue has decided,
+		// also on the way out of a merge function that ended the goroutine.
+		requeued := func(ok bool) {
+			if !ok {
+				// The successor whose place made room did not merge: both
+				// would wait.
+				d.budget.refund(now)
+				d.giveUp(c, a, giveUpQuota, now, ob)
+				return
+			}
 			if d.cfg.Observer != nil {
 				ob.notes = append(ob.notes, note{kind: noteRetry, e: e, n: c.attempts(), delay: time.Duration(notBefore - now), err: a.err})
 			}
 			d.totals.retries++
 			d.wake.kick()
-			return
 		}
-		// The successor whose place made room did not merge: both would
-		// wait.
-		d.budget.refund(now)
-		reason = giveUpQuota
+		requeued(d.requeue(c, a.err, notBefore, now, merge, ob, requeued))
+		return
 	}
+	d.giveUp(c, a, reason, now, ob)
+}
+
+// giveUp ends c, whose attempt a failed at now and is not retried for
+// reason, Failed.
+func (d *Dispatcher[K, T]) giveUp(c *call[K, T], a *attempt[K, T], reason string, now int64, ob *outbox[K, T]) {
 	err := a.err
 	if reason != giveUpPanic {
 		err = &RetryError{Attempts: c.attempts(), Last: a.err, Reason: reason}
@@ -208,7 +220,12 @@ func (d *Dispatcher[K, T]) roomForRetry(c *call[K, T], now int64, ob *outbox[K, 
 // beside another tenant's successor, requeue leaves the call's value as it
 // was, changes nothing of its waiting and reports false, and the caller
 // ends it.
-func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, merge bool, ob *outbox[K, T]) bool {
+//
+// A merge function that ends the goroutine (runtime.Goexit) refuses the
+// successor: on the way out, requeue does what it does for a refusal and
+// then runs exit (if set) with what it would have reported, for the
+// caller to finish its own work, before it releases the lock.
+func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now int64, merge bool, ob *outbox[K, T], exit func(requeued bool)) bool {
 	l := c.lane
 	c.tag.ten.queued++
 	c.setLastErr(lastErr)
@@ -217,9 +234,13 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 		was := c.value() // restored if the merge does not make room
 		err := c.merge(n.val, n.idem(), d.cfg.Merge, func(*PanicError) {
 			// The merge function ended this goroutine: the successor waits
-			// behind the retry, as if the merge had refused.
-			if d.q.schedule(c, notBefore, now) {
+			// behind the retry, as if the merge had refused — unless the
+			// retry had room only in its place: then the caller ends it.
+			if !merge && d.q.schedule(c, notBefore, now) {
 				d.wake.worker()
+			}
+			if exit != nil {
+				exit(!merge)
 			}
 			d.wake.kick()
 			d.mu.Unlock()

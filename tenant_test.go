@@ -785,3 +785,97 @@ func TestSupersedeFreesWaitingRetrysPlace(t *testing.T) {
 		assert.Zero(t, st.Shed[BoundQuota])
 	})
 }
+
+// TestRetryMergeExitAtQuota: a call fails while its tenant is at
+// TenantConfig.MaxQueued, so its retry has room only in the place of its
+// successor, which must merge into it; the merge function ends the
+// goroutine instead (runtime.Goexit), which refuses the successor. The
+// retry then gives up (RetryError reason quota), as for a merge that
+// refuses: the tenant never queues one over its quota, and Stats counts
+// no retry. It used to wait beside the successor until it ran.
+func TestRetryMergeExitAtQuota(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var n atomic.Int32
+		obs := newCountingObserver()
+		d := newD(t, func(ctx context.Context, key string, v int) error {
+			if n.Add(1) == 1 {
+				_ = g.wait(ctx)
+				return errors.New("transient")
+			}
+			return nil
+		}, Config[string, int]{
+			Workers:  1,
+			Retry:    noJitter(3),
+			Classify: func(error) Class { return ClassRetry },
+			Tenants:  map[string]TenantConfig{"t": {MaxQueued: 1}},
+			Merge:    func(int, int) (int, error) { goexit(); return 0, nil },
+			Observer: obs,
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{Tenant: "t"})
+		synctest.Wait()
+		second := submit(t, d, "k", 2, SubmitOptions{Tenant: "t"})
+		g.open()
+		synctest.Wait() // the attempt ended: a retry would wait out its backoff
+		assert.LessOrEqual(t, d.Stats().Tenants["t"].Queued, 1, "the tenant queues beyond its MaxQueued")
+		r1 := outcomeWait(t, first)
+		assert.Equal(t, StateFailed, r1.State)
+		var re *RetryError
+		require.ErrorAs(t, r1.Err, &re)
+		assert.Equal(t, "quota", re.Reason)
+		assert.Equal(t, 1, r1.Call)
+		assert.Equal(t, StateSucceeded, outcomeWait(t, second).State)
+		assert.Equal(t, int32(2), n.Load(), "the call failed once, its successor ran alone")
+		st := closeD(t, d)
+		assert.Zero(t, st.Retries)
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		assert.Zero(t, obs.counts["retry"])
+	})
+}
+
+// TestRetryMergeExitCountsRetry: a retry whose merge with its successor
+// ends the goroutine (runtime.Goexit) waits in the queue, the successor
+// behind it, as if the merge had refused: it is a retry, which Stats and
+// the Observer count (Stats.Retries, OnRetry) as for any other.
+func TestRetryMergeExitCountsRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var mu sync.Mutex
+		var ran []int
+		obs := newCountingObserver()
+		d := newD(t, func(ctx context.Context, key string, v int) error {
+			mu.Lock()
+			ran = append(ran, v)
+			first := len(ran) == 1
+			mu.Unlock()
+			if first {
+				_ = g.wait(ctx)
+				return errors.New("transient")
+			}
+			return nil
+		}, Config[string, int]{
+			Workers:  1,
+			Retry:    noJitter(3),
+			Classify: func(error) Class { return ClassRetry },
+			Merge:    func(int, int) (int, error) { goexit(); return 0, nil },
+			Observer: obs,
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()
+		second := submit(t, d, "k", 2, SubmitOptions{})
+		g.open()
+		r1 := outcomeWait(t, first)
+		assert.Equal(t, StateSucceeded, r1.State)
+		assert.Equal(t, 2, r1.Attempts)
+		assert.Equal(t, StateSucceeded, outcomeWait(t, second).State)
+		mu.Lock()
+		assert.Equal(t, []int{1, 1, 2}, ran, "the retry, then its successor")
+		mu.Unlock()
+		st := closeD(t, d)
+		assert.Equal(t, uint64(1), st.Retries)
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		assert.Equal(t, 1, obs.counts["retry"])
+	})
+}
