@@ -643,6 +643,7 @@ func (o *trapObserver) hit(m string) {
 }
 
 func (o *trapObserver) OnSubmit(Event, bool)                     { o.hit("OnSubmit") }
+func (o *trapObserver) OnCoalesce(Event)                         { o.hit("OnCoalesce") }
 func (o *trapObserver) OnReject(Event, error)                    { o.hit("OnReject") }
 func (o *trapObserver) OnStart(Event, int, time.Duration)        { o.hit("OnStart") }
 func (o *trapObserver) OnRetry(Event, int, time.Duration, error) { o.hit("OnRetry") }

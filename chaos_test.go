@@ -1356,6 +1356,7 @@ func (c *chaos) hook(r Result[int, []uint64]) {
 type chaosObserver struct{ c *chaos }
 
 func (o chaosObserver) OnSubmit(Event, bool)                     { o.c.observe() }
+func (o chaosObserver) OnCoalesce(Event)                         { o.c.observe() }
 func (o chaosObserver) OnReject(Event, error)                    { o.c.observe() }
 func (o chaosObserver) OnStart(Event, int, time.Duration)        { o.c.observe() }
 func (o chaosObserver) OnRetry(Event, int, time.Duration, error) { o.c.observe() }

@@ -112,7 +112,7 @@ func (d *Dispatcher[K, T]) restart(c *call[K, T]) {
 // holds the merge of both) and forgets n, which was never queued. If n is
 // the more urgent, or replaced c's value (ReplacePending), c takes its
 // tenant and label, as any merged call does.
-func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
+func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool, ob *outbox[K, T]) {
 	d.q.unmarkVictim(n) // its tenant's index may hold it
 	if (replaced || n.prio > c.prio) && n.tag != c.tag {
 		d.adopt(c, n.tag.ten, n.tag.label)
@@ -125,6 +125,9 @@ func (d *Dispatcher[K, T]) absorb(c, n *call[K, T], replaced bool) {
 		// n's first submission is now coalesced too; the others were
 		// counted as they joined n.
 		d.totals.coalesced++
+		if d.cfg.Observer != nil {
+			ob.notes = append(ob.notes, note{kind: noteCoalesce, e: n.event()})
+		}
 	}
 	n.tag.ten.queued--
 	d.tenants.forgetIdle(n.tag.ten)

@@ -88,6 +88,7 @@ const (
 	noteRetry
 	noteDrop
 	noteSubmit
+	noteCoalesce
 )
 
 // add queues the observer event f.
@@ -104,6 +105,8 @@ func (n *note) tell(obs Observer) {
 		obs.OnDrop(n.e, n.b)
 	case noteSubmit:
 		obs.OnSubmit(n.e, n.coalesced)
+	case noteCoalesce:
+		obs.OnCoalesce(n.e)
 	default:
 		n.f()
 	}

@@ -15,6 +15,11 @@ type Event struct {
 // Methods may be added: embed NopObserver.
 type Observer interface {
 	OnSubmit(e Event, coalesced bool) // accepted, merged into a pending call or not
+	// OnCoalesce: a submission made while its key's call ran, which waited
+	// behind it as a call of its own (OnSubmit's coalesced false), was
+	// merged into that call's retry; e names it. With the submissions
+	// OnSubmit tells coalesced, these are what Stats.Coalesced counts.
+	OnCoalesce(e Event)
 	OnReject(e Event, err error)
 	// OnStart runs as an attempt is about to begin, on the goroutine that
 	// executes it, once the attempt has its rate-limiter token (in Sync
@@ -40,6 +45,7 @@ type Observer interface {
 type NopObserver struct{}
 
 func (NopObserver) OnSubmit(Event, bool)                     {}
+func (NopObserver) OnCoalesce(Event)                         {}
 func (NopObserver) OnReject(Event, error)                    {}
 func (NopObserver) OnStart(Event, int, time.Duration)        {}
 func (NopObserver) OnRetry(Event, int, time.Duration, error) {}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -38,6 +40,7 @@ func (o *countingObserver) OnSubmit(e Event, coalesced bool) {
 		o.add("coalesced", e)
 	}
 }
+func (o *countingObserver) OnCoalesce(e Event)                                 { o.add("coalesced", e) }
 func (o *countingObserver) OnReject(e Event, err error)                        { o.add("reject", e) }
 func (o *countingObserver) OnStart(e Event, n int, w time.Duration)            { o.add("start", e) }
 func (o *countingObserver) OnRetry(e Event, n int, d time.Duration, err error) { o.add("retry", e) }
@@ -167,5 +170,45 @@ func TestBlockingObserverDoesNotStallTheLock(t *testing.T) {
 		assert.Equal(t, 0, st.Keys)
 		close(obs.gate)
 		closeD(t, d)
+	})
+}
+
+// TestObserverCountsRetryAbsorbed: a submission that waited behind its
+// key's running call as a call of its own (OnSubmit told it not
+// coalesced), and that the call's retry absorbs, is coalesced then:
+// Stats.Coalesced counts it, and the Observer is told (OnCoalesce, with
+// the successor's label), so that an Observer counting coalesced
+// submissions agrees with Stats.
+func TestObserverCountsRetryAbsorbed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var n atomic.Int32
+		obs := newCountingObserver()
+		d := newD(t, func(ctx context.Context, key string, v int) error {
+			if n.Add(1) == 1 {
+				_ = g.wait(ctx)
+				return syscall.ECONNRESET
+			}
+			return nil
+		}, Config[string, int]{
+			Workers:  1,
+			Retry:    noJitter(3),
+			Label:    func(_ string, v int) string { return "v" + strconv.Itoa(v) },
+			Observer: obs,
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()
+		second := submit(t, d, "k", 2, prio(1))                        // the successor
+		require.NoError(t, d.Post("k", 2, SubmitOptions{Priority: 1})) // coalesced into it
+		g.open()
+		waitAll(first, second)
+		assert.Equal(t, StateSucceeded, outcome(t, first).State)
+		assert.Equal(t, int32(2), n.Load(), "the retry ran the successor's call")
+		st := closeD(t, d)
+		assert.Equal(t, uint64(2), st.Coalesced, "the Post as it joined the successor, the successor in the retry")
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		assert.Equal(t, int(st.Coalesced), obs.counts["coalesced"])
+		assert.Equal(t, 2, obs.labels["coalesced:v2"])
 	})
 }

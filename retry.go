@@ -253,14 +253,14 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 		}
 		switch err {
 		case nil:
-			d.absorb(c, n, false)
+			d.absorb(c, n, false, ob)
 			l.running, l.pending = nil, c
 		case ReplacePending:
 			// The successor is a new operation: the retry becomes it,
 			// at once and from its first attempt.
 			d.restart(c)
 			notBefore = now
-			d.absorb(c, n, true)
+			d.absorb(c, n, true, ob)
 			l.running, l.pending = nil, c
 		default:
 			// Refused, or moot (SkipIncoming): l.running stays c, and n

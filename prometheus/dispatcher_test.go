@@ -160,7 +160,7 @@ dispatch_async_api_call_execution_total{call_type="status",result="dropped"} 1
 # HELP dispatch_async_api_call_attempts_total Attempts begun (retries included), by call type; one that Config.NoOp or BeforeRetry ends runs no exec.
 # TYPE dispatch_async_api_call_attempts_total counter
 dispatch_async_api_call_attempts_total{call_type="bind"} 5
-# HELP dispatch_coalesced_total Submissions merged into a call already pending for their key, by call type.
+# HELP dispatch_coalesced_total Submissions merged into a call already pending for their key (or, having waited behind their key's call in flight, into its retry), by call type.
 # TYPE dispatch_coalesced_total counter
 dispatch_coalesced_total{call_type="status"} 1
 # HELP dispatch_dropped_total Queued calls shed to make room, by call type and reason (capacity, quota).
@@ -484,9 +484,10 @@ func TestAttemptsCountNoOpAttempts(t *testing.T) {
 // TestCoalescedIntoARetry: two submissions arrive while their key's call is
 // in flight, and wait behind it, the second merged into the first as it
 // came; the call fails retryably, and they are merged into its retry. One
-// call served the three submissions, but coalesced_total counts only the
-// merge it was told of, as the package documentation says: the Observer
-// hears nothing of the merge into the retry.
+// call served the three submissions, and coalesced_total counts both
+// merges, as dispatch.Stats.Coalesced does: the one made as the third
+// submission came (Observer.OnSubmit), and the second submission's into
+// the retry (Observer.OnCoalesce).
 func TestCoalescedIntoARetry(t *testing.T) {
 	h := newHarness(t, dispatch.Config[string, call]{
 		Workers: 1,
@@ -512,10 +513,11 @@ func TestCoalescedIntoARetry(t *testing.T) {
 	require.NoError(t, h.d.Close(ctx))
 	assert.Equal(t, 3.0, h.value(t, "dispatch_submissions_total", "call_type", "bind"))
 	assert.Equal(t, 1.0, h.value(t, "dispatch_async_api_call_execution_total", "call_type", "bind", "result", "succeeded"), "one call")
-	assert.Equal(t, 1.0, h.value(t, "dispatch_coalesced_total", "call_type", "bind"), "the merge into the retry is not counted")
+	assert.Equal(t, 2.0, h.value(t, "dispatch_coalesced_total", "call_type", "bind"), "the merge as the third came, and the second's into the retry")
+	assert.Equal(t, float64(h.d.Stats().Coalesced), h.value(t, "dispatch_coalesced_total", "call_type", "bind"))
 	doc, err := os.ReadFile("doc.go")
 	require.NoError(t, err)
 	text := strings.Join(strings.Fields(strings.ReplaceAll(string(doc), "\n//", "\n")), " ")
-	assert.Contains(t, text, "One that arrives while its key's call is in flight waits behind that call, and is not counted if it is merged into that call's retry later")
+	assert.Contains(t, text, "and one that arrived while its key's call was in flight, waited behind that call, and was merged into its retry later (Observer.OnCoalesce): it counts what dispatch.Stats.Coalesced does.")
 	lint(t, h.reg)
 }

@@ -58,7 +58,7 @@
 //	pending_async_api_calls{call_type}                           gauge: calls queued or in flight
 //	queue_wait_seconds{call_type}                                histogram: enqueue to first execution
 //	submissions_total{call_type,tenant}                          counter: submissions, accepted or rejected
-//	coalesced_total{call_type}                                   counter: submissions merged into a pending call
+//	coalesced_total{call_type}                                   counter: submissions merged into another call
 //	rejected_total{call_type,reason}                             counter: refused submissions
 //	dropped_total{call_type,reason}                              counter: queued calls shed to make room
 //	retries_total{call_type}                                     counter: the dispatcher's own API retries
@@ -83,10 +83,10 @@
 // queue_wait, circuit_open); the fallback's full message, with its measured
 // values, is in dispatch.Stats.FallbackReason. coalesced_total counts a
 // submission merged into, or made moot by, its key's pending call when it
-// is submitted (Observer.OnSubmit's coalesced). One that arrives while its
-// key's call is in flight waits behind that call, and is not counted if it
-// is merged into that call's retry later: the Observer is not told of that
-// merge, which dispatch.Stats.Coalesced counts. An attempt that Config.NoOp
+// is submitted (Observer.OnSubmit's coalesced), and one that arrived while
+// its key's call was in flight, waited behind that call, and was merged
+// into its retry later (Observer.OnCoalesce): it counts what
+// dispatch.Stats.Coalesced does. An attempt that Config.NoOp
 // or BeforeRetry ends has begun but runs no exec: attempts_total counts it,
 // dispatch.Stats.Executions does not. The gauges exist only while a
 // Stats source is set; a call type or tenant seen once, "other" included,

@@ -39,7 +39,7 @@ func (o *Observer) newCounters(m *metrics) {
 	o.submissions = m.counter("submissions_total",
 		"Submissions (Submit and Post), accepted or rejected, by call type and tenant.", "call_type", "tenant")
 	o.coalesced = m.counter("coalesced_total",
-		"Submissions merged into a call already pending for their key, by call type.", "call_type")
+		"Submissions merged into a call already pending for their key (or, having waited behind their key's call in flight, into its retry), by call type.", "call_type")
 	o.rejected = m.counter("rejected_total",
 		"Submissions refused, by call type and reason (capacity, waiters, quota, backpressure, closed, circuit, stale, expired, merge, canceled, other).", "call_type", "reason")
 	o.dropped = m.counter("dropped_total",

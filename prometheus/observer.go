@@ -186,6 +186,12 @@ func (o *Observer) OnSubmit(e dispatch.Event, coalesced bool) {
 	}
 }
 
+// OnCoalesce counts a submission that waited behind its key's call in
+// flight, merged into that call's retry.
+func (o *Observer) OnCoalesce(e dispatch.Event) {
+	o.coalesced.WithLabelValues(o.callTypes.value(e.Label)).Inc()
+}
+
 // OnReject counts a refused submission, by the reason err names.
 func (o *Observer) OnReject(e dispatch.Event, err error) {
 	ct := o.callTypes.value(e.Label)

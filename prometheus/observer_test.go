@@ -86,7 +86,7 @@ scheduler_async_api_call_execution_total{call_type="status-patch",dispatcher="te
 scheduler_breaker_transitions_total{dispatcher="test",from="closed",to="open"} 1
 scheduler_breaker_transitions_total{dispatcher="test",from="half_open",to="closed"} 1
 scheduler_breaker_transitions_total{dispatcher="test",from="open",to="half_open"} 1
-# HELP scheduler_coalesced_total Submissions merged into a call already pending for their key, by call type.
+# HELP scheduler_coalesced_total Submissions merged into a call already pending for their key (or, having waited behind their key's call in flight, into its retry), by call type.
 # TYPE scheduler_coalesced_total counter
 scheduler_coalesced_total{call_type="status-patch",dispatcher="test"} 2
 # HELP scheduler_dropped_total Queued calls shed to make room, by call type and reason (capacity, quota).
