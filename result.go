@@ -43,15 +43,23 @@ func (s State) String() string {
 func (s State) OK() bool { return s == StateSucceeded || s == StateSkipped }
 
 // Outcome is a Result without the key and the call, for the Observer.
+//
+// Attempts counts the executions that had returned when the outcome was
+// decided, and RunTime sums exec's time over them: a waiter that leaves
+// while one runs (Cancel, its context or its deadline) is not told of that
+// one — Attempts is 0 while the first runs, though it may yet take effect
+// for the call's other waiters, or as a Stale execution (Config.OnDone) —
+// and its QueueWait runs to the first execution's start. The call's end
+// is told every execution.
 type Outcome struct {
 	State State
 	// Err is nil for a success; for Failed, exec's error, a *PanicError or
 	// a *RetryError; else it matches the state's sentinel.
 	Err       error
-	Attempts  int           // executions
+	Attempts  int           // executions that had returned
 	Waiters   int           // submissions the call served, posts included
 	QueueWait time.Duration // from enqueue to the first execution, or the end
-	RunTime   time.Duration // exec's time, summed over attempts
+	RunTime   time.Duration // exec's time, summed over those executions
 }
 
 // Result is the outcome of one submission or, for OnDone, of one call.

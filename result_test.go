@@ -1,7 +1,12 @@
 package dispatch
 
 import (
+	"context"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -16,4 +21,44 @@ func TestStatsByState(t *testing.T) {
 	assert.Equal(t, uint64(3), m[StateSucceeded])
 	assert.Equal(t, uint64(0), m[StateStale])
 	assert.Equal(t, uint64(6), total(m))
+}
+
+// TestLeaveMidExecutionAttempts: a waiter that leaves while its call runs
+// is told the executions that had returned: Attempts 0 and RunTime 0 while
+// the first runs, though that one goes on for the call's other waiters and
+// may take effect; its QueueWait runs to the first execution's start. The
+// waiters that stay are told every execution.
+func TestLeaveMidExecutionAttempts(t *testing.T) {
+	docSays(t, "Outcome", "Attempts counts the executions that had returned when the outcome was decided, and RunTime sums exec's time over them: a waiter that leaves while one runs (Cancel, its context or its deadline) is not told of that one — Attempts is 0 while the first runs, though it may yet take effect")
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		d, _, release := holdWorker(t, func(ctx context.Context, _ string, _ int) error {
+			if n.Add(1) == 1 {
+				time.Sleep(10 * time.Second)
+				return syscall.ECONNRESET
+			}
+			time.Sleep(5 * time.Second)
+			return nil
+		}, Config[string, int]{Retry: noJitter(3)})
+		stay := submit(t, d, "k", 1, SubmitOptions{}) // one call, queued
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		second := submit(t, d, "k", 1, SubmitOptions{})
+		release()                   // k starts
+		time.Sleep(4 * time.Second) // 6s into the first execution
+		first.Cancel()
+		time.Sleep(8 * time.Second) // the retry began at 10.1s: 1.9s into it
+		second.Cancel()
+		r1, r2, r := outcome(t, first), outcome(t, second), outcomeWait(t, stay)
+		assert.Equal(t, StateCanceled, r1.State)
+		assert.Equal(t, 0, r1.Attempts, "the first execution runs")
+		assert.Zero(t, r1.RunTime)
+		assert.Zero(t, r1.QueueWait, "it started at once")
+		assert.Equal(t, StateCanceled, r2.State)
+		assert.Equal(t, 1, r2.Attempts, "the first execution had returned, the second runs")
+		assert.Equal(t, 10*time.Second, r2.RunTime)
+		assert.Equal(t, StateSucceeded, r.State)
+		assert.Equal(t, 2, r.Attempts)
+		assert.Equal(t, 15*time.Second, r.RunTime)
+		closeD(t, d)
+	})
 }
