@@ -134,7 +134,7 @@ func (d *Dispatcher[K, T]) admitInto(c *call[K, T], s *submission[K, T], ob *out
 	if moves || full {
 		was = c.value()
 	}
-	err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmitUnlock(d, t, ob))
+	_, err = c.merge(s.val, s.o.IdempotencyKey, d.cfg.Merge, exitAdmitUnlock(d, t, ob)) // a panic is the error
 	switch err {
 	case nil, ReplacePending:
 	case SkipIncoming:

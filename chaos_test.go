@@ -1181,11 +1181,16 @@ func (c *chaos) okAt(ids []uint64) {
 // merge unions the ids. It runs under the dispatcher's lock, so it calls
 // nothing back.
 func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
+	// On arrival (a submission of one id by this goroutine) a panic or
+	// Goexit refuses the submission; as a retry takes in its successor,
+	// nobody is there to refuse, and Stats.CallbackPanics counts it.
+	g := c.current()
+	arrival := g != nil && len(incoming) == 1 && g.submitting == incoming[0]
 	switch {
 	case c.chance(30):
-		c.injectPanic(callbackMerge, false)
+		c.injectPanic(callbackMerge, !arrival)
 	case c.chance(20):
-		c.injectExit(callbackMerge, false, nil)
+		c.injectExit(callbackMerge, !arrival, nil)
 	}
 	switch {
 	case incoming[0]%29 == 0:
@@ -1196,7 +1201,7 @@ func (c *chaos) merge(pending, incoming []uint64) ([]uint64, error) {
 		// in no call; a retry's successor stays behind the retry and runs
 		// after it.
 		c.inj.skipped.Add(1)
-		if g := c.current(); g != nil && len(incoming) == 1 && g.submitting == incoming[0] {
+		if arrival {
 			c.mu.Lock()
 			c.skippedIn[incoming[0]] = true
 			c.mu.Unlock()
@@ -1512,7 +1517,7 @@ func (c *chaos) verify() {
 			c.inj.adopted.Load(), s.Backpressure, s.Shed)
 	}
 	if !c.panicsAgree(s) {
-		c.errorf("final: Stats.CallbackPanics %d; injected into the hook, observer and label: %d panics and %d Goexits",
+		c.errorf("final: Stats.CallbackPanics %d; injected into the hook, observer, label and a retry's merge: %d panics and %d Goexits",
 			s.CallbackPanics, c.containedPanics.Load(), c.containedExits.Load())
 	}
 	if s.CallbackPanics > 0 {
@@ -1616,7 +1621,8 @@ func (c *chaos) verify() {
 
 // panicsAgree reports whether Stats.CallbackPanics is what was injected
 // into the callbacks whose failure has nowhere else to go — the completion
-// hook, observer methods, the label function — panics and Goexits alike.
+// hook, observer methods, the label function, the merge function as a
+// retry takes in its successor — panics and Goexits alike.
 func (c *chaos) panicsAgree(s Stats) bool {
 	return s.CallbackPanics == c.containedPanics.Load()+c.containedExits.Load()
 }

@@ -51,24 +51,27 @@ func (c *call[K, T]) setValue(v callValue[T]) {
 }
 
 // merge merges an incoming submission's call value into the pending call
-// c, by the merge function (Config.Merge; nil: the incoming wins). On error c is untouched; SkipIncoming means the merge function found
-// the incoming call has nothing to add. ReplacePending means c's value is
-// now the incoming call's, a new operation: the caller restarts c.
+// c, by the merge function (Config.Merge; nil: the incoming wins). On error
+// c is untouched; SkipIncoming means the merge function found the incoming
+// call has nothing to add. ReplacePending means c's value is now the
+// incoming call's, a new operation: the caller restarts c. panicked is the
+// merge function's panic, if it panicked: err then refuses the incoming
+// call with it.
 //
 // The merge function runs under the lock. If it ends the goroutine
 // (runtime.Goexit), onExit runs — with the lock held, on the way out of
 // the goroutine — and must finish the caller's work and release the lock:
 // the one place where a lock is released other than by the function that
 // took it, since the goroutine never returns to that function.
-func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (T, error), onExit func(*PanicError)) error {
+func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (T, error), onExit func(*PanicError)) (panicked *PanicError, err error) {
 	if idem != "" && c.idem() != "" && idem != c.idem() {
-		return errRejectIdemKey
+		return nil, errRejectIdemKey
 	}
 	var replace error
 	if merge != nil {
 		var v T
 		var skip, replacing bool
-		_, err := guard(callbackMerge, func() (err error) {
+		panicked, err = guard(callbackMerge, func() (err error) {
 			v, err = merge(c.val, val)
 			if err != nil { // its Is is user code too: a panic there is the merge's
 				skip = errors.Is(err, SkipIncoming)
@@ -79,11 +82,11 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 		switch {
 		case err == nil:
 		case skip:
-			return SkipIncoming
+			return nil, SkipIncoming
 		case replacing:
 			replace = ReplacePending
 		default:
-			return fmt.Errorf("%w: %w", ErrMergeRejected, err)
+			return panicked, fmt.Errorf("%w: %w", ErrMergeRejected, err)
 		}
 		val = v
 	}
@@ -91,7 +94,7 @@ func (c *call[K, T]) merge(val T, idem string, merge func(pending, incoming T) (
 	if idem != "" { // without one, c.rare is not even read
 		c.setIdem(idem) // equal to c's, or c had none
 	}
-	return replace
+	return nil, replace
 }
 
 // restart makes queued call c, whose value was just replaced by another

@@ -232,10 +232,11 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 	c.enter(csTaken)
 	if n := l.pending; n != nil {
 		was := c.value() // restored if the merge does not make room
-		err := c.merge(n.val, n.idem(), d.cfg.Merge, func(*PanicError) {
+		pe, err := c.merge(n.val, n.idem(), d.cfg.Merge, func(pe *PanicError) {
 			// The merge function ended this goroutine: the successor waits
 			// behind the retry, as if the merge had refused — unless the
 			// retry had room only in its place: then the caller ends it.
+			d.tell.contain(pe)
 			if !merge && d.q.schedule(c, notBefore, now) {
 				d.wake.worker()
 			}
@@ -246,6 +247,9 @@ func (d *Dispatcher[K, T]) requeue(c *call[K, T], lastErr error, notBefore, now 
 			d.mu.Unlock()
 			d.tell.deliver(ob)
 		})
+		// No submitter is here to be refused with a panic of the merge
+		// function: it is counted, as a hook's is.
+		d.tell.contain(pe)
 		if merge && err == nil && n.tag.ten != c.tag.ten && n.prio <= c.prio {
 			// Merged, but c would stay in its tenant, one call more.
 			c.setValue(was)

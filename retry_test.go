@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -843,4 +844,48 @@ func TestUnknownClassFailsSafe(t *testing.T) {
 		assert.Equal(t, int32(1), calls.Load())
 		assert.Equal(t, uint64(1), st.Executions)
 	})
+}
+
+// TestRetryMergePanicCounted: the merge function panics, or ends the
+// goroutine, as a retry takes in its successor. No submitter is there to
+// be refused with the *PanicError, as at admission: it is counted
+// (Stats.CallbackPanics, LastCallbackPanic), as a hook's or an observer's
+// is, and the successor waits behind the retry, as for a refusal.
+func TestRetryMergePanicCounted(t *testing.T) {
+	docSays(t, "Stats.CallbackPanics", "CallbackPanics counts contained panics and runtime.Goexit calls of OnDone, Observer methods, Label, the RateLimiter, and Merge as a retry takes in its key's next call")
+	for _, exit := range []bool{false, true} {
+		t.Run(map[bool]string{false: "panic", true: "goexit"}[exit], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				var n atomic.Int32
+				d := newD(t, func(ctx context.Context, key string, v int) error {
+					if n.Add(1) == 1 {
+						_ = g.wait(ctx)
+						return syscall.ECONNRESET
+					}
+					return nil
+				}, Config[string, int]{
+					Workers: 1,
+					Retry:   noJitter(3),
+					Merge: func(int, int) (int, error) {
+						if exit {
+							runtime.Goexit()
+						}
+						panic("merge")
+					},
+				})
+				first := submit(t, d, "k", 1, SubmitOptions{})
+				synctest.Wait()
+				second := submit(t, d, "k", 2, SubmitOptions{})
+				g.open()
+				waitAll(first, second)
+				assert.Equal(t, StateSucceeded, outcome(t, first).State)
+				assert.Equal(t, StateSucceeded, outcome(t, second).State)
+				st := closeD(t, d)
+				assert.Equal(t, uint64(1), st.CallbackPanics)
+				require.NotNil(t, st.LastCallbackPanic)
+				assert.Equal(t, "merge", st.LastCallbackPanic.Callback)
+			})
+		})
+	}
 }

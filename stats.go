@@ -101,7 +101,9 @@ type Stats struct {
 	// QueueWait (to the first execution) and ExecTime: the last minute.
 	QueueWait, ExecTime Quantiles
 	// CallbackPanics counts contained panics and runtime.Goexit calls of
-	// OnDone, Observer methods, Label and the RateLimiter.
+	// OnDone, Observer methods, Label, the RateLimiter, and Merge as a
+	// retry takes in its key's next call (no submitter is there to refuse:
+	// the next call waits behind the retry).
 	CallbackPanics    uint64
 	LastCallbackPanic *PanicError
 	// Mode is the current mode, as Dispatcher.Mode reports it.
