@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -211,4 +212,58 @@ func TestObserverCountsRetryAbsorbed(t *testing.T) {
 		assert.Equal(t, int(st.Coalesced), obs.counts["coalesced"])
 		assert.Equal(t, 2, obs.labels["coalesced:v2"])
 	})
+}
+
+// coalesceTrap's OnCoalesce calls back into the Dispatcher, then panics
+// or ends its goroutine.
+type coalesceTrap struct {
+	NopObserver
+	d    *Dispatcher[string, int]
+	exit bool
+}
+
+func (o *coalesceTrap) OnCoalesce(e Event) {
+	_ = o.d.Stats()
+	_ = o.d.Post("other", 1, SubmitOptions{})
+	o.d.Cancel("k", errors.New("from OnCoalesce"))
+	if o.exit {
+		runtime.Goexit()
+	}
+	panic("OnCoalesce")
+}
+
+// TestOnCoalesceMisbehaves: an OnCoalesce that calls back into the
+// Dispatcher (Stats, Post, Cancel of the key whose retry absorbed the
+// call), then panics or ends the worker's goroutine, is contained and
+// counted like any Observer method: every outcome is told, nothing stays
+// live, and Close returns.
+func TestOnCoalesceMisbehaves(t *testing.T) {
+	for _, exit := range []bool{false, true} {
+		t.Run(map[bool]string{false: "panic", true: "goexit"}[exit], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				var n atomic.Int32
+				obs := &coalesceTrap{exit: exit}
+				d := newD(t, func(ctx context.Context, key string, v int) error {
+					if key == "k" && n.Add(1) == 1 {
+						_ = g.wait(ctx)
+						return syscall.ECONNRESET
+					}
+					return nil
+				}, Config[string, int]{Workers: 1, Retry: noJitter(3), Observer: obs})
+				obs.d = d
+				first := submit(t, d, "k", 1, SubmitOptions{})
+				synctest.Wait()
+				second := submit(t, d, "k", 2, SubmitOptions{})
+				g.open()
+				waitAll(first, second)
+				assert.Equal(t, StateCanceled, outcome(t, first).State, "OnCoalesce cancelled the retry")
+				assert.Equal(t, StateCanceled, outcome(t, second).State)
+				synctest.Wait()
+				st := closeD(t, d)
+				assert.Equal(t, uint64(1), st.CallbackPanics)
+				assert.Equal(t, uint64(1), st.Calls[StateSucceeded], "other ran")
+			})
+		})
+	}
 }
