@@ -51,8 +51,9 @@ func (d *Dispatcher[K, T]) admit(l *lane[K, T], s *submission[K, T], ob *outbox[
 		return skip, err
 	}
 	// A ticket Follow, Merge or Moot skips is never live: the bound is
-	// asked once none did (a merge's, in admitInto, after the merge).
-	if full := d.waitersFull(s); full && (supersede || l.pending == nil) {
+	// asked once none did (a merge's, in admitInto, after the merge). A
+	// supersede ends the lane's tickets first: their places are s's too.
+	if d.waitersFull(s) && (supersede && d.waiters.tickets-endedTickets(l) >= d.cfg.MaxWaiters || !supersede && l.pending == nil) {
 		return false, d.totals.refuse(BoundWaiters, d.lanes.Len())
 	}
 	quotaVictim, err := d.quotaForCall(l, s, supersede)
@@ -79,6 +80,18 @@ func (d *Dispatcher[K, T]) admit(l *lane[K, T], s *submission[K, T], ob *outbox[
 // them is asked first.
 func (d *Dispatcher[K, T]) waitersFull(s *submission[K, T]) bool {
 	return s.t != nil && d.waiters.tickets >= d.cfg.MaxWaiters
+}
+
+// endedTickets counts the live tickets of lane l's calls that a supersede
+// ends (endLane).
+func endedTickets[K comparable, T any](l *lane[K, T]) int {
+	n := 0
+	for _, c := range [2]*call[K, T]{l.pending, l.running} {
+		if c != nil && !c.orphaned() {
+			n += c.tickets()
+		}
+	}
+	return n
 }
 
 // quotaForCall decides whether submission s, for a key that has lane l,

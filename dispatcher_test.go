@@ -642,3 +642,30 @@ func TestMaxWaitersSkipsMakeNoTicket(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestMaxWaitersSupersedeFreesTickets: a newer generation ends its key's
+// calls and tells their tickets Stale, so at Config.MaxWaiters it needs no
+// room beyond the tickets it ends: it is accepted, and live tickets stay
+// within the bound. One that ends no ticket is still refused.
+func TestMaxWaitersSupersedeFreesTickets(t *testing.T) {
+	docSays(t, "Config.MaxWaiters", "One of a newer generation has the room of the tickets it ends Stale.")
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d, _, release := holdWorker(t, f.exec, Config[string, int]{MaxWaiters: 2}) // the held call's ticket
+		old := submit(t, d, "k", 1, SubmitOptions{Generation: 1})
+		require.NoError(t, d.Post("p", 1, SubmitOptions{Generation: 1}))
+		_, err := d.Submit(bg, "p", 2, SubmitOptions{Generation: 2}) // ends no ticket
+		var bp *BackpressureError
+		require.ErrorAs(t, err, &bp)
+		assert.Equal(t, BoundWaiters, bp.Bound)
+		newer, err := d.Submit(bg, "k", 2, SubmitOptions{Generation: 2})
+		require.NoError(t, err)
+		assert.Equal(t, StateStale, outcome(t, old).State)
+		s := checkConservation(t, d)
+		assert.Equal(t, 2, s.Tickets)
+		release()
+		assert.Equal(t, StateSucceeded, outcome(t, newer).State)
+		assert.Equal(t, []int{2}, f.calls("k"))
+		closeD(t, d)
+	})
+}

@@ -594,9 +594,21 @@ func (m *fzModel) admit(op fzOp, ten *fmTenant, val int64, deadline int64, mt *f
 		val = v
 	}
 	// Config.MaxWaiters bounds live tickets: one that Follow skipped, or
-	// the merge skips (admitInto), is never live.
-	if mt != nil && m.tickets >= m.maxWaiters() && (supersede || s.next == nil) {
+	// the merge skips (admitInto), is never live; a supersede ends the
+	// tickets of the key's calls first.
+	if mt != nil && !supersede && s.next == nil && m.tickets >= m.maxWaiters() {
 		return m.refuse(dispatch.BoundWaiters)
+	}
+	if mt != nil && supersede {
+		ended := 0
+		for _, c := range [2]*fmCall{s.next, s.run} {
+			if c != nil && !c.orphan {
+				ended += len(c.tickets)
+			}
+		}
+		if m.tickets-ended >= m.maxWaiters() {
+			return m.refuse(dispatch.BoundWaiters)
+		}
 	}
 	// A submission that makes a new call — it supersedes, or nothing is
 	// pending — needs room under its tenant's quota: the superseded

@@ -77,7 +77,8 @@ type Config[K comparable, T any] struct {
 
 	// MaxWaiters bounds live tickets, counting Sync-mode Posts while they
 	// run (0 means 4 × Capacity). A Submit that Merge, Follow or Moot skips
-	// ends at once and holds none: it is accepted at the bound.
+	// ends at once and holds none: it is accepted at the bound. One of a
+	// newer generation has the room of the tickets it ends Stale.
 	MaxWaiters int
 	Aging      time.Duration // a wait of Aging raises a call one level (0 means 1s)
 	// AgingBand groups priorities into bands of this many levels (0 means
