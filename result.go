@@ -51,6 +51,11 @@ func (s State) OK() bool { return s == StateSucceeded || s == StateSkipped }
 // for the call's other waiters, or as a Stale execution (Config.OnDone) —
 // and its QueueWait runs to the first execution's start. The call's end
 // is told every execution.
+//
+// QueueWait is the call's: from the earliest enqueue among its live
+// waiters to its first execution, or to the end. A submission that joins a
+// queued call is told that wait, not its own; a waiter that leaves no
+// longer counts as the call's earliest.
 type Outcome struct {
 	State State
 	// Err is nil for a success; for Failed, exec's error, a *PanicError or
@@ -58,7 +63,7 @@ type Outcome struct {
 	Err       error
 	Attempts  int           // executions that had returned
 	Waiters   int           // submissions the call served, posts included
-	QueueWait time.Duration // from enqueue to the first execution, or the end
+	QueueWait time.Duration // the call's: from enqueue to the first execution, or the end
 	RunTime   time.Duration // exec's time, summed over those executions
 }
 

@@ -62,3 +62,26 @@ func TestLeaveMidExecutionAttempts(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestQueueWaitIsTheCalls: a submission that joins a queued call is told
+// the call's queue wait — from the earliest enqueue among its waiters
+// still live — not its own, as its outcome is the call's.
+func TestQueueWaitIsTheCalls(t *testing.T) {
+	docSays(t, "Outcome", "QueueWait is the call's: from the earliest enqueue among its live waiters to its first execution, or to the end")
+	synctest.Test(t, func(t *testing.T) {
+		d, _, release := holdWorker(t, nopExec, Config[string, int]{})
+		a := submit(t, d, "k", 1, SubmitOptions{})
+		time.Sleep(2 * time.Second)
+		b := submit(t, d, "k", 1, SubmitOptions{})
+		time.Sleep(2 * time.Second)
+		c := submit(t, d, "k", 1, SubmitOptions{})
+		time.Sleep(2 * time.Second)
+		a.Cancel() // the call's enqueue is b's now
+		time.Sleep(4 * time.Second)
+		release() // 10s after a, 8s after b, 6s after c
+		assert.Equal(t, 6*time.Second, outcome(t, a).QueueWait, "a left at 6s, before the call ran")
+		assert.Equal(t, 8*time.Second, outcome(t, b).QueueWait)
+		assert.Equal(t, 8*time.Second, outcome(t, c).QueueWait, "c shares the call's wait")
+		closeD(t, d)
+	})
+}
