@@ -151,7 +151,10 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 		}
 	}
 	if reason == "" {
-		e := c.event()
+		// The observer hears of the attempt that failed, and of the wait
+		// before the next: a replacement (ReplacePending) restarts the
+		// call, which then runs at once.
+		e, failed := c.event(), c.attempts()
 		// requeued ends the retry's bookkeeping once requeue has decided,
 		// also on the way out of a merge function that ended the goroutine.
 		requeued := func(ok bool) {
@@ -163,7 +166,11 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 				return
 			}
 			if d.cfg.Observer != nil {
-				ob.notes = append(ob.notes, note{kind: noteRetry, e: e, n: c.attempts(), delay: time.Duration(notBefore - now), err: a.err})
+				var delay time.Duration
+				if c.state == csDelayed {
+					delay = time.Duration(c.notBefore() - now)
+				}
+				ob.notes = append(ob.notes, note{kind: noteRetry, e: e, n: failed, delay: delay, err: a.err})
 			}
 			d.totals.retries++
 			d.wake.kick()

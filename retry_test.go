@@ -889,3 +889,56 @@ func TestRetryMergePanicCounted(t *testing.T) {
 		})
 	}
 }
+
+// retryLog records what the observer hears of each retry.
+type retryLog struct {
+	NopObserver
+	mu       sync.Mutex
+	attempts []int
+	delays   []time.Duration
+}
+
+func (o *retryLog) OnRetry(_ Event, n int, d time.Duration, _ error) {
+	o.mu.Lock()
+	o.attempts, o.delays = append(o.attempts, n), append(o.delays, d)
+	o.mu.Unlock()
+}
+
+// TestRetryReplacedTellsFailedAttempt: a call fails retryably, and the
+// submission that waited behind it replaces it (ReplacePending) as it goes
+// back to the queue: it starts afresh, at once. The observer hears of the
+// attempt that failed (OnRetry's attempt 1, as Observer.OnRetry counts
+// from 1) and of the delay the call waits (none), not of the call's
+// attempts after the restart (0) or a backoff it does not wait.
+func TestRetryReplacedTellsFailedAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var n atomic.Int32
+		obs := &retryLog{}
+		d := newD(t, func(ctx context.Context, key string, v int) error {
+			if n.Add(1) == 1 {
+				_ = g.wait(ctx)
+				return syscall.ECONNRESET
+			}
+			return nil
+		}, Config[string, int]{
+			Workers:  1,
+			Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, Jitter: JitterNone, BudgetRatio: math.Inf(1)},
+			Merge:    func(_, in int) (int, error) { return in, ReplacePending },
+			Observer: obs,
+		})
+		first := submit(t, d, "k", 1, SubmitOptions{})
+		synctest.Wait()
+		second := submit(t, d, "k", 2, SubmitOptions{})
+		g.open()
+		waitAll(first, second)
+		r := outcome(t, second)
+		assert.Equal(t, StateSucceeded, r.State)
+		assert.Equal(t, 1, r.Attempts, "the replacement ran from its first attempt")
+		closeD(t, d)
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		assert.Equal(t, []int{1}, obs.attempts, "the attempt that failed")
+		assert.Equal(t, []time.Duration{0}, obs.delays, "the replacement runs at once")
+	})
+}
