@@ -30,8 +30,9 @@ type Dispatcher struct {
 	logs       atomic.Pointer[context.Context] // holds only logger, for execCtx
 	started    atomic.Bool
 
-	pending pendingGauge
-	pace    *pacer // Options.PaceStatusPatches; nil: off
+	pending      pendingGauge
+	finishPanics finishPanics // OnFinish sends that panicked, for Stats
+	pace         *pacer       // Options.PaceStatusPatches; nil: off
 	// epoch is the origin an execution's time is read from, as
 	// time.Since(epoch): the monotonic clock alone, where time.Now reads
 	// the wall clock too.
@@ -271,8 +272,15 @@ func (d *Dispatcher) SyncObject(obj metav1.Object) (metav1.Object, error) {
 }
 
 // Stats returns a snapshot of the dispatcher's state and counters; the
-// tenants and labels are call types.
-func (d *Dispatcher) Stats() dispatch.Stats { return d.core.Stats() }
+// tenants and labels are call types. CallbackPanics (and
+// LastCallbackPanic) count, beside the core's callbacks, the sends on an
+// OnFinish channel that panicked — a channel its caller closed — which the
+// adapter recovers.
+func (d *Dispatcher) Stats() dispatch.Stats {
+	s := d.core.Stats()
+	d.finishPanics.into(&s)
+	return s
+}
 
 // Mode returns the current mode.
 func (d *Dispatcher) Mode() dispatch.Mode { return d.core.Mode() }

@@ -60,9 +60,10 @@
 // result, and the dispatcher's Outcome (state, attempts, queue wait, run
 // time), for a caller that reads late. A send on a channel its caller
 // closed panics, which would crash upstream's dispatcher: here the panic is
-// recovered and logged as an internal error (as a panic in Execute is), the
-// call's Ticket still holds its result, and every other call — one told in
-// the same step included — is told, and goes on, as if nothing had
+// recovered, logged as an internal error (as a panic in Execute is) and
+// counted with the dispatcher's other callback panics (Stats.CallbackPanics),
+// the call's Ticket still holds its result, and every other call — one told
+// in the same step included — is told, and goes on, as if nothing had
 // happened.
 //
 // # Priority on the wire

@@ -303,3 +303,40 @@ func TestTicketOutcomeOffTheQueue(t *testing.T) {
 		assert.Equal(t, tc.want, res.Outcome, tc.name)
 	}
 }
+
+// TestClosedOnFinishIsCounted: the panic of a send on a closed OnFinish
+// channel is a callback's panic, recovered, so it is counted where the
+// dispatcher's other callback panics are: Stats.CallbackPanics, with
+// LastCallbackPanic the latest of them. Whether the call is told at its
+// Add (skipped), by the core's completion hook (it ran), or in another
+// call's Add (overwritten), each send that panicked counts once.
+func TestClosedOnFinishIsCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newIdleDispatcher(t, Options{})
+		j := &journal{}
+		closed := make(chan error, 1)
+		close(closed)
+		on := fwk.APICallOptions{OnFinish: closed}
+
+		noop := newCall(j, "noop", typeLow, "1")
+		noop.noop = ptr(true)
+		require.ErrorIs(t, d.Add(noop, on), fwk.ErrCallSkipped) // told at its Add
+		require.NoError(t, d.Add(newCall(j, "over", typeLow, "2", "x"), on))
+		require.NoError(t, d.Add(newCall(j, "high", typeHigh, "2", "y"), fwk.APICallOptions{})) // tells "over" in its Add
+		s := d.Stats()
+		assert.Equal(t, uint64(2), s.CallbackPanics, "the sends at Add")
+		pe := s.LastCallbackPanic
+		require.NotNil(t, pe)
+		assert.Equal(t, "on_finish", pe.Callback)
+
+		require.NoError(t, d.Add(newCall(j, "ran", typeLow, "3", "x"), on))
+		d.Start(testLogger(t))
+		synctest.Wait() // it ran; the completion hook told it
+		s = d.Stats()
+		assert.Equal(t, uint64(3), s.CallbackPanics, "and the one the completion hook made: %v", s.LastCallbackPanic)
+		pe = s.LastCallbackPanic
+		require.NotNil(t, pe)
+		assert.Equal(t, "on_finish", pe.Callback)
+		assert.Equal(t, "send on closed channel", fmt.Sprint(pe.Value))
+	})
+}
