@@ -98,7 +98,7 @@ func (w *Writer[O]) applyBody(t target, pr prepared[O], p *op[O]) ([]byte, error
 	if err != nil {
 		return nil, fmt.Errorf("writer: apply of %s: %w", key(p.obj), err)
 	}
-	gvk, err := w.kindOf(pr.desired, p.obj)
+	gvk, err := w.kindOf("an apply", pr.desired, p.obj)
 	if err != nil {
 		return nil, err
 	}
@@ -119,10 +119,11 @@ func (w *Writer[O]) applyBody(t target, pr prepared[O], p *op[O]) ([]byte, error
 	return json.Marshal(body)
 }
 
-// kindOf returns the apiVersion and kind an apply names: the object's own,
-// or the client's answer (controller-runtime's clients know their scheme),
-// or client-go's scheme's for a built-in type.
-func (w *Writer[O]) kindOf(objs ...O) (schema.GroupVersionKind, error) {
+// kindOf returns the apiVersion and kind an apply names (or TenancyKind
+// groups by; purpose says which, in the error): the object's own, or the
+// client's answer (controller-runtime's clients know their scheme), or
+// client-go's scheme's for a built-in type.
+func (w *Writer[O]) kindOf(purpose string, objs ...O) (schema.GroupVersionKind, error) {
 	for _, o := range objs {
 		if gvk := o.GetObjectKind().GroupVersionKind(); !gvk.Empty() {
 			return gvk, nil
@@ -131,12 +132,16 @@ func (w *Writer[O]) kindOf(objs ...O) (schema.GroupVersionKind, error) {
 	if k, ok := w.c.(interface {
 		GroupVersionKindFor(runtime.Object) (schema.GroupVersionKind, error)
 	}); ok {
-		return k.GroupVersionKindFor(objs[0])
+		gvk, err := k.GroupVersionKindFor(objs[0])
+		if err != nil {
+			return gvk, fmt.Errorf("writer: cannot tell the apiVersion and kind of %T for %s: %w", objs[0], purpose, err)
+		}
+		return gvk, nil
 	}
 	if gvks, _, err := scheme.Scheme.ObjectKinds(objs[0]); err == nil && len(gvks) > 0 {
 		return gvks[0], nil
 	}
-	return schema.GroupVersionKind{}, fmt.Errorf("writer: cannot tell the apiVersion and kind of %T for an apply: add the type to k8s.io/client-go/kubernetes/scheme.Scheme (its package's AddToScheme), or set them on copies of the objects given to Set", objs[0])
+	return schema.GroupVersionKind{}, fmt.Errorf("writer: cannot tell the apiVersion and kind of %T for %s: add the type to k8s.io/client-go/kubernetes/scheme.Scheme (its package's AddToScheme), or set them on copies of the objects given to Set", objs[0], purpose)
 }
 
 // prune returns a copy of m without nulls and empty maps: the fields an

@@ -150,7 +150,8 @@
 // takes each request's token (Options.QPS) before it chooses the write to
 // send, so the most urgent write gets the next token; give its client no
 // limit of its own (RESTConfig). Options.Tenancy makes each namespace (or
-// kind) a tenant with its own quota (Options.DefaultTenant) and a fair
+// kind, a typed object's told by its scheme) a tenant with its own quota
+// (Options.DefaultTenant) and a fair
 // share at equal priority, so one noisy namespace cannot starve the
 // others. A full writer refuses a new object's desire
 // (dispatch.ErrBackpressure) unless it outranks a droppable one.

@@ -69,7 +69,16 @@ type Tenancy uint8
 const (
 	TenancyNone      Tenancy = iota // one tenant, ""
 	TenancyNamespace                // one per namespace: a noisy namespace cannot starve the others
-	TenancyKind                     // one per kind (the object's apiVersion/kind as given)
+	// TenancyKind makes one tenant per kind, named by its group and kind
+	// as schema.GroupKind prints them ("ConfigMap", "Deployment.apps"):
+	// the object's own apiVersion and kind if it names a kind, else, for a
+	// typed object whose TypeMeta is empty (as typed clients and informers
+	// leave it), its type's, found as a ModeApply finds it — in the
+	// client's scheme (crclient's), else in client-go's
+	// (k8s.io/client-go/kubernetes/scheme.Scheme). A Set of an object whose
+	// kind cannot be told is refused, unless SetOptions.Tenant names its
+	// tenant.
+	TenancyKind
 )
 
 // Options configures New. The zero value is valid: ModeUpdate, one class

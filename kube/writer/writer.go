@@ -11,6 +11,7 @@ import (
 
 	"github.com/coalescer/dispatch"
 	"github.com/coalescer/dispatch/kube/internal/preset"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -48,6 +49,9 @@ type Writer[O Object] struct {
 	closers changes
 	// status says whether O has a status to write.
 	status statusKnown
+	// kinds holds, by Go type, the tenant of a typed object given without
+	// its kind under TenancyKind (kindTenant).
+	kinds sync.Map
 }
 
 // SetOptions are one desire's settings; the zero value is valid: class "",
@@ -164,7 +168,8 @@ func urgent(classes map[string]int) int {
 // Set returns nil: no request, no token, no watch event.
 //
 // Set returns an error, and queues nothing, for an obj without a UID or a
-// name, an empty desire, an unknown class, or when the writer is closed
+// name, an empty desire, an unknown class, an object whose kind
+// TenancyKind cannot tell, or when the writer is closed
 // (dispatch.ErrClosed) or full (dispatch.ErrBackpressure). The outcome of
 // a queued desire reaches Options.OnDone, the Observer and Stats; a desire
 // found met here reaches Stats alone.
@@ -246,7 +251,11 @@ func (w *Writer[O]) newOp(obj O, d Desire[O], o SetOptions) (*op[O], dispatch.Su
 	}
 	so = dispatch.SubmitOptions{Priority: prio, Deadline: o.Deadline, Timeout: o.Timeout, Tenant: o.Tenant, Droppable: o.Droppable}
 	if so.Tenant == "" {
-		so.Tenant = w.tenantOf(obj)
+		t, err := w.tenantOf(obj)
+		if err != nil {
+			return nil, so, err
+		}
+		so.Tenant = t
 	}
 	return &op[O]{obj: obj, uid: obj.GetUID(), desire: d, class: o.Class}, so, nil
 }
@@ -263,15 +272,38 @@ func (w *Writer[O]) moot(p *op[O]) bool {
 	return true
 }
 
-func (w *Writer[O]) tenantOf(obj O) string {
+// tenantOf is obj's tenant under Options.Tenancy.
+func (w *Writer[O]) tenantOf(obj O) (string, error) {
 	switch w.tenancy {
 	case TenancyNamespace:
-		return obj.GetNamespace()
+		return obj.GetNamespace(), nil
 	case TenancyKind:
-		gvk := obj.GetObjectKind().GroupVersionKind()
-		return gvk.GroupKind().String()
+		return w.kindTenant(obj)
 	}
-	return ""
+	return "", nil
+}
+
+// kindTenant is obj's group and kind (TenancyKind): its own if it names a
+// kind, else, for a typed object whose TypeMeta is empty (as typed clients
+// and informers leave it), its type's, as an apply names it (kindOf), kept
+// per type.
+func (w *Writer[O]) kindTenant(obj O) (string, error) {
+	if gvk := obj.GetObjectKind().GroupVersionKind(); gvk.Kind != "" {
+		return gvk.GroupKind().String(), nil
+	}
+	typ := reflect.TypeOf(obj)
+	if k, ok := w.kinds.Load(typ); ok {
+		return k.(string), nil
+	}
+	gvk, err := w.kindOf("Options.Tenancy TenancyKind (or give the write a SetOptions.Tenant)", obj)
+	if err != nil {
+		return "", err
+	}
+	k := gvk.GroupKind().String()
+	if _, ok := any(obj).(runtime.Unstructured); !ok { // an unstructured object's kind is its own, not its type's
+		w.kinds.Store(typ, k)
+	}
+	return k, nil
 }
 
 // Forget ends every desire for the object of UID uid that has not been

@@ -264,3 +264,35 @@ func TestTypedNilClientRefused(t *testing.T) {
 	_, err := writer.New(crclient.New[deploy](c, nil), writer.Options[deploy]{})
 	assert.ErrorContains(t, err, "client is nil")
 }
+
+// TestTenancyKindFromTheClientsScheme: under writer.TenancyKind, a typed
+// object as controller-runtime reads it (an empty TypeMeta) is the tenant
+// of its kind as the client's scheme names it, each kind its own; before,
+// every typed object was the one tenant "".
+func TestTenancyKindFromTheClientsScheme(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "c", UID: "uid-2"}}
+		c := newClient(t, interceptor.Funcs{}, web(), cm)
+		var seen []string
+		obs := &submitTenants{seen: &seen}
+		w, err := writer.New(crclient.New[client.Object](c, nil), writer.Options[client.Object]{Tenancy: writer.TenancyKind, Observer: obs})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		label := writer.Desire[client.Object]{Object: func(o client.Object) error { o.SetLabels(map[string]string{"x": "y"}); return nil }}
+		var d appsv1.Deployment
+		require.NoError(t, c.Get(t.Context(), client.ObjectKeyFromObject(web()), &d))
+		var m corev1.ConfigMap
+		require.NoError(t, c.Get(t.Context(), client.ObjectKeyFromObject(cm), &m))
+		require.Empty(t, d.Kind+m.Kind, "typed objects as read: no TypeMeta")
+		require.NoError(t, w.Set(&d, label, writer.SetOptions{}))
+		require.NoError(t, w.Set(&m, label, writer.SetOptions{}))
+		assert.Equal(t, []string{"Deployment.apps", "ConfigMap"}, seen)
+	})
+}
+
+type submitTenants struct {
+	dispatch.NopObserver
+	seen *[]string
+}
+
+func (o *submitTenants) OnSubmit(e dispatch.Event, _ bool) { *o.seen = append(*o.seen, e.Tenant) }
