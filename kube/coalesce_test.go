@@ -391,3 +391,27 @@ func TestMergeIntoABoundViewDropsTheStaleReport(t *testing.T) {
 		assert.NotNil(t, findCondition(&got.Status, probe.Type), "the newer patch's own condition lands")
 	})
 }
+
+// TestBindingReplacedByADeletion: a deletion replaces a pending binding,
+// and the binding's submitter shares the deletion's outcome, as every
+// submission merged into a call does: Succeeded, though the pod was never
+// bound — it is deleted. Its Result's Call is the deletion, which tells a
+// binding a deletion replaced from one that landed.
+func TestBindingReplacedByADeletion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"), newPod("blocker"))
+		d := newTestDispatcher(t, api, Options{Workers: 1})
+		release := api.hold("patch/status", "blocker")
+		submit(t, d, PatchStatus(api.pod("blocker"), StatusPatch{NominatedNodeName: ptr("x")}))
+		synctest.Wait()
+		bind := submit(t, d, Bind(api.pod("p"), "n1"))
+		del := submit(t, d, Delete(api.pod("p"), nil))
+		release()
+		rb, rd := outcome(t, bind), outcome(t, del)
+		assert.Equal(t, dispatch.StateSucceeded, rb.State)
+		assert.Equal(t, rd.Outcome, rb.Outcome, "one call, one outcome")
+		assert.Equal(t, PodDeletion, rb.Call.Type(), "the call that ran is the deletion")
+		assert.Empty(t, rb.Call.Node())
+		assert.Nil(t, api.pod("p"), "deleted, never bound")
+	})
+}

@@ -139,7 +139,12 @@ func (d *Dispatcher) options(c Call, o SubmitOptions) dispatch.SubmitOptions {
 //
 // A call that replaces a pending one runs at its own, higher priority, in
 // its own tenant and under its own label: a binding that replaced a
-// pending status patch runs, and is counted, as a binding.
+// pending status patch runs, and is counted, as a binding. The replaced
+// call's submitters are told its outcome: a binding a deletion replaced
+// ends Succeeded once the pod is deleted, though it never bound the pod.
+// The Result's Call is the call that ran — its Type tells that binding
+// from one that landed. (kube-scheduler's dispatcher, and the scheduler
+// adapter, tell an overwritten call fwk.ErrCallOverwritten instead.)
 func (d *Dispatcher) Submit(ctx context.Context, c Call, o SubmitOptions) (*Ticket, error) {
 	if err := c.Err(); err != nil {
 		return nil, err

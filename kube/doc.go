@@ -28,9 +28,11 @@
 // happens in order, at most one at a time. While a call waits, later calls
 // for the same pod coalesce into it by relevance, as in kube-scheduler:
 // deletion > binding > status patch. A more relevant call replaces the
-// pending one (and its submitters share the outcome of the call that runs);
-// a less relevant one ends Skipped at once, without waiting; two status
-// patches combine into one write, the newer one's fields winning. A call that
+// pending one (and its submitters share the outcome of the call that runs:
+// a binding a deletion replaced ends Succeeded with the deletion, its
+// Result's Call the deletion); a less relevant one ends Skipped at once,
+// without waiting; two status patches combine into one write, the newer
+// one's fields winning. A call that
 // arrives while the pod's call is in flight waits behind it and runs next,
 // unless that call is a deletion that lands: the pod is gone, and the call
 // ends Skipped, as it would onto a pending deletion.
