@@ -121,7 +121,10 @@ func (d *Dispatcher) Start(logger klog.Logger) {
 // Execute, which runs on a worker Close would wait for, Close cannot wait:
 // it ends what remains at once, as a cancelled ctx does, and returns an
 // error matching dispatch.ErrReentrant; a later Close waits for the
-// execution.
+// execution. Called from Metrics.Pending, it closes as from anywhere else,
+// but for the goroutine that calls Pending, its own, which it cannot wait
+// for: it returns an error matching dispatch.ErrReentrant, and a later
+// Close waits for that goroutine.
 func (d *Dispatcher) Close(ctx context.Context) error {
 	if d.started.CompareAndSwap(false, true) {
 		// Never started: what is queued would wait for Start forever.
@@ -131,7 +134,11 @@ func (d *Dispatcher) Close(ctx context.Context) error {
 	}
 	err := d.core.Close(ctx)
 	d.wire.gate.close()
-	d.pending.stop()
+	if d.pending.stop() {
+		// Called from Metrics.Pending: Close cannot wait for the goroutine
+		// that calls it, its own.
+		return errors.Join(err, dispatch.ErrReentrant)
+	}
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"github.com/coalescer/dispatch/internal/goid"
 	"k8s.io/apimachinery/pkg/types"
 	fwk "k8s.io/kube-scheduler/framework"
 )
@@ -54,6 +55,7 @@ type pendingGauge struct {
 	stopped bool
 	quit    chan struct{}
 	wg      sync.WaitGroup
+	id      atomic.Uint64 // the goroutine's (goid), once it runs
 
 	reported map[fwk.APICallType]int // owned by the goroutine
 }
@@ -114,10 +116,13 @@ func (g *pendingGauge) start() {
 	g.kick()
 }
 
-// stop ends the goroutine after a last report, and waits for it.
-func (g *pendingGauge) stop() {
+// stop ends the goroutine after a last report, and waits for it — unless
+// called from it (a Metrics.Pending that calls Close): then it cannot, and
+// reports so (self); the goroutine makes its last report and exits once
+// Pending returns.
+func (g *pendingGauge) stop() (self bool) {
 	if g.m == nil {
-		return
+		return false
 	}
 	g.mu.Lock()
 	if !g.stopped {
@@ -126,13 +131,19 @@ func (g *pendingGauge) stop() {
 	}
 	running := g.running
 	g.mu.Unlock()
-	if running {
-		g.wg.Wait()
+	if !running {
+		return false
 	}
+	if g.id.Load() == goid.ID() {
+		return true
+	}
+	g.wg.Wait()
+	return false
 }
 
 func (g *pendingGauge) loop() {
 	defer g.wg.Done()
+	g.id.Store(goid.ID())
 	for {
 		select {
 		case <-g.quit:

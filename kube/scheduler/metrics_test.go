@@ -244,3 +244,42 @@ func TestExecutedWhereItRan(t *testing.T) {
 		})
 	}
 }
+
+// closeOnPending is a Metrics whose first Pending closes the dispatcher.
+type closeOnPending struct {
+	d    *Dispatcher
+	once sync.Once
+	err  chan error
+}
+
+func (m *closeOnPending) Executed(fwk.APICallType, error, time.Duration) {}
+
+func (m *closeOnPending) Pending(fwk.APICallType, int) {
+	m.once.Do(func() { m.err <- m.d.Close(context.Background()) })
+}
+
+// TestCloseFromMetricsPending: Close called from Metrics.Pending, on the
+// goroutine that reports the pending count, waited for that goroutine —
+// itself — for ever. It takes effect (what is queued runs, as Close's
+// context allows), returns an error matching dispatch.ErrReentrant
+// without waiting for itself, and a later Close waits for that goroutine.
+func TestCloseFromMetricsPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := &closeOnPending{err: make(chan error, 1)}
+		d := newIdleDispatcher(t, Options{Metrics: m})
+		m.d = d
+		j := &journal{}
+		ch := make(chan error, 1)
+		require.NoError(t, d.Add(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: ch}))
+		d.Start(testLogger(t)) // reports the call's type: Pending closes
+		select {
+		case err := <-m.err:
+			assert.ErrorIs(t, err, dispatch.ErrReentrant)
+		case <-time.After(time.Hour):
+			t.Fatal("Close from Metrics.Pending did not return")
+		}
+		assert.NoError(t, <-ch, "the queued call ran: Close drained")
+		require.NoError(t, d.Close(context.Background()), "a later Close waits for the goroutine")
+		assert.ErrorIs(t, d.Add(newCall(j, "b", typeLow, "2", "x"), fwk.APICallOptions{}), dispatch.ErrClosed)
+	})
+}
