@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -160,7 +161,11 @@ func (d *Dispatcher) Close(ctx context.Context) error {
 //
 // Beyond upstream, Add refuses with the dispatcher's error (matching
 // dispatch.ErrBackpressure, ErrClosed, …) when the call cannot be queued;
-// the same error goes to OnFinish.
+// the same error goes to OnFinish. A call whose Merge or IsNoOp panics is
+// refused with its *dispatch.PanicError; one whose Merge or IsNoOp ends
+// its goroutine (runtime.Goexit) ends Add's, which never returns, and its
+// OnFinish still gets its one value, a *dispatch.PanicError holding
+// dispatch.ErrGoexit.
 func (d *Dispatcher) Add(call fwk.APICall, opts fwk.APICallOptions) error {
 	return d.add(newEntry(call, opts.OnFinish))
 }
@@ -178,7 +183,14 @@ func (d *Dispatcher) Submit(call fwk.APICall, opts fwk.APICallOptions) (*Ticket,
 func (d *Dispatcher) add(e *entry) error {
 	uid := e.call.UID()
 	d.pending.see(e.typ)
+	posted := false
+	defer func() {
+		if !posted {
+			d.exited(e)
+		}
+	}()
 	err := d.core.Post(uid, e, d.set.options(e.typ))
+	posted = true
 	if err != nil {
 		e.displaced.Store(nil) // refused: whatever it merged stays in place
 	}
@@ -208,6 +220,19 @@ func (d *Dispatcher) add(e *entry) error {
 		d.wire.gate.added() // a call more waits to run
 	}
 	return nil
+}
+
+// exited tells e, whose Add never returns, its outcome: a callback the
+// core ran on the Add's goroutine to admit e — the call's Merge or IsNoOp
+// — ended that goroutine (runtime.Goexit), and the core refused e, as it
+// refuses a call whose Merge panics. Whatever e merged stays in place. (An
+// Execute run inline, in ModeSync, that ends it has been told by the core,
+// on the way out, before this runs: e is not told twice.)
+func (d *Dispatcher) exited(e *entry) {
+	e.displaced.Store(nil)
+	pe := &dispatch.PanicError{Callback: "add", Value: dispatch.ErrGoexit, Stack: debug.Stack()}
+	d.tell(e, pe, dispatch.Outcome{})
+	d.pending.kick()
 }
 
 // demand is the gate's count of the calls waiting to run that may start

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -339,4 +340,77 @@ func TestClosedOnFinishIsCounted(t *testing.T) {
 		assert.Equal(t, "on_finish", pe.Callback)
 		assert.Equal(t, "send on closed channel", fmt.Sprint(pe.Value))
 	})
+}
+
+// exitingCall is a testCall whose Merge or IsNoOp, once armed, ends its
+// goroutine (runtime.Goexit): the goroutine of the Add that asks it.
+type exitingCall struct {
+	*testCall
+	inMerge, inNoOp bool
+}
+
+func (c *exitingCall) Merge(old fwk.APICall) error {
+	if c.inMerge {
+		runtime.Goexit()
+	}
+	if o, ok := old.(*exitingCall); ok {
+		old = o.testCall
+	}
+	return c.testCall.Merge(old)
+}
+
+func (c *exitingCall) IsNoOp() bool {
+	if c.inNoOp {
+		runtime.Goexit()
+	}
+	return c.testCall.IsNoOp()
+}
+
+// TestOnFinishWhenAddExits: a call's Merge or IsNoOp that ends its
+// goroutine (runtime.Goexit) ends the Add that asked it, which never
+// returns; the core refuses the call. Its OnFinish still gets its one
+// value, an error holding dispatch.ErrGoexit; the call it would have
+// merged with stays pending, untold, and runs.
+func TestOnFinishWhenAddExits(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		pending         bool // a call is pending for the object: Merge, then IsNoOp, are asked
+		inMerge, inNoOp bool
+	}{
+		{"IsNoOp of a call for an idle object", false, false, true},
+		{"Merge", true, true, false},
+		{"IsNoOp after the merge", true, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := newIdleDispatcher(t, Options{})
+				j := &journal{}
+				chFirst := make(chan error, 1)
+				if c.pending {
+					require.NoError(t, d.Add(newCall(j, "first", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: chFirst}))
+				}
+				ch := make(chan error, 1)
+				returned := false
+				go func() {
+					_ = d.Add(&exitingCall{testCall: newCall(j, "exits", typeLow, "1", "y"), inMerge: c.inMerge, inNoOp: c.inNoOp}, fwk.APICallOptions{OnFinish: ch})
+					returned = true
+				}()
+				synctest.Wait()
+				assert.False(t, returned, "the Add's goroutine ended")
+				require.Len(t, ch, 1, "its OnFinish was told")
+				err := <-ch
+				assert.ErrorIs(t, err, dispatch.ErrGoexit)
+				var pe *dispatch.PanicError
+				assert.ErrorAs(t, err, &pe)
+				if c.pending {
+					assert.Empty(t, chFirst, "the pending call is not told it was overwritten")
+					d.Start(testLogger(t))
+					synctest.Wait()
+					require.Len(t, chFirst, 1)
+					assert.NoError(t, <-chFirst, "it ran")
+					assert.Equal(t, []string{"execute first"}, j.only("execute "))
+				}
+			})
+		})
+	}
 }
