@@ -31,9 +31,9 @@ type Dispatcher struct {
 	logs       atomic.Pointer[context.Context] // holds only logger, for execCtx
 	started    atomic.Bool
 
-	pending      pendingGauge
-	finishPanics finishPanics // OnFinish sends that panicked, for Stats
-	pace         *pacer       // Options.PaceStatusPatches; nil: off
+	pending pendingGauge
+	panics  panics // contained by the adapter itself, for Stats
+	pace    *pacer // Options.PaceStatusPatches; nil: off
 	// epoch is the origin an execution's time is read from, as
 	// time.Since(epoch): the monotonic clock alone, where time.Now reads
 	// the wall clock too.
@@ -76,7 +76,7 @@ func New(client kubernetes.Interface, relevances fwk.APICallRelevances, o Option
 		// AgingBand it checks are the adapter's own, checked first).
 		return nil, preset.OptionsErr("scheduler:", err)
 	}
-	d.pending.init(d.core, set.metrics)
+	d.pending.init(d.core, set.metrics, d.contain)
 	d.wire.gate.shares, d.wire.gate.demand = maxShares, d.demand
 	if set.pace && d.wire.metered && d.wire.gate.l != nil { // no bucket (QPS < 0): no rate to follow
 		d.pace = newPacer(float64(d.wire.gate.l.QPS()), set.workers, set.reserved, func(n int) error {
@@ -305,12 +305,12 @@ func (d *Dispatcher) SyncObject(obj metav1.Object) (metav1.Object, error) {
 
 // Stats returns a snapshot of the dispatcher's state and counters; the
 // tenants and labels are call types. CallbackPanics (and
-// LastCallbackPanic) count, beside the core's callbacks, the sends on an
-// OnFinish channel that panicked — a channel its caller closed — which the
-// adapter recovers.
+// LastCallbackPanic) count, beside the core's callbacks, those the adapter
+// contains itself: a send on an OnFinish channel that panicked (one its
+// caller closed), and a panic in a Metrics method.
 func (d *Dispatcher) Stats() dispatch.Stats {
 	s := d.core.Stats()
-	d.finishPanics.into(&s)
+	d.panics.into(&s)
 	return s
 }
 
@@ -368,10 +368,25 @@ var errExecuteDidNotReturn = errors.New("scheduler: Execute did not return")
 func (d *Dispatcher) executed(t fwk.APICallType, err error, start time.Duration) {
 	elapsed := time.Since(d.epoch) - start
 	if m := d.set.metrics; m != nil {
-		m.Executed(t, err, elapsed)
+		d.tellExecuted(m, t, err, elapsed)
 	}
 	if d.pace != nil && t == podStatusPatch {
 		d.pace.observe(elapsed)
+	}
+}
+
+// tellExecuted tells m an execution, containing a panic in it: the call's
+// outcome is what its Execute returned, whatever the metrics do.
+func (d *Dispatcher) tellExecuted(m Metrics, t fwk.APICallType, err error, elapsed time.Duration) {
+	defer d.recoverMetrics("metrics_executed")
+	m.Executed(t, err, elapsed)
+}
+
+// recoverMetrics, deferred around a call of a Metrics method, contains its
+// panic.
+func (d *Dispatcher) recoverMetrics(callback string) {
+	if v := recover(); v != nil {
+		d.contain(&dispatch.PanicError{Callback: callback, Value: v, Stack: debug.Stack()})
 	}
 }
 

@@ -1,9 +1,11 @@
 package scheduler
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/coalescer/dispatch"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/klog/v2"
 )
@@ -59,4 +61,45 @@ func (o logObserver) OnCircuitChange(from, to dispatch.Circuit) {
 // logErr reports an internal error as upstream's dispatcher does.
 func logErr(logger klog.Logger, err error, msg string, kv ...any) {
 	utilruntime.HandleErrorWithLogger(logger, err, msg, kv...)
+}
+
+// panics counts the panics of user code the adapter runs and contains
+// itself — a send on a closed OnFinish channel (tell), Metrics' methods —
+// which the core never sees: Stats adds them to the core's
+// Stats.CallbackPanics.
+type panics struct {
+	n    atomic.Uint64
+	last atomic.Pointer[contained]
+}
+
+// contained is the latest panic the adapter contained, with the core's
+// CallbackPanics when it was: while that count has not moved, it is the
+// latest callback panic of all.
+type contained struct {
+	pe   *dispatch.PanicError
+	core uint64
+}
+
+func (p *panics) add(core *dispatch.Dispatcher[types.UID, *entry], pe *dispatch.PanicError) {
+	p.last.Store(&contained{pe: pe, core: core.Stats().CallbackPanics})
+	p.n.Add(1) // after last: a count read non-zero finds last set
+}
+
+// into adds the adapter's contained panics to s, the core's snapshot.
+func (p *panics) into(s *dispatch.Stats) {
+	n := p.n.Load()
+	if n == 0 {
+		return
+	}
+	if last := p.last.Load(); s.LastCallbackPanic == nil || last.core >= s.CallbackPanics {
+		s.LastCallbackPanic = last.pe
+	}
+	s.CallbackPanics += n
+}
+
+// contain records pe, a panic (or runtime.Goexit) of Metrics' method
+// callback, and logs it as an internal error.
+func (d *Dispatcher) contain(pe *dispatch.PanicError) {
+	d.panics.add(d.core, pe)
+	logErr(d.log(), pe, "A Metrics method panicked", "callback", pe.Callback)
 }

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,14 @@ import (
 // scheduler_pending_async_api_calls). The drop-in package implements it with
 // those metrics; dispatch's own figures are in Stats and, through
 // Options.Observer, in dispatchprom.
+//
+// A panic in either method is contained, as the dispatcher's other
+// callbacks' are: logged as an internal error and counted in
+// Stats.CallbackPanics; it changes no call's outcome, and a count Pending
+// did not take is told again at the next change. Executed runs on the
+// worker, inside the execution: one that ends its goroutine
+// (runtime.Goexit) ends the execution as an Execute that did (the call
+// fails); a Pending that does is followed by a goroutine of its own.
 type Metrics interface {
 	// Executed reports one execution of a call of type t: its Execute
 	// returned err after elapsed. It is called on the goroutine that ran
@@ -41,9 +50,10 @@ type Metrics interface {
 // the types whose count changed. A kick arriving during a read is kept, so
 // the last change is always reported.
 type pendingGauge struct {
-	core *dispatch.Dispatcher[types.UID, *entry]
-	m    Metrics
-	kc   chan struct{} // kicks, capacity 1
+	core    *dispatch.Dispatcher[types.UID, *entry]
+	m       Metrics
+	contain func(*dispatch.PanicError) // a panic (or Goexit) of m.Pending
+	kc      chan struct{}              // kicks, capacity 1
 
 	// types holds every call type added so far, never changed once
 	// stored: Add looks its type up without a lock, and adds a new one
@@ -60,8 +70,8 @@ type pendingGauge struct {
 	reported map[fwk.APICallType]int // owned by the goroutine
 }
 
-func (g *pendingGauge) init(core *dispatch.Dispatcher[types.UID, *entry], m Metrics) {
-	g.core, g.m = core, m
+func (g *pendingGauge) init(core *dispatch.Dispatcher[types.UID, *entry], m Metrics, contain func(*dispatch.PanicError)) {
+	g.core, g.m, g.contain = core, m, contain
 	g.types.Store(&map[fwk.APICallType]struct{}{})
 	if m != nil {
 		g.kc = make(chan struct{}, 1)
@@ -141,13 +151,29 @@ func (g *pendingGauge) stop() (self bool) {
 	return false
 }
 
+// loop reports the counts as they change. If Pending ends its goroutine
+// (runtime.Goexit), another takes over, as the core's goroutines do, and
+// tells the count again at the next change — unless the gauge is stopping.
 func (g *pendingGauge) loop() {
-	defer g.wg.Done()
+	normal := false
+	defer func() {
+		if !normal {
+			g.contain(&dispatch.PanicError{Callback: "metrics_pending", Value: dispatch.ErrGoexit, Stack: debug.Stack()})
+			select {
+			case <-g.quit: // its last report: the next one would be too
+			default:
+				g.wg.Add(1) // before Done: a Close waiting never finds none
+				go g.loop()
+			}
+		}
+		g.wg.Done()
+	}()
 	g.id.Store(goid.ID())
 	for {
 		select {
 		case <-g.quit:
 			g.report()
+			normal = true
 			return
 		case <-g.kc:
 			g.report()
@@ -155,12 +181,24 @@ func (g *pendingGauge) loop() {
 	}
 }
 
+// report tells Pending each count that changed since it last returned.
 func (g *pendingGauge) report() {
 	for t := range *g.types.Load() {
 		n := g.core.Queued(string(t))
-		if old, ok := g.reported[t]; !ok || old != n {
-			g.m.Pending(t, n)
+		if old, ok := g.reported[t]; (!ok || old != n) && g.tell(t, n) {
 			g.reported[t] = n
 		}
 	}
+}
+
+// tell tells Pending, containing a panic in it; it reports whether Pending
+// returned (a count it did not take is told again at the next report).
+func (g *pendingGauge) tell(t fwk.APICallType, n int) (returned bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			g.contain(&dispatch.PanicError{Callback: "metrics_pending", Value: v, Stack: debug.Stack()})
+		}
+	}()
+	g.m.Pending(t, n)
+	return true
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -282,4 +283,94 @@ func TestCloseFromMetricsPending(t *testing.T) {
 		require.NoError(t, d.Close(context.Background()), "a later Close waits for the goroutine")
 		assert.ErrorIs(t, d.Add(newCall(j, "b", typeLow, "2", "x"), fwk.APICallOptions{}), dispatch.ErrClosed)
 	})
+}
+
+// misbehaving is a recorder whose methods, while armed, panic or end their
+// goroutine (runtime.Goexit) instead.
+type misbehaving struct {
+	*recorder
+	mu                sync.Mutex
+	executed, pending func()
+}
+
+func (m *misbehaving) arm(executed, pending func()) {
+	m.mu.Lock()
+	m.executed, m.pending = executed, pending
+	m.mu.Unlock()
+}
+
+func (m *misbehaving) Executed(t fwk.APICallType, err error, elapsed time.Duration) {
+	m.mu.Lock()
+	f := m.executed
+	m.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	m.recorder.Executed(t, err, elapsed)
+}
+
+func (m *misbehaving) Pending(t fwk.APICallType, n int) {
+	m.mu.Lock()
+	f := m.pending
+	m.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	m.recorder.Pending(t, n)
+}
+
+// TestMetricsCallbackPanics: Metrics is user code, and a panic in it is
+// contained as the dispatcher's other callbacks' are — logged as an
+// internal error and counted in Stats.CallbackPanics. A panic in Executed,
+// told after the call's Execute returned, does not change the call's
+// outcome (it ended Failed, "exec panicked", though it had landed); one
+// in Pending, on the goroutine that reports it, does not end the process,
+// and the pending count goes on being reported; nor does a Pending that
+// ends its goroutine (runtime.Goexit). (On the real clock: the log's
+// utilruntime.HandleError waits out a backoff that, read from a synctest
+// bubble's clock, is years, past the calls' deadlines.)
+func TestMetricsCallbackPanics(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		executed, pending func()
+	}{
+		{"Executed panics", func() { panic("executed") }, nil},
+		{"Pending panics", nil, func() { panic("pending") }},
+		{"Pending exits", nil, runtime.Goexit},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := &misbehaving{recorder: newRecorder()}
+			m.arm(c.executed, c.pending)
+			d := newIdleDispatcher(t, Options{Metrics: m})
+			j := &journal{}
+			ch := make(chan error, 1)
+			require.NoError(t, d.Add(newCall(j, "a", typeLow, "1", "x"), fwk.APICallOptions{OnFinish: ch}))
+			d.Start(testLogger(t))
+			assert.NoError(t, outcome(t, ch), "its Execute succeeded")
+			require.Eventually(t, func() bool { return d.Stats().CallbackPanics > 0 }, 10*time.Second, time.Millisecond)
+			s := d.Stats()
+			require.NotNil(t, s.LastCallbackPanic)
+			assert.Contains(t, s.LastCallbackPanic.Callback, "metrics")
+
+			// Disarmed, the metrics go on.
+			m.arm(nil, nil)
+			hold := newHolder()
+			b := newCall(j, "b", typeLow, "2", "x")
+			b.exec = hold.exec
+			require.NoError(t, d.Add(b, fwk.APICallOptions{}))
+			<-hold.arrived
+			require.NoError(t, d.Add(newCall(j, "c", typeLow, "2", "y"), fwk.APICallOptions{}))
+			require.Eventually(t, func() bool { _, p := m.snapshot(); return p[typeLow] == 1 }, 10*time.Second, time.Millisecond, "c waits behind b")
+			hold.release <- struct{}{}
+			want := 3 // a, b and c
+			if c.executed != nil {
+				want = 2 // a's Executed panicked before it was recorded
+			}
+			require.Eventually(t, func() bool {
+				ex, p := m.snapshot()
+				return p[typeLow] == 0 && ex[typeLow][0] == want
+			}, 10*time.Second, time.Millisecond)
+			require.NoError(t, d.Close(context.Background()))
+		})
+	}
 }

@@ -3,10 +3,8 @@ package scheduler
 import (
 	"context"
 	"runtime/debug"
-	"sync/atomic"
 
 	"github.com/coalescer/dispatch"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // Result is how one Add ended.
@@ -79,7 +77,7 @@ func (d *Dispatcher) tell(e *entry, err error, o dispatch.Outcome) bool {
 		defer func() {
 			if v := recover(); v != nil {
 				pe := &dispatch.PanicError{Callback: "on_finish", Value: v, Stack: debug.Stack()}
-				d.finishPanics.add(d.core, pe)
+				d.panics.add(d.core, pe)
 				logErr(d.log(), pe, "Sending an API call's result on its OnFinish channel panicked", "callType", e.typ, "uid", e.call.UID())
 			}
 		}()
@@ -89,37 +87,4 @@ func (d *Dispatcher) tell(e *entry, err error, o dispatch.Outcome) bool {
 		}
 	}
 	return true
-}
-
-// finishPanics counts the sends on an OnFinish channel that panicked
-// (tell), which Stats adds to the core's Stats.CallbackPanics: the
-// adapter recovers them itself, so the core never sees them.
-type finishPanics struct {
-	n    atomic.Uint64
-	last atomic.Pointer[finishPanic]
-}
-
-// finishPanic is the latest recovered send, with the core's
-// CallbackPanics when it was recovered: while that count has not moved,
-// it is the latest callback panic of all.
-type finishPanic struct {
-	pe   *dispatch.PanicError
-	core uint64
-}
-
-func (f *finishPanics) add(core *dispatch.Dispatcher[types.UID, *entry], pe *dispatch.PanicError) {
-	f.last.Store(&finishPanic{pe: pe, core: core.Stats().CallbackPanics})
-	f.n.Add(1) // after last: a count read non-zero finds last set
-}
-
-// into adds the recovered sends to s, the core's snapshot.
-func (f *finishPanics) into(s *dispatch.Stats) {
-	n := f.n.Load()
-	if n == 0 {
-		return
-	}
-	if last := f.last.Load(); s.LastCallbackPanic == nil || last.core >= s.CallbackPanics {
-		s.LastCallbackPanic = last.pe
-	}
-	s.CallbackPanics += n
 }
