@@ -1,6 +1,8 @@
 package dispatchprom
 
 import (
+	"fmt"
+
 	"github.com/coalescer/dispatch"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,7 +23,9 @@ func (o *Observer) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect sends the event counters and histograms, then, if a Stats source
 // is set, reads one snapshot and sends the gauges taken from it, so that
-// they agree with each other.
+// they agree with each other. A source that panics sends no gauge but an
+// invalid metric whose error names it, which fails the scrape; the
+// counters and histograms are sent all the same.
 func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range o.events {
 		c.Collect(ch)
@@ -30,7 +34,11 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	if p == nil {
 		return
 	}
-	s := (*p)()
+	s, err := snapshot(*p)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(o.pending, err)
+		return
+	}
 	gauge := func(d *prometheus.Desc, v int, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
@@ -51,6 +59,20 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 		gauge(o.tenantQueued, q.Queued, t)
 		gauge(o.tenantInFlight, q.InFlight, t)
 	}
+}
+
+// snapshot reads stats, reporting a panic in it as an error that names
+// the source and its likeliest cause: the Stats method of a Dispatcher not
+// made yet, taken as Options.Stats before the Dispatcher that this Observer
+// is given to was made.
+func snapshot(stats func() dispatch.Stats) (s dispatch.Stats, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("dispatchprom: the Stats source (Options.Stats or SetStats) panicked: %v; "+
+				"d.Stats of a Dispatcher d not made yet does this: give d.Stats to SetStats once d exists", v)
+		}
+	}()
+	return stats(), nil
 }
 
 // pendingByType is s's pending calls by call-type label value. Types seen

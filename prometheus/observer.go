@@ -49,9 +49,10 @@ type Options struct {
 	MaxLabelValues int
 	// Stats, if set, is read at every scrape for the gauges that need a
 	// snapshot (pending calls by call type, queue depth, in flight, tracked
-	// keys, tenants, mode, breaker state). Pass the Dispatcher's Stats
-	// method, or call SetStats once the Dispatcher exists. nil: no gauges
-	// until SetStats.
+	// keys, tenants, mode, breaker state). The Dispatcher this Observer is
+	// given to is made after it: call SetStats once it exists (d.Stats
+	// taken before, d still nil, panics at every scrape, which then fails
+	// with an error saying so). nil: no gauges until SetStats.
 	Stats func() dispatch.Stats
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -214,6 +215,35 @@ dispatch_binds_tracked_keys 7
 	obs2, reg2 := newTestObserver(t, Options{Stats: func() dispatch.Stats { return stats }})
 	_ = obs2
 	assert.Equal(t, 7.0, value(t, reg2, "dispatch_tracked_keys"))
+}
+
+// TestStatsOfDispatcherNotMadeYet: the Stats method of a Dispatcher not
+// made yet (d.Stats with d nil), given as Options.Stats, panics when read.
+// A scrape then fails with an error that names the source and the fix, as
+// Options.Stats' doc says, and the event counters are still gathered;
+// Collect called directly does not panic.
+func TestStatsOfDispatcherNotMadeYet(t *testing.T) {
+	var d *dispatch.Dispatcher[string, int]
+	obs, reg := newTestObserver(t, Options{Stats: d.Stats})
+	obs.OnSubmit(dispatch.Event{}, false)
+
+	mfs, err := reg.Gather()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Options.Stats or SetStats")
+	assert.Contains(t, err.Error(), "give d.Stats to SetStats once d exists")
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	assert.Contains(t, names, "dispatch_submissions_total", "the counters are gathered all the same")
+
+	ch := make(chan prometheus.Metric, 100)
+	require.NotPanics(t, func() { obs.Collect(ch) })
+
+	src, err := os.ReadFile("observer.go")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "\n\t//", "\n")), " ")
+	assert.Contains(t, text, "d.Stats taken before, d still nil, panics at every scrape, which then fails with an error saying so")
 }
 
 // TestCardinalityBound shows that a label function that is not bounded
