@@ -62,8 +62,9 @@
 // Follow, Moot, Amend's function and the RateLimiter's Allow, TryAccept,
 // QPS and ReserveN run under the dispatcher's lock: while one runs,
 // nothing else in the dispatcher moves, and one that calls the Dispatcher
-// waits for itself for ever. They must be fast and must not call it; any other callback may, and
-// a call that would wait for its own goroutine returns ErrReentrant.
+// waits for itself for ever. They must be fast and must not call it; any
+// other callback may, and a call that would wait for its own goroutine
+// returns ErrReentrant.
 //
 // A Dispatcher is safe for concurrent use. What the current implementation
 // costs per call is described in BENCHMARKS.md; a queued call holds

@@ -102,9 +102,10 @@ func (rn *runner) stock() {
 // no call; the token taken for it, a worker's or a Sync-mode caller's, is
 // held for the next execution — and so it does if the rate limiter's
 // Wait, in a Sync-mode caller, exited: exec did not run; during the rest
-// of c's attempt, the attempt ends Failed with a *PanicError. OnStart's exits are counted on
-// c: after maxStartExits in a row, c's attempt begins without it, so that
-// an OnStart that always exits does not send c back forever.
+// of c's attempt, the attempt ends Failed with a *PanicError. OnStart's
+// exits are counted on c: after maxStartExits in a row, c's attempt begins
+// without it, so that an OnStart that always exits does not send c back
+// forever.
 //
 // It returns the clock reading its attempt ended at.
 func (d *Dispatcher[K, T]) runRelock(c *call[K, T], now int64, ob *outbox[K, T], rn *runner) int64 {

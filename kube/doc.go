@@ -32,10 +32,10 @@
 // a binding a deletion replaced ends Succeeded with the deletion, its
 // Result's Call the deletion); a less relevant one ends Skipped at once,
 // without waiting; two status patches combine into one write, the newer
-// one's fields winning. A call that
-// arrives while the pod's call is in flight waits behind it and runs next,
-// unless that call is a deletion that lands: the pod is gone, and the call
-// ends Skipped, as it would onto a pending deletion.
+// one's fields winning. A call that arrives while the pod's call is in
+// flight waits behind it and runs next, unless that call is a deletion
+// that lands: the pod is gone, and the call ends Skipped, as it would onto
+// a pending deletion.
 //
 // Every call carries a baseline — the pod's status, resourceVersion and node
 // as last seen. A status patch that changes nothing in it, and a binding
