@@ -1,6 +1,7 @@
 package differential
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,12 +20,17 @@ import (
 
 const namespace = "default"
 
-// labelCallType is a plugin's own call type: labelCall.
+// labelCallType is a plugin's own call type: labelCall's, as a rule.
 const labelCallType fwk.APICallType = "test_label"
+
+// otherCallType is another plugin's call type, which the relevance table
+// does not name: relevance 0, below a status patch's.
+const otherCallType fwk.APICallType = "test_other"
 
 // relevances is upstream's table (apicalls.Relevances) with labelCall at
 // a status patch's relevance: another type at the same relevance, which
 // overwrites a pending status patch and is overwritten by one.
+// otherCallType is left out, as a plugin may leave its type out.
 var relevances = fwk.APICallRelevances{
 	apicalls.PodStatusPatch: apicalls.Relevances[apicalls.PodStatusPatch],
 	apicalls.PodBinding:     apicalls.Relevances[apicalls.PodBinding],
@@ -119,15 +125,38 @@ const (
 	setLabel
 )
 
+// labelKind is which of the tests' own calls a setLabel callSpec makes.
+type labelKind int
+
+const (
+	// plainLabel: a labelCall of labelCallType.
+	plainLabel labelKind = iota
+	// strictLabel: a labelCall of labelCallType whose Merge refuses every
+	// call.
+	strictLabel
+	// otherLabel: a labelCall of otherCallType, which relevances does not
+	// name.
+	otherLabel
+	// impostorLabel: a labelCall that says it is a status patch
+	// (apicalls.PodStatusPatch): upstream's PodStatusPatchCall.Merge
+	// refuses it, and it refuses a PodStatusPatchCall.
+	impostorLabel
+)
+
+func (k labelKind) String() string {
+	return [...]string{"label call", "strict label call", "other-type label call", "status-patch-typed label call"}[k]
+}
+
 // callSpec says how to make a call; each dispatcher gets a call of its
 // own, made from it.
 type callSpec struct {
 	kind  callKind
 	pod   int
-	from  podState // the pod a status patch or label call is made from
-	cond  cond     // what a status patch sets
-	node  string   // where a binding binds
-	value string   // what a label call sets label a to
+	from  podState  // the pod a status patch or label call is made from
+	cond  cond      // what a status patch sets
+	node  string    // where a binding binds
+	value string    // what a label call sets label a to
+	label labelKind // which label call
 	// nominate, if set, is the node a status patch nominates
 	// (fwk.ModeOverride).
 	nominate string
@@ -144,13 +173,15 @@ func (c callSpec) String() string {
 	case binding:
 		return fmt.Sprintf("binding %s to %s", podName(c.pod), c.node)
 	default:
-		return fmt.Sprintf("label call %s from %s sets a=%s", podName(c.pod), c.from, c.value)
+		return fmt.Sprintf("%s %s from %s sets a=%s", c.label, podName(c.pod), c.from, c.value)
 	}
 }
 
 // build makes the call: upstream's own, with their constructors
-// (apicalls.Implementations, as the scheduler makes them), or a labelCall.
-func (c callSpec) build() fwk.APICall {
+// (apicalls.Implementations, as the scheduler makes them), or a labelCall,
+// known as the Add at step id, whose Merges are told to merged (nil: not
+// told).
+func (c callSpec) build(id int, merged func(string)) fwk.APICall {
 	p := pod(c.pod, c.from)
 	switch c.kind {
 	case statusPatch:
@@ -165,7 +196,11 @@ func (c callSpec) build() fwk.APICall {
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
 		})
 	default:
-		return &labelCall{uid: p.UID, name: p.Name, value: c.value, have: c.from.label}
+		typ := map[labelKind]fwk.APICallType{otherLabel: otherCallType, impostorLabel: apicalls.PodStatusPatch}[c.label]
+		return &labelCall{
+			uid: p.UID, name: p.Name, value: c.value, have: c.from.label,
+			typ: cmp.Or(typ, labelCallType), strict: c.label == strictLabel, id: id, merged: merged,
+		}
 	}
 }
 
@@ -173,20 +208,25 @@ func (c callSpec) build() fwk.APICall {
 // PodStatusPatchCall is: it sets the pod's label a, is a no-op when the pod
 // (as it was made from it, or last synced before it executes) already has
 // it, and a newer call absorbs an older one through Merge. It has one key,
-// so Merge carries nothing over: the newer value wins. Unlike a status
-// patch, its Execute always sends its request, so that every execution is
-// seen at the server.
+// so Merge carries nothing over: the newer value wins; but each Merge is
+// told (merged), as a plugin's Merge may act on what it is given. Unlike a
+// status patch, its Execute always sends its request, so that every
+// execution is seen at the server.
 type labelCall struct {
-	uid   types.UID
-	name  string
-	value string
+	uid    types.UID
+	name   string
+	value  string
+	typ    fwk.APICallType
+	strict bool // Merge refuses
+	id     int  // its Add's step
+	merged func(string)
 
 	mu       sync.Mutex
 	have     string
 	executed bool
 }
 
-func (c *labelCall) CallType() fwk.APICallType { return labelCallType }
+func (c *labelCall) CallType() fwk.APICallType { return c.typ }
 func (c *labelCall) UID() types.UID            { return c.uid }
 
 func (c *labelCall) Execute(ctx context.Context, client clientset.Interface) error {
@@ -220,8 +260,15 @@ func (c *labelCall) Sync(obj metav1.Object) (metav1.Object, error) {
 }
 
 func (c *labelCall) Merge(old fwk.APICall) error {
-	if _, ok := old.(*labelCall); !ok {
+	o, ok := old.(*labelCall)
+	if !ok {
 		return fmt.Errorf("call of type %T is not a *labelCall", old)
+	}
+	if c.merged != nil {
+		c.merged(fmt.Sprintf("#%d Merge(#%d)", c.id, o.id))
+	}
+	if c.strict {
+		return errors.New("this call merges with none")
 	}
 	return nil
 }
@@ -232,9 +279,16 @@ func (c *labelCall) IsNoOp() bool {
 	return c.have == c.value
 }
 
-// forbidden is the error a released request may be answered with: a 403,
-// which neither dispatcher nor upstream's calls retry.
-var forbidden = apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
+// The errors a released request may be answered with (answer), which
+// neither dispatcher retries: a 403, which neither do upstream's calls; a
+// 404; a 409, which upstream's status patch retries inside its Execute; an
+// error that is no API status.
+var (
+	forbidden = apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
+	notFound  = apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "p")
+	conflict  = apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
+	refused   = errors.New("test: the server said no")
+)
 
 // class is what a caller can tell of an outcome with errors.Is and the
 // apierrors predicates.
@@ -248,6 +302,10 @@ func class(err error) string {
 		return "overwritten"
 	case apierrors.IsForbidden(err):
 		return "403"
+	case apierrors.IsNotFound(err):
+		return "404"
+	case apierrors.IsConflict(err):
+		return "409"
 	default:
 		return "error: " + err.Error()
 	}

@@ -29,6 +29,7 @@ func TestCloseWithCallsInFlight(t *testing.T) {
 			2  Add #2: ok
 			2  p0: patch status PodScheduled{reason=Unschedulable,status=False} → error: context canceled (held, answered at 3)
 			3  #2 finished: error: context canceled
+			3  metrics: pod_status_patch error +1
 			4  server: p0 {}`,
 	}, {
 		name: "a binding in flight",
@@ -42,6 +43,7 @@ func TestCloseWithCallsInFlight(t *testing.T) {
 			2  Add #2: ok
 			2  p0: bind node-1 → error: context canceled (held, answered at 3)
 			3  #2 finished: error: context canceled
+			3  metrics: pod_binding error +1
 			4  server: p0 {}`,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -5,14 +5,17 @@
 // observe: what each Add returns, what each call's OnFinish receives, the
 // requests each call's Execute sends (what a status patch sets, where a
 // binding binds) and how the server answers them, what SyncObject returns,
-// and the pods as the server has them at the end.
+// which calls a plugin's call is asked to Merge with, the executions
+// kube-scheduler's metrics record (metrics_test.go), and the pods as the
+// server has them at the end.
 //
 // A script (steps_test.go) is a sequence of steps — Run; Add of upstream's
 // own PodStatusPatchCall and PodBindingCall, made with their constructors,
-// or of a plugin-like call of the tests' own (calls_test.go); SyncObject;
-// hold the next request for a pod at the server; release it with success
-// or a 403; Close — over a fake clientset whose requests can be held
-// (server_test.go). Both dispatchers run in one testing/synctest bubble,
+// or of a plugin-like call of the tests' own (calls_test.go); SyncObject,
+// of a pod or of an object that is not one; hold the next request for a
+// pod at the server; release it with success or an error (a 403, 404, 409
+// or one that is no API status); Close — over a fake clientset whose
+// requests can be held (server_test.go). Both dispatchers run in one testing/synctest bubble,
 // and every step is followed by synctest.Wait, so what each step leads to
 // is settled, the same on every run (play_test.go). The traces are then
 // compared, less the differences that are the drop-in's by design, each

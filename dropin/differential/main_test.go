@@ -14,6 +14,7 @@ func TestMain(m *testing.M) {
 	// Upstream's dispatcher records kube-scheduler's metrics, whose
 	// vectors are nil until registered.
 	metrics.Register()
+	registerExecutionMetrics()
 	// Upstream's calls log through klog's global logger when their context
 	// carries none (upstream's dispatcher gives them none): every 403 a
 	// script answers with would be printed.

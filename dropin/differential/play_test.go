@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,6 +54,10 @@ type side struct {
 	ran    bool
 	finish map[int]chan error // by the Add's step
 	events []event
+
+	mu     sync.Mutex
+	merges []event // what the labelCalls' Merge were told, as they were
+	execs  executions
 }
 
 // event is one observation, at a step: the step's own result, a request
@@ -79,6 +85,14 @@ func newSide(pods int, newDispatcher func(clientset.Interface) dispatcher) *side
 	return &side{d: newDispatcher(srv.client()), srv: srv, pods: pods, finish: map[int]chan error{}}
 }
 
+// merged records a labelCall's Merge, at the step under way.
+func (s *side) merged(text string) {
+	step := s.srv.currentStep()
+	s.mu.Lock()
+	s.merges = append(s.merges, event{step: step, key: 1 + len(s.merges), text: text, call: -1})
+	s.mu.Unlock()
+}
+
 func (s *side) note(i, order, key int, format string, args ...any) {
 	s.events = append(s.events, event{step: i, order: order, key: key, text: fmt.Sprintf(format, args...), call: -1})
 }
@@ -98,28 +112,39 @@ func (s *side) apply(t *testing.T, i int, st step) {
 		// of its type merges with (see secondOnFinish).
 		ch := make(chan error, 4)
 		s.finish[i] = ch
-		c := class(s.d.Add(st.call.build(), fwk.APICallOptions{OnFinish: ch}))
+		c := class(s.d.Add(st.call.build(i, s.merged), fwk.APICallOptions{OnFinish: ch}))
 		s.events = append(s.events, event{step: i, text: fmt.Sprintf("Add #%d: %s", i, c), call: -1, added: c, pod: st.pod})
 	case stepSync:
-		obj, err := s.d.SyncObject(pod(st.pod, st.obj))
+		var given metav1.Object = pod(st.pod, st.obj)
+		if st.notPod {
+			given = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: podName(st.pod), UID: given.GetUID()}}
+		}
+		obj, err := s.d.SyncObject(given)
 		s.note(i, 0, 0, "SyncObject %s: %s, %s", podName(st.pod), describePod(obj), class(err))
 	case stepHold:
 		s.srv.hold(podName(st.pod))
 	case stepClose:
 		s.d.Close()
 	case stepRelease:
-		var err error
-		if st.fail {
-			err = forbidden
-		}
-		if _, ok := s.srv.release(podName(st.pod), err); !ok {
+		if _, ok := s.srv.release(podName(st.pod), st.answer.err()); !ok {
 			s.note(i, 0, 0, "release %s: nothing held", podName(st.pod))
+		}
+		if st.answer == answer409 {
+			// Upstream's status patch retries a 409 inside its Execute,
+			// asleep (retry.DefaultBackoff: 10, 50, 250 ms, ±10 %): the
+			// bubble's clock moves on until it has, within the step.
+			synctest.Wait()
+			time.Sleep(time.Second)
 		}
 	}
 }
 
-// collect takes the OnFinish values that arrived, as of step i.
+// collect takes the OnFinish values that arrived, and the executions
+// kube-scheduler's metrics recorded, as of step i.
 func (s *side) collect(i int) {
+	for k, text := range s.execs.since() {
+		s.note(i, 2, 1<<30+k, "%s", text)
+	}
 	for _, id := range slices.Sorted(maps.Keys(s.finish)) {
 		for more := true; more; {
 			select {
@@ -151,7 +176,7 @@ func (s *side) finalState(i int) {
 // at the end the pods. A request that was held shows the step at which it
 // was answered. ex is what is excused (upstream's side only).
 func (s *side) trace(ex excusal) []string {
-	evs := slices.Clone(s.events)
+	evs := slices.Concat(s.events, s.merges)
 	for k, r := range s.srv.requests() {
 		text := fmt.Sprintf("%s: %s → %s", r.pod, r.what, cmp.Or(r.result, "still held"))
 		if r.held {
@@ -193,12 +218,14 @@ func play(t *testing.T, pods int, ex excusal, next func(i int, up *side) (step, 
 			}
 			sc = append(sc, st)
 			for _, s := range sides {
+				s.execs.mark()
 				s.apply(t, i, st)
 				synctest.Wait() // one side's work never overlaps the other's
 				s.collect(i)
 			}
 		}
 		for _, s := range sides {
+			s.execs.mark()
 			if !s.ran {
 				s.apply(t, i, run())
 			}

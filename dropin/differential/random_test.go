@@ -33,18 +33,25 @@ const maxBusy = 1
 // steps whose outcome is the same on every run in both dispatchers (play
 // settles after each). Status patches set PodScheduled and sometimes
 // nominate a node (which PodStatusPatchCall.Merge carries from an older
-// call to a newer one); label calls set label a. What the drop-in does
-// differently by design (kube/scheduler README) is excluded:
+// call to a newer one); label calls set label a, half of them of a kind
+// that tries the rules' corners: a call whose Merge fails, one of a type
+// the relevance table does not name, one that says it is a status patch
+// (labelKind). SyncObject is sometimes given a node, which a status patch's
+// and a label call's Sync refuse. A held request is answered with success,
+// or with an error neither dispatcher retries (answer). What the drop-in
+// does differently by design (kube/scheduler README) is excluded:
 //
 //   - "OnFinish": upstream's second value to a call in flight that a call
 //     of its type merges with is excused (secondOnFinish), as is the
 //     value upstream never sends to a call it replaces silently
 //     (silentReplace, upstream's bug; TestKnownDifferences shows it).
-//   - "Retries": requests are answered with success or a 403, never a 429
-//     or 5xx, which the drop-in retries.
+//   - "Retries": requests are never answered with a 429, a 5xx or a
+//     broken connection, which the drop-in retries.
 //   - "Bounds and ends": nothing is still queued at Close (play releases
-//     everything and settles first), no Add follows it, and time stands
-//     still in the bubble, so no call expires; the queue's bound is far.
+//     everything and settles first), no Add follows it, and time moves
+//     only for upstream's status patch to sleep out a 409's backoff, a
+//     second at such a release, so no call nears its deadline; the
+//     queue's bound is far.
 //   - The cap on status patches in flight: maxBusy.
 //
 // Priority and the order across objects are not compared (play orders
@@ -70,9 +77,15 @@ func randomScript(r *rand.Rand, steps int) func(i int, up *side) (step, bool) {
 			case k < 38:
 				return add(bind(p, fmt.Sprint("node-", 1+r.IntN(2)))), true
 			case k < 53:
-				return add(label(p, state(), fmt.Sprint(1+r.IntN(2)))), true
-			case k < 70:
+				kind := plainLabel
+				if r.IntN(2) == 0 {
+					kind = labelKind(1 + r.IntN(3)) // strict, other-type, status-patch-typed
+				}
+				return add(labelOf(kind, p, state(), fmt.Sprint(1+r.IntN(2)))), true
+			case k < 68:
 				return syncObject(p, state()), true
+			case k < 70:
+				return syncNode(p), true
 			case k < 80:
 				busy := up.srv.busy()
 				if len(busy) < maxBusy || slices.Equal(busy, []string{podName(p)}) {
@@ -86,7 +99,7 @@ func randomScript(r *rand.Rand, steps int) func(i int, up *side) (step, bool) {
 				var q int
 				fmt.Sscanf(held[r.IntN(len(held))], "p%d", &q)
 				if r.IntN(3) == 0 {
-					return releaseForbidden(q), true
+					return releaseWith(q, answer(1+r.IntN(4))), true // 403, 404, 409, a plain error
 				}
 				return release(q), true
 			}

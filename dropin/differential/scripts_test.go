@@ -56,6 +56,7 @@ var scriptCases = []scriptCase{{
 		  2  #2 finished: skipped
 		  3  p0: bind node-1 → ok
 		  3  #1 finished: ok
+		  3  metrics: pod_binding success +1
 		  4  server: p0 {}`,
 }, {
 	name: "calls less relevant than the binding in flight are skipped",
@@ -75,6 +76,7 @@ var scriptCases = []scriptCase{{
 		4  Add #4: skipped
 		4  #4 finished: skipped
 		5  #2 finished: ok
+		5  metrics: pod_binding success +1
 		6  server: p0 {}`,
 }, {
 	// Upstream syncs the newest call only and never drops a call while
@@ -98,6 +100,8 @@ var scriptCases = []scriptCase{{
 		5  p0: patch status PodScheduled{reason=Unschedulable,status=False} → ok
 		5  #2 finished: 403
 		5  #3 finished: ok
+		5  metrics: pod_status_patch error +1
+		5  metrics: pod_status_patch success +1
 		6  server: p0 {PodScheduled=False/Unschedulable}`,
 }, {
 	// The no-op rule after SyncObject: the pending call is a no-op for
@@ -119,6 +123,8 @@ var scriptCases = []scriptCase{{
 		4  SyncObject p0: {PodScheduled=False/SchedulerError}, ok
 		5  #2 finished: ok
 		5  #3 finished: ok
+		5  metrics: pod_status_patch success +1
+		5  metrics: test_label success +1
 		6  server: p0 {a=1}`,
 }, {
 	// A call that is a no-op once merged with the pending call is kept
@@ -146,6 +152,8 @@ var scriptCases = []scriptCase{{
 		6  p0: patch status PodScheduled{reason=Unschedulable,status=False} → ok
 		6  #2 finished: 403
 		6  #4 finished: ok
+		6  metrics: pod_status_patch error +1
+		6  metrics: pod_status_patch success +1
 		7  server: p0 {PodScheduled=False/Unschedulable}`,
 }, {
 	// The case before, with a plugin's call, whose Execute always sends:
@@ -163,11 +171,14 @@ var scriptCases = []scriptCase{{
 		2  Add #2: ok
 		2  p0: patch label a=1 → ok (held, answered at 5)
 		3  Add #3: ok
+		3  #3 Merge(#2)
 		4  Add #4: ok
+		4  #4 Merge(#3)
 		4  #3 finished: overwritten
 		5  p0: patch label a=1 → ok
 		5  #2 finished: ok
 		5  #4 finished: ok
+		5  metrics: test_label success +2
 		6  server: p0 {a=1}`,
 }, {
 	// With a status patch in flight and a binding pending, SyncObject
@@ -190,6 +201,8 @@ var scriptCases = []scriptCase{{
 		5  p0: bind node-1 → ok
 		5  #2 finished: ok
 		5  #3 finished: ok
+		5  metrics: pod_binding success +1
+		5  metrics: pod_status_patch success +1
 		6  server: p0 {PodScheduled=False/Unschedulable}`,
 }, {
 	// Upstream merges a call with the object's newest call, in flight or
@@ -212,7 +225,104 @@ var scriptCases = []scriptCase{{
 		4  p0: patch status PodScheduled{reason=Unschedulable,status=False} nominatedNodeName=node-2 → ok
 		4  #2 finished: 403
 		4  #3 finished: ok
+		4  metrics: pod_status_patch error +1
+		4  metrics: pod_status_patch success +1
 		5  server: p0 {PodScheduled=False/Unschedulable nominatedNodeName=node-2}`,
+}, {
+	// A call whose Merge fails is refused with Merge's error, on its
+	// OnFinish too, and the newest call is left as it was: here the call
+	// in flight, which a later call of its type merges with all the same.
+	name: "a call whose Merge fails is refused, and the call it met stays the newest",
+	script: script{
+		run(),
+		hold(0),
+		add(labelOf(strictLabel, 0, none, "1")),
+		add(labelOf(strictLabel, 0, none, "2")),
+		add(label(0, none, "2")),
+		release(0),
+	},
+	want: `
+		2  Add #2: ok
+		2  p0: patch label a=1 → ok (held, answered at 5)
+		3  Add #3: error: failed to merge API calls: this call merges with none
+		3  #3 Merge(#2)
+		3  #3 finished: error: failed to merge API calls: this call merges with none
+		4  Add #4: ok
+		4  #4 Merge(#2)
+		5  p0: patch label a=2 → ok
+		5  #2 finished: ok
+		5  #4 finished: ok
+		5  metrics: test_label success +2
+		6  server: p0 {a=2}`,
+}, {
+	// The type decides the relevance and whether Merge is asked: a call
+	// that says it is a status patch meets upstream's PodStatusPatchCall
+	// as one of its type, and each refuses the other's Merge.
+	name: "calls of one type and different Go types refuse to merge",
+	script: script{
+		add(labelOf(impostorLabel, 0, none, "2")),
+		add(patch(0, none, schedulerError)),
+		run(),
+	},
+	want: `
+		0  Add #0: ok
+		1  Add #1: error: failed to merge API calls: unexpected error: call of type *differential.labelCall is not of type *PodStatusPatchCall
+		1  #1 finished: error: failed to merge API calls: unexpected error: call of type *differential.labelCall is not of type *PodStatusPatchCall
+		2  p0: patch label a=2 → ok
+		2  #0 finished: ok
+		2  metrics: pod_status_patch success +1
+		3  server: p0 {a=2}`,
+}, {
+	// A type the relevance table does not name has relevance 0: a status
+	// patch overwrites its pending call, and it is skipped behind one.
+	name: "a call of a type the relevance table does not name is less relevant than a status patch",
+	script: script{
+		add(labelOf(otherLabel, 0, none, "2")),
+		add(patch(0, none, schedulerError)),
+		add(labelOf(otherLabel, 0, none, "1")),
+		run(),
+	},
+	want: `
+		0  Add #0: ok
+		1  Add #1: ok
+		1  #0 finished: overwritten
+		2  Add #2: skipped
+		2  #2 finished: skipped
+		3  p0: patch status PodScheduled{reason=SchedulerError,status=False} → ok
+		3  #1 finished: ok
+		3  metrics: pod_status_patch success +1
+		4  server: p0 {PodScheduled=False/SchedulerError}`,
+}, {
+	// Upstream's status patch retries a 409 inside its Execute; neither
+	// dispatcher retries it, nor a 404 or an error that is no API status.
+	name: "errors neither dispatcher retries end the call with the error Execute returned",
+	script: script{
+		run(),
+		hold(0),
+		add(patch(0, none, schedulerError)),
+		releaseWith(0, answer409),
+		hold(0),
+		add(bind(0, "node-1")),
+		releaseWith(0, answer404),
+		hold(0),
+		add(label(0, none, "1")),
+		releaseWith(0, answerPlain),
+	},
+	want: `
+		2  Add #2: ok
+		2  p0: patch status PodScheduled{reason=SchedulerError,status=False} → 409 (held, answered at 3)
+		3  p0: patch status PodScheduled{reason=SchedulerError,status=False} → ok
+		3  #2 finished: ok
+		3  metrics: pod_status_patch success +1
+		5  Add #5: ok
+		5  p0: bind node-1 → 404 (held, answered at 6)
+		6  #5 finished: 404
+		6  metrics: pod_binding error +1
+		8  Add #8: ok
+		8  p0: patch label a=1 → error: test: the server said no (held, answered at 9)
+		9  #8 finished: error: test: the server said no
+		9  metrics: test_label error +1
+		10  server: p0 {PodScheduled=False/SchedulerError}`,
 }}
 
 var known = flag.Bool("differential.known", false, "run the scripts that show the drop-in's known differences from upstream (they fail)")
@@ -242,6 +352,8 @@ var knownDifferences = []scriptCase{{
 		5  p0: bind node-1 → ok
 		5  #2 finished: ok
 		5  #4 finished: ok
+		5  metrics: pod_binding success +1
+		5  metrics: test_label success +1
 		6  server: p0 {a=1}`,
 }}
 

@@ -61,6 +61,12 @@ func newServer(pods ...*v1.Pod) *server {
 // client is the clientset the dispatchers are given.
 func (s *server) client() kubernetes.Interface { return &heldClientset{Clientset: s.fake, s: s} }
 
+func (s *server) currentStep() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.step
+}
+
 func (s *server) setStep(i int) {
 	s.mu.Lock()
 	s.step = i

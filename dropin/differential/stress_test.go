@@ -94,7 +94,7 @@ func bindAsPatched(srv *server, d dispatcher, i int) (tried, accepted int, err e
 	p := podName(i)
 	srv.hold(p)
 	bound := make(chan error, 1)
-	if err := d.Add(bind(i, "node-1").build(), fwk.APICallOptions{OnFinish: bound}); err != nil {
+	if err := d.Add(bind(i, "node-1").build(0, nil), fwk.APICallOptions{OnFinish: bound}); err != nil {
 		return 0, 0, fmt.Errorf("%s's binding: %w", p, err)
 	}
 	var patches []chan error
@@ -105,7 +105,7 @@ func bindAsPatched(srv *server, d dispatcher, i int) (tried, accepted int, err e
 		}
 		tried++
 		ch := make(chan error, 2)
-		if d.Add(patch(i, none, unschedulable).build(), fwk.APICallOptions{OnFinish: ch}) == nil {
+		if d.Add(patch(i, none, unschedulable).build(0, nil), fwk.APICallOptions{OnFinish: ch}) == nil {
 			patches = append(patches, ch)
 		}
 	}
