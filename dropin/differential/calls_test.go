@@ -132,7 +132,8 @@ const (
 	// plainLabel: a labelCall of labelCallType.
 	plainLabel labelKind = iota
 	// strictLabel: a labelCall of labelCallType whose Merge refuses every
-	// call.
+	// call, and whose Sync returns nil with its error for an object that
+	// is not a pod, as a plugin's call may.
 	strictLabel
 	// otherLabel: a labelCall of otherCallType, which relevances does not
 	// name.
@@ -217,7 +218,7 @@ type labelCall struct {
 	name   string
 	value  string
 	typ    fwk.APICallType
-	strict bool // Merge refuses
+	strict bool // Merge refuses; Sync returns nil for an object not a pod
 	id     int  // its Add's step
 	merged func(string)
 
@@ -241,7 +242,11 @@ func (c *labelCall) Execute(ctx context.Context, client clientset.Interface) err
 func (c *labelCall) Sync(obj metav1.Object) (metav1.Object, error) {
 	p, ok := obj.(*v1.Pod)
 	if !ok {
-		return obj, fmt.Errorf("object of type %T is not a *v1.Pod", obj)
+		err := fmt.Errorf("object of type %T is not a *v1.Pod", obj)
+		if c.strict {
+			return nil, err
+		}
+		return obj, err
 	}
 	c.mu.Lock()
 	if !c.executed {

@@ -323,6 +323,22 @@ var scriptCases = []scriptCase{{
 		9  #8 finished: error: test: the server said no
 		9  metrics: test_label error +1
 		10  server: p0 {PodScheduled=False/SchedulerError}`,
+}, {
+	// SyncObject returns what the newest call's Sync returns, as it
+	// returns it: here nil, with its error, for an object not a pod.
+	name: "SyncObject returns what the call's Sync returns, nil too",
+	script: script{
+		add(labelOf(strictLabel, 0, none, "1")),
+		syncNode(0),
+		run(),
+	},
+	want: `
+		0  Add #0: ok
+		1  SyncObject p0: <nil>, error: object of type *v1.Node is not a *v1.Pod
+		2  p0: patch label a=1 → ok
+		2  #0 finished: ok
+		2  metrics: test_label success +1
+		3  server: p0 {a=1}`,
 }}
 
 var known = flag.Bool("differential.known", false, "run the scripts that show the drop-in's known differences from upstream (they fail)")

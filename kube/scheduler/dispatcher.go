@@ -276,12 +276,13 @@ func (d *Dispatcher) dropNoOp(uid types.UID, e *entry) {
 // SyncObject brings the object's newest call in line with obj, the
 // fwk.APIDispatcher method, as upstream does: the pending call, or, if
 // none is pending, the call in flight, refreshes itself from obj through
-// its Sync, and SyncObject returns what that Sync returns — obj, or a
-// changed copy — with its error. If the pending call then IsNoOp and the
-// object has no call in flight, it is dropped; its OnFinish gets an error
-// matching fwk.ErrCallSkipped. A call is never dropped while the object
-// has one in flight: that one may yet fail, and the pending call is then
-// the one that lands.
+// its Sync, and SyncObject returns what that Sync returns, as it returns
+// it — obj, a changed copy, or nil — and its error, unwrapped. With no
+// call for the object, it returns obj. If the pending call then IsNoOp
+// and the object has no call in flight, it is dropped; its OnFinish gets
+// an error matching fwk.ErrCallSkipped. A call is never dropped while the
+// object has one in flight: that one may yet fail, and the pending call is
+// then the one that lands.
 func (d *Dispatcher) SyncObject(obj metav1.Object) (metav1.Object, error) {
 	out := obj
 	var syncErr error
@@ -291,16 +292,17 @@ func (d *Dispatcher) SyncObject(obj metav1.Object) (metav1.Object, error) {
 			// it, has not happened yet: upstream's is gone in that step.
 			return e, nil
 		}
-		synced, err := e.call.Sync(obj)
-		if synced != nil {
-			out = synced
-		}
-		syncErr = err
+		// What Sync returns, as it returns it: nil too, with its error
+		// or without.
+		out, syncErr = e.call.Sync(obj)
 		e.noop.Store(!inFlight && e.call.IsNoOp())
 		return e, nil
 	})
 	d.pending.kick()
-	return out, errors.Join(syncErr, err)
+	if err != nil { // a panic in Sync or IsNoOp, which upstream's would not survive
+		return out, err
+	}
+	return out, syncErr
 }
 
 // Stats returns a snapshot of the dispatcher's state and counters; the

@@ -305,3 +305,41 @@ func failsOnce(j *journal, name string) *testCall {
 	}
 	return c
 }
+
+// nilSync is a testCall whose Sync refuses every object, returning nil and
+// errTest, as a plugin's Sync may.
+type nilSync struct{ *testCall }
+
+func (c nilSync) Sync(obj metav1.Object) (metav1.Object, error) {
+	c.j.add("sync " + c.name)
+	return nil, errTest
+}
+
+// TestSyncObjectReturnsWhatSyncReturns: SyncObject returns what the
+// newest call's Sync returns, as upstream's does — nil, and its error
+// itself, not wrapped — whether that call is pending or in flight.
+func TestSyncObjectReturnsWhatSyncReturns(t *testing.T) {
+	t.Run("pending", func(t *testing.T) {
+		d := newIdleDispatcher(t, Options{})
+		j := &journal{}
+		require.NoError(t, d.Add(nilSync{newCall(j, "a", typeLow, "1", "x")}, fwk.APICallOptions{}))
+		got, err := d.SyncObject(&metav1.ObjectMeta{UID: "1"})
+		assert.Nil(t, got)
+		assert.Same(t, errTest, err)
+		assert.Equal(t, []string{"sync a"}, j.only("sync"))
+	})
+	t.Run("in flight", func(t *testing.T) {
+		h := newRulesHarness(t, Options{})
+		a := h.call("a", typeLow, "1", "x")
+		a.exec = h.hold.exec
+		h.ch["a"] = make(chan error, 1)
+		require.NoError(t, h.d.Add(nilSync{a}, fwk.APICallOptions{OnFinish: h.ch["a"]}))
+		h.start()
+		require.Equal(t, "a", <-h.hold.arrived)
+		got, err := h.d.SyncObject(&metav1.ObjectMeta{UID: "1"})
+		assert.Nil(t, got)
+		assert.Same(t, errTest, err)
+		h.release()
+		assert.NoError(t, h.outcome("a"))
+	})
+}
