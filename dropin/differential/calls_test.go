@@ -293,6 +293,7 @@ var (
 	notFound  = apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "p")
 	conflict  = apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
 	refused   = errors.New("test: the server said no")
+	internal  = apierrors.NewInternalError(errors.New("test"))
 )
 
 // class is what a caller can tell of an outcome with errors.Is and the
@@ -311,6 +312,8 @@ func class(err error) string {
 		return "404"
 	case apierrors.IsConflict(err):
 		return "409"
+	case apierrors.IsInternalError(err):
+		return "500"
 	default:
 		return "error: " + err.Error()
 	}

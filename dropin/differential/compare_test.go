@@ -30,8 +30,28 @@ const (
 	// next Add for its object that upstream accepts, so upstream's trace
 	// gets the drop-in's ErrCallOverwritten at that step.
 	silentReplace
+	// closeEnds is by design (kube/scheduler README, "Bounds and ends"):
+	// the drop-in's Close ends the calls it finds queued with
+	// dispatch.ErrClosed, where upstream's leaves them without an answer,
+	// and the context it cancels for a call in flight has
+	// dispatch.ErrClosed as its cause, where upstream's has
+	// context.Canceled (so the fake server's held request, which returns
+	// the cause, fails with it, and so does the call — but for a status
+	// patch or a binding cancelled as it retried a 409 or a 500 inside its
+	// Execute: client-go's retry.OnError takes context.Canceled for an
+	// interruption and returns the error before it, upstream's 409 or
+	// 500, where the drop-in's call fails with its cause). After Close the
+	// drop-in's SyncObject finds no call, and returns the object as given;
+	// upstream's syncs the calls its Close left queued. So from the Close
+	// step on, upstream's "context canceled" is the drop-in's "dispatch:
+	// closed", a call upstream never answers is told ErrClosed at the
+	// Close step, and a SyncObject returns what it was given. (The random
+	// scripts close only where upstream's outcome is settled: never with
+	// a call queued behind its object's call in flight, which upstream's
+	// Close races to start or leave; see randomScript.)
+	closeEnds
 
-	allExcusals = secondOnFinish | silentReplace
+	allExcusals = secondOnFinish | silentReplace | closeEnds
 )
 
 func (ex excusal) apply(evs []event) []event {
@@ -61,7 +81,61 @@ func (ex excusal) apply(evs []event) []event {
 		}
 		out = append(out, e)
 	}
+	if ex&closeEnds != 0 {
+		out = closeEnded(out)
+	}
 	return out
+}
+
+// closeEnded applies closeEnds to evs.
+func closeEnded(evs []event) []event {
+	at := slices.IndexFunc(evs, func(e event) bool { return e.closed })
+	if at < 0 {
+		return evs
+	}
+	c := evs[at].step
+	const canceled, closed = "error: context canceled", "error: dispatch: closed"
+	told := map[int]bool{}
+	podOf := map[int]int{} // a call's pod, by its Add's step
+	cut := map[int]bool{}  // the pods whose request Close cancelled
+	for _, e := range evs {
+		if e.added != "" {
+			podOf[e.step] = e.pod
+		}
+		if e.order == 1 && strings.Contains(e.text, canceled) {
+			cut[e.pod] = true
+		}
+	}
+	for k, e := range evs {
+		if e.call >= 0 {
+			told[e.call] = true
+		}
+		// Only Close cancels upstream's context: a request held since an
+		// earlier step was answered by it too.
+		e.text = strings.ReplaceAll(e.text, canceled, closed)
+		if e.outcome == canceled {
+			e.outcome = closed
+		}
+		// A call whose Execute retries (util.PatchPodStatus, BindPod:
+		// retry.OnError) and whose retry Close cancelled: upstream's
+		// returns the error of the attempt before, for retry.OnError
+		// takes context.Canceled for an interruption, and the drop-in's
+		// cause for an error.
+		if e.call >= 0 && e.step == c && cut[podOf[e.call]] && (e.outcome == "409" || e.outcome == "500") {
+			e.outcome = closed
+			e.text = fmt.Sprintf("#%d finished: %s", e.call, closed)
+		}
+		if e.given != "" && e.step > c {
+			e.text = fmt.Sprintf("SyncObject %s: %s, ok", podName(e.pod), e.given)
+		}
+		evs[k] = e
+	}
+	for _, e := range slices.Clone(evs) {
+		if e.added == "ok" && e.step < c && !told[e.step] {
+			evs = append(evs, event{step: c, order: 2, key: e.step, text: fmt.Sprintf("#%d finished: error: dispatch: closed", e.step), call: e.step, outcome: "error: dispatch: closed"})
+		}
+	}
+	return evs
 }
 
 // diff renders two traces line by line (a longest-common-subsequence

@@ -52,6 +52,7 @@ type side struct {
 	srv    *server
 	pods   int
 	ran    bool
+	closed bool               // by a Close step
 	finish map[int]chan error // by the Add's step
 	events []event
 
@@ -73,7 +74,10 @@ type event struct {
 	outcome string // an OnFinish value's class
 
 	added string // an Add's result; "" for other events
-	pod   int    // an Add's pod
+	pod   int    // an Add's, a SyncObject's or a request's pod
+
+	closed bool   // the Close step's own event
+	given  string // a SyncObject's: the object it was given, as described
 }
 
 func newSide(pods int, newDispatcher func(clientset.Interface) dispatcher) *side {
@@ -121,18 +125,23 @@ func (s *side) apply(t *testing.T, i int, st step) {
 		}
 		obj, err := s.d.SyncObject(given)
 		s.note(i, 0, 0, "SyncObject %s: %s, %s", podName(st.pod), describePod(obj), class(err))
+		e := &s.events[len(s.events)-1]
+		e.pod, e.given = st.pod, describePod(given)
 	case stepHold:
 		s.srv.hold(podName(st.pod))
 	case stepClose:
 		s.d.Close()
+		s.closed = true
+		s.events = append(s.events, event{step: i, text: "Close", call: -1, closed: true})
 	case stepRelease:
 		if _, ok := s.srv.release(podName(st.pod), st.answer.err()); !ok {
 			s.note(i, 0, 0, "release %s: nothing held", podName(st.pod))
 		}
-		if st.answer == answer409 {
-			// Upstream's status patch retries a 409 inside its Execute,
-			// asleep (retry.DefaultBackoff: 10, 50, 250 ms, ±10 %): the
-			// bubble's clock moves on until it has, within the step.
+		if st.answer == answer409 || st.answer == answer500 {
+			// Upstream's status patch retries a 409 or a 500 inside its
+			// Execute, its binding a 500, asleep (retry.DefaultBackoff:
+			// 10, 50, 250 ms, ±10 %): the bubble's clock moves on until
+			// it has, within the step.
 			synctest.Wait()
 			time.Sleep(time.Second)
 		}
@@ -184,7 +193,7 @@ func (s *side) trace(ex excusal) []string {
 		}
 		var p int
 		fmt.Sscanf(r.pod, "p%d", &p)
-		evs = append(evs, event{step: r.step, order: 1, key: p<<20 + k, text: text, call: -1})
+		evs = append(evs, event{step: r.step, order: 1, key: p<<20 + k, text: text, call: -1, pod: p})
 	}
 	evs = ex.apply(evs)
 	slices.SortStableFunc(evs, func(a, b event) int {
@@ -202,10 +211,12 @@ func (s *side) trace(ex excusal) []string {
 // until it blocks (at a held request, or idle), so what a step leads to is
 // settled before the next step, the same on every run. next returns step
 // i, or false at the end; it may look at upstream's side (at what it
-// holds). At the end the holds are disarmed and every held request is
-// answered with success; once all has settled, the pods are read from the
-// server and the dispatchers closed. It returns the script played and both
-// traces, upstream's with ex excused.
+// holds). At the end a dispatcher not yet Run is Run, unless a Close step
+// closed it (upstream's would run what its Close left queued); the holds
+// are disarmed and every held request is answered with success; once all
+// has settled, the pods are read from the server and the dispatchers
+// closed. It returns the script played and both traces, upstream's with ex
+// excused.
 func play(t *testing.T, pods int, ex excusal, next func(i int, up *side) (step, bool)) (sc script, theirs, ours []string) {
 	synctest.Test(t, func(t *testing.T) {
 		up, di := newSide(pods, newUpstream), newSide(pods, newDropIn)
@@ -226,7 +237,7 @@ func play(t *testing.T, pods int, ex excusal, next func(i int, up *side) (step, 
 		}
 		for _, s := range sides {
 			s.execs.mark()
-			if !s.ran {
+			if !s.ran && !s.closed { // upstream's Run after Close runs what its Close left queued
 				s.apply(t, i, run())
 			}
 			s.srv.setStep(i)

@@ -371,6 +371,35 @@ var knownDifferences = []scriptCase{{
 		5  metrics: pod_binding success +1
 		5  metrics: test_label success +1
 		6  server: p0 {a=1}`,
+}, {
+	// By design (closeEnds): the status patch queued at Close, before Run,
+	// never hears from upstream; the drop-in tells it dispatch.ErrClosed.
+	name:  "a call queued at Close",
+	shown: closeEnds,
+	script: script{
+		add(patch(0, none, unschedulable)),
+		closeDispatcher(),
+	},
+	want: `
+		0  Add #0: ok
+		1  Close
+		2  server: p0 {}`,
+}, {
+	// By design (closeEnds): after Close, upstream's SyncObject still
+	// syncs the call its Close left queued, which never runs; the
+	// drop-in's Close ended it, and SyncObject returns the pod as given.
+	name:  "SyncObject after Close",
+	shown: closeEnds,
+	script: script{
+		add(label(0, none, "1")),
+		closeDispatcher(),
+		syncObject(0, none),
+	},
+	want: `
+		0  Add #0: ok
+		1  Close
+		2  SyncObject p0: {a=1}, ok
+		3  server: p0 {}`,
 }}
 
 // TestKnownDifferences shows the differences that the comparisons excuse,

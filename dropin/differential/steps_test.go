@@ -40,7 +40,8 @@ type step struct {
 
 // answer is how a released request is answered: with success, or with
 // an error neither dispatcher retries (the drop-in retries a 429, a 5xx
-// and a broken connection, by design).
+// and a broken connection, by design), or with a 500 that the call's own
+// Execute retries.
 type answer int
 
 const (
@@ -53,15 +54,19 @@ const (
 	answer409
 	// answerPlain: an error that is no API status.
 	answerPlain
+	// answer500: an internal error, which upstream's status patch and
+	// binding retry inside their Execute (util.Retriable), and the
+	// drop-in retries too when an Execute returns it: only for those.
+	answer500
 )
 
-// errors is the error each answer gives (nil: the fake clientset answers).
+// err is the error each answer gives (nil: the fake clientset answers).
 func (a answer) err() error {
-	return [...]error{nil, forbidden, notFound, conflict, refused}[a]
+	return [...]error{nil, forbidden, notFound, conflict, refused, internal}[a]
 }
 
 func (a answer) String() string {
-	return [...]string{"", " with a 403", " with a 404", " with a 409", " with a plain error"}[a]
+	return [...]string{"", " with a 403", " with a 404", " with a 409", " with a plain error", " with a 500"}[a]
 }
 
 func run() step                         { return step{kind: stepRun} }
