@@ -27,13 +27,18 @@ const labelCallType fwk.APICallType = "test_label"
 // does not name: relevance 0, below a status patch's.
 const otherCallType fwk.APICallType = "test_other"
 
+// urgentCallType is a plugin's call type more relevant than a binding.
+const urgentCallType fwk.APICallType = "test_urgent"
+
 // relevances is upstream's table (apicalls.Relevances) with labelCall at
 // a status patch's relevance: another type at the same relevance, which
-// overwrites a pending status patch and is overwritten by one.
+// overwrites a pending status patch and is overwritten by one; and
+// urgentCallType above a binding, which it overwrites and skips.
 // otherCallType is left out, as a plugin may leave its type out.
 var relevances = fwk.APICallRelevances{
 	apicalls.PodStatusPatch: apicalls.Relevances[apicalls.PodStatusPatch],
 	apicalls.PodBinding:     apicalls.Relevances[apicalls.PodBinding],
+	urgentCallType:          apicalls.Relevances[apicalls.PodBinding] + 1,
 	labelCallType:           apicalls.Relevances[apicalls.PodStatusPatch],
 }
 
@@ -142,10 +147,13 @@ const (
 	// (apicalls.PodStatusPatch): upstream's PodStatusPatchCall.Merge
 	// refuses it, and it refuses a PodStatusPatchCall.
 	impostorLabel
+	// urgentLabel: a labelCall of urgentCallType, more relevant than a
+	// binding.
+	urgentLabel
 )
 
 func (k labelKind) String() string {
-	return [...]string{"label call", "strict label call", "other-type label call", "status-patch-typed label call"}[k]
+	return [...]string{"label call", "strict label call", "other-type label call", "status-patch-typed label call", "urgent label call"}[k]
 }
 
 // callSpec says how to make a call; each dispatcher gets a call of its
@@ -197,7 +205,7 @@ func (c callSpec) build(id int, merged func(string)) fwk.APICall {
 			Target:     v1.ObjectReference{Kind: "Node", Name: c.node},
 		})
 	default:
-		typ := map[labelKind]fwk.APICallType{otherLabel: otherCallType, impostorLabel: apicalls.PodStatusPatch}[c.label]
+		typ := map[labelKind]fwk.APICallType{otherLabel: otherCallType, impostorLabel: apicalls.PodStatusPatch, urgentLabel: urgentCallType}[c.label]
 		return &labelCall{
 			uid: p.UID, name: p.Name, value: c.value, have: c.from.label,
 			typ: cmp.Or(typ, labelCallType), strict: c.label == strictLabel, id: id, merged: merged,

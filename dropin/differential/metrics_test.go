@@ -35,7 +35,7 @@ type execKey struct{ typ, result string }
 // histogram of durations.
 type execCount struct{ total, timed float64 }
 
-var execTypes = []fwk.APICallType{apicalls.PodStatusPatch, apicalls.PodBinding, labelCallType, otherCallType}
+var execTypes = []fwk.APICallType{apicalls.PodStatusPatch, apicalls.PodBinding, labelCallType, otherCallType, urgentCallType}
 
 func readExecutions() map[execKey]execCount {
 	out := map[execKey]execCount{}

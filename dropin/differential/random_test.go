@@ -36,8 +36,8 @@ const maxBusy = 1
 // nominate a node (which PodStatusPatchCall.Merge carries from an older
 // call to a newer one); label calls set label a, half of them of a kind
 // that tries the rules' corners: a call whose Merge fails, one of a type
-// the relevance table does not name, one that says it is a status patch
-// (labelKind). SyncObject is sometimes given a node, which a status patch's
+// the relevance table does not name, one that says it is a status patch,
+// one more relevant than a binding (labelKind). SyncObject is sometimes given a node, which a status patch's
 // and a label call's Sync refuse. A held request is answered with success,
 // or with an error neither dispatcher retries (answer). What the drop-in
 // does differently by design (kube/scheduler README) is excluded:
@@ -101,7 +101,7 @@ func randomScript(r *rand.Rand, steps int) func(i int, up *side) (step, bool) {
 			case k < 53:
 				kind := plainLabel
 				if r.IntN(2) == 0 {
-					kind = labelKind(1 + r.IntN(3)) // strict, other-type, status-patch-typed
+					kind = labelKind(1 + r.IntN(4)) // strict, other-type, status-patch-typed, urgent
 				}
 				return add(labelOf(kind, p, state(), fmt.Sprint(1+r.IntN(2)))), true
 			case k < 68:

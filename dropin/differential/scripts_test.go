@@ -293,6 +293,26 @@ var scriptCases = []scriptCase{{
 		3  metrics: pod_status_patch success +1
 		4  server: p0 {PodScheduled=False/SchedulerError}`,
 }, {
+	// A plugin's type may be more relevant than a binding: it overwrites
+	// a pending binding, and a binding is skipped behind it.
+	name: "a call more relevant than a binding overwrites a pending one, and skips the next",
+	script: script{
+		add(bind(0, "node-1")),
+		add(labelOf(urgentLabel, 0, none, "1")),
+		add(bind(0, "node-2")),
+		run(),
+	},
+	want: `
+		0  Add #0: ok
+		1  Add #1: ok
+		1  #0 finished: overwritten
+		2  Add #2: skipped
+		2  #2 finished: skipped
+		3  p0: patch label a=1 → ok
+		3  #1 finished: ok
+		3  metrics: test_urgent success +1
+		4  server: p0 {a=1}`,
+}, {
 	// Upstream's status patch retries a 409 inside its Execute; neither
 	// dispatcher retries it, nor a 404 or an error that is no API status.
 	name: "errors neither dispatcher retries end the call with the error Execute returned",
