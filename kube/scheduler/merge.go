@@ -21,8 +21,10 @@ type entry struct {
 	ticket   *Ticket // nil unless the call came through Submit
 
 	// noop is the call's IsNoOp as of its Add, its last merge or its last
-	// SyncObject: the core's no-op test reads it, so IsNoOp is asked
-	// exactly where upstream asks it.
+	// SyncObject: the core's no-op test reads it, so IsNoOp is asked where
+	// upstream asks it, but for a call waiting behind its object's call in
+	// flight: upstream asks that one too, and its answer changes nothing a
+	// caller sees (the differential tests compare what a caller sees).
 	noop atomic.Bool
 	// seen is what the core's hooks found as the entry was admitted
 	// (admission), a bit each, whether it has run (aRan) and whether its
