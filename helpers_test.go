@@ -298,6 +298,19 @@ func holdWorker[T any](t *testing.T, exec ExecFunc[string, T], cfg Config[string
 // nopExec is an exec that succeeds at once.
 func nopExec(context.Context, string, int) error { return nil }
 
+// failFirst is an exec whose first execution waits for g and then fails
+// with err; every later one succeeds at once.
+func failFirst(g *gate, err error) ExecFunc[string, int] {
+	var n atomic.Int32
+	return func(ctx context.Context, _ string, _ int) error {
+		if n.Add(1) == 1 {
+			_ = g.wait(ctx)
+			return err
+		}
+		return nil
+	}
+}
+
 // execRun is one recorded execution.
 type execRun[K comparable, T any] struct {
 	Key  K

@@ -857,14 +857,7 @@ func TestRetryMergePanicCounted(t *testing.T) {
 		t.Run(map[bool]string{false: "panic", true: "goexit"}[exit], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				g := newGate()
-				var n atomic.Int32
-				d := newD(t, func(ctx context.Context, key string, v int) error {
-					if n.Add(1) == 1 {
-						_ = g.wait(ctx)
-						return syscall.ECONNRESET
-					}
-					return nil
-				}, Config[string, int]{
+				d := newD(t, failFirst(g, syscall.ECONNRESET), Config[string, int]{
 					Workers: 1,
 					Retry:   noJitter(3),
 					Merge: func(int, int) (int, error) {
@@ -913,15 +906,8 @@ func (o *retryLog) OnRetry(_ Event, n int, d time.Duration, _ error) {
 func TestRetryReplacedTellsFailedAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGate()
-		var n atomic.Int32
 		obs := &retryLog{}
-		d := newD(t, func(ctx context.Context, key string, v int) error {
-			if n.Add(1) == 1 {
-				_ = g.wait(ctx)
-				return syscall.ECONNRESET
-			}
-			return nil
-		}, Config[string, int]{
+		d := newD(t, failFirst(g, syscall.ECONNRESET), Config[string, int]{
 			Workers:  1,
 			Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, Jitter: JitterNone, BudgetRatio: math.Inf(1)},
 			Merge:    func(_, in int) (int, error) { return in, ReplacePending },
