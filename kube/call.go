@@ -161,7 +161,8 @@ func PatchStatus(pod *v1.Pod, p StatusPatch) Call {
 // Bind returns a call that binds pod to node through pods/binding, with
 // the pod's UID as a precondition. A 409 (the pod is already assigned) is
 // resolved by reading the pod back: bound to node, the call ends
-// Succeeded without binding again; bound elsewhere, it ends Failed. It is
+// Succeeded without binding again; bound elsewhere, being deleted or
+// gated (the server's other 409s), it ends Failed, unsent again. It is
 // a no-op if the baseline already shows the pod on node.
 func Bind(pod *v1.Pod, node string) Call {
 	c := fromPod(PodBinding, pod)

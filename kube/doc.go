@@ -57,11 +57,11 @@
 //
 // Classify judges errors: 429, timeouts, 5xx and broken connections are
 // retried with backoff — a server's Retry-After is the backoff, whether it
-// answers a write or the read a retry makes first; 409 is
-// resolved by reading the pod back before anything is sent again (a binding
-// whose earlier attempt landed ends Succeeded without binding twice; one the
-// pod is bound elsewhere for ends Failed); auth, validation and NotFound
-// errors fail at once, except that a deletion whose pod is gone (NotFound,
+// answers a write or the read a retry makes first; 409 is resolved by
+// reading the pod back before anything is sent again (a binding whose
+// earlier attempt landed ends Succeeded without binding twice; one whose
+// pod is bound elsewhere, being deleted or gated ends Failed); auth,
+// validation and NotFound errors fail at once, except that a deletion whose pod is gone (NotFound,
 // or the server's refusal of its UID preconditions) has succeeded. Retries
 // wait in the dispatcher's queue, never in a worker: with a clientset built
 // from a rest.Config, the adapter turns client-go's own retry loop off for

@@ -165,7 +165,9 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 //     took effect (its response was lost, or this is the 409 "already
 //     assigned" it caused) and the call ends Succeeded without binding
 //     again; bound to another node, or replaced by a pod with another UID,
-//     or gone, it ends Failed; still unbound, it binds again.
+//     or gone, or being deleted, or gated (kube-apiserver refuses to bind
+//     a pod with a deletionTimestamp or schedulingGates), it ends Failed;
+//     otherwise, still unbound, it binds again.
 //   - A status patch refused with a conflict (its resourceVersion
 //     precondition failed) is rebuilt against the pod as read now; if the
 //     pod is bound meanwhile, a PodScheduled=False or a nomination is
@@ -221,6 +223,15 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 			a.bound(uid, c.node)
 			return c, true, nil
 		case "":
+			// kube-apiserver refuses to bind a pod being deleted or one
+			// with scheduling gates (409): a binding sent again would be
+			// refused the same way.
+			switch {
+			case pod.DeletionTimestamp != nil:
+				return c, false, fmt.Errorf("kube: %s: the pod is being deleted: %w", c, lastErr)
+			case len(pod.Spec.SchedulingGates) > 0:
+				return c, false, fmt.Errorf("kube: %s: the pod has scheduling gates: %w", c, lastErr)
+			}
 		default:
 			return c, false, fmt.Errorf("kube: %s: the pod is bound to node %s: %w", c, pod.Spec.NodeName, lastErr)
 		}

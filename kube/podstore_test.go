@@ -96,8 +96,12 @@ func (s *podStore) bind(b *v1.Binding) error {
 		return apierrors.NewNotFound(podsResource, b.Name)
 	case b.UID != "" && b.UID != p.UID:
 		return apierrors.NewConflict(podsResource, b.Name, fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", b.UID, p.UID))
+	case p.DeletionTimestamp != nil:
+		return apierrors.NewConflict(podsResource, b.Name, fmt.Errorf("pod %s is being deleted, cannot be assigned to a host", b.Name))
 	case p.Spec.NodeName != "":
 		return apierrors.NewConflict(podsResource, b.Name, fmt.Errorf("pod %v is already assigned to node %q", b.Name, p.Spec.NodeName))
+	case len(p.Spec.SchedulingGates) != 0:
+		return apierrors.NewConflict(podsResource, b.Name, fmt.Errorf("pod %v has non-empty .spec.schedulingGates", b.Name))
 	}
 	p.Spec.NodeName = b.Target.Name
 	st, _ := applyConditions(&p.Status, []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionTrue}}, metav1.Now())

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -507,6 +508,38 @@ func TestReadBackTellsTheSuccessor(t *testing.T) {
 				if p := api.pod("p"); p != nil {
 					assert.False(t, scheduledFalse(p), "a bound pod never says PodScheduled=False")
 				}
+			})
+		})
+	}
+}
+
+// TestBindingRefusedForGoodIsNotResent: kube-apiserver answers a binding
+// with 409 not only when the pod is bound already, but when it is being
+// deleted or still has scheduling gates; the pod read back is unbound
+// then, and binding it again is refused the same way. The call ends
+// Failed after the read, with the server's answer, instead of spending
+// its every attempt on a binding that cannot land.
+func TestBindingRefusedForGoodIsNotResent(t *testing.T) {
+	for name, change := range map[string]func(p *v1.Pod){
+		"being deleted": func(p *v1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now },
+		"gated":         func(p *v1.Pod) { p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: "example.com/quota"}} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				api := newFakeAPI()
+				pod := api.add(newPod("p"))
+				api.change("p", change)
+				d := newTestDispatcher(t, api, Options{Retry: dispatch.RetryPolicy{MaxAttempts: 5}})
+				r := outcome(t, submit(t, d, Bind(pod, "n1")))
+				assert.Equal(t, dispatch.StateFailed, r.State)
+				assert.Equal(t, 1, r.Attempts)
+				assert.True(t, apierrors.IsConflict(r.Err), "the server's answer is kept in the chain: %v", r.Err)
+				var re *dispatch.RetryError
+				if assert.ErrorAs(t, r.Err, &re) {
+					assert.Equal(t, "before_retry", re.Reason)
+				}
+				assert.Equal(t, 1, api.count("create/binding"), "a binding the server refuses for good is sent once")
+				assert.Empty(t, api.pod("p").Spec.NodeName)
 			})
 		})
 	}
