@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/coalescer/dispatch"
@@ -99,7 +100,10 @@ type Options struct {
 	// MaxWaiters the live tickets (Config.Capacity, Config.MaxWaiters).
 	Capacity, MaxWaiters int
 	// Aging and AgingBand set how waiting calls gain priority within a
-	// band (Config.Aging, Config.AgingBand; AgingBand 0 means 10).
+	// band (Config.Aging, Config.AgingBand; AgingBand 0 means 10). An
+	// AgingBand that puts the status patches' priority in the band of the
+	// bindings' or the deletions' is refused (see Priorities): with the
+	// default priorities (0, 10, 20), it must be at most 10.
 	Aging     time.Duration
 	AgingBand int
 	// Tenants and DefaultTenant bound tenants (Config.Tenants,
@@ -215,14 +219,30 @@ func (o Options) check(prio map[CallType]int) error {
 	if width < 0 {
 		return nil // the core names it
 	}
+	u, p, q, shared := patchesBelow(prio, width)
+	if !shared {
+		return nil
+	}
+	err := optErr("Priorities", fmt.Sprintf(
+		"puts status patches (%d) below %s (%d) in one priority band (of %d): aging would lift old patches past them",
+		p, u, q, width))
+	if _, _, _, atDefault := patchesBelow(prio, preset.AgingBand); o.AgingBand != 0 && !atDefault {
+		// The priorities are a band apart at the default width: the
+		// caller's AgingBand put them in one.
+		return fmt.Errorf("kube: Options.AgingBand %d is too wide: %s", o.AgingBand, strings.TrimPrefix(err.Error(), "kube: "))
+	}
+	return err
+}
+
+// patchesBelow reports a call type whose priority q lies above the status
+// patches' p in one priority band of width width, if there is one.
+func patchesBelow(prio map[CallType]int, width int) (u CallType, p, q int, shared bool) {
 	for _, u := range []CallType{PodBinding, PodDeletion} {
 		if p, q := prio[PodStatusPatch], prio[u]; p < q && band.Same(int64(p), int64(q), int64(width)) {
-			return optErr("Priorities", fmt.Sprintf(
-				"puts status patches (%d) below %s (%d) in one priority band (of %d): aging would lift old patches past them",
-				p, u, q, width))
+			return u, p, q, true
 		}
 	}
-	return nil
+	return "", 0, 0, false
 }
 
 // tenants is Options.Tenants, with the status patches' in-flight cap: their

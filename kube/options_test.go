@@ -3,6 +3,10 @@ package kube
 import (
 	"fmt"
 	"math"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -29,4 +33,41 @@ func TestLowestPriorities(t *testing.T) {
 	_, err := NewDispatcher(newFakeAPI().client(), Options{Priorities: map[CallType]int{PodBinding: math.MinInt + 5, PodStatusPatch: math.MinInt}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Options.Priorities", "a status patch below the binding in the lowest band is named as the caller set it")
+}
+
+// TestAgingBandTooWideIsNamed: an AgingBand wide enough to put the status
+// patches' priority in the band of the bindings' or deletions' is refused
+// naming AgingBand, which the caller set, first — not Priorities alone,
+// which a caller who left it unset would look for in vain.
+func TestAgingBandTooWideIsNamed(t *testing.T) {
+	for _, o := range []Options{
+		{AgingBand: 30},
+		{AgingBand: math.MaxInt},
+		{AgingBand: 11, Priorities: map[CallType]int{PodDeletion: 10, PodStatusPatch: 1}},
+	} {
+		_, err := NewDispatcher(newFakeAPI().client(), o)
+		require.Error(t, err)
+		assert.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("kube: Options.AgingBand %d ", o.AgingBand)), "%v", err)
+		assert.Contains(t, err.Error(), "in one priority band", "says why")
+	}
+	// Priorities alone that share a band of the default width are
+	// Priorities' fault.
+	_, err := NewDispatcher(newFakeAPI().client(), Options{Priorities: map[CallType]int{PodDeletion: 5}})
+	require.Error(t, err)
+	assert.True(t, strings.HasPrefix(err.Error(), "kube: Options.Priorities "), "%v", err)
+}
+
+// TestAgingBandDocBound: the AgingBand doc's bound for the default
+// priorities holds: the width it names is accepted, one more is refused.
+func TestAgingBandDocBound(t *testing.T) {
+	src, err := os.ReadFile("options.go")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`with the\s+//\s+default priorities \(0, 10, 20\), it must be at most (\d+)\.`).FindSubmatch(src)
+	require.NotNil(t, m, "the AgingBand doc states its bound")
+	w, err := strconv.Atoi(string(m[1]))
+	require.NoError(t, err)
+	_, _, err = presetConfig(Options{AgingBand: w})
+	assert.NoError(t, err)
+	_, _, err = presetConfig(Options{AgingBand: w + 1})
+	assert.ErrorContains(t, err, "Options.AgingBand")
 }
