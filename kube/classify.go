@@ -24,8 +24,10 @@ import (
 //     EOF, a broken pipe, a broken or closed connection, an idle
 //     connection the server closed as the request went out, an HTTP/2
 //     GOAWAY), an HTTP/2 stream reset before the answer came (RST_STREAM:
-//     a proxy or load balancer dropping one request), net.Error timeouts,
-//     and the attempt's own deadline.
+//     a proxy or load balancer dropping one request), a connection that
+//     could not be made for the moment (no route to the host, the network
+//     unreachable, a DNS lookup that failed for now but not a name that
+//     does not exist), net.Error timeouts, and the attempt's own deadline.
 //   - Recompute: 409 — Conflict, and AlreadyExists, which is how client-go
 //     reads a bare 409 to a POST. The call is rebuilt from a fresh read
 //     before it runs again (see the calls' documentation).
@@ -75,11 +77,18 @@ func Classify(err error) dispatch.Class {
 // retried: the delay does not change the class; and the two ways net/http
 // reports an HTTP/1 connection the server closed under a request it does
 // not resend itself (a PATCH, a POST): a write to it (EPIPE), or the
-// server's close of the idle connection the request was sent on.
+// server's close of the idle connection the request was sent on; and a
+// connection that could not be made for the moment — the server's host or
+// network unreachable, a DNS lookup that failed for now — which sent
+// nothing.
 func transient(err error) bool {
 	var ne net.Error
+	var dns *net.DNSError
 	return errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH) ||
+		errors.As(err, &dns) && dns.IsTemporary ||
 		errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, io.ErrUnexpectedEOF) ||

@@ -152,3 +152,33 @@ func TestWithDelay(t *testing.T) {
 	}
 	assert.NoError(t, retryafter.FromStatus(nil))
 }
+
+// TestClassifyDialFailures: a request whose connection could not be made
+// sent nothing, so it is retried, as a refused connection is: the API
+// server's address unreachable for a moment (no route to host, network
+// unreachable, as while a control plane's virtual IP moves) and a DNS
+// lookup that failed for the moment. A name that does not exist is a
+// misconfiguration, and stays permanent.
+func TestClassifyDialFailures(t *testing.T) {
+	dial := func(err error) error {
+		return &url.Error{Op: "Post", URL: "https://apiserver:6443/api/v1/namespaces/default/pods/p/binding",
+			Err: &net.OpError{Op: "dial", Net: "tcp", Err: err}}
+	}
+	cases := []struct {
+		name string
+		err  error
+		want dispatch.Class
+	}{
+		{"no route to host", dial(&os.SyscallError{Syscall: "connect", Err: syscall.EHOSTUNREACH}), dispatch.ClassRetry},
+		{"network unreachable", dial(&os.SyscallError{Syscall: "connect", Err: syscall.ENETUNREACH}), dispatch.ClassRetry},
+		{"DNS server failure", dial(&net.DNSError{Err: "server misbehaving", Name: "apiserver", IsTemporary: true}), dispatch.ClassRetry},
+		{"DNS timeout", dial(&net.DNSError{Err: "i/o timeout", Name: "apiserver", IsTimeout: true}), dispatch.ClassRetry},
+		{"no such host", dial(&net.DNSError{Err: "no such host", Name: "apiserver", IsNotFound: true}), dispatch.ClassPermanent},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, Classify(c.err))
+			assert.Equal(t, c.want, Classify(fmt.Errorf("kube: bind: %w", c.err)), "wrapped with %%w")
+		})
+	}
+}
