@@ -228,7 +228,12 @@ func (d *Dispatcher) Busy(uid types.UID) bool { return d.d.Busy(uid) }
 func (d *Dispatcher) Stats() dispatch.Stats { return d.d.Stats() }
 
 // Close stops admission, runs what is queued until ctx ends, and returns
-// once every execution has returned (see dispatch.Dispatcher.Close).
+// once every execution and every callback of a call — Options.OnDone, the
+// Observer's events — has returned, so that none runs after it (see
+// dispatch.Dispatcher.Close). ctx bounds the draining, not them: a
+// callback that blocks holds Close up past ctx until it returns. Called
+// from one of those callbacks, Close ends what remains with Closed and
+// returns dispatch.ErrReentrant at once.
 func (d *Dispatcher) Close(ctx context.Context) error { return d.d.Close(ctx) }
 
 // ModeOf maps a feature gate's position to the dispatcher's mode: enabled

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -509,4 +510,53 @@ func TestStatusPatchMaxInFlightKeepsDefaultTenant(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCloseWaitsForABlockedOnDone: Close's doc says what holds it up — an
+// Options.OnDone that blocks holds it past ctx, so that no callback runs
+// after Close has returned — and what a Close from inside one does; both
+// hold.
+func TestCloseWaitsForABlockedOnDone(t *testing.T) {
+	text := liveDoc(t, "Dispatcher", "Close")
+	for _, s := range []string{
+		"returns once every execution and every callback of a call — Options.OnDone, the Observer's events — has returned",
+		"a callback that blocks holds Close up past ctx until it returns",
+		"Called from one of those callbacks, Close ends what remains with Closed and returns dispatch.ErrReentrant at once",
+	} {
+		require.Contains(t, text, s, "Close's doc")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"))
+		release := make(chan struct{})
+		var returned atomic.Bool
+		d, err := NewDispatcher(api.client(), Options{OnDone: func(Result) { <-release; returned.Store(true) }})
+		require.NoError(t, err)
+		tk := submit(t, d, Bind(api.pod("p"), "n1"))
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State, "the outcome does not wait for the hook")
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(ctx) }()
+		synctest.Wait()
+		select {
+		case <-closed:
+			t.Fatal("Close returned while OnDone was blocked")
+		default:
+		}
+		close(release)
+		err = <-closed
+		assert.True(t, returned.Load(), "OnDone returned before Close")
+		assert.NoError(t, err, "nothing was left to drain")
+	})
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"))
+		var d *Dispatcher
+		inner := make(chan error, 1)
+		d, err := NewDispatcher(api.client(), Options{OnDone: func(Result) { inner <- d.Close(context.Background()) }})
+		require.NoError(t, err)
+		tk := submit(t, d, Bind(api.pod("p"), "n1"))
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, tk).State)
+		assert.ErrorIs(t, <-inner, dispatch.ErrReentrant)
+		require.NoError(t, d.Close(t.Context()))
+	})
 }
