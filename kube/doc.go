@@ -75,9 +75,10 @@
 // (priorities 20, 10, 0, each in a priority band of its own, so that aging
 // never lifts an old status patch past a binding or a deletion: a binding
 // waits for one token, however long the storm); each call type is its own
-// tenant; a quarter of the workers is kept for bindings and deletions, so
-// a storm of status patches never leaves a binding without a worker
-// (kubernetes#135900); and the API rate (50 qps, burst 100:
+// tenant; a quarter of the workers (at least one; none of a single
+// worker: Options.Start) is kept for bindings and deletions, so that, with
+// more than one worker, a storm of status patches never leaves a binding
+// without a worker (kubernetes#135900); and the API rate (50 qps, burst 100:
 // kube-scheduler's client defaults) is limited by the dispatcher, which
 // hands each token to the best call waiting when it is granted — give the
 // clientset no limit of its own (RESTConfig).

@@ -71,3 +71,23 @@ func TestAgingBandDocBound(t *testing.T) {
 	_, _, err = presetConfig(Options{AgingBand: w + 1})
 	assert.ErrorContains(t, err, "Options.AgingBand")
 }
+
+// TestReservedWorkersAsDocumented: the README and the package doc say how
+// many workers the preset keeps for bindings and deletions — a quarter, at
+// least one, none of a single worker — rather than that a binding always
+// finds a free worker, which no reservation gives a single worker.
+func TestReservedWorkersAsDocumented(t *testing.T) {
+	for _, f := range []string{"README.md", "doc.go"} {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		text := strings.Join(strings.Fields(strings.ReplaceAll(string(src), "//", "")), " ")
+		assert.Contains(t, text, "a quarter of the workers (at least one; none of a single worker", f)
+		assert.NotContains(t, text, "always finds a free worker", f)
+	}
+	for workers, want := range map[int]int{1: 0, 2: 1, 7: 1, 8: 2, 16: 4} {
+		d, err := NewDispatcher(newFakeAPI().client(), Options{Workers: workers})
+		require.NoError(t, err)
+		assert.Equal(t, want, d.Stats().Reserved, "%d workers", workers)
+		require.NoError(t, d.Close(t.Context()))
+	}
+}
