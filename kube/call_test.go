@@ -415,3 +415,43 @@ func TestStatusPatchBelowJSONPrecision(t *testing.T) {
 		assert.Zero(t, api.count("patch/status"), "nothing the API keeps would change")
 	})
 }
+
+// TestMergeKeepsTheFence: a status patch built from a pod without a
+// resourceVersion (one made by hand, not read from the API) that merges
+// into a pending patch fenced by its pod's resourceVersion, or that
+// SyncObject is given, does not strip the fence: StatusPatch.Unconditional
+// promises that two merged patches are sent without the precondition only
+// if both are Unconditional, for the other's fields may need it.
+func TestMergeKeepsTheFence(t *testing.T) {
+	fenced, bare := newPod("p"), newPod("p")
+	fenced.ResourceVersion, bare.ResourceVersion = "7", ""
+	sched := unschedulable("0/3 nodes")
+	ready := v1.PodCondition{Type: v1.PodReady, Status: v1.ConditionFalse}
+	got, err := merge(PatchStatus(fenced, StatusPatch{Conditions: []v1.PodCondition{sched}}).submitted(),
+		PatchStatus(bare, StatusPatch{Conditions: []v1.PodCondition{ready}}).submitted())
+	require.NoError(t, err)
+	body, err := got.statusPatch(metav1.Now())
+	require.NoError(t, err)
+	assert.Contains(t, string(body), `"resourceVersion":"7"`, "merged: %s", body)
+
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"))
+		d := newTestDispatcher(t, api, Options{})
+		release := api.hold("create/binding", "p")
+		bind := submit(t, d, Bind(api.pod("p"), "n1"))
+		synctest.Wait() // in flight: the patch waits behind it
+		patch := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{ready}}))
+		unversioned := api.pod("p")
+		unversioned.ResourceVersion = ""
+		_, err := d.SyncObject(unversioned)
+		require.NoError(t, err)
+		release()
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, bind).State)
+		outcome(t, patch)
+		for _, r := range api.requests() {
+			if r.kind() == "patch/status" {
+				assert.Contains(t, r.Body, `"resourceVersion":`, "sent fenced")
+			}
+		}
+	})
+}

@@ -176,7 +176,9 @@ func (d *Dispatcher) Post(c Call, o SubmitOptions) error {
 // the write before it, or a read, that the informer has not delivered yet)
 // is projected but does not become the baseline, as when two calls merge:
 // judged against the older view, the call could find nothing to change
-// that the pod as it now is needs, and end Skipped unsent. A pod bound to
+// that the pod as it now is needs, and end Skipped unsent. Nor does a pod
+// without a resourceVersion replace a baseline that has one: it cannot be
+// ordered, and a status patch would lose its precondition. A pod bound to
 // another node than its pending binding's is returned as it is: a pod's
 // node never changes once set, so the server's truth wins over a binding
 // that cannot land (it ends Failed when it runs). It is kube-scheduler's
@@ -201,7 +203,7 @@ func (d *Dispatcher) SyncObject(pod *v1.Pod) (*v1.Pod, error) {
 			return c, c.Err()
 		}
 		pending = c
-		if !newer(c.rv, b.rv) { // as merge does: the newer baseline stays
+		if supersedes(b.rv, c.rv) { // as merge does: the newer baseline stays
 			pending = c.rebase(b)
 		}
 		return pending, nil

@@ -30,7 +30,9 @@ import (
 // Within a type, the merged call keeps the newer of the two baselines: the
 // incoming call's, unless the pending call's resourceVersion is the later
 // one — the pending call was rebased onto a write's response or a read
-// while the incoming one was built from a view that had not caught up.
+// while the incoming one was built from a view that had not caught up —
+// or the incoming call's pod has no resourceVersion where the pending
+// call's has one.
 // Judged against the older view, a patch could find nothing to change that
 // the pod as it now is needs, and would end Skipped without being sent.
 // A pending patch built while the pod was unbound, merged with a call built
@@ -67,7 +69,7 @@ func merge(pending, incoming Call) (Call, error) {
 		}
 		incoming.sent = pending.sent
 	}
-	if newer(pending.rv, incoming.rv) {
+	if !supersedes(incoming.rv, pending.rv) {
 		incoming = incoming.rebase(baseline{status: pending.base, rv: pending.rv, nodeName: pending.nodeName})
 	} else if pending.nodeName == "" && incoming.nodeName != "" {
 		// The incoming view shows the pod bound since the pending call
@@ -84,6 +86,15 @@ func merge(pending, incoming Call) (Call, error) {
 		}
 	}
 	return incoming, nil
+}
+
+// supersedes reports whether a view of the pod at resourceVersion view
+// may replace a baseline at resourceVersion base: unless base is the later
+// one, or view has none where base has one — a view without a version
+// (a pod made by hand) cannot be ordered, and would strip a status patch
+// built from base of its precondition.
+func supersedes(view, base string) bool {
+	return !newer(base, view) && (view != "" || base == "")
 }
 
 // newer reports whether resourceVersion a is later than b. Resource
