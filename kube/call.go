@@ -185,7 +185,9 @@ func Bind(pod *v1.Pod, node string) Call {
 // server refuses the UID precondition of the condition patch or of the
 // deletion) — counts as deleted: the call ends Succeeded at the first
 // request that finds out, and the newer pod is neither patched nor
-// deleted.
+// deleted. So does a pod the read before a retry finds being deleted (its
+// deletionTimestamp set, as a DELETE whose response was lost leaves a pod
+// with a grace period): no second DELETE is sent.
 func Delete(pod *v1.Pod, condition *v1.PodCondition) Call {
 	c := fromPod(PodDeletion, pod)
 	if c.err != nil {

@@ -173,7 +173,9 @@ func (a *calls) delete(ctx context.Context, c *Call) error {
 //     pod is bound meanwhile, a PodScheduled=False or a nomination is
 //     dropped as stale, and a patch left with nothing to change ends
 //     Skipped. Other status-patch retries resend the same patch.
-//   - A deletion reads the pod: gone, or replaced, it ends Succeeded;
+//   - A deletion reads the pod: gone, replaced, or being deleted (its
+//     deletionTimestamp set: the earlier attempt's DELETE landed, or
+//     another's), it ends Succeeded without sending anything more;
 //     otherwise it runs again against the pod as read now (a condition that
 //     landed is not patched twice).
 //
@@ -216,6 +218,14 @@ func (a *calls) beforeRetry(ctx context.Context, uid types.UID, c Call, lastErr 
 			return c, false, nil
 		}
 		return c, false, fmt.Errorf("kube: %s: reading the pod back: %w", c, err)
+	}
+	if c.typ == PodDeletion && pod.DeletionTimestamp != nil {
+		// Graceful deletion has started (the earlier attempt's DELETE
+		// landed, or another's): as upstream's preemption, send nothing
+		// more.
+		a.info(vGone, &c, msgDeleting, "uid", c.uid)
+		a.gone(uid)
+		return c, true, nil
 	}
 	if c.typ == PodBinding {
 		switch pod.Spec.NodeName {

@@ -21,8 +21,9 @@ const (
 
 // Messages logged from more than one place.
 const (
-	msgNoOp = "Call has no effect; not sent"
-	msgGone = "Pod to delete is already gone"
+	msgNoOp     = "Call has no effect; not sent"
+	msgGone     = "Pod to delete is already gone"
+	msgDeleting = "Pod to delete is already being deleted"
 )
 
 // ref names c's pod in log lines.

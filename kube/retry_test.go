@@ -544,3 +544,38 @@ func TestBindingRefusedForGoodIsNotResent(t *testing.T) {
 		})
 	}
 }
+
+// TestDeletionFoundTerminatingIsNotResent: a deletion whose response was
+// lost reads the pod back before it runs again, "so that no write happens
+// twice". A pod with a grace period is not gone at once: the DELETE that
+// landed left it terminating (deletionTimestamp set), which the read
+// shows. The deletion has landed: the call ends Succeeded without a second
+// DELETE, and the call waiting behind it is told the pod is gone.
+func TestDeletionFoundTerminatingIsNotResent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"))
+		api.setFault(func(r request) (bool, error) {
+			if r.kind() == "delete/" && r.N == 1 {
+				// Graceful: the server marks the pod, and the response is
+				// lost. The fault runs under the server's lock.
+				p := api.store.pods["p"]
+				now := metav1.Now()
+				p.DeletionTimestamp = &now
+				api.store.bump(p)
+				return false, connReset()
+			}
+			return true, nil
+		})
+		d := newTestDispatcher(t, api, Options{})
+		release := api.hold("delete/", "p")
+		del := submit(t, d, Delete(api.pod("p"), nil))
+		synctest.Wait() // in flight: the patch below waits behind it
+		patch := submit(t, d, PatchStatus(api.pod("p"), StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}}))
+		release()
+		r := outcome(t, del)
+		assert.Equal(t, dispatch.StateSucceeded, r.State, "%v", r.Err)
+		assert.Equal(t, 1, api.count("delete/"), "the DELETE that landed is not sent again")
+		assert.Equal(t, dispatch.StateSkipped, outcome(t, patch).State, "the pod is being deleted: nothing left to do behind it")
+		assert.Zero(t, api.count("patch/status"))
+	})
+}
