@@ -73,6 +73,9 @@ type Call struct {
 	base     *v1.PodStatus // never nil in a valid call; shared, never written
 	rv       string
 	nodeName string
+	// deleting: the pod's graceful deletion has started (its
+	// deletionTimestamp is set), so a deletion has nothing left to send.
+	deleting bool
 
 	// PodStatusPatch.
 	conds         []v1.PodCondition // shared, never written
@@ -187,7 +190,11 @@ func Bind(pod *v1.Pod, node string) Call {
 // request that finds out, and the newer pod is neither patched nor
 // deleted. So does a pod the read before a retry finds being deleted (its
 // deletionTimestamp set, as a DELETE whose response was lost leaves a pod
-// with a grace period): no second DELETE is sent.
+// with a grace period): no second DELETE is sent. A deletion whose
+// baseline shows the pod being deleted — built from such a pod, or
+// refreshed to one by SyncObject — is a no-op (Skipped, never sent), as
+// upstream's preemption sends nothing for a victim whose graceful
+// deletion has started.
 func Delete(pod *v1.Pod, condition *v1.PodCondition) Call {
 	c := fromPod(PodDeletion, pod)
 	if c.err != nil {
@@ -225,6 +232,7 @@ func fromPod(t CallType, pod *v1.Pod) Call {
 	}
 	c.namespace, c.name, c.uid = pod.Namespace, pod.Name, pod.UID
 	c.base, c.rv, c.nodeName = pod.Status.DeepCopy(), pod.ResourceVersion, pod.Spec.NodeName
+	c.deleting = pod.DeletionTimestamp != nil
 	return c
 }
 
@@ -268,7 +276,7 @@ func (c Call) String() string {
 // rebase makes b (the newest view of the pod) the call's baseline. If b
 // shows the pod bound, the call is as boundTo leaves it.
 func (c Call) rebase(b baseline) Call {
-	c.base, c.rv, c.nodeName = b.status, b.rv, b.nodeName
+	c.base, c.rv, c.nodeName, c.deleting = b.status, b.rv, b.nodeName, b.deleting
 	if b.nodeName != "" {
 		c = c.boundTo(b.nodeName)
 	}
@@ -304,8 +312,9 @@ type baseline struct {
 	status   *v1.PodStatus
 	rv       string
 	nodeName string
+	deleting bool
 }
 
 func baselineOf(pod *v1.Pod) baseline {
-	return baseline{status: pod.Status.DeepCopy(), rv: pod.ResourceVersion, nodeName: pod.Spec.NodeName}
+	return baseline{status: pod.Status.DeepCopy(), rv: pod.ResourceVersion, nodeName: pod.Spec.NodeName, deleting: pod.DeletionTimestamp != nil}
 }

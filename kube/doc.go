@@ -38,9 +38,10 @@
 // a pending deletion.
 //
 // Every call carries a baseline — the pod's status, resourceVersion and node
-// as last seen. A status patch that changes nothing in it, and a binding
-// whose baseline already shows the pod on its node, are never sent: they end
-// Skipped, which counts as success. A status patch sends the baseline's
+// as last seen. A status patch that changes nothing in it, a binding
+// whose baseline already shows the pod on its node, and a deletion whose
+// baseline shows the pod being deleted, are never sent: they end Skipped,
+// which counts as success. A status patch sends the baseline's
 // resourceVersion as a precondition, so one computed from a stale view —
 // a PodScheduled=False racing a successful bind (kubernetes#139602) — is
 // refused by the server instead of landing; the dispatcher then reads the

@@ -70,7 +70,7 @@ func merge(pending, incoming Call) (Call, error) {
 		incoming.sent = pending.sent
 	}
 	if !supersedes(incoming.rv, pending.rv) {
-		incoming = incoming.rebase(baseline{status: pending.base, rv: pending.rv, nodeName: pending.nodeName})
+		incoming = incoming.rebase(baseline{status: pending.base, rv: pending.rv, nodeName: pending.nodeName, deleting: pending.deleting})
 	} else if pending.nodeName == "" && incoming.nodeName != "" {
 		// The incoming view shows the pod bound since the pending call
 		// was built: what the pending call reported about an unbound
@@ -129,8 +129,9 @@ func mergeStatus(pending, incoming Call) Call {
 
 // noOp is the Config.NoOp of kube calls: a status patch that changes
 // nothing in its baseline, a binding whose baseline already shows the
-// pod on its node, and any call behind a deletion that landed, are not
-// sent (and logged so). Otherwise a deletion always runs.
+// pod on its node, a deletion whose baseline shows the pod being deleted
+// (as upstream's preemption skips such a victim), and any call behind a
+// deletion that landed, are not sent (and logged so).
 // An invalid call runs, so that exec reports why it is invalid.
 func (a *calls) noOp(_ types.UID, c Call) bool {
 	if isNoOp(&c) {
@@ -153,6 +154,8 @@ func isNoOp(c *Call) bool {
 		return !c.statusChanges()
 	case PodBinding:
 		return c.nodeName == c.node
+	case PodDeletion:
+		return c.deleting
 	}
 	return false
 }
@@ -191,7 +194,7 @@ func (c *Call) project(pod *v1.Pod) *v1.Pod {
 			return out
 		}
 	case PodDeletion:
-		if c.disruption != nil {
+		if c.disruption != nil && !c.deleting {
 			if status, changed := applyConditions(&pod.Status, []v1.PodCondition{*c.disruption}, now); changed {
 				out := pod.DeepCopy()
 				out.Status = *status

@@ -579,3 +579,37 @@ func TestDeletionFoundTerminatingIsNotResent(t *testing.T) {
 		assert.Zero(t, api.count("patch/status"))
 	})
 }
+
+// TestDeletionOfATerminatingPodIsNotSent: as upstream's preemption skips
+// a victim whose graceful deletion has started ("Sending another API call
+// is unnecessary"), a deletion built from a pod with a deletionTimestamp —
+// or whose baseline SyncObject refreshes to one — sends nothing: no
+// condition patch, no DELETE. It ends Skipped, which counts as success, and
+// SyncObject does not show a condition that will never be written.
+func TestDeletionOfATerminatingPodIsNotSent(t *testing.T) {
+	disrupt := &v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}
+	terminate := func(p *v1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now }
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"))
+		victim := api.change("p", terminate)
+		d := newTestDispatcher(t, api, Options{})
+		assert.Equal(t, dispatch.StateSkipped, outcome(t, submit(t, d, Delete(victim, disrupt))).State)
+		assert.Empty(t, api.requests(), "nothing sent")
+	})
+	synctest.Test(t, func(t *testing.T) {
+		api := newFakeAPI(newPod("p"), newPod("q"))
+		d := newTestDispatcher(t, api, Options{Workers: 1})
+		release := api.hold("create/binding", "q")
+		bind := submit(t, d, Bind(api.pod("q"), "n1"))
+		synctest.Wait() // the only worker is held
+		del := submit(t, d, Delete(api.pod("p"), disrupt))
+		pod, err := d.SyncObject(api.change("p", terminate))
+		require.NoError(t, err)
+		assert.Nil(t, findCondition(&pod.Status, v1.DisruptionTarget), "SyncObject shows no condition that will not be written")
+		release()
+		assert.Equal(t, dispatch.StateSucceeded, outcome(t, bind).State)
+		assert.Equal(t, dispatch.StateSkipped, outcome(t, del).State)
+		assert.Zero(t, api.count("delete/"))
+		assert.Zero(t, api.count("patch/status"))
+	})
+}
