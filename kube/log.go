@@ -53,15 +53,16 @@ func (a *calls) logStatusPatch(c *Call) {
 
 // onDone is the Config.OnDone of kube calls: it logs a status patch that
 // failed — nobody waits on one, so the log is where its failure shows —
-// then calls the user's hook, if any. A binding's or a deletion's
-// failure is its submitter's to report.
+// then calls the user's hook, if any, even if the logger panicked. A
+// binding's or a deletion's failure is its submitter's to report.
 func (a *calls) onDone(user func(Result)) func(Result) {
+	if user == nil {
+		user = func(Result) {}
+	}
 	return func(r Result) {
+		defer user(r)
 		if r.State == dispatch.StateFailed && r.Call.typ == PodStatusPatch {
 			a.log.Error(r.Err, "Status patch failed", "pod", r.Call.ref(), "attempts", r.Attempts)
-		}
-		if user != nil {
-			user(r)
 		}
 	}
 }

@@ -131,3 +131,30 @@ func TestLoggerDefault(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Contains(t, got[0], `"msg"="Binding pod to node"`)
 }
+
+// TestOnDoneSurvivesAPanickingLogger: the preset logs a status patch that
+// failed for good before it calls Options.OnDone; a Logger whose sink
+// panics there does not cost the user's hook its call — OnDone fires once
+// per finished call, whatever the log does.
+func TestOnDoneSurvivesAPanickingLogger(t *testing.T) {
+	api := newFakeAPI() // the pod does not exist: the patch fails for good
+	var mu sync.Mutex
+	var done []dispatch.State
+	d, err := NewDispatcher(api.client(), Options{
+		Logger: funcr.New(func(_, args string) {
+			if strings.Contains(args, "Status patch failed") {
+				panic("log sink failed")
+			}
+		}, funcr.Options{}),
+		OnDone: func(r Result) { mu.Lock(); done = append(done, r.State); mu.Unlock() },
+	})
+	require.NoError(t, err)
+	tk, err := d.Submit(t.Context(), PatchStatus(newPod("p"), StatusPatch{Conditions: []v1.PodCondition{unschedulable("0/3 nodes")}}), SubmitOptions{})
+	require.NoError(t, err)
+	r, _ := tk.Wait(t.Context())
+	assert.Equal(t, dispatch.StateFailed, r.State)
+	require.NoError(t, d.Close(t.Context()))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []dispatch.State{dispatch.StateFailed}, done, "OnDone was called once")
+}
