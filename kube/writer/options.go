@@ -135,7 +135,8 @@ type Options[O Object] struct {
 	// allow one request a minute; NaN and +Inf are refused. Give the
 	// client no limit of its own (RESTConfig).
 	QPS float64
-	// Burst is the limiter's burst (0 means 100).
+	// Burst is the limiter's burst (0 means 100); with a negative QPS (no
+	// limit) it must be 0.
 	Burst int
 	// RateLimit, if set, is the limiter instead (QPS and Burst then 0):
 	// one shared with other writers, say.
@@ -204,6 +205,8 @@ func (o *Options[O]) check() error {
 		return optErr("QPS", fmt.Sprintf("%.3g is below one request a minute", o.QPS))
 	case o.Burst < 0:
 		return optErr("Burst", fmt.Sprintf("%d must not be negative", o.Burst))
+	case o.QPS < 0 && o.Burst != 0:
+		return fmt.Errorf("writer: Options.Burst %d is set, but Options.QPS %v means no limit: leave Burst 0", o.Burst, o.QPS)
 	case o.RateLimit != nil && (o.QPS != 0 || o.Burst != 0):
 		return errors.New("writer: Options.RateLimit is set: leave QPS and Burst 0")
 	}

@@ -143,3 +143,15 @@ func TestMaxAttemptsBoundsConflicts(t *testing.T) {
 		assert.Equal(t, dispatch.StateFailed, res.State)
 	})
 }
+
+// A Burst given with a negative QPS (no limit) configures nothing: New
+// refuses it, naming both fields, rather than drop it silently.
+func TestBurstWithoutALimitIsRefused(t *testing.T) {
+	e := newEnv(t)
+	_, err := writer.New(e.c, writer.Options[deploy]{QPS: -1, Burst: 10})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "writer: Options.Burst 10")
+	assert.Contains(t, err.Error(), "Options.QPS -1")
+	_, err = writer.New(e.c, writer.Options[deploy]{QPS: -1})
+	assert.NoError(t, err, "no limit, no burst: valid")
+}
