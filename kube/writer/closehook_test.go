@@ -13,6 +13,7 @@ import (
 	"github.com/coalescer/dispatch/kube/writer/internal/fakeapi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // Close called from OnDone writes nothing more: what is queued ends Closed
@@ -176,5 +177,24 @@ func TestCloseWaitForTheCloseAChangeBeganEndsWithCtx(t *testing.T) {
 		close(release)
 		<-returned
 		require.NoError(t, w.Close(t.Context()))
+	})
+}
+
+// Close's error is about what Close itself ended: a desire that failed on
+// its own (a permanent API error) before Close reached its outcome, which
+// OnDone hears; Close returns nil, as its documentation says.
+func TestCloseReturnsNilWhenEveryDesireReachedItsOutcome(t *testing.T) {
+	text := fileDoc(t, "writer.go")
+	require.Contains(t, text, "It returns nil if it ended no desire itself — each reached its own outcome, written, found met or failed, which OnDone and its Ticket tell — else an error that says how many desires it ended and wraps ctx's error.")
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, deployment("a"))
+		e.api.Fail(fakeapi.Fault{Key: "update/status", Times: 1, Err: apierrors.NewBadRequest("refused")})
+		var states []dispatch.State
+		w, err := writer.New(e.c, writer.Options[deploy]{OnDone: func(r writer.Result[deploy]) { states = append(states, r.State) }})
+		require.NoError(t, err)
+		require.NoError(t, w.Set(e.get(t, "a"), status(replicas(1)), writer.SetOptions{}))
+		synctest.Wait()
+		assert.NoError(t, w.Close(context.Background()))
+		assert.Equal(t, []dispatch.State{dispatch.StateFailed}, states, "the failure is OnDone's to tell")
 	})
 }

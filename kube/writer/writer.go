@@ -325,9 +325,10 @@ func (w *Writer[O]) Busy(uid types.UID) bool { return w.d.Busy(uid) }
 // Options.OnDone with its object's identity, so it can be requeued (a
 // write in flight is cancelled, and reaches OnDone Stale if its request
 // returned anyway: it may have landed) — and returns once every request
-// has returned. It returns nil if everything was written, else an error
-// that says how many desires it ended and wraps ctx's error. Close is
-// idempotent and safe to call concurrently.
+// has returned. It returns nil if it ended no desire itself — each
+// reached its own outcome, written, found met or failed, which OnDone and
+// its Ticket tell — else an error that says how many desires it ended and
+// wraps ctx's error. Close is idempotent and safe to call concurrently.
 //
 // Called from a change, Close cannot wait for the write that runs it: it
 // stops admission, finishes in the background as Close(ctx) would, and
