@@ -198,3 +198,27 @@ func TestCloseReturnsNilWhenEveryDesireReachedItsOutcome(t *testing.T) {
 		assert.Equal(t, []dispatch.State{dispatch.StateFailed}, states, "the failure is OnDone's to tell")
 	})
 }
+
+// A write in flight when Close's ctx ends: its Ticket hears Closed at once,
+// while OnDone, which hears the write, hears Stale once its request
+// returns (it may have landed), as the package documentation says.
+func TestWriteInFlightAtCloseIsClosedForItsTicketStaleForOnDone(t *testing.T) {
+	text := fileDoc(t, "doc.go")
+	require.Contains(t, text, "A desire ends exactly once, in one dispatch.State, told to its Ticket, to Options.OnDone and to the Observer (a *dispatchprom.Observer exports it to Prometheus, labelled by class and tenant) — but a write in flight that Close gave up on, whose desires hear Closed, reaches OnDone Stale once its request returns (it may have landed), and a desire Set finds already met")
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, deployment("a"))
+		e.api.Fail(fakeapi.Fault{Key: "update/status", Times: 1, Delay: time.Minute})
+		var states []dispatch.State
+		w, err := writer.New(e.c, writer.Options[deploy]{OnDone: func(r writer.Result[deploy]) { states = append(states, r.State) }})
+		require.NoError(t, err)
+		tk, err := w.Submit(t.Context(), e.get(t, "a"), status(replicas(1)), writer.SetOptions{})
+		require.NoError(t, err)
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		require.ErrorIs(t, w.Close(ctx), context.DeadlineExceeded)
+		res, _ := tk.Wait(t.Context())
+		assert.Equal(t, dispatch.StateClosed, res.State, "the ticket")
+		assert.Equal(t, []dispatch.State{dispatch.StateStale}, states, "OnDone")
+	})
+}

@@ -163,12 +163,15 @@
 // the queue, never asleep in a worker — a server's Retry-After is the
 // backoff (with a client built from RESTConfig, client-go neither sleeps
 // it out first nor resends a read whose connection broke); a conflict is
-// re-read and re-applied at once; the rest fail. A desire ends exactly once, in one dispatch.State, told to its
-// Ticket, to Options.OnDone and to the Observer (a *dispatchprom.Observer
-// exports it to Prometheus, labelled by class and tenant) — but a desire
-// Set finds already met, with nothing queued for its object, which ends
-// there, Skipped, without reaching the queue: Stats counts it (Desires,
-// NoOps), and neither OnDone nor the Observer hears of it. Stats counts
+// re-read and re-applied at once; the rest fail. A desire ends exactly
+// once, in one dispatch.State, told to its Ticket, to Options.OnDone and
+// to the Observer (a *dispatchprom.Observer exports it to Prometheus,
+// labelled by class and tenant) — but a write in flight that Close gave
+// up on, whose desires hear Closed, reaches OnDone Stale once its request
+// returns (it may have landed), and a desire Set finds already met, with
+// nothing queued for its object, which ends there, Skipped, without
+// reaching the queue: Stats counts it (Desires, NoOps), and neither OnDone
+// nor the Observer hears of it. Stats counts
 // what the writes cost: desires, writes sent and accepted, reads, no-ops,
 // conflicts re-applied, fenced writes.
 //
