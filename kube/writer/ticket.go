@@ -11,6 +11,10 @@ import (
 // write, which may have served several merged desires (Options.OnDone).
 type Result[O Object] struct {
 	UID types.UID
+	// Namespace and Name are the object's, as given to Set: with them
+	// OnDone can requeue it, whatever the outcome (Object is nil for most
+	// that did not land).
+	Namespace, Name string
 	// Object is the newest object the writer had when the desire ended:
 	// the server's answer to the last write, or the object as the writer
 	// found it (read, or given to Set) when nothing more needed writing,
@@ -32,6 +36,9 @@ type Result[O Object] struct {
 // a waiter that left early may hear while the write still runs.
 func resultOf[O Object](r dispatch.Result[types.UID, *op[O]], callEnded bool) Result[O] {
 	out := Result[O]{UID: r.Key, Outcome: r.Outcome}
+	if p := r.Call; p != nil { // p.obj is never written once p is queued
+		out.Namespace, out.Name = p.obj.GetNamespace(), p.obj.GetName()
+	}
 	switch r.State {
 	case dispatch.StateSucceeded, dispatch.StateSkipped, dispatch.StateFailed:
 		callEnded = true
@@ -56,7 +63,7 @@ type Ticket[O Object] struct {
 
 // skippedTicket is the ticket of a desire that changes nothing.
 func skippedTicket[O Object](p *op[O]) *Ticket[O] {
-	return &Ticket[O]{now: Result[O]{UID: p.uid, Object: p.out, Outcome: dispatch.Outcome{State: dispatch.StateSkipped, Waiters: 1}}}
+	return &Ticket[O]{now: Result[O]{UID: p.uid, Namespace: p.obj.GetNamespace(), Name: p.obj.GetName(), Object: p.out, Outcome: dispatch.Outcome{State: dispatch.StateSkipped, Waiters: 1}}}
 }
 
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
