@@ -2,6 +2,7 @@ package writer
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -42,4 +43,26 @@ func TestKnownVersionsBounded(t *testing.T) {
 	end("d", 5)
 	assert.Len(t, k.versions, 3, "a forgotten object frees its place")
 	assert.True(t, older("b", 4))
+}
+
+// With the largest Capacity (every ended object's version kept), ending an
+// object appends its version to the ring: the ring is never copied for
+// compaction, which the doubled capacity, overflowed, would do on every
+// end, each a copy of every version kept.
+func TestKnownVersionsUnboundedCapacityNeverCompacts(t *testing.T) {
+	var k known[*corev1.ConfigMap]
+	k.init(math.MaxInt)
+	end := func(uid types.UID) {
+		k.remember(uid, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{UID: uid, ResourceVersion: "5"}})
+		k.end(uid, k.now())
+	}
+	for i := range 100 {
+		end(types.UID(fmt.Sprint(i)))
+	}
+	k.ring = append(make([]ringEntry, 0, 1000), k.ring...) // room to append in place
+	first := &k.ring[0]
+	end("next")
+	require.Len(t, k.ring, 101)
+	assert.Same(t, first, &k.ring[0], "the ring was copied")
+	assert.Len(t, k.versions, 101)
 }

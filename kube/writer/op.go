@@ -235,7 +235,7 @@ func (k *known[O]) end(uid types.UID, s uint64) {
 			delete(k.versions, old.uid)
 		}
 	}
-	if len(k.ring) > 2*k.capacity {
+	if len(k.ring)-k.capacity > k.capacity { // twice the capacity, which may not fit in an int
 		k.ring = slices.DeleteFunc(slices.Clone(k.ring), func(r ringEntry) bool { return !k.live(r) })
 	}
 }
