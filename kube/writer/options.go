@@ -37,7 +37,12 @@ const (
 	// of those very fields (a list, such as conditions, is one field);
 	// other fields may change meanwhile. A refusal costs a read and a
 	// second patch, tested against the resourceVersion read. Reads as
-	// ModeUpdate's.
+	// ModeUpdate's. What the change changed is judged on the newest object
+	// the writer knows, which may be behind the server's. A field the
+	// change sets to the value it already has on that object is not sent:
+	// if another writer changed it since, the patch does not restore it
+	// (their change's watch event brings the reconcile that does), where
+	// ModeUpdate's conflict would.
 	ModePatch
 	// ModeApply sends a server-side apply with Options.FieldManager: the
 	// change sets, on an object holding only the identity, the fields this
