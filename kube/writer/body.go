@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -90,9 +91,9 @@ func diff(ops []jsonOp, base, desired map[string]any, path string, tests bool) [
 }
 
 // applyBody is ModeApply's request: the configuration pr.desired holds for
-// target t — its fields pruned of nulls and empty maps — with the
-// identity: apiVersion, kind, name, namespace, the UID (the fence) and,
-// with Options.ApplyResourceVersion, the baseline's resourceVersion.
+// target t (applyConfig), with the identity: apiVersion, kind, name,
+// namespace, the UID (the fence) and, with Options.ApplyResourceVersion,
+// the baseline's resourceVersion.
 func (w *Writer[O]) applyBody(t target, pr prepared[O], p *op[O]) ([]byte, error) {
 	m, err := unstructuredOf(pr.desired)
 	if err != nil {
@@ -102,7 +103,7 @@ func (w *Writer[O]) applyBody(t target, pr prepared[O], p *op[O]) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	body := prune(part(t, m))
+	body := applyConfig(t, pr.desired, m)
 	meta, _ := body["metadata"].(map[string]any)
 	if meta == nil {
 		meta = map[string]any{}
@@ -144,13 +145,23 @@ func (w *Writer[O]) kindOf(purpose string, objs ...O) (schema.GroupVersionKind, 
 	return schema.GroupVersionKind{}, fmt.Errorf("writer: cannot tell the apiVersion and kind of %T for %s: add the type to k8s.io/client-go/kubernetes/scheme.Scheme (its package's AddToScheme), or set them on copies of the objects given to Set", objs[0], purpose)
 }
 
-// prune returns a copy of m without nulls and empty maps: the fields an
-// apply configuration leaves unset.
-func prune(m map[string]any) map[string]any {
+// applyConfig is t's part of m, desired's unstructured form, as an apply
+// configuration: pruned of nulls and, for a typed object, of empty maps —
+// the zero structs its conversion writes for fields without omitempty,
+// which the change did not set. An unstructured object's empty map is the
+// change's own, a value (a volume's emptyDir: {}): it is sent.
+func applyConfig(t target, desired runtime.Object, m map[string]any) map[string]any {
+	_, u := desired.(*unstructured.Unstructured)
+	return prune(part(t, m), !u)
+}
+
+// prune returns a copy of m without nulls and, if empties, empty maps: the
+// fields an apply configuration leaves unset.
+func prune(m map[string]any, empties bool) map[string]any {
 	out := make(map[string]any, len(m))
 	for k, v := range m {
 		if sub, ok := v.(map[string]any); ok {
-			if sub = prune(sub); len(sub) > 0 {
+			if sub = prune(sub, empties); len(sub) > 0 || !empties {
 				out[k] = sub
 			}
 			continue

@@ -100,3 +100,37 @@ func TestUnstructuredEmptyMapIsAValue(t *testing.T) {
 		assert.Empty(t, got)
 	})
 }
+
+// In ModeApply too an empty map an unstructured change sets is a value,
+// sent as it is set ("only what the change sets"), not pruned as the
+// empty structs a typed object's conversion leaves: it lands, and a desire
+// that sets it again once it is live sends nothing.
+func TestApplySendsAnEmptyMapTheChangeSets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		wd := widget("a")
+		require.NoError(t, unstructured.SetNestedField(wd.Object, int64(2), "spec", "size"))
+		e := newDynEnv(t, wd)
+		w, err := writer.New(e.c, writer.Options[*unstructured.Unstructured]{Mode: writer.ModeApply})
+		require.NoError(t, err)
+		defer w.Close(t.Context())
+		d := writer.Desire[*unstructured.Unstructured]{
+			Object: func(u *unstructured.Unstructured) error {
+				return unstructured.SetNestedMap(u.Object, map[string]any{}, "spec", "emptyDir")
+			},
+		}
+		tk, err := w.Submit(t.Context(), e.get(t, "a"), d, writer.SetOptions{})
+		require.NoError(t, err)
+		res, err := tk.Wait(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 1, res.Writes)
+		require.Len(t, e.api.Requests(), 1)
+		assert.Contains(t, string(e.api.Requests()[0].Body), `"emptyDir":{}`)
+		_, ok, err := unstructured.NestedMap(e.get(t, "a").Object, "spec", "emptyDir")
+		require.NoError(t, err)
+		assert.True(t, ok, "spec.emptyDir is on the object")
+
+		require.NoError(t, w.Set(e.get(t, "a"), d, writer.SetOptions{}))
+		assert.False(t, w.Busy(wd.GetUID()))
+		assert.Len(t, e.api.Requests(), 1, "live already: nothing sent")
+	})
+}
