@@ -103,7 +103,7 @@ func (w *Writer[O]) applyBody(t target, pr prepared[O], p *op[O]) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	body := applyConfig(t, pr.desired, m)
+	body := w.applyConfig(t, pr.desired, m)
 	meta, _ := body["metadata"].(map[string]any)
 	if meta == nil {
 		meta = map[string]any{}
@@ -146,22 +146,44 @@ func (w *Writer[O]) kindOf(purpose string, objs ...O) (schema.GroupVersionKind, 
 }
 
 // applyConfig is t's part of m, desired's unstructured form, as an apply
-// configuration: pruned of nulls and, for a typed object, of empty maps —
-// the zero structs its conversion writes for fields without omitempty,
-// which the change did not set. An unstructured object's empty map is the
-// change's own, a value (a volume's emptyDir: {}): it is sent.
-func applyConfig(t target, desired runtime.Object, m map[string]any) map[string]any {
-	_, u := desired.(*unstructured.Unstructured)
-	return prune(part(t, m), !u)
+// configuration: pruned of nulls and of the empty maps a typed object's
+// conversion writes for the zero structs of fields without omitempty
+// (those of w.zero, from the conversion of an empty object), which the change
+// did not set. Any other empty map is the change's own, a value (a
+// volume's emptyDir: {}, a securityContext: {}): it is sent.
+func (w *Writer[O]) applyConfig(t target, desired O, m map[string]any) map[string]any {
+	if _, u := any(desired).(*unstructured.Unstructured); u {
+		return prune(part(t, m), nil, false)
+	}
+	return prune(part(t, m), w.zero[t], w.zero[t] == nil)
 }
 
-// prune returns a copy of m without nulls and, if empties, empty maps: the
-// fields an apply configuration leaves unset.
-func prune(m map[string]any, empties bool) map[string]any {
+// zeroOf is, per target, the part of an empty O's unstructured form; nil
+// if O is not a pointer to a struct (or is unstructured).
+func zeroOf[O Object]() (z [numTargets]map[string]any) {
+	typ := reflect.TypeFor[O]()
+	if typ.Kind() != reflect.Pointer || typ.Elem().Kind() != reflect.Struct || typ == reflect.TypeFor[*unstructured.Unstructured]() {
+		return z
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(reflect.New(typ.Elem()).Interface())
+	if err != nil {
+		return z
+	}
+	for t := range numTargets {
+		z[t] = part(t, m)
+	}
+	return z
+}
+
+// prune returns a copy of m without nulls, and without the empty maps
+// that zero has at the same place too (all of them, if all): the fields an
+// apply configuration leaves unset.
+func prune(m, zero map[string]any, all bool) map[string]any {
 	out := make(map[string]any, len(m))
 	for k, v := range m {
 		if sub, ok := v.(map[string]any); ok {
-			if sub = prune(sub, empties); len(sub) > 0 || !empties {
+			z, zeroHas := zero[k].(map[string]any)
+			if sub = prune(sub, z, all); len(sub) > 0 || !all && !zeroHas {
 				out[k] = sub
 			}
 			continue

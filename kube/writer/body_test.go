@@ -107,7 +107,7 @@ func TestPruneAndSubset(t *testing.T) {
 			"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
 			"n":          int64(2),
 		},
-	}, true)
+	}, nil, true)
 	assert.Equal(t, map[string]any{"status": map[string]any{
 		"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
 		"n":          int64(2),

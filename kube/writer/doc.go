@@ -85,11 +85,13 @@
 //     and one patch tested against the read resourceVersion.
 //   - ModeApply: a server-side apply (Options.FieldManager) of the fields
 //     the change sets on an object holding only the identity. The body is
-//     that object as JSON: for a typed object, every field whose JSON tag
-//     has no omitempty is sent, a zero one too (a PodDisruptionBudget's
-//     status counts, say), and is then this manager's; apply
-//     *unstructured.Unstructured objects (Dynamic) to send only what the
-//     change sets. No read (but with Options.ApplyResourceVersion, below);
+//     that object as JSON, without nulls: for a typed object, every field
+//     whose JSON tag has no omitempty is sent, a zero one too (a
+//     PodDisruptionBudget's status counts, say), and is then this
+//     manager's — but the empty struct of such a field the change left
+//     alone, while an empty struct it set (a securityContext: {}) is sent;
+//     apply *unstructured.Unstructured objects (Dynamic) to send only what
+//     the change sets, an empty map too. No read (but with Options.ApplyResourceVersion, below);
 //     no conflict on fields this manager owns. A field another manager owns
 //     is a 409 that no re-read resolves: the write fails at once, unless
 //     Options.Force takes such fields over. Its no-op test is that every

@@ -199,7 +199,7 @@ func (w *Writer[O]) unchanged(t target, base, desired O) bool {
 	}
 	cfg, err1 := unstructuredOf(desired)
 	live, err2 := unstructuredOf(base)
-	return err1 == nil && err2 == nil && subset(applyConfig(t, desired, cfg), part(t, live))
+	return err1 == nil && err2 == nil && subset(w.applyConfig(t, desired, cfg), part(t, live))
 }
 
 // unneeded reports whether p changes nothing on the newest object known,

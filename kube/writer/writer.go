@@ -49,6 +49,9 @@ type Writer[O Object] struct {
 	closers changes
 	// status says whether O has a status to write.
 	status statusKnown
+	// zero is, per target, an empty O's unstructured form (zeroOf): the
+	// zero structs ModeApply does not send.
+	zero [numTargets]map[string]any
 	// kinds holds, by Go type, the tenant of a typed object given without
 	// its kind under TenancyKind (kindTenant).
 	kinds sync.Map
@@ -92,7 +95,7 @@ func New[O Object](c Client[O], o Options[O]) (*Writer[O], error) {
 	w := &Writer[O]{
 		c: c, mode: o.Mode, manager: o.FieldManager, force: o.Force, applyRV: o.ApplyResourceVersion,
 		classes: o.Classes, tenancy: o.Tenancy, merge: o.Merge, onDone: o.OnDone,
-		limiter: o.limiter(), classify: o.Classify, status: statusOfType[O](),
+		limiter: o.limiter(), classify: o.Classify, status: statusOfType[O](), zero: zeroOf[O](),
 	}
 	if w.manager == "" {
 		w.manager = defaultManager
