@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"context"
 	"go/ast"
 	"go/importer"
 	"go/parser"
@@ -10,7 +11,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -151,4 +155,29 @@ func rollingOut(ctx context.Context, exec dispatch.ExecFunc[types.UID, Op], gate
 	return err
 }
 `)
+}
+
+// TestReadmeReservedWorkersByBand: the reservation is for calls in
+// UrgentPriority's band or above, judged on priority, never on age. With
+// bands of 10 and UrgentPriority 15, a call at 10 takes the kept worker,
+// and one at 9, however long it has waited, does not.
+func TestReadmeReservedWorkersByBand(t *testing.T) {
+	docSays(t, "README.md", "`ReservedWorkers` are kept for calls in `UrgentPriority`'s band or above (judged on priority, never on age)")
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		d := newD(t, func(ctx context.Context, _ string, _ int) error { return g.wait(ctx) }, Config[string, int]{
+			Workers: 2, AgingBand: 10, Aging: time.Second,
+			Start: StartPolicy{ReservedWorkers: 1, UrgentPriority: 15},
+		})
+		tks := []*Ticket[string, int]{submit(t, d, "a", 0, prio(9)), submit(t, d, "b", 0, prio(9))}
+		time.Sleep(time.Minute) // b, waiting, ages far past 15
+		synctest.Wait()
+		assert.Equal(t, 1, d.Stats().InFlight, "an aged call below the band took the kept worker")
+		tks = append(tks, submit(t, d, "urgent", 0, prio(10)))
+		synctest.Wait()
+		assert.Equal(t, 2, d.Stats().InFlight, "a call in UrgentPriority's band, below UrgentPriority, did not take the kept worker")
+		g.open()
+		waitAll(tks...)
+		closeD(t, d)
+	})
 }
