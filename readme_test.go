@@ -8,12 +8,15 @@ import (
 	"go/token"
 	"go/types"
 	"os"
+	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/coalescer/dispatch/internal/fallback"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -27,12 +30,7 @@ import (
 // headed "## "+section.
 func readmeSnippet(t *testing.T, section string) string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
-	require.NoError(t, err)
-	_, rest, ok := strings.Cut(string(b), "\n## "+section+"\n")
-	require.True(t, ok, "README.md has no section %q", section)
-	rest, _, _ = strings.Cut(rest, "\n## ")
-	_, rest, ok = strings.Cut(rest, "```go\n")
+	_, rest, ok := strings.Cut(readmeSection(t, section), "```go\n")
 	require.True(t, ok, "README.md's %q has no Go snippet", section)
 	code, _, ok := strings.Cut(rest, "```")
 	require.True(t, ok, "README.md's %q: unterminated snippet", section)
@@ -180,4 +178,68 @@ func TestReadmeReservedWorkersByBand(t *testing.T) {
 		waitAll(tks...)
 		closeD(t, d)
 	})
+}
+
+// TestReadmeWatchTableNamesExist: every name the Rolling out section's
+// table of signals sends a reader to exists: each Stats().X, each Stats
+// field after it, each Observer method, and the Bound that keys
+// Backpressure; and the fallback's reasons are the ones its observer is
+// told.
+func TestReadmeWatchTableNamesExist(t *testing.T) {
+	docSays(t, "README.md", "tells the observer (`OnModeChange`, with the threshold's reason: `\"backlog\"`, `\"queue_wait\"`, `\"failure_ratio\"` or `\"circuit_open\"`)")
+	assert.ElementsMatch(t, []string{"backlog", "queue_wait", "failure_ratio", "circuit_open"},
+		[]string{fallback.ReasonBacklog, fallback.ReasonQueueWait, fallback.ReasonFailureRatio, fallback.ReasonCircuitOpen})
+
+	section := readmeSection(t, "Rolling out")
+	_, table, ok := strings.Cut(section, "| signal | where | what it tells you |")
+	require.True(t, ok, "the Rolling out section has its table of signals")
+	table, _, _ = strings.Cut(table, "\n\n")
+	stats, observer := reflect.TypeFor[Stats](), reflect.TypeFor[Observer]()
+	tick := regexp.MustCompile("`([^`]+)`")
+	rows := 0
+	for row := range strings.SplitSeq(strings.TrimSpace(table), "\n") {
+		cols := strings.Split(row, "|")
+		if len(cols) < 4 || strings.HasPrefix(cols[2], "---") {
+			continue
+		}
+		rows++
+		for _, m := range tick.FindAllStringSubmatch(cols[2], -1) {
+			for name := range strings.SplitSeq(m[1], " + ") {
+				name = strings.TrimPrefix(name, "Stats().")
+				name, _, _ = strings.Cut(name, "[")
+				name, _, _ = strings.Cut(name, "'s")
+				switch {
+				case name == "Bound":
+					assert.Equal(t, reflect.TypeFor[Bound](), stats.Field(fieldIndex(t, stats, "Backpressure")).Type.Key())
+				case strings.HasPrefix(name, "On"):
+					_, ok := observer.MethodByName(name)
+					assert.True(t, ok, "the table names Observer.%s (row %q)", name, cols[1])
+				default:
+					_, ok := stats.FieldByName(name)
+					assert.True(t, ok, "the table names Stats.%s (row %q)", name, cols[1])
+				}
+			}
+		}
+	}
+	assert.Equal(t, 10, rows, "the table's rows")
+}
+
+// fieldIndex returns the index of typ's field name.
+func fieldIndex(t *testing.T, typ reflect.Type, name string) int {
+	t.Helper()
+	f, ok := typ.FieldByName(name)
+	require.True(t, ok, "%s has no field %s", typ, name)
+	return f.Index[0]
+}
+
+// readmeSection returns the README's section headed "## "+name, to the
+// next such heading.
+func readmeSection(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(b), "\n## "+name+"\n")
+	require.True(t, ok, "README.md has no section %q", name)
+	rest, _, _ = strings.Cut(rest, "\n## ")
+	return rest
 }
