@@ -2,16 +2,21 @@ package dispatch
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"go/ast"
 	"go/importer"
 	"go/parser"
 	"go/token"
 	"go/types"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -242,4 +247,204 @@ func readmeSection(t *testing.T, name string) string {
 	require.True(t, ok, "README.md has no section %q", name)
 	rest, _, _ = strings.Cut(rest, "\n## ")
 	return rest
+}
+
+// TestReadmeKeysAndCoalescing holds Semantics in brief's "Keys and
+// coalescing", sentence by sentence. One worker, held by another key, keeps
+// each key's call pending while the next submission arrives.
+func TestReadmeKeysAndCoalescing(t *testing.T) {
+	docSays(t, "README.md", "calls with the same key are serialized, with at most one running and one pending.")
+	docSays(t, "README.md", "skip the incoming one as moot (`SkipIncoming`: it ends `StateSkipped` at once), or refuse (`ErrMergeRejected`; the pending call is untouched). Without a merge function the newest call replaces the pending one. Every submission merged into a call shares its one outcome. A submission while the key's call runs becomes the pending successor and keeps its place in line.")
+	docSays(t, "README.md", "Calls are never merged across generations or idempotency keys.")
+	refuse := errors.New("no")
+	// held starts a dispatcher whose one worker is held by "hold" until
+	// the returned gate opens.
+	held := func(t *testing.T, merge func(int, int) (int, error)) (*Dispatcher[string, int], *fixture[string, int], *gate) {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Merge: merge})
+		require.NoError(t, d.Post("hold", 0, SubmitOptions{}))
+		synctest.Wait()
+		return d, f, g
+	}
+	t.Run("no merge function: the newest replaces, one outcome", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, f, g := held(t, nil)
+			a, b := submit(t, d, "k", 1, SubmitOptions{}), submit(t, d, "k", 2, SubmitOptions{})
+			g.open()
+			waitAll(a, b)
+			assert.Equal(t, []int{2}, f.calls("k"))
+			assert.Equal(t, outcome(t, a), outcome(t, b), "one outcome, shared")
+			assert.Equal(t, StateSucceeded, outcome(t, a).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("SkipIncoming ends Skipped at once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, f, g := held(t, func(p, _ int) (int, error) { return p, SkipIncoming })
+			a, b := submit(t, d, "k", 1, SubmitOptions{}), submit(t, d, "k", 2, SubmitOptions{})
+			r, done := b.Result()
+			require.True(t, done, "the skipped submission ended at once, before anything ran")
+			assert.Equal(t, StateSkipped, r.State)
+			g.open()
+			waitAll(a)
+			assert.Equal(t, []int{1}, f.calls("k"))
+			closeD(t, d)
+		})
+	})
+	t.Run("a refusal leaves the pending call untouched", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d, f, g := held(t, func(int, int) (int, error) { return 0, refuse })
+			a := submit(t, d, "k", 1, SubmitOptions{})
+			_, err := d.Submit(bg, "k", 2, SubmitOptions{})
+			assert.ErrorIs(t, err, ErrMergeRejected)
+			g.open()
+			waitAll(a)
+			assert.Equal(t, []int{1}, f.calls("k"))
+			assert.Equal(t, StateSucceeded, outcome(t, a).State)
+			closeD(t, d)
+		})
+	})
+	t.Run("one running, one pending, which keeps its place", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("k")
+			d := newD(t, f.exec, Config[string, int]{Workers: 1})
+			require.NoError(t, d.Post("k", 1, SubmitOptions{}))
+			synctest.Wait() // k runs
+			require.NoError(t, d.Post("k", 2, SubmitOptions{}))
+			require.NoError(t, d.Post("k", 3, SubmitOptions{}))
+			time.Sleep(time.Millisecond)
+			require.NoError(t, d.Post("other", 0, SubmitOptions{}))
+			assert.Equal(t, 1, d.Stats().Successors, "one pending behind the running call")
+			f.block("k").open() // the successor does not block
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []string{"k", "k", "other"}, f.keys(), "the successor ran in its place, before a later key")
+			assert.Equal(t, []int{1, 3}, f.calls("k"))
+			closeD(t, d)
+		})
+	})
+	t.Run("never across generations or idempotency keys", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var merges atomic.Int64
+			d, f, g := held(t, func(_, in int) (int, error) { merges.Add(1); return in, nil })
+			a := submit(t, d, "k", 1, SubmitOptions{Generation: 1})
+			b := submit(t, d, "k", 2, SubmitOptions{Generation: 2})
+			r, done := a.Result()
+			require.True(t, done)
+			assert.Equal(t, StateStale, r.State, "the older generation's call ended, not merged")
+			c := submit(t, d, "i", 1, SubmitOptions{IdempotencyKey: "x"})
+			_, err := d.Submit(bg, "i", 2, SubmitOptions{IdempotencyKey: "y"})
+			assert.ErrorIs(t, err, ErrMergeRejected)
+			assert.Zero(t, merges.Load(), "Merge was never asked")
+			g.open()
+			waitAll(b, c)
+			assert.Equal(t, []int{2}, f.calls("k"))
+			assert.Equal(t, []int{1}, f.calls("i"))
+			closeD(t, d)
+		})
+	})
+}
+
+// startObserver records each execution's Event as OnStart sees it.
+type startObserver struct {
+	NopObserver
+	mu     sync.Mutex
+	starts []Event
+}
+
+func (o *startObserver) OnStart(e Event, _ int, _ time.Duration) {
+	o.mu.Lock()
+	o.starts = append(o.starts, e)
+	o.mu.Unlock()
+}
+
+func (o *startObserver) all() []Event {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.starts)
+}
+
+// TestReadmePriorityAndAging holds Semantics in brief's "Priority and
+// aging" with one worker, held while the calls queue.
+func TestReadmePriorityAndAging(t *testing.T) {
+	docSays(t, "README.md", "Ready calls run highest priority first, FIFO among equals, exactly for every pair of `int` priorities. Priorities fall into bands of `Config.AgingBand` levels (10 by default), and aging (`Config.Aging`, one level per second by default) works only within a band: a call never runs before a ready call of a higher band, however old it is — a binding at 10 never waits behind status patches at 0, and the patches run whenever no binding is ready")
+	docSays(t, "README.md", "`AgingBand: 1` is strict priority. A merged call runs at the highest priority and earliest arrival of its live waiters, in the tenant and under the label of the most urgent.")
+	// run queues calls behind a held worker, each after its sleep, and
+	// returns the order they ran in.
+	type sub struct {
+		key   string
+		prio  int
+		sleep time.Duration // before this submission
+	}
+	run := func(t *testing.T, cfg Config[string, int], subs ...sub) []string {
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		cfg.Workers = 1
+		d := newD(t, f.exec, cfg)
+		require.NoError(t, d.Post("hold", math.MaxInt, SubmitOptions{Priority: math.MaxInt}))
+		synctest.Wait()
+		for _, s := range subs {
+			time.Sleep(s.sleep)
+			require.NoError(t, d.Post(s.key, 0, prio(s.prio)))
+		}
+		g.open()
+		synctest.Wait()
+		closeD(t, d)
+		return f.keys()[1:]
+	}
+	t.Run("every pair of ints, FIFO among equals", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			got := run(t, Config[string, int]{},
+				sub{"0", 0, 0}, sub{"min", math.MinInt, 0}, sub{"max", math.MaxInt, 0}, sub{"min+1", math.MinInt + 1, 0},
+				sub{"max-1", math.MaxInt - 1, 0}, sub{"-1", -1, 0}, sub{"5a", 5, 0}, sub{"5b", 5, 0}, sub{"max'", math.MaxInt, 0})
+			assert.Equal(t, []string{"max", "max'", "max-1", "5a", "5b", "0", "-1", "min+1", "min"}, got)
+		})
+	})
+	t.Run("a binding at 10 never waits behind patches at 0", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			got := run(t, Config[string, int]{}, sub{"patch1", 0, 0}, sub{"patch2", 9, 9*time.Second + time.Millisecond}, sub{"bind", 10, time.Hour})
+			assert.Equal(t, []string{"bind", "patch1", "patch2"}, got, "an hour of aging does not lift 0 to 10's band")
+		})
+	})
+	t.Run("aging within a band: one level per second by default", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			got := run(t, Config[string, int]{}, sub{"old", 0, 0}, sub{"new", 3, 3*time.Second + time.Millisecond})
+			assert.Equal(t, []string{"old", "new"}, got, "0, 3 s older, is at level 3 before the 3 arrived")
+			got = run(t, Config[string, int]{}, sub{"old", 0, 0}, sub{"new", 3, 2 * time.Second})
+			assert.Equal(t, []string{"new", "old"}, got)
+		})
+	})
+	t.Run("AgingBand 1 is strict priority", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			got := run(t, Config[string, int]{AgingBand: 1}, sub{"old", 0, 0}, sub{"new", 1, time.Hour})
+			assert.Equal(t, []string{"new", "old"}, got)
+		})
+	})
+	t.Run("a merged call: highest priority, earliest arrival, the most urgent's tenant and label", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("hold")
+			obs := &startObserver{}
+			d := newD(t, f.exec, Config[string, int]{
+				Workers: 1, AgingBand: 1, Observer: obs,
+				Label: func(_ string, v int) string { return fmt.Sprint("v", v) },
+				Merge: func(p, in int) (int, error) { return p + in, nil },
+			})
+			require.NoError(t, d.Post("hold", 0, SubmitOptions{Priority: 100}))
+			synctest.Wait()
+			require.NoError(t, d.Post("k", 1, SubmitOptions{Priority: 0, Tenant: "low"}))
+			time.Sleep(time.Millisecond)
+			require.NoError(t, d.Post("peer", 0, SubmitOptions{Priority: 5, Tenant: "high"}))
+			time.Sleep(time.Millisecond)
+			require.NoError(t, d.Post("k", 2, SubmitOptions{Priority: 5, Tenant: "high"}))
+			g.open()
+			synctest.Wait()
+			assert.Equal(t, []string{"hold", "k", "peer"}, f.keys(), "k at 5, arrived before peer")
+			assert.Equal(t, []int{3}, f.calls("k"))
+			assert.Equal(t, Event{Label: "v2", Tenant: "high"}, obs.all()[1])
+			closeD(t, d)
+		})
+	})
 }
