@@ -448,3 +448,145 @@ func TestReadmePriorityAndAging(t *testing.T) {
 		})
 	})
 }
+
+// TestReadmeWaitersDeadlinesCancellation holds Semantics in brief's
+// "Waiters, deadlines, cancellation".
+func TestReadmeWaitersDeadlinesCancellation(t *testing.T) {
+	docSays(t, "README.md", "`Submit` returns at once with a `Ticket`; its ctx and `SubmitOptions.Deadline` (or `Timeout`, that long after the submission on the dispatcher's own clock, which spares the caller a clock read) scope only that waiter, which ends `StateCanceled` or `StateExpired` on its own. When a call's last waiter leaves, a pending call is removed and a running call's context is cancelled; the execution context carries the latest deadline among live waiters.")
+	docSays(t, "README.md", "and it returns refusals only, in both modes. `Cancel(key, cause)` ends everything for a key.")
+	t.Run("each waiter leaves on its own; the last takes the pending call", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			g := f.block("hold")
+			d := newD(t, f.exec, Config[string, int]{Workers: 1})
+			require.NoError(t, d.Post("hold", 0, SubmitOptions{}))
+			synctest.Wait()
+			start := time.Now()
+			ctx, cancel := context.WithCancel(bg)
+			a := submit(t, d, "k", 1, SubmitOptions{Timeout: time.Second})
+			b := submit(t, d, "k", 1, SubmitOptions{Deadline: start.Add(2 * time.Second)})
+			c, err := d.Submit(ctx, "k", 1, SubmitOptions{})
+			require.NoError(t, err)
+			cancel()
+			<-c.Done()
+			assert.Equal(t, StateCanceled, outcome(t, c).State)
+			<-a.Done()
+			assert.Equal(t, StateExpired, outcome(t, a).State)
+			assert.Equal(t, time.Second, time.Since(start), "Timeout: that long after the submission")
+			assert.Equal(t, 1, d.Stats().Ready, "b still waits for the call")
+			<-b.Done()
+			assert.Equal(t, StateExpired, outcome(t, b).State)
+			assert.Equal(t, 2*time.Second, time.Since(start))
+			assert.Zero(t, d.Stats().Ready, "the last waiter took the pending call with it")
+			g.open()
+			synctest.Wait()
+			assert.Empty(t, f.calls("k"), "the removed call never ran")
+			closeD(t, d)
+		})
+	})
+	t.Run("the running call: the latest deadline, cancelled when the last waiter leaves", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			seen := make(chan time.Time, 1)
+			ended := make(chan error, 1)
+			d := newD(t, func(ctx context.Context, _ string, _ int) error {
+				dl, _ := ctx.Deadline()
+				seen <- dl
+				<-ctx.Done()
+				ended <- ctx.Err()
+				return ctx.Err()
+			}, Config[string, int]{Workers: 1})
+			start := time.Now()
+			ctx, cancel := context.WithCancel(bg)
+			a, err := d.Submit(ctx, "k", 1, SubmitOptions{Deadline: start.Add(time.Hour)})
+			require.NoError(t, err)
+			b := submit(t, d, "k", 1, SubmitOptions{Deadline: start.Add(time.Minute)})
+			assert.Equal(t, start.Add(time.Hour), <-seen, "the latest deadline among live waiters")
+			cancel()
+			<-a.Done()
+			synctest.Wait()
+			assert.Empty(t, ended, "b still waits: the call runs on")
+			b.Cancel()
+			assert.ErrorIs(t, <-ended, context.Canceled, "the last waiter left: the running call's context ended")
+			waitAll(b)
+			closeD(t, d)
+		})
+	})
+	t.Run("Post returns refusals only, in both modes", func(t *testing.T) {
+		for _, mode := range []Mode{ModeAsync, ModeSync} {
+			synctest.Test(t, func(t *testing.T) {
+				d := newD(t, func(context.Context, string, int) error { return errors.New("the API said no") },
+					Config[string, int]{Rollout: RolloutPolicy{Mode: mode}, Retry: RetryPolicy{MaxAttempts: 1}})
+				assert.NoError(t, d.Post("k", 1, SubmitOptions{}), "%v: a failed execution is no refusal", mode)
+				synctest.Wait()
+				assert.EqualValues(t, 1, d.Stats().Calls[StateFailed], "%v", mode)
+				closeD(t, d)
+				assert.ErrorIs(t, d.Post("k", 1, SubmitOptions{}), ErrClosed, "%v", mode)
+			})
+		}
+	})
+	t.Run("Cancel ends everything for a key", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture[string, int]()
+			f.block("k")
+			d := newD(t, f.exec, Config[string, int]{Workers: 2})
+			running := submit(t, d, "k", 1, SubmitOptions{})
+			synctest.Wait()
+			successor := submit(t, d, "k", 2, SubmitOptions{})
+			cause := errors.New("pod deleted")
+			assert.True(t, d.Cancel("k", cause))
+			waitAll(running, successor)
+			for _, tk := range []*Ticket[string, int]{running, successor} {
+				r := outcome(t, tk)
+				assert.Equal(t, StateCanceled, r.State)
+				assert.ErrorIs(t, r.Err, cause)
+			}
+			synctest.Wait() // the cancelled execution returns
+			assert.False(t, d.Busy("k"))
+			assert.Equal(t, []int{1}, f.calls("k"), "the successor never ran")
+			closeD(t, d)
+		})
+	})
+}
+
+// TestReadmeGenerations holds Semantics in brief's "Generations and
+// StateStale".
+func TestReadmeGenerations(t *testing.T) {
+	docSays(t, "README.md", "`SubmitOptions.Generation` fences old work: a newer generation supersedes older ones for the key, and an older submission is refused with `ErrStale`. An execution that finishes after its call was cancelled, superseded or expired is reported `StateStale` — counted for audit, never delivered as success.")
+	for _, leave := range []string{"cancelled", "superseded", "expired"} {
+		t.Run(leave, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				var done hookLog[string, int]
+				d := newD(t, func(context.Context, string, int) error { return g.wait(bg) }, Config[string, int]{OnDone: done.add})
+				start := time.Now()
+				ctx, cancel := context.WithCancel(bg)
+				defer cancel()
+				old, err := d.Submit(ctx, "k", 1, SubmitOptions{Generation: 1, Deadline: start.Add(time.Second)})
+				require.NoError(t, err)
+				synctest.Wait() // it runs, ignoring its context
+				var newer *Ticket[string, int]
+				switch leave {
+				case "cancelled":
+					cancel()
+				case "superseded":
+					newer = submit(t, d, "k", 2, SubmitOptions{Generation: 2})
+					_, err := d.Submit(bg, "k", 3, SubmitOptions{Generation: 1})
+					assert.ErrorIs(t, err, ErrStale, "an older submission is refused")
+				case "expired":
+					time.Sleep(time.Second)
+				}
+				<-old.Done()
+				assert.False(t, outcome(t, old).State.OK())
+				g.open()
+				synctest.Wait()
+				assert.Equal(t, StateStale, done.of("k")[0].State, "the execution that finished after its waiters left")
+				assert.EqualValues(t, 1, d.Stats().StaleExecutions)
+				if newer != nil {
+					waitAll(newer)
+					assert.Equal(t, StateSucceeded, outcome(t, newer).State)
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
