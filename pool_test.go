@@ -140,6 +140,7 @@ func slabBytes(size uintptr) uintptr { return allocSize(uintptr(slabLanes(size))
 // (ten here), within drainedBytes of what it held before the burst.
 func TestBurstDrainedFreesMemory(t *testing.T) {
 	docSays(t, "", fmt.Sprintf("what stays is at most %d lanes kept for reuse, with the memory that holds them", shrunkSlots/keptPerSlot))
+	docSays(t, "README.md", fmt.Sprintf("a second after the keys have left, the key table has shrunk, and at most %d lanes are kept for reuse", shrunkSlots/keptPerSlot))
 	slab := int64(slabBytes(unsafe.Sizeof(lane[int, int]{})))
 	for _, n := range []int{10_000, 100_000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {

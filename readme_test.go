@@ -13,6 +13,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -589,4 +590,115 @@ func TestReadmeGenerations(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestReadmeCapacityAndBackpressure holds Semantics in brief's "Capacity
+// and backpressure": Capacity 3, one key running and one worker.
+func TestReadmeCapacityAndBackpressure(t *testing.T) {
+	docSays(t, "README.md", "`Config.Capacity` bounds tracked keys and `Config.MaxWaiters` live tickets")
+	docSays(t, "README.md", "A new key beyond the bound evicts the worst queued call marked `Droppable` if the newcomer is better — its waiters get `StateDropped` — and is otherwise refused at once with a `*BackpressureError` naming the `Bound`. Non-droppable work and running calls are never shed.")
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		g := f.block("running")
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Capacity: 3, MaxWaiters: 4})
+		running := submit(t, d, "running", 0, SubmitOptions{Droppable: true, Priority: -10})
+		synctest.Wait()
+		drop := submit(t, d, "drop", 0, SubmitOptions{Droppable: true, Priority: 1})
+		keep := submit(t, d, "keep", 0, SubmitOptions{Priority: -5})
+		refused := func(key string, o SubmitOptions, bound Bound) {
+			t.Helper()
+			_, err := d.Submit(bg, key, 0, o)
+			var bp *BackpressureError
+			require.ErrorAs(t, err, &bp, "%s", key)
+			assert.Equal(t, bound, bp.Bound, "%s", key)
+			assert.ErrorIs(t, err, ErrBackpressure)
+		}
+		refused("worse", SubmitOptions{Priority: 1}, BoundCapacity) // not better than the droppable call
+		better := submit(t, d, "better", 0, SubmitOptions{Priority: 2})
+		r, done := drop.Result()
+		require.True(t, done, "the droppable call was shed at once")
+		assert.Equal(t, StateDropped, r.State)
+		// Left: the running droppable call and non-droppable work.
+		refused("best", SubmitOptions{Priority: 100}, BoundCapacity)
+		assert.EqualValues(t, 1, d.Stats().Shed[BoundCapacity])
+		// MaxWaiters: running, keep and better hold three tickets; a
+		// fourth on a tracked key fits, a fifth does not.
+		extra := submit(t, d, "keep", 0, SubmitOptions{Priority: -5})
+		refused("keep", SubmitOptions{Priority: -5}, BoundWaiters)
+		g.open()
+		waitAll(running, keep, better, extra)
+		for _, tk := range []*Ticket[string, int]{running, keep, better, extra} {
+			assert.Equal(t, StateSucceeded, outcome(t, tk).State)
+		}
+		closeD(t, d)
+	})
+}
+
+// TestReadmeRetries holds Semantics in brief's "Retries": on by default,
+// three attempts, each retry waiting out its backoff in the queue while
+// the one worker runs other calls.
+func TestReadmeRetries(t *testing.T) {
+	docSays(t, "README.md", "On by default (3 attempts, exponential backoff with jitter, a server's `Retry-After` honoured).")
+	docSays(t, "README.md", "a retry waits in the queue, never in a worker")
+	synctest.Test(t, func(t *testing.T) {
+		var attempts atomic.Int64
+		f := newFixture[string, int]()
+		d := newD(t, func(ctx context.Context, key string, v int) error {
+			if key == "flaky" {
+				attempts.Add(1)
+				return errors.New("503: try again")
+			}
+			return f.exec(ctx, key, v)
+		}, Config[string, int]{Workers: 1, Classify: func(error) Class { return ClassRetry }})
+		tk := submit(t, d, "flaky", 0, SubmitOptions{})
+		synctest.Wait()
+		require.EqualValues(t, 1, attempts.Load())
+		assert.Equal(t, 1, d.Stats().Delayed, "the retry waits out its backoff in the queue")
+		other := submit(t, d, "other", 0, SubmitOptions{})
+		synctest.Wait()
+		_, done := other.Result()
+		assert.True(t, done, "the one worker was free meanwhile")
+		waitAll(tk)
+		assert.EqualValues(t, 3, attempts.Load(), "3 attempts by default")
+		assert.Equal(t, StateFailed, outcome(t, tk).State)
+		closeD(t, d)
+	})
+}
+
+// TestReadmeLifecycle holds Semantics in brief's "Lifecycle".
+func TestReadmeLifecycle(t *testing.T) {
+	docSays(t, "README.md", "`New` starts nothing; workers start on first use. `Close(ctx)` refuses new work with `ErrClosed`, runs what is queued by priority until ctx ends, ends the rest `StateClosed`, and returns when every goroutine it started and every execution has returned. It is idempotent.")
+	synctest.Test(t, func(t *testing.T) {
+		before := runtime.NumGoroutine()
+		f := newFixture[string, int]()
+		g := f.block("hold")
+		d := newD(t, f.exec, Config[string, int]{Workers: 1})
+		assert.Equal(t, before, runtime.NumGoroutine(), "New starts nothing")
+		require.NoError(t, d.Post("hold", 0, SubmitOptions{}))
+		synctest.Wait()
+		assert.Greater(t, runtime.NumGoroutine(), before, "workers start on first use")
+		low := submit(t, d, "low", 0, prio(0))
+		high := submit(t, d, "high", 0, prio(50))
+		rest := submit(t, d, "rest", 0, prio(-50))
+		f.block("low") // holds the drain past Close's context
+		ctx, cancel := context.WithTimeout(bg, time.Second)
+		defer cancel()
+		closed := make(chan error, 1)
+		go func() { closed <- d.Close(ctx) }()
+		synctest.Wait()
+		_, err := d.Submit(bg, "new", 0, SubmitOptions{})
+		assert.ErrorIs(t, err, ErrClosed)
+		g.open()
+		synctest.Wait()
+		assert.Equal(t, []string{"hold", "high", "low"}, f.keys(), "by priority, until ctx ends")
+		assert.Empty(t, closed, "Close waits for the execution")
+		time.Sleep(time.Second) // ctx ends; low's execution sees it and returns
+		assert.Error(t, <-closed)
+		assert.Equal(t, StateClosed, outcome(t, rest).State)
+		assert.Equal(t, StateSucceeded, outcome(t, high).State)
+		_, done := low.Result()
+		assert.True(t, done)
+		assert.Equal(t, before, runtime.NumGoroutine(), "every goroutine it started has returned")
+		assert.NoError(t, d.Close(bg), "idempotent")
+	})
 }
