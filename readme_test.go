@@ -702,3 +702,56 @@ func TestReadmeLifecycle(t *testing.T) {
 		assert.NoError(t, d.Close(bg), "idempotent")
 	})
 }
+
+// TestReadmeRetryAfterHold: a Retry-After makes the call that drew it wait
+// the full time in every case; the hold it puts on the other calls (at most
+// Retry.MaxBackoff, never on a call that may use a reserved worker) is the
+// adaptive limit's, so without Config.Start.Adaptive nothing else is held.
+func TestReadmeRetryAfterHold(t *testing.T) {
+	docSays(t, "README.md", "A `Retry-After` makes the call that got it wait the full time and, with `Adaptive`, holds the other calls for at most `Retry.MaxBackoff` — never the calls that may use reserved workers.")
+	for _, adaptive := range []bool{false, true} {
+		t.Run(fmt.Sprint("adaptive=", adaptive), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				log := newStartLog()
+				var drew atomic.Bool
+				var drewAt time.Time
+				start := StartPolicy{ReservedWorkers: 1, UrgentPriority: 100}
+				if adaptive {
+					start.Adaptive = &AdaptivePolicy{}
+				}
+				d := newD(t, func(ctx context.Context, k string, v int) error {
+					_ = log.exec(time.Millisecond)(ctx, k, v)
+					if k == "patch" && !drew.Load() {
+						drewAt = time.Now()
+						drew.Store(true)
+						return retryAfterErr{time.Hour}
+					}
+					return nil
+				}, Config[string, int]{Workers: 4, Start: start, Retry: RetryPolicy{MaxBackoff: time.Second}})
+				patch := submit(t, d, "patch", 1, prio(0))
+				time.Sleep(10 * time.Millisecond)
+				synctest.Wait()
+				require.True(t, drew.Load())
+				at := time.Now()
+				bind := submit(t, d, "bind", 1, prio(100))
+				low := submit(t, d, "low", 1, prio(0))
+				waitAll(bind, low)
+				s, _ := log.startOf("bind")
+				assert.Equal(t, at, s, "a call that may use a reserved worker is never held")
+				s, _ = log.startOf("low")
+				if adaptive {
+					assert.Greater(t, s.Sub(at), time.Duration(0), "the hold")
+					assert.LessOrEqual(t, s.Sub(at), time.Second, "at most MaxBackoff")
+				} else {
+					assert.Equal(t, at, s, "no adaptive limit, no hold")
+				}
+				time.Sleep(time.Until(drewAt.Add(time.Hour - time.Millisecond)))
+				_, ended := patch.Result()
+				assert.False(t, ended, "the call that drew it waits the full time")
+				waitAll(patch)
+				assert.Equal(t, StateSucceeded, outcome(t, patch).State)
+				closeD(t, d)
+			})
+		})
+	}
+}
