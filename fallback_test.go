@@ -212,6 +212,7 @@ func TestFallbackReturnsAfterCooldown(t *testing.T) {
 // turns the gate on and off again, or re-asserts Sync; Sync traffic goes on
 // well past ReturnAfter, and the dispatcher stays Sync.
 func TestFallbackCoolDownSparesManualMode(t *testing.T) {
+	docSays(t, "README.md", "returns to `ModeAsync` only when a person calls `SetMode` — or after `ReturnAfter`, if set and nobody called `SetMode` meanwhile: a mode a person set is never undone by an earlier fallback's cool-down.")
 	for _, tc := range []struct {
 		name   string
 		manual []Mode

@@ -755,3 +755,50 @@ func TestReadmeRetryAfterHold(t *testing.T) {
 		})
 	}
 }
+
+// TestReadmeSwitchToSync holds Rolling out's account of a switch to
+// ModeSync, draining (the default) and with Rollout.CancelQueued: one
+// worker runs a held call while two wait behind it.
+func TestReadmeSwitchToSync(t *testing.T) {
+	docSays(t, "README.md", "`ModeSync` runs each submission inline in its caller")
+	docSays(t, "README.md", "Going to `ModeSync` stops async admission at once; what is already queued is drained by the workers (the default; `SetMode` waits until it is done or its ctx ends) or, with `Rollout.CancelQueued`, cancelled: waiters get `StateCanceled` with `ErrFallback`, meaning \"run it synchronously yourself\". Running calls always finish")
+	for _, cancelQueued := range []bool{false, true} {
+		t.Run(fmt.Sprint("CancelQueued=", cancelQueued), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture[string, int]()
+				g := f.block("running")
+				d := newD(t, f.exec, Config[string, int]{Workers: 1, Rollout: RolloutPolicy{CancelQueued: cancelQueued}})
+				running := submit(t, d, "running", 0, SubmitOptions{})
+				synctest.Wait()
+				queued := []*Ticket[string, int]{submit(t, d, "q1", 0, SubmitOptions{}), submit(t, d, "q2", 0, SubmitOptions{})}
+				switched := make(chan error, 1)
+				go func() { switched <- d.SetMode(bg, ModeSync) }()
+				synctest.Wait()
+				assert.Equal(t, ModeSync, d.Mode())
+				require.NoError(t, d.Post("inline", 0, SubmitOptions{}))
+				assert.Equal(t, []int{0}, f.calls("inline"), "run inline, before Post returned, the worker still held")
+				if cancelQueued {
+					require.NoError(t, <-switched, "nothing to wait for")
+					for _, tk := range queued {
+						r := outcome(t, tk)
+						assert.Equal(t, StateCanceled, r.State)
+						assert.ErrorIs(t, r.Err, ErrFallback)
+					}
+				} else {
+					assert.Empty(t, switched, "SetMode waits for the drain")
+				}
+				g.open()
+				waitAll(running)
+				assert.Equal(t, StateSucceeded, outcome(t, running).State, "the running call finished")
+				if !cancelQueued {
+					require.NoError(t, <-switched)
+					for _, tk := range queued {
+						assert.Equal(t, StateSucceeded, outcome(t, tk).State, "drained by the workers")
+					}
+					assert.Equal(t, []string{"running", "inline", "q1", "q2"}, f.keys())
+				}
+				closeD(t, d)
+			})
+		})
+	}
+}
