@@ -21,6 +21,7 @@ import (
 // Submit of a new key only its Ticket on the caller's side, and end to end,
 // the worker's execution included, its Ticket and the Result it reads.
 func TestHotPathAllocs(t *testing.T) {
+	docSays(t, "README.md", "`Post` is fire-and-forget: no ticket, no allocation when it coalesces")
 	t.Run("submit", testSubmitPathAllocs)
 	t.Run("worker", testWorkerPathAllocs)
 }

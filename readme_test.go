@@ -25,6 +25,7 @@ import (
 	"github.com/coalescer/dispatch/internal/fallback"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 )
 
 // The README's claims and snippets, held to the code. Each test reads the
@@ -801,4 +802,63 @@ func TestReadmeSwitchToSync(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestReadmeTokenBeforeChoice: a worker takes its rate-limit token before
+// it chooses the call, so the best call when the token comes runs, not the
+// one that was best when the worker began to wait.
+func TestReadmeTokenBeforeChoice(t *testing.T) {
+	docSays(t, "README.md", "A worker takes its rate-limit token before it chooses the call, so the best call at that moment runs.")
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture[string, int]()
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, RateLimit: rate.NewLimiter(1, 1)})
+		require.NoError(t, d.Post("first", 0, prio(0))) // spends the burst
+		synctest.Wait()
+		require.NoError(t, d.Post("low", 0, prio(0))) // the worker waits for a token
+		time.Sleep(500 * time.Millisecond)
+		require.NoError(t, d.Post("high", 0, prio(10)))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		assert.Equal(t, []string{"first", "high"}, f.keys(), "the token went to the best call when it came")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		assert.Equal(t, []string{"first", "high", "low"}, f.keys())
+		closeD(t, d)
+	})
+}
+
+// TestReadmeOutcomes: every accepted submission ends in one State, told
+// once; OnDone fires once per finished call; and Stats balances
+// submitted = rejected + Σ outcomes + live at every step.
+func TestReadmeOutcomes(t *testing.T) {
+	docSays(t, "README.md", "Every accepted submission ends in exactly one `State`, told once, outside every lock, after the dispatcher's own bookkeeping is final. `Config.OnDone` fires once per finished call (the \"re-evaluate this pod\" event). `Stats()` is a consistent snapshot in which submitted = rejected + Σ outcomes + live always holds.")
+	synctest.Test(t, func(t *testing.T) {
+		var done hookLog[string, int]
+		f := newFixture[string, int]()
+		g := f.block("a")
+		d := newD(t, f.exec, Config[string, int]{Workers: 1, Capacity: 2, OnDone: done.add})
+		balanced := func(when string) {
+			t.Helper()
+			s := d.Stats()
+			assert.Equal(t, s.Submitted, s.Rejected+total(s.Outcomes)+uint64(s.Live), "%s: %+v", when, s)
+		}
+		tks := []*Ticket[string, int]{submit(t, d, "a", 1, SubmitOptions{})}
+		synctest.Wait()
+		tks = append(tks, submit(t, d, "b", 1, SubmitOptions{}), submit(t, d, "b", 2, SubmitOptions{}))
+		_, err := d.Submit(bg, "c", 1, SubmitOptions{})
+		require.ErrorIs(t, err, ErrBackpressure)
+		balanced("queued")
+		tks[0].Cancel()
+		balanced("a waiter left")
+		g.open()
+		waitAll(tks...)
+		synctest.Wait()
+		balanced("ended")
+		s := d.Stats()
+		assert.EqualValues(t, 3, total(s.Outcomes), "one State per accepted submission")
+		assert.EqualValues(t, map[State]int{StateCanceled: 1, StateSucceeded: 2}, counts(s.Outcomes))
+		assert.Len(t, done.of("a"), 1, "OnDone once per finished call")
+		assert.Len(t, done.of("b"), 1, "OnDone once per finished call: b's two submissions made one")
+		closeD(t, d)
+	})
 }
