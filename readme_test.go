@@ -862,3 +862,69 @@ func TestReadmeOutcomes(t *testing.T) {
 		closeD(t, d)
 	})
 }
+
+// TestReadmeUserCode: exec that panics, exits its goroutine or calls back
+// in, under an OnDone and a Label that panic, in both modes: every
+// submission gets its outcome, the key takes its next call, and Close
+// returns.
+func TestReadmeUserCode(t *testing.T) {
+	docSays(t, "README.md", "exec and every callback may panic, exit its goroutine, block or call back in: no outcome is lost, no key wedged, the process lives and `Close` returns once nothing blocks it.")
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var d *Dispatcher[string, int]
+				d = newD(t, func(_ context.Context, _ string, v int) error {
+					switch v {
+					case 1:
+						panic("exec panics")
+					case 2:
+						runtime.Goexit()
+					case 3:
+						return d.Post("reentry", 0, SubmitOptions{})
+					}
+					return nil
+				}, Config[string, int]{
+					Rollout:  RolloutPolicy{Mode: mode},
+					Retry:    RetryPolicy{MaxAttempts: 1},
+					OnDone:   func(Result[string, int]) { panic("OnDone panics") },
+					Label:    func(_ string, v int) string { panic("Label panics") },
+					Observer: NopObserver{},
+				})
+				for v := range 4 {
+					// From a goroutine of its own: in ModeSync, exec's Goexit
+					// is the caller's to survive.
+					res := make(chan Result[string, int], 1)
+					go func() {
+						tk, err := d.Submit(bg, "k", v, SubmitOptions{})
+						if err != nil {
+							res <- Result[string, int]{Outcome: Outcome{Err: err}}
+							return
+						}
+						r, _ := tk.Wait(bg)
+						res <- r
+					}()
+					synctest.Wait()
+					if mode == ModeSync && v == 2 {
+						// exec exited the caller's goroutine, Submit with it:
+						// the outcome is still recorded, and the key freed.
+						require.Empty(t, res)
+						s := d.Stats()
+						assert.EqualValues(t, 2, s.Outcomes[StateFailed], "value %d: %+v", v, s)
+						assert.Zero(t, s.Live)
+						assert.False(t, d.Busy("k"))
+						continue
+					}
+					require.Len(t, res, 1, "value %d: an outcome", v)
+					r := <-res
+					if v == 1 || v == 2 {
+						assert.Equal(t, StateFailed, r.State, "value %d: %v", v, r.Err)
+					} else {
+						assert.Equal(t, StateSucceeded, r.State, "value %d: %v", v, r.Err)
+					}
+				}
+				assert.NotZero(t, d.Stats().CallbackPanics)
+				closeD(t, d)
+			})
+		})
+	}
+}
