@@ -37,6 +37,7 @@ func bothModes(t *testing.T, f func(t *testing.T, mode Mode)) {
 // the completion hook once; in Sync, Submit returns only once the call has
 // ended.
 func TestModesShareBehaviour(t *testing.T) {
+	docSays(t, "README.md", "one code path and one test suite (`TestModesShareBehaviour` runs it in both modes)")
 	cases := []struct {
 		name  string
 		errs  []error

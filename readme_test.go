@@ -928,3 +928,31 @@ func TestReadmeUserCode(t *testing.T) {
 		})
 	}
 }
+
+// TestReadmeSyncCallersAreTheConcurrency: in ModeSync the reservation does
+// not apply: two low-priority callers run at once where, on the workers,
+// only one of the two workers would take them.
+func TestReadmeSyncCallersAreTheConcurrency(t *testing.T) {
+	docSays(t, "README.md", "In `ModeSync` neither the reserved workers nor the adaptive limit and its hold apply: the callers are the concurrency.")
+	for _, mode := range []Mode{ModeAsync, ModeSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate()
+				d := newD(t, func(ctx context.Context, _ string, _ int) error { return g.wait(ctx) }, Config[string, int]{
+					Workers: 2, Rollout: RolloutPolicy{Mode: mode},
+					Start: StartPolicy{ReservedWorkers: 1, UrgentPriority: 10},
+				})
+				var wg sync.WaitGroup
+				for _, k := range []string{"a", "b"} {
+					wg.Go(func() { assert.NoError(t, d.Post(k, 0, SubmitOptions{})) })
+				}
+				synctest.Wait()
+				want := map[Mode]int{ModeAsync: 1, ModeSync: 2}[mode]
+				assert.Equal(t, want, d.Stats().InFlight)
+				g.open()
+				wg.Wait()
+				closeD(t, d)
+			})
+		})
+	}
+}

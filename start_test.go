@@ -269,6 +269,7 @@ func TestRetryAfterHoldRule(t *testing.T) {
 // within a few seconds, not after the minute it takes the slow samples to
 // age out (it used to be 55 s, with 110 of 120 calls expired).
 func TestStartCheckLearnsSpeedUp(t *testing.T) {
+	docSays(t, "README.md", "unless `NoDeadlineCheck` is set, a call whose deadline is closer than its label's usual execution time (`DeadlineQuantile` of the last minute's, once there are `DeadlineSamples`) is not started, with a probe now and then so that a speed-up is noticed.")
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		latency := time.Second
