@@ -956,3 +956,29 @@ func TestReadmeSyncCallersAreTheConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// TestReadmeMadeUpTenantsForgotten: a tenant Config.Tenants does not list
+// is made for a Post that names it and forgotten once its calls have
+// ended; a listed one stays.
+func TestReadmeMadeUpTenantsForgotten(t *testing.T) {
+	docSays(t, "README.md", "(unless it names a tenant that `Config.Tenants` does not list and that has no call: that tenant is made for it and forgotten after, so that made-up names hold no memory)")
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		d := newD(t, func(ctx context.Context, _ string, _ int) error { return g.wait(ctx) },
+			Config[string, int]{Tenants: map[string]TenantConfig{"listed": {}}})
+		for i := range 100 {
+			require.NoError(t, d.Post(fmt.Sprint("k", i), 0, SubmitOptions{Tenant: fmt.Sprint("made-up-", i)}))
+		}
+		require.NoError(t, d.Post("l", 0, SubmitOptions{Tenant: "listed"}))
+		synctest.Wait()
+		assert.Contains(t, d.Stats().Tenants, "made-up-7", "made for its call")
+		g.open()
+		synctest.Wait()
+		s := d.Stats()
+		assert.Contains(t, s.Tenants, "listed")
+		for name := range s.Tenants {
+			assert.False(t, strings.HasPrefix(name, "made-up-"), "%s: forgotten once its calls ended", name)
+		}
+		closeD(t, d)
+	})
+}
