@@ -490,18 +490,25 @@ func TestReadmeWaitersDeadlinesCancellation(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			seen := make(chan time.Time, 1)
 			ended := make(chan error, 1)
-			d := newD(t, func(ctx context.Context, _ string, _ int) error {
+			hold := newGate()
+			d := newD(t, func(ctx context.Context, k string, _ int) error {
+				if k == "hold" {
+					return hold.wait(ctx)
+				}
 				dl, _ := ctx.Deadline()
 				seen <- dl
 				<-ctx.Done()
 				ended <- ctx.Err()
 				return ctx.Err()
 			}, Config[string, int]{Workers: 1})
+			require.NoError(t, d.Post("hold", 0, SubmitOptions{})) // both waiters join k's call while it is pending
+			synctest.Wait()
 			start := time.Now()
 			ctx, cancel := context.WithCancel(bg)
 			a, err := d.Submit(ctx, "k", 1, SubmitOptions{Deadline: start.Add(time.Hour)})
 			require.NoError(t, err)
 			b := submit(t, d, "k", 1, SubmitOptions{Deadline: start.Add(time.Minute)})
+			hold.open()
 			assert.Equal(t, start.Add(time.Hour), <-seen, "the latest deadline among live waiters")
 			cancel()
 			<-a.Done()
@@ -670,14 +677,13 @@ func TestReadmeRetries(t *testing.T) {
 func TestReadmeLifecycle(t *testing.T) {
 	docSays(t, "README.md", "`New` starts nothing; workers start on first use. `Close(ctx)` refuses new work with `ErrClosed`, runs what is queued by priority until ctx ends, ends the rest `StateClosed`, and returns when every goroutine it started and every execution has returned. It is idempotent.")
 	synctest.Test(t, func(t *testing.T) {
-		before := runtime.NumGoroutine()
 		f := newFixture[string, int]()
 		g := f.block("hold")
 		d := newD(t, f.exec, Config[string, int]{Workers: 1})
-		assert.Equal(t, before, runtime.NumGoroutine(), "New starts nothing")
+		assert.Zero(t, dispatcherGoroutines(), "New starts nothing")
 		require.NoError(t, d.Post("hold", 0, SubmitOptions{}))
 		synctest.Wait()
-		assert.Greater(t, runtime.NumGoroutine(), before, "workers start on first use")
+		assert.NotZero(t, dispatcherGoroutines(), "workers start on first use")
 		low := submit(t, d, "low", 0, prio(0))
 		high := submit(t, d, "high", 0, prio(50))
 		rest := submit(t, d, "rest", 0, prio(-50))
@@ -699,9 +705,23 @@ func TestReadmeLifecycle(t *testing.T) {
 		assert.Equal(t, StateSucceeded, outcome(t, high).State)
 		_, done := low.Result()
 		assert.True(t, done)
-		assert.Equal(t, before, runtime.NumGoroutine(), "every goroutine it started has returned")
+		assert.Zero(t, dispatcherGoroutines(), "every goroutine it started has returned")
 		assert.NoError(t, d.Close(bg), "idempotent")
 	})
+}
+
+// dispatcherGoroutines counts the live goroutines a Dispatcher started
+// (a worker, the clock, the notifier): those of other tests, which may
+// still be on their way out, are not counted.
+func dispatcherGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "created by github.com/coalescer/dispatch.(*Dispatcher[")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
 
 // TestReadmeRetryAfterHold: a Retry-After makes the call that drew it wait
@@ -780,6 +800,7 @@ func TestReadmeSwitchToSync(t *testing.T) {
 				assert.Equal(t, []int{0}, f.calls("inline"), "run inline, before Post returned, the worker still held")
 				if cancelQueued {
 					require.NoError(t, <-switched, "nothing to wait for")
+					waitAll(queued...)
 					for _, tk := range queued {
 						r := outcome(t, tk)
 						assert.Equal(t, StateCanceled, r.State)
@@ -793,6 +814,7 @@ func TestReadmeSwitchToSync(t *testing.T) {
 				assert.Equal(t, StateSucceeded, outcome(t, running).State, "the running call finished")
 				if !cancelQueued {
 					require.NoError(t, <-switched)
+					waitAll(queued...) // ended; told on their way out
 					for _, tk := range queued {
 						assert.Equal(t, StateSucceeded, outcome(t, tk).State, "drained by the workers")
 					}
