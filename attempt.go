@@ -104,9 +104,11 @@ func (a *attempt[K, T]) execute(cfg *settings[K, T], exec ExecFunc[K, T], clk *t
 	if cfg.NoOp != nil && a.noOp(cfg.NoOp) {
 		return
 	}
-	if timeout := cfg.Retry.AttemptTimeout; timeout > 0 && a.inline {
-		// An inline execution begins with its token: its wait for it is
-		// not the attempt's.
+	if timeout := cfg.Retry.AttemptTimeout; timeout > 0 {
+		// The timeout bounds exec alone: not an inline caller's wait for
+		// its token, nor the before-retry hook or the no-op test, whose
+		// time would otherwise come out of exec's. Its timer is made here,
+		// outside the lock.
 		a.ctx, a.stop = context.WithTimeout(a.callCtx, timeout)
 	}
 	a.site = callbackExec
@@ -199,10 +201,10 @@ func (a *attempt[K, T]) inlineToken(l RateLimiter, tl *teller[K, T]) bool {
 // loses its waiters or the dispatcher closes, reporting the latest
 // deadline of c's live waiters (none if any waiter has none), carrying the
 // idempotency key. inline: run by a Sync-mode caller; observed: an observer is set,
-// which hears of it unless its OnStart exited too often (maxStartExits);
-// timeout: RetryPolicy.AttemptTimeout, set here for a worker's attempt
-// and by execute for an inline one, once it has its token.
-func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, observed bool, timeout time.Duration) attempt[K, T] {
+// which hears of it unless its OnStart exited too often (maxStartExits).
+// RetryPolicy.AttemptTimeout is not set here: execute sets it as exec
+// begins.
+func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, observed bool) attempt[K, T] {
 	var dl time.Time
 	if at := c.execDeadline(); at != 0 {
 		dl = clk.wall(at)
@@ -214,9 +216,6 @@ func (c *call[K, T]) newAttempt(e *execution, now int64, clk *timebase, inline, 
 		// The queue wait is the first start's: an inline one waiting for
 		// its token has none yet, and awaitToken sets it when it comes.
 		a.ev, a.n, a.wait = c.event(), e.attempts+1, time.Duration(e.firstStart-c.enq)
-	}
-	if timeout > 0 && !inline {
-		a.ctx, a.stop = context.WithTimeout(ctx, timeout)
 	}
 	return a
 }

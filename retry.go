@@ -335,8 +335,10 @@ type RetryPolicy struct {
 	MaxBackoff     time.Duration
 	Multiplier     float64
 	Jitter         Jitter
-	// AttemptTimeout, if set, bounds one execution; a timed-out attempt
-	// is retried like ClassRetry, whatever Config.Classify would say.
+	// AttemptTimeout, if set, bounds one execution of exec, from its
+	// start: the BeforeRetry hook and NoOp test before it take none of
+	// it. A timed-out attempt is retried like ClassRetry, whatever
+	// Config.Classify would say.
 	AttemptTimeout time.Duration
 	// BudgetRatio (default 0.2; math.Inf(1): none) caps retries at this
 	// fraction of the first attempts of the last BudgetWindow (default

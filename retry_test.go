@@ -928,3 +928,35 @@ func TestRetryReplacedTellsFailedAttempt(t *testing.T) {
 		assert.Equal(t, []time.Duration{0}, obs.delays, "the replacement runs at once")
 	})
 }
+
+// TestAttemptTimeoutBoundsExecAlone: RetryPolicy.AttemptTimeout bounds
+// exec from its start, in both modes: a before-retry hook slower than the
+// timeout does not hand exec a context that has already expired (which
+// would fail, and retry, every attempt).
+func TestAttemptTimeoutBoundsExecAlone(t *testing.T) {
+	docSays(t, "RetryPolicy.AttemptTimeout", "AttemptTimeout, if set, bounds one execution of exec, from its start: the BeforeRetry hook and NoOp test before it take none of it.")
+	bothModes(t, func(t *testing.T, mode Mode) {
+		var seen []error
+		exec := func(ctx context.Context, _ string, _ int) error {
+			seen = append(seen, ctx.Err())
+			if len(seen) == 1 {
+				return syscall.ECONNRESET
+			}
+			return nil
+		}
+		p := noJitter(3)
+		p.AttemptTimeout = time.Second
+		cfg := Config[string, int]{
+			Retry: p, Rollout: RolloutPolicy{Mode: mode},
+			BeforeRetry: func(_ context.Context, _ string, v int, _ error) (int, bool, error) {
+				time.Sleep(2 * p.AttemptTimeout) // slower than the timeout
+				return v, false, nil
+			},
+		}
+		res, st := runOnce(t, exec, cfg, SubmitOptions{})
+		require.NoError(t, res.Err)
+		assert.Equal(t, 2, res.Attempts)
+		assert.Equal(t, []error{nil, nil}, seen, "exec began with time left")
+		assert.Equal(t, uint64(1), st.Retries)
+	})
+}

@@ -299,7 +299,7 @@ func (d *Dispatcher[K, T]) begin(c *call[K, T], now int64, rn *runner) attempt[K
 		c.tag.ten.queued--
 		c.tag.ten.inflight++
 	}
-	a := c.newAttempt(e, now, &d.clk, !rn.onWorker, d.cfg.Observer != nil, d.cfg.Retry.AttemptTimeout)
+	a := c.newAttempt(e, now, &d.clk, !rn.onWorker, d.cfg.Observer != nil)
 	a.token, a.awaiting = token, awaiting
 	return a
 }
