@@ -44,9 +44,10 @@ func (s State) OK() bool { return s == StateSucceeded || s == StateSkipped }
 
 // Outcome is a Result without the key and the call, for the Observer.
 //
-// Attempts counts the executions that had returned when the outcome was
-// decided, and RunTime sums exec's time over them: a waiter that leaves
-// while one runs (Cancel, its context or its deadline) is not told of that
+// Attempts counts the executions that had ended when the outcome was
+// decided — returned, and their error judged (Config.Classify) — and
+// RunTime sums exec's time over them: a waiter that leaves while one runs
+// or is judged (Cancel, its context or its deadline) is not told of that
 // one — Attempts is 0 while the first runs, though it may yet take effect
 // for the call's other waiters, or as a Stale execution (Config.OnDone) —
 // and its QueueWait runs to the first execution's start. The call's end

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -29,7 +30,7 @@ func TestStatsByState(t *testing.T) {
 // may take effect; its QueueWait runs to the first execution's start. The
 // waiters that stay are told every execution.
 func TestLeaveMidExecutionAttempts(t *testing.T) {
-	docSays(t, "Outcome", "Attempts counts the executions that had returned when the outcome was decided, and RunTime sums exec's time over them: a waiter that leaves while one runs (Cancel, its context or its deadline) is not told of that one — Attempts is 0 while the first runs, though it may yet take effect")
+	docSays(t, "Outcome", "Attempts counts the executions that had ended when the outcome was decided — returned, and their error judged (Config.Classify) — and RunTime sums exec's time over them: a waiter that leaves while one runs or is judged (Cancel, its context or its deadline) is not told of that one — Attempts is 0 while the first runs, though it may yet take effect")
 	synctest.Test(t, func(t *testing.T) {
 		var n atomic.Int32
 		d, _, release := holdWorker(t, func(ctx context.Context, _ string, _ int) error {
@@ -60,6 +61,42 @@ func TestLeaveMidExecutionAttempts(t *testing.T) {
 		assert.Equal(t, 2, r.Attempts)
 		assert.Equal(t, 15*time.Second, r.RunTime)
 		closeD(t, d)
+	})
+}
+
+// TestLeaveWhileJudgedAttempts: an execution whose error is being judged
+// has returned, but has not ended: a waiter that leaves then (here,
+// Cancel from Config.Classify itself) is not told of it, in both modes,
+// and the call's end (OnDone, Stale) is.
+func TestLeaveWhileJudgedAttempts(t *testing.T) {
+	docSays(t, "Outcome", "Attempts counts the executions that had ended when the outcome was decided — returned, and their error judged (Config.Classify)")
+	bothModes(t, func(t *testing.T, mode Mode) {
+		var d *Dispatcher[string, int]
+		cause := errors.New("left")
+		hooks := &hookLog[string, int]{}
+		cfg := Config[string, int]{
+			Retry: noJitter(3), Rollout: RolloutPolicy{Mode: mode}, OnDone: hooks.add,
+			Classify: func(error) Class {
+				d.Cancel("k", cause) // exec has returned
+				return ClassRetry
+			},
+		}
+		d = newD(t, func(context.Context, string, int) error {
+			time.Sleep(3 * time.Second)
+			return syscall.ECONNRESET
+		}, cfg)
+		r := outcomeWait(t, submit(t, d, "k", 1, SubmitOptions{}))
+		assert.Equal(t, StateCanceled, r.State)
+		assert.ErrorIs(t, r.Err, cause)
+		assert.Equal(t, 0, r.Attempts, "the execution was being judged")
+		assert.Zero(t, r.RunTime)
+		closeD(t, d)
+		ends := hooks.all()
+		if assert.Len(t, ends, 1) {
+			assert.Equal(t, StateStale, ends[0].State)
+			assert.Equal(t, 1, ends[0].Attempts, "the call's end is told every execution")
+			assert.Equal(t, 3*time.Second, ends[0].RunTime)
+		}
 	})
 }
 
