@@ -328,9 +328,11 @@ func (b *retryBudget) refund(now int64) {
 // stops at the call's deadline and the tenant's TenantConfig.MaxQueued.
 type RetryPolicy struct {
 	MaxAttempts int // executions per call (default 3; 1: no retries)
-	// InitialBackoff (default 100ms) grows by Multiplier (default 2) per
-	// retry up to MaxBackoff (default 10s). A server's Retry-After sets the
-	// delay in full instead, and holds other calls for at most MaxBackoff.
+	// InitialBackoff (default 100ms, or MaxBackoff if that is less) grows
+	// by Multiplier (default 2) per retry up to MaxBackoff (default 10s, or
+	// InitialBackoff if that is more); New refuses a MaxBackoff set below
+	// an InitialBackoff set. A server's Retry-After sets the delay in full
+	// instead, and holds other calls for at most MaxBackoff.
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 	Multiplier     float64
@@ -368,9 +370,14 @@ func (p *RetryPolicy) validate() error {
 		return fieldErr("Retry.BudgetRatio", p.BudgetRatio, "must not be negative")
 	case p.BudgetMin < 0:
 		return fieldErr("Retry.BudgetMin", p.BudgetMin, "must not be negative")
+	case p.MaxBackoff > 0 && p.MaxBackoff < p.InitialBackoff:
+		return fieldErr("Retry.MaxBackoff", p.MaxBackoff, fmt.Sprintf("must be at least Retry.InitialBackoff (%v)", p.InitialBackoff))
 	}
 	p.MaxAttempts = cmp.Or(p.MaxAttempts, 3)
-	p.InitialBackoff = cmp.Or(p.InitialBackoff, 100*time.Millisecond)
+	if p.InitialBackoff == 0 {
+		// A MaxBackoff set caps the first delay too.
+		p.InitialBackoff = min(100*time.Millisecond, cmp.Or(p.MaxBackoff, math.MaxInt64))
+	}
 	p.MaxBackoff = max(cmp.Or(p.MaxBackoff, 10*time.Second), p.InitialBackoff)
 	p.Multiplier = cmp.Or(p.Multiplier, 2)
 	p.BudgetRatio = cmp.Or(p.BudgetRatio, 0.2)

@@ -960,3 +960,26 @@ func TestAttemptTimeoutBoundsExecAlone(t *testing.T) {
 		assert.Equal(t, uint64(1), st.Retries)
 	})
 }
+
+// TestMaxBackoffCapsTheDefaultInitial: a MaxBackoff below the default
+// InitialBackoff caps every delay, the first included, rather than being
+// raised to the default; a MaxBackoff set below an InitialBackoff set too
+// is refused by New, naming the field.
+func TestMaxBackoffCapsTheDefaultInitial(t *testing.T) {
+	docSays(t, "RetryPolicy.InitialBackoff", "InitialBackoff (default 100ms, or MaxBackoff if that is less)")
+	synctest.Test(t, func(t *testing.T) {
+		s := newScript(syscall.ECONNRESET, syscall.ECONNRESET)
+		res, _ := runOnce(t, s.exec, Config[string, int]{
+			Retry: RetryPolicy{MaxBackoff: 10 * time.Millisecond, Jitter: JitterNone, BudgetRatio: math.Inf(1)},
+		}, SubmitOptions{})
+		require.NoError(t, res.Err)
+		assert.Equal(t, []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond}, s.at, "every delay is at most MaxBackoff")
+	})
+	_, err := New(nopExec, Config[string, int]{Retry: RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Config.Retry.MaxBackoff")
+	assert.Contains(t, err.Error(), "InitialBackoff")
+	p := RetryPolicy{InitialBackoff: time.Minute} // MaxBackoff unset: raised to it
+	require.NoError(t, p.validate())
+	assert.Equal(t, time.Minute, p.MaxBackoff)
+}
