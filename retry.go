@@ -142,12 +142,15 @@ func (d *Dispatcher[K, T]) retry(c *call[K, T], a *attempt[K, T], now int64, ob 
 	case reason != "":
 	case c.execDeadline() != 0 && notBefore >= c.execDeadline():
 		reason = giveUpDeadline
+	case !d.budget.allows(now):
+		// Judged before room is made: a retry that does not take place
+		// evicts nothing.
+		reason = giveUpBudget
 	default:
 		var room bool
 		if room, merge = d.roomForRetry(c, now, ob); !room {
+			d.budget.refund(now)
 			reason = giveUpQuota
-		} else if !d.budget.allows(now) {
-			reason = giveUpBudget
 		}
 	}
 	if reason == "" {

@@ -983,3 +983,44 @@ func TestMaxBackoffCapsTheDefaultInitial(t *testing.T) {
 	require.NoError(t, p.validate())
 	assert.Equal(t, time.Minute, p.MaxBackoff)
 }
+
+// TestRetryRefusedByBudgetEvictsNothing: a retry the budget refuses does
+// not wait, so it needs no room under its tenant's MaxQueued: no queued
+// call of the tenant is evicted for it.
+func TestRetryRefusedByBudgetEvictsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		tries := map[string]int{}
+		hold := newGate()
+		exec := func(ctx context.Context, k string, _ int) error {
+			if k == "x" {
+				if err := hold.wait(ctx); err != nil {
+					return err
+				}
+				return syscall.ECONNRESET
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if tries[k]++; k == "a" && tries[k] == 1 {
+				return syscall.ECONNRESET
+			}
+			return nil
+		}
+		p := noJitter(3)
+		p.BudgetRatio, p.BudgetMin = 0.2, 1
+		d := newD(t, exec, Config[string, int]{Workers: 1, Retry: p, DefaultTenant: TenantConfig{MaxQueued: 1}})
+		// One retry spends the budget of the window.
+		require.Equal(t, StateSucceeded, outcomeWait(t, submit(t, d, "a", 1, SubmitOptions{})).State)
+		x := submit(t, d, "x", 1, SubmitOptions{Priority: 5})
+		synctest.Wait() // x runs
+		v := submit(t, d, "v", 1, SubmitOptions{Droppable: true})
+		hold.open() // x fails: its retry is over the budget
+		rx, rv := outcomeWait(t, x), outcomeWait(t, v)
+		var re *RetryError
+		require.ErrorAs(t, rx.Err, &re)
+		assert.Equal(t, giveUpBudget, re.Reason)
+		assert.Equal(t, StateSucceeded, rv.State, "not evicted for a retry that did not take place: %v", rv.Err)
+		st := closeD(t, d)
+		assert.Equal(t, uint64(1), st.Retries, "a's retry alone")
+	})
+}
