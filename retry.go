@@ -334,8 +334,13 @@ type RetryPolicy struct {
 	// InitialBackoff (default 100ms, or MaxBackoff if that is less) grows
 	// by Multiplier (default 2) per retry up to MaxBackoff (default 10s, or
 	// InitialBackoff if that is more); New refuses a MaxBackoff set below
-	// an InitialBackoff set. A server's Retry-After sets the delay in full
-	// instead, and holds other calls for at most MaxBackoff.
+	// an InitialBackoff set. A server's Retry-After (the RetryAfter()
+	// time.Duration method of exec's error, if positive: zero or negative
+	// is no hint, and the backoff applies) sets the delay in full instead,
+	// unjittered and unbounded by MaxBackoff — a retry it would start at
+	// or past the call's deadline is not made: the call ends Failed at
+	// once (Reason "deadline") — and holds other calls for at most
+	// MaxBackoff.
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 	Multiplier     float64

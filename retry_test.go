@@ -1024,3 +1024,20 @@ func TestRetryRefusedByBudgetEvictsNothing(t *testing.T) {
 		assert.Equal(t, uint64(1), st.Retries, "a's retry alone")
 	})
 }
+
+// TestRetryAfterNonPositiveIsNoHint: a RetryAfter of zero or less is no
+// hint: the retry waits the backoff, as for an error without the method.
+func TestRetryAfterNonPositiveIsNoHint(t *testing.T) {
+	docSays(t, "RetryPolicy.InitialBackoff", "A server's Retry-After (the RetryAfter() time.Duration method of exec's error, if positive: zero or negative is no hint, and the backoff applies) sets the delay in full instead, unjittered and unbounded by MaxBackoff")
+	for _, hint := range []time.Duration{0, -time.Nanosecond, math.MinInt64} {
+		t.Run(hint.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newScript(hintErr(hint), hintErr(hint))
+				res, st := runOnce(t, s.exec, Config[string, int]{Retry: noJitter(3)}, SubmitOptions{})
+				require.NoError(t, res.Err)
+				assert.Equal(t, []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond}, s.at, "the backoff")
+				assert.Equal(t, uint64(2), st.Retries)
+			})
+		})
+	}
+}
