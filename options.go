@@ -167,7 +167,9 @@ type SubmitOptions struct {
 	// Generation fences stale work for the key (the scheduling attempt): a
 	// newer one supersedes older ones (their queued call ends Stale, their
 	// running one is cancelled), and, while the key is tracked, an older
-	// one is refused (ErrStale).
+	// one is refused (ErrStale). A call waiting out a retry's backoff is
+	// queued: it ends Stale, and the newer one does not inherit its
+	// backoff or attempts; it runs as a new call would.
 	Generation uint64
 	// IdempotencyKey names the operation for servers that deduplicate by
 	// it (see IdempotencyKey); a different one than the pending call's is

@@ -1041,3 +1041,32 @@ func TestRetryAfterNonPositiveIsNoHint(t *testing.T) {
 		})
 	}
 }
+
+// TestNewerGenerationDuringBackoff: a newer generation that arrives while
+// the key's call waits out a retry's backoff ends that call Stale (its
+// failed attempt counted), and runs at once, from its first attempt — not
+// after the older call's backoff.
+func TestNewerGenerationDuringBackoff(t *testing.T) {
+	docSays(t, "SubmitOptions.Generation", "A call waiting out a retry's backoff is queued: it ends Stale, and the newer one does not inherit its backoff or attempts; it runs as a new call would.")
+	bothModes(t, func(t *testing.T, mode Mode) {
+		s := newScript(hintErr(time.Hour))
+		obs := &retryDelays{}
+		d := newD(t, s.exec, Config[string, int]{Retry: noJitter(3), Observer: obs, Rollout: RolloutPolicy{Mode: mode}})
+		olds := make(chan *Ticket[string, int], 1)
+		go func() { olds <- submit(t, d, "k", 1, SubmitOptions{Generation: 1}) }() // Sync: Submit runs the call
+		synctest.Wait()
+		require.Equal(t, int32(1), s.calls.Load())
+		time.Sleep(time.Minute) // into the hour's backoff
+		nw := submit(t, d, "k", 2, SubmitOptions{Generation: 2})
+		rn, ro := outcomeWait(t, nw), outcomeWait(t, <-olds)
+		assert.Equal(t, StateStale, ro.State)
+		assert.ErrorIs(t, ro.Err, ErrStale)
+		assert.Equal(t, 1, ro.Attempts)
+		assert.Equal(t, StateSucceeded, rn.State)
+		assert.Equal(t, 1, rn.Attempts, "a new call")
+		assert.Equal(t, []time.Duration{0, time.Minute}, s.at, "the newer ran at once")
+		assert.Equal(t, []int{1, 2}, s.vals)
+		st := closeD(t, d)
+		assert.Equal(t, uint64(len(obs.all())), st.Retries)
+	})
+}
