@@ -1070,3 +1070,41 @@ func TestNewerGenerationDuringBackoff(t *testing.T) {
 		assert.Equal(t, uint64(len(obs.all())), st.Retries)
 	})
 }
+
+// TestLeftRetryLetsSuccessorRun: a call waiting out a retry's backoff,
+// with a successor behind it (Merge refused to combine them), ends when its
+// waiters leave or a newer generation supersedes it — and the successor
+// (or the newer generation) runs at once, not after the backoff.
+func TestLeftRetryLetsSuccessorRun(t *testing.T) {
+	for _, how := range []string{"ticket", "generation"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release := make(chan struct{})
+				s := newScript(hintErr(time.Hour))
+				d := newD(t, s.heldExec(release), Config[string, int]{
+					Workers: 1, Retry: noJitter(3),
+					Merge: func(int, int) (int, error) { return 0, errors.New("apart") },
+				})
+				first := submit(t, d, "k", 1, SubmitOptions{Generation: 1})
+				synctest.Wait()
+				succ := submit(t, d, "k", 2, SubmitOptions{Generation: 1}) // waits behind the running call
+				close(release)
+				synctest.Wait() // first failed: its retry waits an hour
+				require.Equal(t, int32(1), s.calls.Load())
+				time.Sleep(time.Minute)
+				want, next := StateCanceled, succ
+				if how == "ticket" {
+					first.Cancel()
+				} else {
+					want, next = StateStale, submit(t, d, "k", 3, SubmitOptions{Generation: 2})
+				}
+				rn := outcomeWait(t, next)
+				assert.Equal(t, StateSucceeded, rn.State)
+				assert.Equal(t, want, outcome(t, first).State)
+				assert.Equal(t, 1, outcome(t, first).Attempts)
+				assert.Equal(t, []time.Duration{0, time.Minute}, s.at, "ran at once")
+				closeD(t, d)
+			})
+		})
+	}
+}
