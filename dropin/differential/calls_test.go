@@ -297,11 +297,11 @@ func (c *labelCall) IsNoOp() bool {
 // 404; a 409, which upstream's status patch retries inside its Execute; an
 // error that is no API status.
 var (
-	forbidden = apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
-	notFound  = apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "p")
-	conflict  = apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
-	refused   = errors.New("test: the server said no")
-	internal  = apierrors.NewInternalError(errors.New("test"))
+	forbidden  = apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
+	notFound   = apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "p")
+	conflict   = apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "p", errors.New("test"))
+	errRefused = errors.New("test: the server said no")
+	internal   = apierrors.NewInternalError(errors.New("test"))
 )
 
 // class is what a caller can tell of an outcome with errors.Is and the

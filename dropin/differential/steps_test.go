@@ -62,7 +62,7 @@ const (
 
 // err is the error each answer gives (nil: the fake clientset answers).
 func (a answer) err() error {
-	return [...]error{nil, forbidden, notFound, conflict, refused, internal}[a]
+	return [...]error{nil, forbidden, notFound, conflict, errRefused, internal}[a]
 }
 
 func (a answer) String() string {
