@@ -299,16 +299,21 @@ func holdWorker[T any](t *testing.T, exec ExecFunc[string, T], cfg Config[string
 func nopExec(context.Context, string, int) error { return nil }
 
 // failFirst is an exec whose first execution waits for g and then fails
-// with err; every later one succeeds at once.
-func failFirst(g *gate, err error) ExecFunc[string, int] {
-	var n atomic.Int32
-	return func(ctx context.Context, _ string, _ int) error {
-		if n.Add(1) == 1 {
-			_ = g.wait(ctx)
-			return err
-		}
-		return nil
+// with err; every later one succeeds at once. n counts the executions.
+type failFirst struct {
+	g   *gate
+	err error
+	n   atomic.Int32
+}
+
+func newFailFirst(g *gate, err error) *failFirst { return &failFirst{g: g, err: err} }
+
+func (f *failFirst) exec(ctx context.Context, _ string, _ int) error {
+	if f.n.Add(1) == 1 {
+		_ = f.g.wait(ctx)
+		return f.err
 	}
+	return nil
 }
 
 // execRun is one recorded execution.

@@ -183,15 +183,9 @@ func TestBlockingObserverDoesNotStallTheLock(t *testing.T) {
 func TestObserverCountsRetryAbsorbed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGate()
-		var n atomic.Int32
+		f := newFailFirst(g, syscall.ECONNRESET)
 		obs := newCountingObserver()
-		d := newD(t, func(ctx context.Context, key string, v int) error {
-			if n.Add(1) == 1 {
-				_ = g.wait(ctx)
-				return syscall.ECONNRESET
-			}
-			return nil
-		}, Config[string, int]{
+		d := newD(t, f.exec, Config[string, int]{
 			Workers:  1,
 			Retry:    noJitter(3),
 			Label:    func(_ string, v int) string { return "v" + strconv.Itoa(v) },
@@ -204,7 +198,7 @@ func TestObserverCountsRetryAbsorbed(t *testing.T) {
 		g.open()
 		waitAll(first, second)
 		assert.Equal(t, StateSucceeded, outcome(t, first).State)
-		assert.Equal(t, int32(2), n.Load(), "the retry ran the successor's call")
+		assert.Equal(t, int32(2), f.n.Load(), "the retry ran the successor's call")
 		st := closeD(t, d)
 		assert.Equal(t, uint64(2), st.Coalesced, "the Post as it joined the successor, the successor in the retry")
 		obs.mu.Lock()

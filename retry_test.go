@@ -857,7 +857,7 @@ func TestRetryMergePanicCounted(t *testing.T) {
 		t.Run(map[bool]string{false: "panic", true: "goexit"}[exit], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				g := newGate()
-				d := newD(t, failFirst(g, syscall.ECONNRESET), Config[string, int]{
+				d := newD(t, newFailFirst(g, syscall.ECONNRESET).exec, Config[string, int]{
 					Workers: 1,
 					Retry:   noJitter(3),
 					Merge: func(int, int) (int, error) {
@@ -907,7 +907,7 @@ func TestRetryReplacedTellsFailedAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGate()
 		obs := &retryLog{}
-		d := newD(t, failFirst(g, syscall.ECONNRESET), Config[string, int]{
+		d := newD(t, newFailFirst(g, syscall.ECONNRESET).exec, Config[string, int]{
 			Workers:  1,
 			Retry:    RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Hour, Jitter: JitterNone, BudgetRatio: math.Inf(1)},
 			Merge:    func(_, in int) (int, error) { return in, ReplacePending },

@@ -796,15 +796,9 @@ func TestSupersedeFreesWaitingRetrysPlace(t *testing.T) {
 func TestRetryMergeExitAtQuota(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGate()
-		var n atomic.Int32
+		f := newFailFirst(g, errors.New("transient"))
 		obs := newCountingObserver()
-		d := newD(t, func(ctx context.Context, key string, v int) error {
-			if n.Add(1) == 1 {
-				_ = g.wait(ctx)
-				return errors.New("transient")
-			}
-			return nil
-		}, Config[string, int]{
+		d := newD(t, f.exec, Config[string, int]{
 			Workers:  1,
 			Retry:    noJitter(3),
 			Classify: func(error) Class { return ClassRetry },
@@ -825,7 +819,7 @@ func TestRetryMergeExitAtQuota(t *testing.T) {
 		assert.Equal(t, "quota", re.Reason)
 		assert.Equal(t, 1, r1.Call)
 		assert.Equal(t, StateSucceeded, outcomeWait(t, second).State)
-		assert.Equal(t, int32(2), n.Load(), "the call failed once, its successor ran alone")
+		assert.Equal(t, int32(2), f.n.Load(), "the call failed once, its successor ran alone")
 		st := closeD(t, d)
 		assert.Zero(t, st.Retries)
 		obs.mu.Lock()
